@@ -1,0 +1,98 @@
+// `futransformer info`: what a checkpoint is (config, parameter count, tensor summary).
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <regex>
+#include <string>
+
+#include "cli/commands.h"
+#include "futransformer/error.h"
+#include "futransformer/model.h"
+#include "futransformer/tokenizer.h"
+
+namespace futransformer::cli {
+namespace {
+
+struct InfoArgs {
+  std::string model;
+  std::string tokenizer;
+  bool all_tensors = false;
+};
+
+// Per-layer tensors differ only in the layer index: show each distinct (name pattern, dtype, shape) once.
+void print_tensor_summary(const Model& model, bool all) {
+  struct Row {
+    std::string dtype, shape;
+    int64_t count = 0, numel = 0;
+  };
+  std::map<std::string, Row> rows;
+  const std::regex layer_index(R"(^model\.layers\.\d+\.)");
+  for (const auto& [name, t] : model.tensors) {
+    const std::string key = all ? name : std::regex_replace(name, layer_index, "model.layers.{i}.");
+    Row& r = rows[key + "|" + dtype_name(t.dtype) + "|" + t.shape_str()];
+    r.dtype = dtype_name(t.dtype);
+    r.shape = t.shape_str();
+    r.count += 1;
+    r.numel += t.numel();
+  }
+  std::printf("%-48s %-5s %-16s %6s %12s\n", "tensor", "dtype", "shape", "count", "parameters");
+  for (const auto& [key, r] : rows) {
+    const std::string name = key.substr(0, key.find('|'));
+    std::printf("%-48s %-5s %-16s %6lld %12lld\n", name.c_str(), r.dtype.c_str(), r.shape.c_str(),
+                static_cast<long long>(r.count), static_cast<long long>(r.numel));
+  }
+}
+
+int run_info(const InfoArgs& a) {
+  const Model model = load_model(a.model);
+  const ModelConfig& c = model.config;
+  std::printf("model:                    %s\n", model.source.c_str());
+  std::printf("format:                   %s\n", model.format.c_str());
+  std::printf("hidden_size:              %lld\n", static_cast<long long>(c.hidden_size));
+  std::printf("intermediate_size:        %lld\n", static_cast<long long>(c.intermediate_size));
+  std::printf("num_hidden_layers:        %lld\n", static_cast<long long>(c.num_hidden_layers));
+  std::printf("num_attention_heads:      %lld\n", static_cast<long long>(c.num_attention_heads));
+  std::printf("num_key_value_heads:      %lld\n", static_cast<long long>(c.num_key_value_heads));
+  std::printf("head_dim:                 %lld\n", static_cast<long long>(c.head_dim));
+  std::printf("vocab_size:               %lld\n", static_cast<long long>(c.vocab_size));
+  std::printf("max_position_embeddings:  %lld\n", static_cast<long long>(c.max_position_embeddings));
+  std::printf("rope_theta:               %g\n", c.rope_theta);
+  if (c.rope_scaling.type.empty()) {
+    std::printf("rope_scaling:             none\n");
+  } else {
+    std::printf("rope_scaling:             %s (factor %g, low_freq_factor %g, high_freq_factor %g, original %lld)\n",
+                c.rope_scaling.type.c_str(), c.rope_scaling.factor, c.rope_scaling.low_freq_factor,
+                c.rope_scaling.high_freq_factor, static_cast<long long>(c.rope_scaling.original_max_position_embeddings));
+  }
+  std::printf("rms_norm_eps:             %g\n", c.rms_norm_eps);
+  std::printf("tie_word_embeddings:      %s\n", c.tie_word_embeddings ? "true" : "false");
+  std::printf("bos / eos token ids:      %d / %d\n", c.bos_token_id, c.eos_token_id);
+  const int64_t params = model.parameter_count();
+  std::printf("parameters:               %lld (%.1f M)\n", static_cast<long long>(params), params / 1e6);
+  std::printf("fp32 reference engine:    %.1f MiB of weights\n", params * 4.0 / (1 << 20));
+  const int64_t kv_bytes_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4;
+  std::printf("fp32 KV cache:            %.1f KiB per token\n", kv_bytes_per_token / 1024.0);
+  try {
+    const std::unique_ptr<Tokenizer> tok = load_tokenizer_for_model(model, a.tokenizer);
+    std::printf("tokenizer:                %d tokens, bos %d, eos %d\n", tok->vocab_size(), tok->bos_id(),
+                tok->eos_id());
+  } catch (const Error& e) {
+    std::printf("tokenizer:                none (%s)\n", e.what());
+  }
+  std::printf("\n");
+  print_tensor_summary(model, a.all_tensors);
+  return 0;
+}
+
+}  // namespace
+
+Command add_info_command(CLI::App& app) {
+  auto args = std::make_shared<InfoArgs>();
+  CLI::App* sub = app.add_subcommand("info", "Print a model's config, parameter count and tensors");
+  sub->add_option("-m,--model", args->model, "HF directory, .gguf file, or llama2.c .bin")->required();
+  sub->add_option("--tokenizer", args->tokenizer, "Tokenizer file, if the model has none of its own");
+  sub->add_flag("--all-tensors", args->all_tensors, "List every tensor instead of one row per layer pattern");
+  return {sub, [args] { return run_info(*args); }};
+}
+
+}  // namespace futransformer::cli

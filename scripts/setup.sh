@@ -6,7 +6,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 packages=(build-essential cmake ninja-build pkg-config git python3 python3-pip
           nlohmann-json3-dev libcli11-dev libgtest-dev libpcre2-dev libopenblas-dev
-          clang libclang-rt-14-dev)
+          clang libclang-rt-14-dev dict-devil)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,5 +20,6 @@ if ((${#missing[@]})); then
 fi
 
 if [ "${FT_SKIP_MODEL:-0}" != "1" ]; then
-  "$here/fetch_smollm2.sh"
+  "$here/fetch_smollm2.sh" >/dev/null
+  "$here/fetch_calibration.sh" >/dev/null
 fi

@@ -109,7 +109,9 @@ TEST(Hadamard, ScaleIsAppliedOnceAfterExactButterflies) {
     const auto h = sylvester(block);
     for (int64_t i = 0; i < block; ++i) {
       int sum = 0;
-      for (int64_t j = 0; j < block; ++j) sum += h[static_cast<size_t>(i * block + j)] * static_cast<int>(x[static_cast<size_t>(j)]);
+      for (int64_t j = 0; j < block; ++j) {
+        sum += h[static_cast<size_t>(i * block + j)] * static_cast<int>(x[static_cast<size_t>(j)]);
+      }
       ASSERT_EQ(y[static_cast<size_t>(i)], static_cast<float>(sum) * hadamard_scale(block)) << "block " << block;
     }
   }

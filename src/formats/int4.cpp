@@ -39,6 +39,8 @@ int Int4Weight::zero(int64_t r, int64_t g) const {
 GroupParams int4_group_params(std::span<const float> v, const Int4Spec& spec) {
   float lo = 0.0f, hi = 0.0f;  // the grid always contains 0, as GPTQ's quantiser does
   for (float x : v) {
+    // min/max would skip a NaN and the later float -> uint8 cast of it is undefined: reject it here.
+    check(std::isfinite(x), "INT4 quantiser input contains inf or nan");
     lo = std::min(lo, x);
     hi = std::max(hi, x);
   }

@@ -134,6 +134,8 @@ TEST(Int4Rtn, RejectsShapesNamingTheTensor) {
   std::vector<float> odd(3 * 5, 1.0f);
   EXPECT_THROW(int4_quantize_rtn(odd, 3, 5, spec, "w"), Error);
   EXPECT_THROW(int4_quantize_rtn(w, 3, 96, spec, "w"), Error);  // size mismatch
+  w[10] = std::nanf("");
+  EXPECT_THROW(int4_quantize_rtn(w, 2, 96, spec, "w"), Error);
 }
 
 TEST(Int4Rtn, AllZeroGroupUsesUnitScale) {

@@ -39,6 +39,8 @@ int Int4Weight::zero(int64_t r, int64_t g) const {
 GroupParams int4_group_params(std::span<const float> v, const Int4Spec& spec) {
   float lo = 0.0f, hi = 0.0f;  // the grid always contains 0, as GPTQ's quantiser does
   for (float x : v) {
+    // min/max would skip a NaN and the later float -> uint8 cast of it is undefined: reject it here.
+    check(std::isfinite(x), "INT4 quantiser input contains inf or nan");
     lo = std::min(lo, x);
     hi = std::max(hi, x);
   }
@@ -70,6 +72,27 @@ GroupParams int4_group_params(std::span<const float> v, const Int4Spec& spec) {
 uint8_t int4_quantize_value(float x, const GroupParams& p) {
   const float q = std::nearbyint(x / p.scale) + static_cast<float>(p.zero);
   return static_cast<uint8_t>(std::clamp(q, 0.0f, kLevels));
+}
+
+std::vector<uint8_t> int4_pack(std::span<const uint8_t> nibbles) {
+  check(nibbles.size() % 2 == 0, "INT4 packing needs an even number of values, got ", nibbles.size());
+  std::vector<uint8_t> out(nibbles.size() / 2);
+  for (size_t j = 0; j < out.size(); ++j) {
+    const uint8_t lo = nibbles[2 * j], hi = nibbles[2 * j + 1];
+    check(lo <= 15 && hi <= 15, "INT4 packing: value ", static_cast<int>(std::max(lo, hi)), " at column ",
+          lo > 15 ? 2 * j : 2 * j + 1, " does not fit in 4 bits");
+    out[j] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+  return out;
+}
+
+std::vector<uint8_t> int4_unpack(std::span<const uint8_t> packed) {
+  std::vector<uint8_t> out(packed.size() * 2);
+  for (size_t j = 0; j < packed.size(); ++j) {
+    out[2 * j] = static_cast<uint8_t>(packed[j] & 0xf);
+    out[2 * j + 1] = static_cast<uint8_t>(packed[j] >> 4);
+  }
+  return out;
 }
 
 Int4Weight int4_quantize_rtn(std::span<const float> w, int64_t rows, int64_t cols, const Int4Spec& spec,

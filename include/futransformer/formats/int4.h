@@ -62,6 +62,12 @@ inline float int4_dequantize_value(uint8_t u, const GroupParams& p) {
   return static_cast<float>(static_cast<int>(u) - p.zero) * p.scale;
 }
 
+// Packing of nibble values (0..15, one per column) two per byte: column 2j -> low nibble of byte j, column 2j + 1
+// -> high nibble. The count must be even and every value <= 15 (Error otherwise).
+std::vector<uint8_t> int4_pack(std::span<const uint8_t> nibbles);
+// The inverse: 2 * packed.size() nibble values.
+std::vector<uint8_t> int4_unpack(std::span<const uint8_t> packed);
+
 // Round-to-nearest quantisation of a whole [N, K] fp32 weight.
 Int4Weight int4_quantize_rtn(std::span<const float> w, int64_t rows, int64_t cols, const Int4Spec& spec,
                              const std::string& tensor_name);

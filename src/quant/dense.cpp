@@ -13,6 +13,10 @@ namespace {
 
 // Below this size the recursion stops: the unblocked loops fit in L1 and BLAS call overhead would dominate.
 constexpr int64_t kBaseBlock = 64;
+// A pivot that keeps less than this fraction of its diagonal entry means the matrix is singular to working
+// precision (rounding, not the data, decided its sign): report "not positive definite" so the caller adds damping
+// instead of propagating errors through a factor with entries of 1e8.
+constexpr double kMinRelativePivot = 1e-10;
 
 // BLAS takes 32-bit dimensions; anything larger goes through the loops.
 bool use_blas(bool allow, std::initializer_list<int64_t> dims) {
@@ -55,7 +59,7 @@ void trsm_right_lower_trans(const double* l, int64_t n, double* b, int64_t m, in
     return;
   }
 #endif
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (m * n * n / 2 >= kMinParallelWork)
   for (int64_t r = 0; r < m; ++r) {
     double* x = b + r * lda;
     for (int64_t j = 0; j < n; ++j) {
@@ -76,7 +80,7 @@ void syrk_lower_sub(const double* a, int64_t m, int64_t k, double* c, int64_t ld
     return;
   }
 #endif
-#pragma omp parallel for schedule(dynamic, 16)
+#pragma omp parallel for schedule(dynamic, 16) if (m * m * k / 2 >= kMinParallelWork)
   for (int64_t i = 0; i < m; ++i) {
     const double* ai = a + i * lda;
     double* ci = c + i * lda;
@@ -129,7 +133,7 @@ void trmm_right_lower(const double* l, int64_t n, double* b, int64_t m, int64_t 
     return;
   }
 #endif
-#pragma omp parallel
+#pragma omp parallel if (m * n * n / 2 >= kMinParallelWork)
   {
     std::vector<double> y(static_cast<size_t>(n));
 #pragma omp for schedule(static)
@@ -157,7 +161,7 @@ void trmm_left_lower(const double* l, int64_t m, double* b, int64_t n, int64_t l
 #endif
   std::vector<double> src(static_cast<size_t>(m * n));
   for (int64_t i = 0; i < m; ++i) std::copy(b + i * lda, b + i * lda + n, src.begin() + i * n);
-#pragma omp parallel for schedule(dynamic, 8)
+#pragma omp parallel for schedule(dynamic, 8) if (m * m * n / 2 >= kMinParallelWork)
   for (int64_t i = 0; i < m; ++i) {
     double* bi = b + i * lda;
     std::fill(bi, bi + n, 0.0);
@@ -189,7 +193,14 @@ void invert_lower_recursive(double* l, int64_t n, int64_t lda, bool allow_blas) 
 }  // namespace
 
 bool cholesky_lower(double* a, int64_t n, int64_t lda, bool allow_blas) {
-  return cholesky_recursive(a, n, lda, allow_blas);
+  std::vector<double> diag(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) diag[static_cast<size_t>(j)] = a[j * lda + j];
+  if (!cholesky_recursive(a, n, lda, allow_blas)) return false;
+  for (int64_t j = 0; j < n; ++j) {
+    const double l = a[j * lda + j];
+    if (!(l * l >= kMinRelativePivot * diag[static_cast<size_t>(j)])) return false;
+  }
+  return true;
 }
 
 void invert_lower(double* l, int64_t n, int64_t lda, bool allow_blas) {
@@ -202,7 +213,7 @@ bool upper_cholesky_of_inverse_reversed(std::vector<double>& r, int64_t n, std::
   invert_lower(r.data(), n, n, allow_blas);
   u.assign(static_cast<size_t>(n * n), 0.0f);
   u_diag.resize(static_cast<size_t>(n));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * n / 2 >= kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     const double* src = r.data() + (n - 1 - i) * n;
     float* dst = u.data() + i * n;
@@ -223,7 +234,7 @@ void gemm_sub(const float* a, int64_t lda, const float* b, int64_t ldb, float* c
     return;
   }
 #endif
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (m * n * k >= kMinParallelWork)
   for (int64_t i = 0; i < m; ++i) {
     float* ci = c + i * ldc;
     const float* ai = a + i * lda;
@@ -245,7 +256,7 @@ void syrk_upper_accumulate(const double* x, int64_t n_rows, int64_t k, double be
     return;
   }
 #endif
-#pragma omp parallel for schedule(dynamic, 16)
+#pragma omp parallel for schedule(dynamic, 16) if (k * k * n_rows / 2 >= kMinParallelWork)
   for (int64_t i = 0; i < k; ++i) {
     double* hi = h + i * k;
     for (int64_t j = i; j < k; ++j) hi[j] *= beta;

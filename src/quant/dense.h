@@ -8,9 +8,14 @@
 
 namespace futransformer::quant::detail {
 
+// Loops go parallel only above this many multiply-adds: below it, waking the OpenMP team (which spins while
+// waiting, and on a shared machine competes with BLAS threads for cores) costs more than the work.
+constexpr int64_t kMinParallelWork = int64_t{1} << 20;
+
 // In-place lower Cholesky factor of the symmetric matrix a [n, n] (leading dimension lda): only the lower
 // triangle is read; on return it holds L with a = L·Lᵀ (the strict upper triangle is left untouched).
-// Returns false when a is not (numerically) positive definite: a pivot that is <= 0 or not finite.
+// Returns false when a is not (numerically) positive definite: a pivot that is <= 0, not finite, or below 1e-10 of
+// its diagonal entry (singular to working precision).
 bool cholesky_lower(double* a, int64_t n, int64_t lda, bool allow_blas = true);
 
 // In-place inverse of the lower-triangular l [n, n] (leading dimension lda, positive diagonal); only the lower

@@ -166,7 +166,7 @@ GptqResult gptq_quantize_detailed(std::span<const float> w, int64_t rows, int64_
   for (int attempt = 0; attempt <= kMaxDampRetries && !factored; ++attempt) {
     if (attempt > 0) damp = std::max(opt.damp_percent, kMinRetryDamp) * std::pow(kRetryDampFactor, attempt - 1);
     const double lambda = damp * mean_diag;
-#pragma omp parallel for schedule(dynamic, 32)
+#pragma omp parallel for schedule(dynamic, 32) if (K * K / 2 >= detail::kMinParallelWork)
     for (int64_t a = 0; a < K; ++a) {
       const int64_t i = perm[static_cast<size_t>(K - 1 - a)];
       for (int64_t b = 0; b < a; ++b) {
@@ -193,7 +193,7 @@ GptqResult gptq_quantize_detailed(std::span<const float> w, int64_t rows, int64_
   for (int64_t i1 = 0; i1 < K; i1 += B) {
     const int64_t i2 = std::min(i1 + B, K);
     // Rows are independent given U: each thread owns whole rows, so the result does not depend on thread count.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * (i2 - i1) * (i2 - i1) / 2 >= detail::kMinParallelWork)
     for (int64_t r = 0; r < N; ++r) {
       try {
         float* wr = W.data() + r * K;

@@ -1,13 +1,15 @@
 // GPTQ on the CPU (group 64, symmetric): time per layer for SmolLM2-135M and Llama-3.1-8B shapes, RTN alongside.
 // Usage: bench_gptq [reps]   (OMP_NUM_THREADS / OPENBLAS_NUM_THREADS pick the threads)
-#include <omp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "futransformer/formats/int4.h"
 #include "futransformer/quant/gptq.h"
@@ -40,7 +42,12 @@ int main(int argc, char** argv) {
       {"smollm2 down_proj 576x1536", 576, 1536},
       {"llama8b q_proj 4096x4096", 4096, 4096},
   };
-  std::printf("threads: %d, calibration tokens: %lld, median of %d\n", omp_get_max_threads(),
+#ifdef _OPENMP
+  const int threads = omp_get_max_threads();
+#else
+  const int threads = 1;
+#endif
+  std::printf("OpenMP threads: %d, calibration tokens: %lld, median of %d\n", threads,
               static_cast<long long>(kCalibTokens), reps);
   std::printf("%-28s %10s %10s %12s %12s %10s\n", "layer (N x K)", "hessian s", "rtn s", "gptq s", "act_ord s",
               "gptq/rtn");

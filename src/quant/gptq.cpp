@@ -81,7 +81,8 @@ namespace {
 // Block size actually used. Without act_order a group's scale/zero come from the group's *current* weights when
 // the loop reaches its first column; that is only true for columns inside the current block (already updated
 // by every earlier column) or at a block start (all lazy updates applied). So a block must hold whole groups,
-// or a group must start on a block boundary.
+// or a group must start on a block boundary. (The reference gptq.py reads a mid-block group's params from W, which
+// has not yet received the in-block updates of the block's earlier columns; we use the updated values.)
 int64_t effective_block(int64_t requested, int64_t group, int64_t K) {
   if (group == K || group % requested == 0) return requested;
   return requested > group ? requested - requested % group : group;

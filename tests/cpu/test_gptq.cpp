@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -282,6 +286,30 @@ TEST(Gptq, BlockSizeOnlyRegroupsTheUpdates) {
       EXPECT_NEAR(err, ref_err, kMaxErrorSpread * ref_err) << what;
     }
   }
+}
+
+// Each thread owns whole rows, so the thread count must not change a single byte. The layer is large enough for
+// the row loop to go parallel (N·block²/2 above detail::kMinParallelWork).
+TEST(Gptq, ResultDoesNotDependOnThreadCount) {
+#ifndef _OPENMP
+  GTEST_SKIP() << "built without OpenMP: there is only one thread count";
+#else
+  constexpr int64_t rows = 256, cols = 512;
+  static_assert(rows * 128 * 128 / 2 >= detail::kMinParallelWork);
+  const auto x = correlated_activations(cols, cols, 141);
+  const auto w = random_weight(rows, cols, 142);
+  const HessianAccumulator h = hessian_of(x, cols);
+  const int threads = omp_get_max_threads();
+  for (bool act : {false, true}) {
+    const GptqOptions opt{Int4Spec{128, false}, 0.01, 128, act};
+    omp_set_num_threads(1);
+    const Int4Weight one = gptq_quantize(w, rows, cols, h, opt, "w");
+    omp_set_num_threads(std::max(threads, 3));
+    const Int4Weight many = gptq_quantize(w, rows, cols, h, opt, "w");
+    omp_set_num_threads(threads);
+    expect_same_bytes(one, many, act ? "act_order" : "plain");
+  }
+#endif
 }
 
 TEST(Gptq, DeadInputColumnsAreZeroedAndHarmless) {

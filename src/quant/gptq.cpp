@@ -146,10 +146,9 @@ GptqResult gptq_quantize_detailed(std::span<const float> w, int64_t rows, int64_
   // Column order: descending diag(H) with act_order (stable, so ties keep their index order deterministically).
   std::vector<int64_t> perm(static_cast<size_t>(K));
   std::iota(perm.begin(), perm.end(), 0);
-  if (act)
+  if (act) {
     std::stable_sort(perm.begin(), perm.end(),
                      [&](int64_t a, int64_t b) { return diag[static_cast<size_t>(a)] > diag[static_cast<size_t>(b)]; });
-  if (act) {
     std::vector<float> Wp(W.size());
     for (int64_t r = 0; r < N; ++r)
       for (int64_t j = 0; j < K; ++j)

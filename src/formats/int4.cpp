@@ -54,9 +54,11 @@ GroupParams int4_group_params(std::span<const float> v, const Int4Spec& spec) {
   }
   p.scale_bits = to_scale_bits(s, spec.scale_type);
   p.scale = from_scale_bits(p.scale_bits, spec.scale_type);
-  if (!(p.scale > 0.0f) || !std::isfinite(p.scale)) {
-    // All-zero group (or a scale that underflows/overflows the scale type): a unit scale keeps x / s defined.
-    check(std::isfinite(s), "INT4 group scale is not finite (weights contain inf/nan or exceed the scale type)");
+  check(std::isfinite(p.scale), "INT4 group scale ", s, " overflows the ",
+        spec.scale_type == ScaleType::F16 ? "FP16" : "BF16", " scale type (weights too large; use BF16 scales)");
+  if (!(p.scale > 0.0f)) {
+    // All-zero group, or values so small that the scale underflows the scale type: a unit scale keeps x / s
+    // defined and every value quantises to the zero-point (an error below the scale type's smallest step).
     p.scale_bits = to_scale_bits(1.0f, spec.scale_type);
     p.scale = 1.0f;
   }

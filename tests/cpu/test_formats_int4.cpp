@@ -149,3 +149,16 @@ TEST(Int4Rtn, AllZeroGroupUsesUnitScale) {
 
 }  // namespace
 }  // namespace futransformer::formats
+
+namespace futransformer::formats {
+namespace {
+
+TEST(Int4Rtn, ScaleOverflowingF16IsAnError) {
+  std::vector<float> w(32, 1.0f);
+  w[0] = 1e6f;  // 2 * 1e6 / 15 > 65504: the FP16 scale would be inf
+  EXPECT_THROW(int4_quantize_rtn(w, 1, 32, Int4Spec{32, true, ScaleType::F16}, "w"), Error);
+  EXPECT_NO_THROW(int4_quantize_rtn(w, 1, 32, Int4Spec{32, true, ScaleType::BF16}, "w"));
+}
+
+}  // namespace
+}  // namespace futransformer::formats

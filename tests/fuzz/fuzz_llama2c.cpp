@@ -9,12 +9,6 @@
 #include "futransformer/error.h"
 #include "futransformer/io/llama2c.h"
 
-// The llama2c branch alone lacks the HF/GGUF loaders that model.cpp references; its branch-only link shim
-// provides them. The include disappears by itself once the shim is deleted at merge.
-#if __has_include("../cpu/zz_link_shim_llama2c_branch.cpp")
-#include "../cpu/zz_link_shim_llama2c_branch.cpp"
-#endif
-
 namespace {
 
 void fuzz_model(const uint8_t* data, size_t size) {

@@ -471,8 +471,10 @@ TEST(GgufMalformed, Version1) {
 
 TEST(GgufMalformed, TruncatedEverywhere) {
   const std::vector<uint8_t> b = valid_tiny_bytes();
-  // Every proper prefix fails in the parser (in memory, quickly) ...
-  for (size_t n = 0; n < b.size(); ++n) {
+  // Every proper prefix that ends before the data section fails in the parser (in memory, quickly), and so do
+  // prefixes cutting the tensor data (every 7th byte is enough: the data is only bounds-checked) ...
+  const size_t data_start = parse_gguf(nullptr, b.data(), b.size(), "mem.gguf").data_offset;
+  for (size_t n = 0; n < b.size(); n += n < data_start ? 1 : 7) {
     const std::vector<uint8_t> prefix(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(n));
     EXPECT_THROW(parse_gguf(nullptr, prefix.data(), prefix.size(), "mem.gguf"), Error) << "prefix " << n;
   }

@@ -1,7 +1,6 @@
 // GGUF -> Model: llama.* metadata to ModelConfig, ggml tensor names to Hugging Face names, Q/K rows from Meta's
 // interleaved RoPE order to HF's rotate-half order, quantised blocks to fp32, tokenizer.ggml.* to TokenizerData.
 #include <cstring>
-#include <limits>
 
 #include "futransformer/error.h"
 #include "futransformer/io/gguf.h"
@@ -219,7 +218,8 @@ std::optional<Target> hf_target(const std::string& g, int64_t n_layers, const st
   if (g == "output.weight") return Target{"lm_head.weight"};
   if (g.rfind("blk.", 0) != 0) return std::nullopt;
   const size_t dot = g.find('.', 4);
-  if (dot == std::string::npos || dot == 4 || dot - 4 > 9) return std::nullopt;
+  // Layer numbers are plain decimals ("blk.7.", never "blk.07."), at most 9 digits.
+  if (dot == std::string::npos || dot == 4 || dot - 4 > 9 || (g[4] == '0' && dot > 5)) return std::nullopt;
   int64_t layer = 0;
   for (size_t i = 4; i < dot; ++i) {
     if (g[i] < '0' || g[i] > '9') return std::nullopt;
@@ -260,7 +260,7 @@ Tensor convert_tensor(const GgufTensorInfo& g, const Target& target, const Model
   const size_t elem = dtype_size(t.dtype);
   const int64_t ne0 = g.dims[0];
   const int64_t rows = ne0 == 0 ? 0 : g.numel() / ne0;
-  const size_t src_row_bytes = ne0 == 0 ? 0 : g.nbytes / static_cast<size_t>(rows == 0 ? 1 : rows);
+  const size_t src_row_bytes = rows == 0 ? 0 : g.nbytes / static_cast<size_t>(rows);
   const size_t dst_row_bytes = static_cast<size_t>(ne0) * elem;
 
   std::vector<int64_t> dst_row;  // GGUF row -> row in the result; empty: identity
@@ -278,6 +278,7 @@ Tensor convert_tensor(const GgufTensorInfo& g, const Target& target, const Model
     }
   }
 
+  // With general.alignment < 4 a view could be misaligned for its element type; such tensors are copied.
   const bool aligned = reinterpret_cast<uintptr_t>(g.data) % elem == 0;
   if (!quantised && dst_row.empty() && aligned) {
     t.data = g.data;
@@ -322,7 +323,9 @@ Model gguf_to_model(const GgufFile& file, const std::string& source) {
   for (const GgufTensorInfo& g : file.tensors) {
     const std::optional<Target> target = hf_target(g.name, model.config.num_hidden_layers, source);
     if (!target) continue;
-    model.tensors.emplace(target->name, convert_tensor(g, *target, model.config, file.owner, source));
+    const bool fresh =
+        model.tensors.emplace(target->name, convert_tensor(g, *target, model.config, file.owner, source)).second;
+    check(fresh, source, ": tensor '", g.name, "' maps to '", target->name, "', which another tensor already filled");
   }
   model.config.tie_word_embeddings = !model.has("lm_head.weight");
   model.validate();

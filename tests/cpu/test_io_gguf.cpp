@@ -544,6 +544,18 @@ TEST(GgufMalformed, TensorInfoProblems) {
   EXPECT_NE(msg.find("'token_embd.weight' appears twice"), std::string::npos) << msg;
 }
 
+TEST(GgufMalformed, TensorsThatDoNotFitTheModel) {
+  TinySpec spec;
+  Tiny t = make_tiny(spec);
+  t.w.add_tensor("blk.5.attn_v.weight", {64, 32}, kF32, std::vector<uint8_t>(64 * 32 * 4, 0));
+  std::string msg = load_error(t.w.build(), "layer5");
+  EXPECT_NE(msg.find("'blk.5.attn_v.weight' belongs to layer 5"), std::string::npos) << msg;
+  Tiny b = make_tiny(spec);
+  b.w.add_tensor("blk.0.attn_q.bias", {64}, kF32, std::vector<uint8_t>(64 * 4, 0));
+  msg = load_error(b.w.build(), "bias");
+  EXPECT_NE(msg.find("'blk.0.attn_q.bias' is a bias"), std::string::npos) << msg;
+}
+
 TEST(GgufMalformed, BadAlignment) {
   Tiny t = make_tiny({});
   t.w.add_u32("general.alignment", 48);

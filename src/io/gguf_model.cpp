@@ -216,6 +216,11 @@ std::optional<Target> hf_target(const std::string& g, int64_t n_layers, const st
   if (g == "token_embd.weight") return Target{"model.embed_tokens.weight"};
   if (g == "output_norm.weight") return Target{"model.norm.weight"};
   if (g == "output.weight") return Target{"lm_head.weight"};
+  // Llama-3.1 GGUFs carry their llama3 RoPE frequency scaling only as this tensor of per-frequency divisors;
+  // ignoring it would run the model with the wrong RoPE, so it is refused until the engines apply it.
+  if (g == "rope_freqs.weight")
+    fail(source, ": tensor 'rope_freqs.weight' (per-frequency RoPE factors, as Llama-3.1 GGUFs store their llama3 ",
+         "scaling) is not supported yet; load the Hugging Face checkpoint instead, whose config.json has rope_scaling");
   if (g.rfind("blk.", 0) != 0) return std::nullopt;
   const size_t dot = g.find('.', 4);
   // Layer numbers are plain decimals ("blk.7.", never "blk.07."), at most 9 digits.

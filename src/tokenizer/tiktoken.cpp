@@ -107,9 +107,10 @@ std::unique_ptr<Tokenizer> parse_tiktoken(std::string_view content, const std::s
     spec.bytes[e.rank] = e.bytes;
     spec.kinds[e.rank] = bpe::TokenKind::normal;
   }
-  for (const Entry& e : entries)
-    check(id_of.emplace(spec.bytes[e.rank], static_cast<int32_t>(e.rank)).second, source, ":", e.line,
-          ": duplicate token (same bytes as rank ", id_of[spec.bytes[e.rank]], ")");
+  for (const Entry& e : entries) {
+    const auto [it, inserted] = id_of.emplace(spec.bytes[e.rank], static_cast<int32_t>(e.rank));
+    check(inserted, source, ":", e.line, ": duplicate token (same bytes as rank ", it->second, ")");
+  }
 
   // Every split of a token into two tokens is a pair tiktoken may merge into it, with the token's rank as
   // priority; listing them all makes the id-pair merge loop give exactly tiktoken's result.

@@ -38,13 +38,13 @@ constexpr size_t kMaxCacheEntries = size_t{1} << 17;
 // Per-call working memory, so that a Tokenizer is immutable and encode() is safe from several threads.
 struct EncodeState {
   struct Symbol {
-    int32_t id;    // -1 once merged into its left neighbour
+    int32_t id;    // -1 once merged into its left neighbour; kNoToken for a byte without a token
     int32_t next;  // index of the next live symbol, -1 at the end
     int32_t prev;
   };
   struct Candidate {
     int32_t rank;
-    int32_t left;  // symbol index (= byte offset in the piece, so smaller is further left)
+    int32_t left;  // symbol index: symbols are in text order, so smaller is further left
     int32_t left_id;
     int32_t right_id;
     int32_t merged;
@@ -79,6 +79,7 @@ class BpeTokenizer final : public Tokenizer {
   void encode_piece(std::string_view piece, EncodeState& st, std::vector<int32_t>& out) const;
   void merge(std::string_view piece, EncodeState& st, std::vector<int32_t>& out) const;
   void push_candidate(EncodeState& st, int32_t left) const;
+  static constexpr int32_t kNoToken = -2;  // symbol of a byte the vocabulary has no token for
   void append_bytes(int32_t id, bool keep_special, std::string& out) const;
 
   BpeSpec s_;
@@ -108,15 +109,18 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec) : s_(std::move(spec)) {
       has_specials_ = true;
     }
   }
-  for (int b = 0; b < 256; ++b)
-    check(byte_ids_[b] >= 0, src, ": vocabulary has no token for byte 0x", std::hex, b,
-          " (byte-level BPE needs all 256 single-byte tokens)");
+  if (s_.missing_byte == BpeSpec::MissingByte::error)
+    for (int b = 0; b < 256; ++b)
+      check(byte_ids_[b] >= 0, src, ": vocabulary has no token for byte 0x", std::hex, b,
+            " (byte-level BPE needs all 256 single-byte tokens)");
   for (auto& ids : specials_by_first_byte_)
     std::stable_sort(ids.begin(), ids.end(),
                      [&](int32_t a, int32_t b) { return s_.bytes[a].size() > s_.bytes[b].size(); });
   auto valid = [&](int32_t id) {
     return id >= 0 && static_cast<size_t>(id) < s_.bytes.size() && s_.kinds[id] != TokenKind::missing;
   };
+  check(s_.missing_byte != BpeSpec::MissingByte::block_unk || valid(s_.unk_id), src, ": unknown-token id ",
+        s_.unk_id, " is not a token of the vocabulary");
   check(s_.bos_id == -1 || valid(s_.bos_id), src, ": BOS id ", s_.bos_id, " is not a token of the vocabulary");
   check(s_.eos_id == -1 || valid(s_.eos_id), src, ": EOS id ", s_.eos_id, " is not a token of the vocabulary");
   for (int32_t id : s_.end_of_generation)
@@ -160,7 +164,7 @@ void BpeTokenizer::encode_plain(std::string_view text, EncodeState& st, std::vec
 }
 
 void BpeTokenizer::encode_piece(std::string_view piece, EncodeState& st, std::vector<int32_t>& out) const {
-  if (piece.size() == 1) {
+  if (piece.size() == 1 && byte_ids_[static_cast<unsigned char>(piece[0])] >= 0) {
     out.push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);
     return;
   }
@@ -195,6 +199,7 @@ void BpeTokenizer::push_candidate(EncodeState& st, int32_t left) const {
   const int32_t right = st.symbols[left].next;
   if (right < 0) return;
   const int32_t left_id = st.symbols[left].id, right_id = st.symbols[right].id;
+  if (left_id < 0 || right_id < 0) return;
   if (const PairTable::Entry* e = s_.pairs.find(left_id, right_id)) {
     st.heap.push_back({e->rank, left, left_id, right_id, e->merged});
     std::push_heap(st.heap.begin(), st.heap.end());
@@ -207,10 +212,19 @@ void BpeTokenizer::push_candidate(EncodeState& st, int32_t left) const {
 void BpeTokenizer::merge(std::string_view piece, EncodeState& st, std::vector<int32_t>& out) const {
   check(piece.size() < static_cast<size_t>(std::numeric_limits<int32_t>::max()), s_.source, ": pre-token of ",
         piece.size(), " bytes is too long to encode");
-  const auto n = static_cast<int32_t>(piece.size());
-  st.symbols.resize(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i)
-    st.symbols[i] = {byte_ids_[static_cast<unsigned char>(piece[i])], i + 1 < n ? i + 1 : -1, i - 1};
+  st.symbols.clear();
+  for (unsigned char c : piece) {
+    const int32_t id = byte_ids_[c];
+    if (id < 0 && s_.missing_byte == BpeSpec::MissingByte::skip) continue;
+    // A missing byte keeps kNoToken: no pair contains it, so it blocks merges across it.
+    st.symbols.push_back({id < 0 ? kNoToken : id, 0, 0});
+  }
+  const auto n = static_cast<int32_t>(st.symbols.size());
+  if (n == 0) return;
+  for (int32_t i = 0; i < n; ++i) {
+    st.symbols[i].next = i + 1 < n ? i + 1 : -1;
+    st.symbols[i].prev = i - 1;
+  }
   st.heap.clear();
   for (int32_t i = 0; i + 1 < n; ++i) push_candidate(st, i);
   while (!st.heap.empty()) {
@@ -228,7 +242,10 @@ void BpeTokenizer::merge(std::string_view piece, EncodeState& st, std::vector<in
     if (left.prev >= 0) push_candidate(st, left.prev);
     push_candidate(st, c.left);
   }
-  for (int32_t i = 0; i >= 0; i = st.symbols[i].next) out.push_back(st.symbols[i].id);
+  for (int32_t i = 0; i >= 0; i = st.symbols[i].next) {
+    if (st.symbols[i].id != kNoToken) out.push_back(st.symbols[i].id);
+    else if (s_.missing_byte == BpeSpec::MissingByte::block_unk) out.push_back(s_.unk_id);
+  }
 }
 
 void BpeTokenizer::append_bytes(int32_t id, bool keep_special, std::string& out) const {

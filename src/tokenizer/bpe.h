@@ -51,14 +51,23 @@ struct BpeSpec {
   // A whole pre-token that is itself a normal token encodes as that token without merging (tiktoken always;
   // tokenizer.json "ignore_merges").
   bool whole_piece_lookup = false;
+  // Bytes without a single-byte token (SmolLM2 lacks 21 of them) cannot round-trip; each file format has its
+  // reference implementation's answer.
+  enum class MissingByte {
+    error,       // refuse the vocabulary (tiktoken assumes all 256)
+    block_drop,  // the byte stays a symbol no merge involves, then yields nothing (llama.cpp, GGUF)
+    skip,        // the byte is dropped before merging, so its neighbours may merge (HF without unk_token)
+    block_unk,   // like block_drop but yields unk_id (HF with unk_token)
+  };
+  MissingByte missing_byte = MissingByte::error;
+  int32_t unk_id = -1;
   int32_t bos_id = -1;
   int32_t eos_id = -1;
   std::vector<int32_t> end_of_generation;  // ids besides eos that end generation
   bool add_bos = false;
 };
 
-// Validates the spec (every one of the 256 single bytes must be a normal token; ids in range) and builds the
-// tokenizer. Throws Error naming spec.source.
+// Validates the spec (ids in range; the single-byte tokens as missing_byte demands) and builds the tokenizer. Throws Error naming spec.source.
 std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpeSpec spec);
 
 // The whole file as bytes; Error naming `path` when it cannot be read.

@@ -69,6 +69,7 @@ std::unique_ptr<Tokenizer> make_gguf_tokenizer(const TokenizerData& data, const 
   // Llama-3 vocabularies come from tiktoken, which looks a whole pre-token up before merging (llama.cpp sets
   // ignore_merges for this pre-tokenizer for the same reason).
   spec.whole_piece_lookup = data.pre == "llama-bpe" || data.pre == "llama3";
+  spec.missing_byte = bpe::BpeSpec::MissingByte::block_drop;
   spec.bytes.resize(n);
   spec.kinds.resize(n);
   std::unordered_map<std::string_view, int32_t> id_of;  // spelling -> first id, for merges

@@ -250,6 +250,14 @@ std::unique_ptr<Tokenizer> parse_hf(std::string_view content, const std::string&
   if (!add_pre_tokenizer(f, *pt, "pre_tokenizer", spec.pre, 0))
     f.bad("pre_tokenizer", "no ByteLevel step (only byte-level BPE vocabularies are supported)");
   spec.whole_piece_lookup = f.boolean(model, "ignore_merges", false, "model.ignore_merges");
+  spec.missing_byte = BpeSpec::MissingByte::skip;
+  if (const json* unk = f.find(model, "unk_token")) {
+    if (!unk->is_string()) f.bad("model.unk_token", "expected a string");
+    const auto it = id_of.find(unk->get_ref<const std::string&>());
+    if (it == id_of.end()) f.bad("model.unk_token", "'" + unk->get<std::string>() + "' is not in model.vocab");
+    spec.missing_byte = BpeSpec::MissingByte::block_unk;
+    spec.unk_id = it->second;
+  }
 
   auto special_id = [&](const std::string& text) -> int32_t {
     if (auto it = added_ids.find(text); it != added_ids.end()) return it->second;

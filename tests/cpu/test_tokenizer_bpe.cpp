@@ -357,6 +357,18 @@ TEST(HfTokenizer, TinyJsonEncodesAndFindsConventions) {
   EXPECT_EQ(t->decode(std::vector<int32_t>{'a', 258}, true), "a<|endoftext|>");
 }
 
+// Bytes without a token cannot round-trip; HF drops them before merging, or emits unk_token when one is set.
+TEST(HfTokenizer, BytesWithoutTokenFollowHf) {
+  nlohmann::json j = tiny_tokenizer_json();
+  j["model"]["vocab"].erase("x");
+  const auto skip = parse_hf_tokenizer_json(j.dump(), "tiny.json");
+  EXPECT_EQ(skip->encode("hxel"), (std::vector<int32_t>{257}));
+  j["model"]["vocab"]["<unk>"] = 259;
+  j["model"]["unk_token"] = "<unk>";
+  const auto unk = parse_hf_tokenizer_json(j.dump(), "tiny.json");
+  EXPECT_EQ(unk->encode("hxel"), (std::vector<int32_t>{'h', 259, 'e', 'l'}));
+}
+
 TEST(HfTokenizer, MalformedJsonNamesFileAndField) {
   auto with = [](auto&& mutate) {
     nlohmann::json j = tiny_tokenizer_json();
@@ -379,7 +391,7 @@ TEST(HfTokenizer, MalformedJsonNamesFileAndField) {
       {with([](J& j) { j["model"]["vocab"]["x2"] = 1000000; }), {"model.vocab[\"x2\"]", "out of range"}},
       {with([](J& j) { j["model"]["vocab"]["x2"] = -4; }), {"out of range"}},
       {with([](J& j) { j["model"]["vocab"]["x2"] = "7"; }), {"model.vocab[\"x2\"]", "integer"}},
-      {with([](J& j) { j["model"]["vocab"].erase("a"); }), {"no token for byte 0x61"}},
+      {with([](J& j) { j["model"]["unk_token"] = "<nope>"; }), {"model.unk_token", "<nope>"}},
       {with([](J& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }), {"pre_tokenizer.type", "Metaspace"}},
       {with([](J& j) { j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Digits"}}}}}; }),
        {"no ByteLevel"}},
@@ -439,6 +451,15 @@ TEST(GgufTokenizer, PreTokenizerFollowsThePreName) {
   const auto llama = make_gguf_tokenizer(tiny_gguf_data("llama-bpe"), "tiny.gguf");
   // Llama-3 groups digits by three: "123" | "45".
   EXPECT_EQ(llama->encode(" the 12345"), (std::vector<int32_t>{258, ' ', 259, '3', '4', '5'}));
+}
+
+// llama.cpp keeps a byte without a token as a symbol that blocks merges, then drops it.
+TEST(GgufTokenizer, BytesWithoutTokenBlockMergesAndVanish) {
+  TokenizerData d = tiny_gguf_data("gpt2");
+  d.tokens['x'] = "<not-x>";
+  const auto t = make_gguf_tokenizer(d, "tiny.gguf");
+  EXPECT_EQ(t->encode(" tx"), (std::vector<int32_t>{256}));
+  EXPECT_EQ(t->encode(" xt"), (std::vector<int32_t>{' ', 't'}));
 }
 
 TEST(GgufTokenizer, UnsupportedOrBrokenDataIsAnError) {

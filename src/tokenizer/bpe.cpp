@@ -272,7 +272,7 @@ std::string BpeTokenizer::piece(int32_t /*prev*/, int32_t id) const {
 
 void PairTable::reserve(size_t pairs) {
   size_t capacity = 16;
-  while (capacity < pairs * 2) capacity *= 2;
+  while (capacity * 3 < pairs * 4) capacity *= 2;  // load factor <= 3/4
   if (capacity <= slots_.size()) return;
   std::vector<Entry> old = std::move(slots_);
   slots_.assign(capacity, Entry{kEmpty, 0, 0});
@@ -281,10 +281,10 @@ void PairTable::reserve(size_t pairs) {
     if (e.key != kEmpty) insert(static_cast<int32_t>(e.key >> 32), static_cast<int32_t>(e.key), e.rank, e.merged);
 }
 
-void PairTable::grow() { reserve(std::max<size_t>(count_ + 1, slots_.size())); }
+void PairTable::grow() { reserve(std::max<size_t>(count_ + 1, slots_.size())); }  // doubles the slots
 
 void PairTable::insert(int32_t left, int32_t right, int32_t rank, int32_t merged) {
-  if ((count_ + 1) * 2 > slots_.size()) grow();
+  if ((count_ + 1) * 4 > slots_.size() * 3) grow();
   const uint64_t key = pair_key(left, right);
   const size_t mask = slots_.size() - 1;
   for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {

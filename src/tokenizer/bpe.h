@@ -67,7 +67,8 @@ struct BpeSpec {
   bool add_bos = false;
 };
 
-// Validates the spec (ids in range; the single-byte tokens as missing_byte demands) and builds the tokenizer. Throws Error naming spec.source.
+// Validates the spec (ids in range; the single-byte tokens as missing_byte demands) and builds the tokenizer.
+// Throws Error naming spec.source.
 std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpeSpec spec);
 
 // The whole file as bytes; Error naming `path` when it cannot be read.

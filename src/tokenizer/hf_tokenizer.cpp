@@ -19,12 +19,20 @@ namespace {
 
 using nlohmann::json;
 
+// Keeps error messages readable when a hostile file puts megabytes where a short name belongs.
+std::string clip(std::string_view s) {
+  constexpr size_t kMax = 80;
+  return s.size() <= kMax ? std::string(s) : std::string(s.substr(0, kMax)) + "...";
+}
+
 // Field access that reports "file: field: problem" instead of nlohmann's exceptions.
 class Fields {
  public:
   explicit Fields(const std::string& source) : source_(source) {}
 
-  [[noreturn]] void bad(const std::string& field, const std::string& what) const { fail(source_, ": ", field, ": ", what); }
+  [[noreturn]] void bad(const std::string& field, const std::string& what) const {
+    fail(source_, ": ", field, ": ", what);
+  }
 
   const json* find(const json& obj, const std::string& key) const {
     if (!obj.is_object()) return nullptr;
@@ -53,7 +61,7 @@ class Fields {
                            ? limit
                            : v.get<int64_t>();
     if (id < 0 || id >= limit)
-      bad(field, "token id " + v.dump() + " is out of range [0, " + std::to_string(limit) + ")");
+      bad(field, "token id " + clip(v.dump()) + " is out of range [0, " + std::to_string(limit) + ")");
     return id;
   }
   const std::string& source() const { return source_; }
@@ -86,7 +94,7 @@ bool add_pre_tokenizer(const Fields& f, const json& pt, const std::string& field
   if (type == "Split") {
     const json& pattern = f.object(pt, "pattern", field + ".pattern");
     const std::string behavior = f.string(pt, "behavior", field + ".behavior");
-    if (behavior != "Isolated") f.bad(field + ".behavior", "'" + behavior + "' is not supported (only Isolated)");
+    if (behavior != "Isolated") f.bad(field + ".behavior", "'" + clip(behavior) + "' is not supported (only Isolated)");
     if (f.boolean(pt, "invert", false, field + ".invert")) f.bad(field + ".invert", "true is not supported");
     const bool literal = f.find(pattern, "Regex") == nullptr;
     const std::string text = literal ? f.string(pattern, "String", field + ".pattern.String")
@@ -100,7 +108,7 @@ bool add_pre_tokenizer(const Fields& f, const json& pt, const std::string& field
                                                        false, f.source() + ": " + field));
     return false;
   }
-  f.bad(field + ".type", "'" + type + "' is not supported (supported: ByteLevel, Split, Digits, Sequence)");
+  f.bad(field + ".type", "'" + clip(type) + "' is not supported (supported: ByteLevel, Split, Digits, Sequence)");
 }
 
 // The id of the special token a post_processor template puts first in a single sequence, if any.
@@ -149,7 +157,7 @@ std::unique_ptr<Tokenizer> parse_hf(std::string_view content, const std::string&
   const json& model = f.object(root, "model", "model");
   const json* type = f.find(model, "type");
   if (type != nullptr && *type != "BPE")
-    f.bad("model.type", type->dump() + " is not supported (only BPE)");
+    f.bad("model.type", clip(type->dump()) + " is not supported (only BPE)");
   if (const json* d = f.find(model, "dropout"); d != nullptr && !(d->is_number() && d->get<double>() == 0.0))
     f.bad("model.dropout", "BPE dropout is not supported");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
@@ -160,7 +168,7 @@ std::unique_ptr<Tokenizer> parse_hf(std::string_view content, const std::string&
   if (f.find(root, "normalizer") != nullptr) f.bad("normalizer", "normalizers are not supported (expected null)");
   if (const json* dec = f.find(root, "decoder"); dec != nullptr) {
     const std::string t = f.string(*dec, "type", "decoder.type");
-    if (t != "ByteLevel") f.bad("decoder.type", "'" + t + "' is not supported (only ByteLevel)");
+    if (t != "ByteLevel") f.bad("decoder.type", "'" + clip(t) + "' is not supported (only ByteLevel)");
   }
 
   const json& vocab = f.object(model, "vocab", "model.vocab");
@@ -181,10 +189,10 @@ std::unique_ptr<Tokenizer> parse_hf(std::string_view content, const std::string&
   id_of.reserve(vocab.size());
   size_t max_id = 0;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const auto id = static_cast<size_t>(f.id(it.value(), limit, "model.vocab[\"" + it.key() + "\"]"));
+    const auto id = static_cast<size_t>(f.id(it.value(), limit, "model.vocab[\"" + clip(it.key()) + "\"]"));
     if (text_of[id] != nullptr)
-      f.bad("model.vocab[\"" + it.key() + "\"]", "duplicate id " + std::to_string(id) + " (also \"" +
-                                                    *text_of[id] + "\")");
+      f.bad("model.vocab[\"" + clip(it.key()) + "\"]", "duplicate id " + std::to_string(id) + " (also \"" +
+                                                           clip(*text_of[id]) + "\")");
     text_of[id] = &it.key();
     id_of.emplace(it.key(), static_cast<int32_t>(id));
     // Tokens not in byte-level spelling (raw "<|endoftext|>" in some files) decode as their text, like HF does.
@@ -204,7 +212,7 @@ std::unique_ptr<Tokenizer> parse_hf(std::string_view content, const std::string&
     const auto id = static_cast<size_t>(f.id(*id_json, limit, field + ".id"));
     std::string text = f.string(tok, "content", field + ".content");
     if (text.empty()) f.bad(field + ".content", "empty token text");
-    if (added_ids.count(text) != 0) f.bad(field + ".content", "duplicate added token '" + text + "'");
+    if (added_ids.count(text) != 0) f.bad(field + ".content", "duplicate added token '" + clip(text) + "'");
     if (id_added[id]) f.bad(field + ".id", "id " + std::to_string(id) + " used by two added tokens");
     id_added[id] = true;
     added_ids.emplace(text, static_cast<int32_t>(id));
@@ -237,11 +245,11 @@ std::unique_ptr<Tokenizer> parse_hf(std::string_view content, const std::string&
       f.bad(field, "expected \"left right\" or [left, right]");
     }
     const auto l = id_of.find(left), r = id_of.find(right);
-    if (l == id_of.end()) f.bad(field, "token '" + std::string(left) + "' is not in model.vocab");
-    if (r == id_of.end()) f.bad(field, "token '" + std::string(right) + "' is not in model.vocab");
+    if (l == id_of.end()) f.bad(field, "token '" + clip(left) + "' is not in model.vocab");
+    if (r == id_of.end()) f.bad(field, "token '" + clip(right) + "' is not in model.vocab");
     merged_text.assign(left).append(right);
     const auto m_id = id_of.find(merged_text);
-    if (m_id == id_of.end()) f.bad(field, "merged token '" + merged_text + "' is not in model.vocab");
+    if (m_id == id_of.end()) f.bad(field, "merged token '" + clip(merged_text) + "' is not in model.vocab");
     spec.pairs.insert(l->second, r->second, static_cast<int32_t>(i), m_id->second);
   }
 
@@ -254,7 +262,7 @@ std::unique_ptr<Tokenizer> parse_hf(std::string_view content, const std::string&
   if (const json* unk = f.find(model, "unk_token")) {
     if (!unk->is_string()) f.bad("model.unk_token", "expected a string");
     const auto it = id_of.find(unk->get_ref<const std::string&>());
-    if (it == id_of.end()) f.bad("model.unk_token", "'" + unk->get<std::string>() + "' is not in model.vocab");
+    if (it == id_of.end()) f.bad("model.unk_token", "'" + clip(unk->get<std::string>()) + "' is not in model.vocab");
     spec.missing_byte = BpeSpec::MissingByte::block_unk;
     spec.unk_id = it->second;
   }

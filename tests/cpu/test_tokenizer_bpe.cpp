@@ -227,8 +227,8 @@ nlohmann::json llama3_as_tokenizer_json(const Tokenizer& tt) {
         {"pretokenizers",
          {{{"type", "Split"},
            {"pattern",
-            {{"Regex",
-              R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}}},
+            {{"Regex", R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|)"
+                       R"( ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}}},
            {"behavior", "Isolated"},
            {"invert", false}},
           {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}}},
@@ -291,7 +291,8 @@ std::string tiny_tiktoken() {
   };
   std::string content;
   int rank = 0;
-  for (int b = 0; b < 256; ++b) content += b64(std::string(1, static_cast<char>(b))) + " " + std::to_string(rank++) + "\n";
+  for (int b = 0; b < 256; ++b)
+    content += b64(std::string(1, static_cast<char>(b))) + " " + std::to_string(rank++) + "\n";
   for (const char* t : {"he", "ll", "hel", "hell", "hello"}) content += b64(t) + " " + std::to_string(rank++) + "\n";
   return content;
 }
@@ -403,7 +404,9 @@ TEST(HfTokenizer, MalformedJsonNamesFileAndField) {
                                  {{"type", "ByteLevel"}}}}};
        }),
        {"pre_tokenizer.pretokenizers[0].pattern", "does not compile"}},
-      {with([](J& j) { j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "x"}}}, {"behavior", "Removed"}}; }),
+      {with([](J& j) {
+         j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "x"}}}, {"behavior", "Removed"}};
+       }),
        {"pre_tokenizer.behavior", "Removed"}},
       {with([](J& j) { j["normalizer"] = {{"type", "NFC"}}; }), {"normalizer"}},
       {with([](J& j) { j["decoder"] = {{"type", "Metaspace"}}; }), {"decoder.type"}},

@@ -1,0 +1,109 @@
+// The futransformer tool as a user runs it: real processes, real files, exit codes and messages.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "test_paths.h"
+
+namespace futransformer {
+namespace {
+
+struct Result {
+  int exit_code;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+Result run_cli(const std::string& args) {
+  const std::string dir = test::make_temp_dir("cli");
+  const std::string cmd = test::cli_path() + " " + args + " >" + dir + "/out 2>" + dir + "/err";
+  const int status = std::system(cmd.c_str());
+  Result r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir + "/out"), slurp(dir + "/err")};
+  std::remove((dir + "/out").c_str());
+  std::remove((dir + "/err").c_str());
+  std::remove(dir.c_str());
+  return r;
+}
+
+std::string quote(const std::string& s) { return "'" + s + "'"; }
+
+TEST(Cli, GenerateStories260KReproducesGolden) {
+  const std::string dir = test::shared_path("models/stories260K/");
+  FT_REQUIRE_FILE(dir + "golden-once-upon-a-time.txt");
+  // 200 run.c steps = the prompt's 4 tokens after BOS + 196 new tokens.
+  const Result r = run_cli("generate --model " + quote(dir + "stories260K.bin") + " --tokenizer " +
+                           quote(dir + "tok512.bin") + " --prompt 'Once upon a time' --temperature 0 -n 196");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, slurp(dir + "golden-once-upon-a-time.txt"));
+  EXPECT_NE(r.err.find("tok/s"), std::string::npos);
+}
+
+TEST(Cli, InfoSmolLM2ShowsConfig) {
+  FT_REQUIRE_FILE(test::smollm2_gguf_path());
+  const Result r = run_cli("info --model " + quote(test::smollm2_gguf_path()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* line : {"hidden_size:              576", "num_hidden_layers:        30",
+                           "num_attention_heads:      9", "num_key_value_heads:      3", "head_dim:                 64",
+                           "vocab_size:               49152", "tie_word_embeddings:      true", "format:                   gguf"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << "missing '" << line << "' in:\n" << r.out;
+  EXPECT_NE(r.out.find("model.layers.{i}.self_attn.q_proj.weight"), std::string::npos);
+}
+
+TEST(Cli, SmolLM2GreedyAnswersInEnglish) {
+  FT_REQUIRE_FILE(test::smollm2_gguf_path());
+  const Result r = run_cli("generate --model " + quote(test::smollm2_gguf_path()) +
+                           " --prompt 'The capital of France is' --temperature 0 -n 12");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("The capital of France is", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("Paris"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BadInputsGiveOneClearError) {
+  const struct {
+    std::string args;
+    std::string message;
+  } cases[] = {
+      {"generate --model /nonexistent/model.gguf --prompt hi", "/nonexistent/model.gguf"},
+      {"generate --prompt hi", "--model is required"},
+      {"generate --model x.gguf --prompt hi --temperature -1", "temperature"},
+      {"generate --model x.gguf --prompt hi --device tpu", "device"},
+      {"info --model /etc/hostname", "unknown model format"},
+      {"make-model --config llama-9b --out /tmp/x", "config"},
+      {"frobnicate", "frobnicate"},
+  };
+  for (const auto& c : cases) {
+    const Result r = run_cli(c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << "\nstderr: " << r.err;
+    EXPECT_EQ(r.err.find("terminate called"), std::string::npos) << r.err;
+  }
+}
+
+TEST(Cli, Llama2cWithoutTokenizerSaysWhatToPass) {
+  const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
+  FT_REQUIRE_FILE(bin);
+  // stories260K's tok512.bin sits beside it and is found; a copy alone in a folder is not.
+  const std::string dir = test::make_temp_dir("l2c");
+  ASSERT_EQ(std::system(("cp " + quote(bin) + " " + dir + "/model.bin").c_str()), 0);
+  const Result r = run_cli("generate --model " + dir + "/model.bin --prompt hi");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--tokenizer"), std::string::npos) << r.err;
+  std::remove((dir + "/model.bin").c_str());
+  std::remove(dir.c_str());
+}
+
+}  // namespace
+}  // namespace futransformer

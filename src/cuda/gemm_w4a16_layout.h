@@ -45,7 +45,7 @@ constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kStages = 8;             // per-thread cp.async ring depth: 7 blocks (112 bytes) in flight per lane
 constexpr int kMaxM = 64;
 constexpr int kMaxMTiles = kMaxM / 16;
-constexpr int kMaxSplits = 32;
+constexpr int kMaxSplits = 64;
 // Padding of each staged activation row (bf16 elements): ldmatrix reads 8 rows of 16 bytes at once, and a row
 // pitch that is an odd multiple of 16 bytes modulo 128 puts them in distinct bank groups.
 constexpr int kAPadElems = 8;

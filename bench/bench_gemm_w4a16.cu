@@ -28,22 +28,22 @@ using futransformer::formats::ScaleType;
 constexpr int kGroup = 128;
 constexpr double kNominalTBps = 4.2;  // achievable H200 DRAM bandwidth the targets are stated against
 
-#define CHECK_CUDA(call)                                                                                   \
-  do {                                                                                                     \
-    const cudaError_t e_ = (call);                                                                         \
-    if (e_ != cudaSuccess) {                                                                               \
-      std::fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_),      \
-                   futransformer::cuda::gemm_w4a16_last_error());                                          \
-      std::exit(1);                                                                                        \
-    }                                                                                                      \
+#define CHECK_CUDA(call)                                                                              \
+  do {                                                                                                \
+    const cudaError_t e_ = (call);                                                                    \
+    if (e_ != cudaSuccess) {                                                                          \
+      std::fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_), \
+                   futransformer::cuda::gemm_w4a16_last_error());                                     \
+      std::exit(1);                                                                                   \
+    }                                                                                                 \
   } while (0)
-#define CHECK_CUBLAS(call)                                                                                 \
-  do {                                                                                                     \
-    const cublasStatus_t s_ = (call);                                                                      \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                     \
+#define CHECK_CUBLAS(call)                                                                                    \
+  do {                                                                                                        \
+    const cublasStatus_t s_ = (call);                                                                         \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                        \
       std::fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #call, static_cast<int>(s_)); \
-      std::exit(1);                                                                                        \
-    }                                                                                                      \
+      std::exit(1);                                                                                           \
+    }                                                                                                         \
   } while (0)
 
 struct Shape {
@@ -51,8 +51,8 @@ struct Shape {
   int K, N;  // in -> out
 };
 const Shape kShapes[] = {
-    {"8B.qkv", 4096, 6144},      {"8B.o", 4096, 4096},         {"8B.gate_up", 4096, 28672}, {"8B.down", 14336, 4096},
-    {"70B.qkv", 8192, 10240},    {"70B.o", 8192, 8192},        {"70B.gate_up", 8192, 57344}, {"70B.down", 28672, 8192},
+    {"8B.qkv", 4096, 6144},   {"8B.o", 4096, 4096},  {"8B.gate_up", 4096, 28672},  {"8B.down", 14336, 4096},
+    {"70B.qkv", 8192, 10240}, {"70B.o", 8192, 8192}, {"70B.gate_up", 8192, 57344}, {"70B.down", 28672, 8192},
 };
 const int kMs[] = {1, 2, 4, 8, 16, 32};
 
@@ -206,7 +206,7 @@ int main(int argc, char** argv) {
   void* lt_ws = nullptr;
   CHECK_CUDA(cudaMalloc(&lt_ws, 32u << 20));
 
-  // Roofline: device-to-device copy of 2 GiB (bytes read + written over time).
+  // Roofline: device-to-device copy of 1 GiB (bytes read + written over time).
   double copy_tbps = 0.0;
   {
     const size_t bytes = size_t{1} << 30;
@@ -214,15 +214,16 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMalloc(&src, bytes));
     CHECK_CUDA(cudaMalloc(&dst, bytes));
     CHECK_CUDA(cudaMemsetAsync(src, 1, bytes, stream));
-    const double us = time_median_us(20, stream, [&](int) { CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream)); });
+    const double us = time_median_us(
+        20, stream, [&](int) { CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream)); });
     copy_tbps = 2.0 * bytes / (us * 1e-6) / 1e12;
     CHECK_CUDA(cudaFree(src));
     CHECK_CUDA(cudaFree(dst));
   }
   std::printf("%s, %d SMs, L2 %d MB, max SM clock %d MHz; device copy %.2f TB/s; %d timed runs per row\n", prop.name,
               prop.multiProcessorCount, l2_bytes >> 20, clock_khz / 1000, copy_tbps, iters);
-  std::printf("%-12s %3s %6s %6s | %9s %7s %6s | %9s %7s | %7s\n", "shape", "M", "K", "N", "w4a16 us", "TB/s",
-              "%4.2T", "bf16 us", "TB/s", "speedup");
+  std::printf("%-12s %3s %6s %6s | %9s %7s %6s | %9s %7s | %7s\n", "shape", "M", "K", "N", "w4a16 us", "TB/s", "of4.2T",
+              "bf16 us", "TB/s", "speedup");
 
   std::vector<Row> rows;
   const int max_m = *std::max_element(std::begin(kMs), std::end(kMs));
@@ -247,9 +248,11 @@ int main(int argc, char** argv) {
       fill_random_bf16(hb, 0x3c00);
       for (int r = 0; r < r4; ++r) {
         CHECK_CUDA(cudaMemcpy(w4 + r * w4_bytes, hw.data(), w4_bytes, cudaMemcpyHostToDevice));
-        CHECK_CUDA(cudaMemcpy(reinterpret_cast<uint8_t*>(sc) + r * sc_bytes, hs.data(), sc_bytes, cudaMemcpyHostToDevice));
+        CHECK_CUDA(
+            cudaMemcpy(reinterpret_cast<uint8_t*>(sc) + r * sc_bytes, hs.data(), sc_bytes, cudaMemcpyHostToDevice));
       }
-      for (int r = 0; r < rb; ++r) CHECK_CUDA(cudaMemcpy(bf + r * bf_bytes, hb.data(), bf_bytes, cudaMemcpyHostToDevice));
+      for (int r = 0; r < rb; ++r)
+        CHECK_CUDA(cudaMemcpy(bf + r * bf_bytes, hb.data(), bf_bytes, cudaMemcpyHostToDevice));
     }
     __nv_bfloat16 *x = nullptr, *y = nullptr;
     CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(max_m) * s.K * 2));
@@ -267,14 +270,18 @@ int main(int argc, char** argv) {
     for (int M : kMs) {
       const double w4_us = time_median_us(iters, stream, [&](int i) {
         const int r = i % r4;
-        CHECK_CUDA(futransformer::cuda::gemm_w4a16(x, reinterpret_cast<const uint32_t*>(w4 + r * w4_bytes),
-                                                   reinterpret_cast<const uint16_t*>(reinterpret_cast<uint8_t*>(sc) + r * sc_bytes),
-                                                   y, M, s.N, s.K, kGroup, ScaleType::BF16, ws, ws_bytes, stream));
+        CHECK_CUDA(futransformer::cuda::gemm_w4a16(
+            x, reinterpret_cast<const uint32_t*>(w4 + r * w4_bytes),
+            reinterpret_cast<const uint16_t*>(reinterpret_cast<uint8_t*>(sc) + r * sc_bytes), y, M, s.N, s.K, kGroup,
+            ScaleType::BF16, ws, ws_bytes, stream));
       });
       LtGemm lg(lt, M, s.N, s.K, lt_ws);
-      const double bf_us = time_median_us(iters, stream, [&](int i) { lg.run(bf + (i % rb) * bf_bytes, x, y, stream); });
-      Row row{s.name, M, s.K, s.N, w4_us, (w4_bytes + sc_bytes) / (w4_us * 1e-6) / 1e12, bf_us,
-              bf_bytes / (bf_us * 1e-6) / 1e12};
+      const double bf_us =
+          time_median_us(iters, stream, [&](int i) { lg.run(bf + (i % rb) * bf_bytes, x, y, stream); });
+      Row row{s.name, M,
+              s.K,    s.N,
+              w4_us,  (w4_bytes + sc_bytes) / (w4_us * 1e-6) / 1e12,
+              bf_us,  bf_bytes / (bf_us * 1e-6) / 1e12};
       std::printf("%-12s %3d %6d %6d | %9.2f %7.2f %5.0f%% | %9.2f %7.2f | %6.2fx\n", s.name, M, s.K, s.N, row.w4_us,
                   row.w4_tbps, 100.0 * row.w4_tbps / kNominalTBps, row.bf16_us, row.bf16_tbps, row.bf16_us / row.w4_us);
       rows.push_back(row);

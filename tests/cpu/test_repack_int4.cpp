@@ -79,7 +79,8 @@ void emu_ldmatrix(const std::vector<uint16_t>& smem, const int64_t (&addr)[32], 
       const int64_t base = addr[8 * j + lane / 4] + 2 * (lane % 4);
       EXPECT_GE(base, 0);
       EXPECT_LE(base + 1, static_cast<int64_t>(smem.size()) - 1);
-      out[lane][j] = smem[static_cast<size_t>(base)] | (static_cast<uint32_t>(smem[static_cast<size_t>(base + 1)]) << 16);
+      out[lane][j] =
+          smem[static_cast<size_t>(base)] | (static_cast<uint32_t>(smem[static_cast<size_t>(base + 1)]) << 16);
     }
   }
 }
@@ -127,7 +128,8 @@ TEST(RepackInt4, LaneFragmentsAreThePtxBFragmentsAndRoundTrip) {
             for (int ks = 0; ks < 2; ++ks) {
               for (int tile = 0; tile < 4; ++tile) {
                 // As the kernel does: word ks * 2 + tile / 2, slot shifts 0/4 (tile even) or 8/12 (tile odd).
-                const uint32_t word = packed[static_cast<size_t>(w4::packed_word_index(nb, kb, K / 32, lane, ks * 2 + tile / 2))];
+                const uint32_t word =
+                    packed[static_cast<size_t>(w4::packed_word_index(nb, kb, K / 32, lane, ks * 2 + tile / 2))];
                 for (int reg = 0; reg < 2; ++reg) {
                   const uint32_t b = emu_dequant(word, (tile % 2) * 8 + reg * 4);
                   for (int h = 0; h < 2; ++h) {
@@ -158,7 +160,8 @@ TEST(RepackInt4, LaneFragmentsAreThePtxBFragmentsAndRoundTrip) {
             for (int tile = 0; tile < 4; ++tile) {
               for (int i = 0; i < 4; ++i) {
                 const int64_t n = nb * 32 + tile * 8 + ptx_c(lane, i).c;
-                scales_back[static_cast<size_t>(n * groups + g)] = pscales[static_cast<size_t>(base + tile * 2 + i % 2)];
+                scales_back[static_cast<size_t>(n * groups + g)] =
+                    pscales[static_cast<size_t>(base + tile * 2 + i % 2)];
               }
             }
           }
@@ -258,7 +261,8 @@ EmuResult emulate_kernel(const std::vector<uint16_t>& x, int M, const Int4Weight
             for (int np = 0; np < 2; ++np) {
               uint32_t b_lo[32][2], b_hi[32][2];
               for (int lane = 0; lane < 32; ++lane) {
-                const uint32_t word = packed[static_cast<size_t>(w4::packed_word_index(nb, kb0 + i, K / 32, lane, ks * 2 + np))];
+                const uint32_t word =
+                    packed[static_cast<size_t>(w4::packed_word_index(nb, kb0 + i, K / 32, lane, ks * 2 + np))];
                 b_lo[lane][0] = emu_dequant(word, 0);
                 b_lo[lane][1] = emu_dequant(word, 4);
                 b_hi[lane][0] = emu_dequant(word, 8);
@@ -272,10 +276,12 @@ EmuResult emulate_kernel(const std::vector<uint16_t>& x, int M, const Int4Weight
                   float c[32][4];
                   const int tile = np * 2 + half;
                   for (int lane = 0; lane < 32; ++lane)
-                    for (int e = 0; e < 4; ++e) c[lane][e] = part[static_cast<size_t>(((mt * 4 + tile) * 32 + lane) * 4 + e)];
+                    for (int e = 0; e < 4; ++e)
+                      c[lane][e] = part[static_cast<size_t>(((mt * 4 + tile) * 32 + lane) * 4 + e)];
                   emu_mma(c, am, half ? b_hi : b_lo);
                   for (int lane = 0; lane < 32; ++lane)
-                    for (int e = 0; e < 4; ++e) part[static_cast<size_t>(((mt * 4 + tile) * 32 + lane) * 4 + e)] = c[lane][e];
+                    for (int e = 0; e < 4; ++e)
+                      part[static_cast<size_t>(((mt * 4 + tile) * 32 + lane) * 4 + e)] = c[lane][e];
                 }
               }
             }
@@ -400,8 +406,7 @@ TEST(W4A16Emulation, SmemLayoutFitsAndAlignsForEmulatedTilings) {
   EXPECT_GE(s.ring_offset, s.red_bytes);
   // A pitch that is an odd multiple of 16 bytes modulo 128 keeps ldmatrix's 8 rows in distinct bank groups.
   for (int group : {32, 64, 128})
-    for (int splits : {1, 2, 3, 5})
-      EXPECT_EQ((w4::a_pitch(4096 / group, group, splits) * 2) % 32, 16);
+    for (int splits : {1, 2, 3, 5}) EXPECT_EQ((w4::a_pitch(4096 / group, group, splits) * 2) % 32, 16);
 }
 
 }  // namespace

@@ -121,8 +121,8 @@ void check_against_twin(const UploadedWeight& uw, int M, uint32_t seed) {
     const double got = bf16_to_f32(y[i]);
     ASSERT_FALSE(std::isnan(got)) << "output " << i << " (row " << i / N << ", col " << i % N << ") not written";
     const double bound = kBf16Rounding * std::fabs(ref[i]) + kAccumulationRel * abs_dot[i];
-    ASSERT_LE(std::fabs(got - ref[i]), bound) << "row " << i / N << " col " << i % N << ": got " << got << ", ref "
-                                              << ref[i];
+    ASSERT_LE(std::fabs(got - ref[i]), bound)
+        << "row " << i / N << " col " << i % N << ": got " << got << ", ref " << ref[i];
     err2 += (got - ref[i]) * (got - ref[i]);
     ref2 += static_cast<double>(ref[i]) * ref[i];
   }
@@ -211,15 +211,15 @@ TEST(GemmW4A16Host, CanImplementNamesTheProblem) {
     int M, N, K, group;
     const char* needle;
   };
-  for (const Bad& b : {Bad{0, 256, 256, 128, "M = 0"}, Bad{65, 256, 256, 128, "M = 65"},
-                       Bad{1, 250, 256, 128, "N = 250"}, Bad{1, 256, 4100, 128, "K = 4100"},
-                       Bad{1, 256, 4000, 128, "K = 4000"}, Bad{1, 256, 256, 96, "group size 96"},
-                       Bad{1, 256, 64, 128, "K = 64"}}) {
+  for (const Bad& b :
+       {Bad{0, 256, 256, 128, "M = 0"}, Bad{65, 256, 256, 128, "M = 65"}, Bad{1, 250, 256, 128, "N = 250"},
+        Bad{1, 256, 4100, 128, "K = 4100"}, Bad{1, 256, 4000, 128, "K = 4000"}, Bad{1, 256, 256, 96, "group size 96"},
+        Bad{1, 256, 64, 128, "K = 64"}}) {
     EXPECT_EQ(cuda::gemm_w4a16_can_implement(b.M, b.N, b.K, b.group, ScaleType::BF16, &why), cudaErrorInvalidValue);
     EXPECT_NE(why.find(b.needle), std::string::npos) << "message '" << why << "' lacks '" << b.needle << "'";
     // The launcher refuses before touching the device (null pointers are never dereferenced).
-    EXPECT_EQ(cuda::gemm_w4a16(nullptr, nullptr, nullptr, nullptr, b.M, b.N, b.K, b.group, ScaleType::BF16, nullptr,
-                               0, nullptr),
+    EXPECT_EQ(cuda::gemm_w4a16(nullptr, nullptr, nullptr, nullptr, b.M, b.N, b.K, b.group, ScaleType::BF16, nullptr, 0,
+                               nullptr),
               cudaErrorInvalidValue);
     EXPECT_NE(std::string(cuda::gemm_w4a16_last_error()).find(b.needle), std::string::npos);
   }
@@ -227,9 +227,9 @@ TEST(GemmW4A16Host, CanImplementNamesTheProblem) {
 
 TEST(GemmW4A16Host, HeuristicTilingsAreLaunchable) {
   const w4::DeviceLimits h200;
-  const std::vector<NK> shapes = {{256, 256},   {768, 4096},  {4096, 4096}, {6144, 4096}, {4096, 14336},
-                                  {28672, 4096}, {10240, 8192}, {8192, 8192}, {57344, 8192}, {8192, 28672},
-                                  {32, 128},    {96, 4096}};
+  const std::vector<NK> shapes = {{256, 256},    {768, 4096},   {4096, 4096},  {6144, 4096},
+                                  {4096, 14336}, {28672, 4096}, {10240, 8192}, {8192, 8192},
+                                  {57344, 8192}, {8192, 28672}, {32, 128},     {96, 4096}};
   for (const NK& s : shapes) {
     for (int group : {32, 64, 128}) {
       for (int M = 1; M <= 64; ++M) {
@@ -248,7 +248,8 @@ TEST(GemmW4A16Host, HeuristicTilingsAreLaunchable) {
   }
   // The decode target: Llama-3.1-8B gate_up at M = 1 must fill the 132 SMs.
   const w4::Tiling t = w4::choose_tiling(1, 28672, 4096, 128, h200);
-  EXPECT_GE(int64_t{28672} / (32 * t.warps_n) * t.splits, h200.sm_count) << w4::describe_tiling(t, 1, 28672, 4096, 128, h200);
+  EXPECT_GE(int64_t{28672} / (32 * t.warps_n) * t.splits, h200.sm_count)
+      << w4::describe_tiling(t, 1, 28672, 4096, 128, h200);
 }
 
 }  // namespace

@@ -31,6 +31,8 @@ std::vector<uint32_t> repack_int4_for_mma(const Int4Weight& w) {
   check_int4_mma_compatible(w, "repack_int4_for_mma");
   const int64_t n_blocks = w.rows / w4::kBlockN, k_blocks = w.cols / w4::kBlockK;
   std::vector<uint32_t> out(static_cast<size_t>(w.rows * w.cols / 8));
+  // Runs once per weight at upload, over billions of nibbles for a large model: blocks are independent.
+#pragma omp parallel for schedule(static)
   for (int64_t nb = 0; nb < n_blocks; ++nb) {
     for (int64_t kb = 0; kb < k_blocks; ++kb) {
       for (int lane = 0; lane < w4::kWarpSize; ++lane) {

@@ -1,0 +1,337 @@
+// Benchmark of the W4A16 decode GEMM against a cuBLASLt BF16 GEMM on Llama-3.1-8B / 70B projection shapes.
+//   bench_gemm_w4a16 [--json PATH] [--iters N]
+// Each row: median of N (default 100) launches, each timed by its own pair of CUDA events, after warm-up.
+// Weights rotate through enough copies (>= 4x the L2) that every launch reads them from DRAM. Effective
+// bandwidth counts the bytes each GEMM must read at least once: INT4 weights + group scales for W4A16,
+// BF16 weights for cuBLASLt (activations and outputs are tiny and left out).
+// The git commit in the JSON comes from -DFT_GIT_COMMIT=... or the FT_GIT_COMMIT environment variable.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "futransformer/cuda/gemm_w4a16.h"
+
+namespace {
+
+using futransformer::formats::ScaleType;
+
+constexpr int kGroup = 128;
+constexpr double kNominalTBps = 4.2;  // achievable H200 DRAM bandwidth the targets are stated against
+
+#define CHECK_CUDA(call)                                                                              \
+  do {                                                                                                \
+    const cudaError_t e_ = (call);                                                                    \
+    if (e_ != cudaSuccess) {                                                                          \
+      std::fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_), \
+                   futransformer::cuda::gemm_w4a16_last_error());                                     \
+      std::exit(1);                                                                                   \
+    }                                                                                                 \
+  } while (0)
+#define CHECK_CUBLAS(call)                                                                                    \
+  do {                                                                                                        \
+    const cublasStatus_t s_ = (call);                                                                         \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                        \
+      std::fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #call, static_cast<int>(s_)); \
+      std::exit(1);                                                                                           \
+    }                                                                                                         \
+  } while (0)
+
+struct Shape {
+  const char* name;
+  int K, N;  // in -> out
+};
+const Shape kShapes[] = {
+    {"8B.qkv", 4096, 6144},   {"8B.o", 4096, 4096},  {"8B.gate_up", 4096, 28672},  {"8B.down", 14336, 4096},
+    {"70B.qkv", 8192, 10240}, {"70B.o", 8192, 8192}, {"70B.gate_up", 8192, 57344}, {"70B.down", 28672, 8192},
+};
+const int kMs[] = {1, 2, 4, 8, 16, 32};
+
+uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+uint64_t next_random() {  // xorshift64*
+  g_rng ^= g_rng >> 12;
+  g_rng ^= g_rng << 25;
+  g_rng ^= g_rng >> 27;
+  return g_rng * 0x2545F4914F6CDD1Dull;
+}
+void fill_random_bytes(std::vector<uint8_t>& v) {
+  for (size_t i = 0; i < v.size(); i += 8) {
+    const uint64_t r = next_random();
+    std::memcpy(v.data() + i, &r, std::min<size_t>(8, v.size() - i));
+  }
+}
+// BF16 values uniform-ish in +-[0.5, 1) * 2^e: random sign and mantissa, fixed exponent.
+void fill_random_bf16(std::vector<uint16_t>& v, uint16_t exponent_bits) {
+  for (auto& x : v) x = static_cast<uint16_t>(exponent_bits | (next_random() & 0x807f));
+}
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Times `launch(i)` for i = 0..iters-1, one event pair per launch; returns the median in microseconds.
+template <typename F>
+double time_median_us(int iters, cudaStream_t stream, F launch) {
+  for (int i = 0; i < 5; ++i) launch(i);
+  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(iters));
+  for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    CHECK_CUDA(cudaEventRecord(ev[2 * i], stream));
+    launch(i);
+    CHECK_CUDA(cudaEventRecord(ev[2 * i + 1], stream));
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<float> ms(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) CHECK_CUDA(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (auto& e : ev) CHECK_CUDA(cudaEventDestroy(e));
+  return median(ms) * 1000.0;
+}
+
+// Current SM clock through NVML when the driver library is present (dlopen: no link-time dependency).
+int nvml_sm_clock_mhz(int device) {
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+  if (!lib) return -1;
+  using InitFn = int (*)();
+  using HandleFn = int (*)(const char*, void**);
+  using ClockFn = int (*)(void*, int, unsigned*);
+  auto init = reinterpret_cast<InitFn>(dlsym(lib, "nvmlInit_v2"));
+  auto handle = reinterpret_cast<HandleFn>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
+  auto clock = reinterpret_cast<ClockFn>(dlsym(lib, "nvmlDeviceGetClockInfo"));
+  char bus[32] = {};
+  void* h = nullptr;
+  unsigned mhz = 0;
+  int result = -1;
+  if (init && handle && clock && init() == 0 && cudaDeviceGetPCIBusId(bus, sizeof(bus), device) == cudaSuccess &&
+      handle(bus, &h) == 0 && clock(h, /*NVML_CLOCK_SM*/ 1, &mhz) == 0)
+    result = static_cast<int>(mhz);
+  dlclose(lib);
+  return result;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) o += c;
+  }
+  return o;
+}
+
+struct Row {
+  std::string shape;
+  int M, K, N;
+  double w4_us, w4_tbps, bf16_us, bf16_tbps;
+};
+
+// cuBLASLt y[M, N] = x[M, K] * W[N, K]^T in column-major terms: D (N x M) = op_T(W as K x N) * x (K x M).
+struct LtGemm {
+  cublasLtHandle_t lt = nullptr;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  void* ws = nullptr;
+  size_t ws_bytes = 32u << 20;
+  LtGemm(cublasLtHandle_t h, int M, int N, int K, void* workspace) : lt(h), ws(workspace) {
+    CHECK_CUBLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, K, N, K));
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, K, M, K));
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, N, M, N));
+    cublasLtMatmulPreference_t pref = nullptr;
+    CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                      sizeof(ws_bytes)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 1, &result, &found));
+    if (found == 0) {
+      std::fprintf(stderr, "cuBLASLt found no algorithm for M=%d N=%d K=%d\n", M, N, K);
+      std::exit(1);
+    }
+    algo = result.algo;
+    cublasLtMatmulPreferenceDestroy(pref);
+  }
+  ~LtGemm() {
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(c);
+    cublasLtMatmulDescDestroy(op);
+  }
+  void run(const void* w, const void* x, void* y, cudaStream_t s) {
+    const float alpha = 1.0f, beta = 0.0f;
+    CHECK_CUBLAS(cublasLtMatmul(lt, op, &alpha, w, a, x, b, &beta, y, c, y, c, &algo, ws, ws_bytes, s));
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  int iters = 100;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+    } else if (a == "--iters" && i + 1 < argc) {
+      iters = std::max(50, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: %s [--json PATH] [--iters N (>= 50)]\n", argv[0]);
+      return 2;
+    }
+  }
+  int dev = 0;
+  CHECK_CUDA(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
+  int clock_khz = 0, l2_bytes = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
+  CHECK_CUDA(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, dev));
+  const size_t rotate_bytes = 4 * static_cast<size_t>(l2_bytes);
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublasLtHandle_t lt;
+  CHECK_CUBLAS(cublasLtCreate(&lt));
+  void* lt_ws = nullptr;
+  CHECK_CUDA(cudaMalloc(&lt_ws, 32u << 20));
+
+  // Roofline: device-to-device copy of 1 GiB (bytes read + written over time).
+  double copy_tbps = 0.0;
+  {
+    const size_t bytes = size_t{1} << 30;
+    void *src = nullptr, *dst = nullptr;
+    CHECK_CUDA(cudaMalloc(&src, bytes));
+    CHECK_CUDA(cudaMalloc(&dst, bytes));
+    CHECK_CUDA(cudaMemsetAsync(src, 1, bytes, stream));
+    const double us = time_median_us(
+        20, stream, [&](int) { CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream)); });
+    copy_tbps = 2.0 * bytes / (us * 1e-6) / 1e12;
+    CHECK_CUDA(cudaFree(src));
+    CHECK_CUDA(cudaFree(dst));
+  }
+  std::printf("%s, %d SMs, L2 %d MB, max SM clock %d MHz; device copy %.2f TB/s; %d timed runs per row\n", prop.name,
+              prop.multiProcessorCount, l2_bytes >> 20, clock_khz / 1000, copy_tbps, iters);
+  std::printf("%-12s %3s %6s %6s | %9s %7s %6s | %9s %7s | %7s\n", "shape", "M", "K", "N", "w4a16 us", "TB/s", "of4.2T",
+              "bf16 us", "TB/s", "speedup");
+
+  std::vector<Row> rows;
+  const int max_m = *std::max_element(std::begin(kMs), std::end(kMs));
+  for (const Shape& s : kShapes) {
+    const size_t w4_bytes = static_cast<size_t>(s.N) * s.K / 2;
+    const size_t sc_bytes = static_cast<size_t>(s.N) * (s.K / kGroup) * 2;
+    const size_t bf_bytes = static_cast<size_t>(s.N) * s.K * 2;
+    const int r4 = static_cast<int>(std::clamp<size_t>((rotate_bytes + w4_bytes - 1) / w4_bytes, 2, 64));
+    const int rb = static_cast<int>(std::clamp<size_t>((rotate_bytes + bf_bytes - 1) / bf_bytes, 2, 16));
+    // Random contents: the packed layout is a permutation of nibbles, so random words are valid weights.
+    uint8_t *w4 = nullptr, *bf = nullptr;
+    uint16_t* sc = nullptr;
+    CHECK_CUDA(cudaMalloc(&w4, w4_bytes * r4));
+    CHECK_CUDA(cudaMalloc(&sc, sc_bytes * r4));
+    CHECK_CUDA(cudaMalloc(&bf, bf_bytes * rb));
+    {
+      std::vector<uint8_t> hw(w4_bytes);
+      fill_random_bytes(hw);
+      std::vector<uint16_t> hs(sc_bytes / 2);
+      fill_random_bf16(hs, 0x3b00);  // scales ~ 2^-9: weights ~ 0.01
+      std::vector<uint16_t> hb(bf_bytes / 2);
+      fill_random_bf16(hb, 0x3c00);
+      for (int r = 0; r < r4; ++r) {
+        CHECK_CUDA(cudaMemcpy(w4 + r * w4_bytes, hw.data(), w4_bytes, cudaMemcpyHostToDevice));
+        CHECK_CUDA(
+            cudaMemcpy(reinterpret_cast<uint8_t*>(sc) + r * sc_bytes, hs.data(), sc_bytes, cudaMemcpyHostToDevice));
+      }
+      for (int r = 0; r < rb; ++r)
+        CHECK_CUDA(cudaMemcpy(bf + r * bf_bytes, hb.data(), bf_bytes, cudaMemcpyHostToDevice));
+    }
+    __nv_bfloat16 *x = nullptr, *y = nullptr;
+    CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(max_m) * s.K * 2));
+    CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(max_m) * s.N * 2));
+    {
+      std::vector<uint16_t> hx(static_cast<size_t>(max_m) * s.K);
+      fill_random_bf16(hx, 0x3f00);
+      CHECK_CUDA(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+    }
+    size_t ws_bytes = 0;
+    for (int M : kMs) ws_bytes = std::max(ws_bytes, futransformer::cuda::gemm_w4a16_workspace_bytes(M, s.N, s.K));
+    void* ws = nullptr;
+    CHECK_CUDA(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 16)));
+
+    for (int M : kMs) {
+      const double w4_us = time_median_us(iters, stream, [&](int i) {
+        const int r = i % r4;
+        CHECK_CUDA(futransformer::cuda::gemm_w4a16(
+            x, reinterpret_cast<const uint32_t*>(w4 + r * w4_bytes),
+            reinterpret_cast<const uint16_t*>(reinterpret_cast<uint8_t*>(sc) + r * sc_bytes), y, M, s.N, s.K, kGroup,
+            ScaleType::BF16, ws, ws_bytes, stream));
+      });
+      LtGemm lg(lt, M, s.N, s.K, lt_ws);
+      const double bf_us =
+          time_median_us(iters, stream, [&](int i) { lg.run(bf + (i % rb) * bf_bytes, x, y, stream); });
+      Row row{s.name, M,
+              s.K,    s.N,
+              w4_us,  (w4_bytes + sc_bytes) / (w4_us * 1e-6) / 1e12,
+              bf_us,  bf_bytes / (bf_us * 1e-6) / 1e12};
+      std::printf("%-12s %3d %6d %6d | %9.2f %7.2f %5.0f%% | %9.2f %7.2f | %6.2fx\n", s.name, M, s.K, s.N, row.w4_us,
+                  row.w4_tbps, 100.0 * row.w4_tbps / kNominalTBps, row.bf16_us, row.bf16_tbps, row.bf16_us / row.w4_us);
+      rows.push_back(row);
+    }
+    CHECK_CUDA(cudaFree(ws));
+    CHECK_CUDA(cudaFree(x));
+    CHECK_CUDA(cudaFree(y));
+    CHECK_CUDA(cudaFree(w4));
+    CHECK_CUDA(cudaFree(sc));
+    CHECK_CUDA(cudaFree(bf));
+  }
+  const int sm_mhz_now = nvml_sm_clock_mhz(dev);
+  if (sm_mhz_now > 0) std::printf("SM clock after the runs (NVML): %d MHz\n", sm_mhz_now);
+
+  if (!json_path.empty()) {
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (!f) {
+      std::fprintf(stderr, "cannot write %s\n", json_path.c_str());
+      return 1;
+    }
+#ifdef FT_GIT_COMMIT
+    std::string commit = FT_GIT_COMMIT;
+#else
+    const char* env_commit = std::getenv("FT_GIT_COMMIT");
+    std::string commit = env_commit ? env_commit : "unknown";
+#endif
+    char date[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    std::fprintf(f,
+                 "{\n  \"benchmark\": \"gemm_w4a16\",\n  \"gpu\": \"%s\",\n  \"sm_count\": %d,\n"
+                 "  \"sm_clock_max_mhz\": %d,\n  \"sm_clock_nvml_mhz\": %d,\n  \"copy_bandwidth_tbps\": %.4f,\n"
+                 "  \"git_commit\": \"%s\",\n  \"date\": \"%s\",\n  \"group\": %d,\n  \"scale_type\": \"bf16\",\n"
+                 "  \"timed_runs\": %d,\n  \"rows\": [\n",
+                 json_escape(prop.name).c_str(), prop.multiProcessorCount, clock_khz / 1000, sm_mhz_now, copy_tbps,
+                 json_escape(commit).c_str(), date, kGroup, iters);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      std::fprintf(f,
+                   "    {\"shape\": \"%s\", \"M\": %d, \"K\": %d, \"N\": %d, \"w4a16_us\": %.3f, \"w4a16_tbps\": %.4f, "
+                   "\"cublaslt_bf16_us\": %.3f, \"cublaslt_bf16_tbps\": %.4f, \"speedup\": %.3f}%s\n",
+                   r.shape.c_str(), r.M, r.K, r.N, r.w4_us, r.w4_tbps, r.bf16_us, r.bf16_tbps, r.bf16_us / r.w4_us,
+                   i + 1 < rows.size() ? "," : "");
+    }
+    std::fprintf(f, "  ]\n}\n");
+    std::fclose(f);
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  CHECK_CUDA(cudaFree(lt_ws));
+  cublasLtDestroy(lt);
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}

@@ -1,0 +1,45 @@
+// W4A16 GEMM for decode on Hopper (sm_90a): y[M, N] = x[M, K] * W[N, K]^T.
+//   x: BF16 [M, K] row-major, 1 <= M <= 64          y: BF16 [M, N] row-major
+//   W: symmetric INT4 (zero point 8), group 32/64/128, FP16 or BF16 scales, repacked once on the host with
+//      formats::repack_int4_for_mma / repack_int4_scales_for_mma (futransformer/formats/int4_mma.h).
+// Products accumulate in fp32 and group scales are applied in fp32; the result is deterministic.
+// Includable from plain C++: no CUDA device types beyond cuda_runtime_api.h.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "futransformer/formats/int4.h"
+
+struct __nv_bfloat16;  // cuda_bf16.h's type, used through pointers only
+
+namespace futransformer::cuda {
+
+constexpr int kW4A16MaxM = 64;
+constexpr int kW4A16TileN = 32;  // N must be a multiple of this
+constexpr int kW4A16TileK = 32;  // K must be a multiple of this and of the group size
+constexpr int kW4A16MaxDim = 1 << 18;
+
+// cudaSuccess when the kernel handles the shape; otherwise cudaErrorInvalidValue and, when why is not null, a
+// sentence naming the offending parameter and what is expected. Needs no device.
+cudaError_t gemm_w4a16_can_implement(int M, int N, int K, int group, formats::ScaleType scale_type, std::string* why);
+
+// fp32 workspace bytes gemm_w4a16 needs on the current device for this shape with any supported group size
+// (0 when no split-K is used; also 0 for shapes gemm_w4a16_can_implement rejects).
+size_t gemm_w4a16_workspace_bytes(int M, int N, int K);
+
+// Enqueues the GEMM on `stream`. Pointers are device pointers: x, w_packed, scales and workspace 16-byte
+// aligned, y 4-byte aligned; the workspace must not be used by another launch running concurrently.
+// Returns cudaErrorInvalidValue (message in gemm_w4a16_last_error()) for rejected shapes, misaligned pointers
+// or a workspace smaller than gemm_w4a16_workspace_bytes; otherwise the launch's error, if any.
+cudaError_t gemm_w4a16(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales, __nv_bfloat16* y,
+                       int M, int N, int K, int group, formats::ScaleType scale_type, void* workspace,
+                       size_t workspace_bytes, cudaStream_t stream);
+
+// Why the last gemm_w4a16 call on this thread returned cudaErrorInvalidValue ("" after a success).
+const char* gemm_w4a16_last_error();
+
+}  // namespace futransformer::cuda

@@ -1,0 +1,32 @@
+// INT4 weights in the layout of the W4A16 tensor-core GEMM (futransformer/cuda/gemm_w4a16.h), and the GEMM's
+// CPU twin. The layouts are defined in src/cuda/gemm_w4a16_layout.h and drawn in docs/kernels.md. CPU code:
+// available (and tested) in builds without CUDA.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "futransformer/formats/int4.h"
+
+namespace futransformer::formats {
+
+// Throws Error unless the GEMM handles this weight: symmetric, group 32/64/128, rows (N) and columns (K)
+// multiples of 32, buffers sized as the header of int4.h says. `what` names the tensor in the message.
+void check_int4_mma_compatible(const Int4Weight& w, const std::string& what);
+
+// Nibbles regrouped so that each lane's 16-byte load of a 32 x 32 block holds exactly its mma.m16n8k16 B
+// fragments (N * K / 8 words).
+std::vector<uint32_t> repack_int4_for_mma(const Int4Weight& w);
+// Scale bit patterns (FP16 or BF16 as in w.spec) regrouped per 32-column block and group so that a lane reads
+// the scales of its accumulator columns as one 16-byte vector (N * K / group values).
+std::vector<uint16_t> repack_int4_scales_for_mma(const Int4Weight& w);
+
+// CPU twin of gemm_w4a16: y[M, N] = x[M, K] * dequant(W)^T with x given as BF16 bit patterns, products summed
+// in fp64, returned in fp32 before the BF16 output rounding (callers round with f32_to_bf16 to compare).
+// When abs_dot is not null it receives sum_k |x[m, k] * W[n, k]|, the scale of rounding errors in y[m, n].
+std::vector<float> gemm_w4a16_reference(std::span<const uint16_t> x_bf16, int64_t M, const Int4Weight& w,
+                                        std::vector<float>* abs_dot = nullptr);
+
+}  // namespace futransformer::formats

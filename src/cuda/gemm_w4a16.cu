@@ -1,0 +1,167 @@
+// Host side of the W4A16 GEMM: shape checks, tiling choice, kernel instance dispatch and the split-K reduce
+// launch (programmatic dependent launch, so its launch latency hides behind the GEMM).
+#include "futransformer/cuda/gemm_w4a16.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "cuda/gemm_w4a16.cuh"
+#include "cuda/gemm_w4a16_heuristics.h"
+
+namespace futransformer::cuda {
+namespace {
+
+using w4a16::KernelArgs;
+using w4a16::Tiling;
+
+thread_local std::string g_last_error;
+
+cudaError_t reject(std::string* why, std::string message) {
+  if (why) *why = std::move(message);
+  return cudaErrorInvalidValue;
+}
+
+bool print_heuristics() {
+  static const bool on = [] {
+    const char* v = std::getenv("FT_PRINT_HEURISTICS");
+    return v != nullptr && v[0] == '1';
+  }();
+  return on;
+}
+
+cudaError_t device_limits(w4a16::DeviceLimits* d) {
+  int dev = 0, sms = 0, per_sm = 0, per_block = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (e != cudaSuccess) return e;
+  d->sm_count = sms;
+  d->smem_per_sm = per_sm;
+  d->smem_per_block = per_block;
+  return cudaSuccess;
+}
+
+using KernelFn = void (*)(KernelArgs);
+
+template <bool kF16>
+KernelFn pick_kernel(const Tiling& t) {
+  if (t.rows8) return w4a16::gemm_w4a16_kernel<1, true, kF16>;
+  switch (t.m_tiles) {
+    case 1: return w4a16::gemm_w4a16_kernel<1, false, kF16>;
+    case 2: return w4a16::gemm_w4a16_kernel<2, false, kF16>;
+    case 3: return w4a16::gemm_w4a16_kernel<3, false, kF16>;
+    default: return w4a16::gemm_w4a16_kernel<4, false, kF16>;
+  }
+}
+
+bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+}  // namespace
+
+cudaError_t gemm_w4a16_can_implement(int M, int N, int K, int group, formats::ScaleType scale_type, std::string* why) {
+  using std::to_string;
+  if (M < 1 || M > kW4A16MaxM) return reject(why, "gemm_w4a16: M = " + to_string(M) + " rows, expected 1..64");
+  if (group != 32 && group != 64 && group != 128)
+    return reject(why, "gemm_w4a16: group size " + to_string(group) + " is not supported (expected 32, 64 or 128)");
+  if (scale_type != formats::ScaleType::F16 && scale_type != formats::ScaleType::BF16)
+    return reject(why, "gemm_w4a16: scale type must be FP16 or BF16");
+  if (N < kW4A16TileN || N > kW4A16MaxDim || N % kW4A16TileN != 0)
+    return reject(why, "gemm_w4a16: N = " + to_string(N) + " output columns, expected a positive multiple of " +
+                           to_string(kW4A16TileN) + " up to " + to_string(kW4A16MaxDim));
+  if (K < group || K > kW4A16MaxDim || K % group != 0 || K % kW4A16TileK != 0)
+    return reject(why, "gemm_w4a16: K = " + to_string(K) + " input columns, expected a positive multiple of the " +
+                           "group size " + to_string(group) + " and of " + to_string(kW4A16TileK) + " up to " +
+                           to_string(kW4A16MaxDim));
+  const w4a16::DeviceLimits hopper;
+  const Tiling t = w4a16::choose_tiling(M, N, K, group, hopper);
+  const int64_t smem = w4a16::smem_layout(t, K, group).total;
+  if (smem > hopper.smem_per_block)
+    return reject(why, "gemm_w4a16: K = " + to_string(K) + " is too long for M = " + to_string(M) +
+                           ": the activations of one K slice need " + to_string(smem) + " bytes of shared memory");
+  if (why) why->clear();
+  return cudaSuccess;
+}
+
+size_t gemm_w4a16_workspace_bytes(int M, int N, int K) {
+  w4a16::DeviceLimits d;
+  if (device_limits(&d) != cudaSuccess) {
+    cudaGetLastError();  // a missing device is answered with 0, not left as a sticky error
+    return 0;
+  }
+  size_t bytes = 0;
+  for (int group : {32, 64, 128}) {
+    if (gemm_w4a16_can_implement(M, N, K, group, formats::ScaleType::BF16, nullptr) != cudaSuccess) continue;
+    const Tiling t = w4a16::choose_tiling(M, N, K, group, d);
+    bytes = std::max(bytes, static_cast<size_t>(w4a16::workspace_bytes_for(t, M, N)));
+  }
+  return bytes;
+}
+
+const char* gemm_w4a16_last_error() { return g_last_error.c_str(); }
+
+cudaError_t gemm_w4a16(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales, __nv_bfloat16* y,
+                       int M, int N, int K, int group, formats::ScaleType scale_type, void* workspace,
+                       size_t workspace_bytes, cudaStream_t stream) {
+  g_last_error.clear();
+  if (gemm_w4a16_can_implement(M, N, K, group, scale_type, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
+  if (!x || !w_packed || !scales || !y || !aligned(x, 16) || !aligned(w_packed, 16) || !aligned(scales, 16) ||
+      !aligned(y, 4)) {
+    g_last_error = "gemm_w4a16: x, w_packed and scales must be non-null and 16-byte aligned, y 4-byte aligned";
+    return cudaErrorInvalidValue;
+  }
+  w4a16::DeviceLimits d;
+  if (const cudaError_t e = device_limits(&d); e != cudaSuccess) return e;
+  const Tiling t = w4a16::choose_tiling(M, N, K, group, d);
+  const int64_t smem = w4a16::smem_layout(t, K, group).total;
+  if (print_heuristics()) std::fprintf(stderr, "%s\n", w4a16::describe_tiling(t, M, N, K, group, d).c_str());
+  if (smem > d.smem_per_block) {
+    g_last_error = "gemm_w4a16: the chosen tiling needs " + std::to_string(smem) +
+                   " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block);
+    return cudaErrorInvalidValue;
+  }
+  const int64_t need = w4a16::workspace_bytes_for(t, M, N);
+  if (need > 0 && (workspace == nullptr || !aligned(workspace, 16) || workspace_bytes < static_cast<size_t>(need))) {
+    g_last_error = "gemm_w4a16: needs a 16-byte aligned workspace of " + std::to_string(need) + " bytes, got " +
+                   std::to_string(workspace_bytes) + " (see gemm_w4a16_workspace_bytes)";
+    return cudaErrorInvalidValue;
+  }
+
+  const KernelArgs args{x, reinterpret_cast<const uint4*>(w_packed), scales, y, static_cast<float*>(workspace),
+                        M, N, K, group, t};
+  const KernelFn kernel = scale_type == formats::ScaleType::F16 ? pick_kernel<true>(t) : pick_kernel<false>(t);
+  if (smem > 48 * 1024) {
+    // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
+    if (const cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+        e != cudaSuccess)
+      return e;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(N / (w4a16::kBlockN * t.warps_n)), static_cast<unsigned>(t.splits));
+  cfg.blockDim = dim3(w4a16::kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args); e != cudaSuccess) return e;
+  if (t.splits == 1) return cudaSuccess;
+
+  const int64_t count4 = static_cast<int64_t>(M) * N / 4;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t rcfg{};
+  rcfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>((count4 + 255) / 256, int64_t{d.sm_count} * 8)));
+  rcfg.blockDim = dim3(256);
+  rcfg.stream = stream;
+  rcfg.attrs = attr;
+  rcfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_kernel, static_cast<const float4*>(workspace), y, count4,
+                            t.splits);
+}
+
+}  // namespace futransformer::cuda

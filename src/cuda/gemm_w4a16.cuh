@@ -1,0 +1,273 @@
+// W4A16 GEMM kernels for decode on Hopper: y[M, N] = x[M, K] * W[N, K]^T with x BF16 (M <= 64), W symmetric
+// INT4 in the packed layout of gemm_w4a16_layout.h, group scales (FP16 or BF16), fp32 accumulation, BF16 out.
+//
+// Decode is bound by the weight stream, so the design keeps as many weight bytes in flight as the SM allows
+// and spends few instructions per byte:
+// - A CTA (8 warps) owns 32 * warps_n output columns and one K slice (grid.y = split-K slices). Its slice of
+//   the activations and of the scales is staged in shared memory once, at the start.
+// - Each warp walks its part of the slice one 32 x 32 packed block at a time. Every lane copies exactly the
+//   16 bytes that hold its own B fragments into a private ring of kStages slots with cp.async (evict-first:
+//   weights are read once, the L2 is better kept for activations and partial sums); because no lane reads
+//   another lane's slot, the main loop has no barrier at all.
+// - Nibbles become B registers in registers (lop3 magic number, then one bf16x2 subtract: the integers u - 8,
+//   exact), activations come from shared memory through ldmatrix, products accumulate in fp32 per group and
+//   are scaled in fp32 when a group ends, so FP16 scales are applied exactly as well.
+// - warps_k > 1 warps are reduced through shared memory in warp order; split-K slices write fp32 partial sums
+//   that gemm_w4a16_reduce_kernel adds in slice order: the result is deterministic.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "cuda/gemm_w4a16_layout.h"
+#include "cuda/ptx/bits.cuh"
+#include "cuda/ptx/cp_async.cuh"
+#include "cuda/ptx/griddep.cuh"
+#include "cuda/ptx/ldmatrix.cuh"
+#include "cuda/ptx/mma.cuh"
+
+namespace futransformer::cuda::w4a16 {
+
+struct KernelArgs {
+  const __nv_bfloat16* x;   // [M, K]
+  const uint4* w;           // packed blocks, 16 bytes per lane
+  const uint16_t* scales;   // packed scales
+  __nv_bfloat16* y;         // [M, N] (written when tiling.splits == 1)
+  float* partial;           // [splits, M, N] fp32 (written when tiling.splits > 1)
+  int M, N, K, group;
+  Tiling tiling;
+};
+
+// bf16x2 {u_lo - 8, u_hi - 8} from slot `kShift / 4` of a packed word.
+template <int kShift>
+__device__ __forceinline__ uint32_t dequant_slot(uint32_t word) {
+  const uint32_t biased = ptx::lop3<0xea>(word >> kShift, kMagicMask, kMagicBias);  // (a & b) | c
+  const uint32_t sub_bits = kMagicSub;
+  __nv_bfloat162 v, sub;
+  std::memcpy(&v, &biased, 4);
+  std::memcpy(&sub, &sub_bits, 4);
+  v = __hsub2(v, sub);
+  uint32_t r;
+  std::memcpy(&r, &v, 4);
+  return r;
+}
+
+// The two scales of one 32-bit word of staged scales (lower column first) as fp32.
+template <bool kF16Scales>
+__device__ __forceinline__ float2 unpack_scales(uint32_t pair) {
+  if constexpr (kF16Scales) {
+    __half2 h;
+    std::memcpy(&h, &pair, 4);
+    return __half22float2(h);
+  } else {
+    // A BF16 value is the top half of its fp32: move each 16-bit half up, zero below.
+    return make_float2(__uint_as_float(ptx::prmt(pair, 0u, 0x1044u)), __uint_as_float(ptx::prmt(pair, 0u, 0x3244u)));
+  }
+}
+
+template <int kMT, bool kRows8, bool kF16Scales>
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_kernel(const KernelArgs args) {
+  static_assert(kMT >= 1 && kMT <= kMaxMTiles, "m tiles must cover 16..64 rows");
+  static_assert(!kRows8 || kMT == 1, "the 8-row activation path serves M <= 8 only");
+  // The reduce kernel waits for this grid's completion itself; letting it launch now hides its launch latency.
+  ptx::griddepcontrol_launch_dependents();
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Tiling t = args.tiling;
+  const int M = args.M, K = args.K, group = args.group;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wn = warp % t.warps_n, wk = warp / t.warps_n;
+  constexpr int kRows = kRows8 ? 8 : 16 * kMT;
+
+  const int group_shift = __ffs(group) - 1;  // group is 32, 64 or 128
+  const int64_t groups = K / group;
+  const Range gr = split_range(groups, t.splits, blockIdx.y);
+  const int64_t sgm = slice_groups_max(groups, t.splits);
+  const int64_t pitch = a_pitch(groups, group, t.splits);
+  const int64_t k0 = gr.begin * group;
+  const int slice_k = static_cast<int>((gr.end - gr.begin) * group);
+  const SmemLayout lay = smem_layout(t, K, group);
+  __nv_bfloat16* a_s = reinterpret_cast<__nv_bfloat16*>(smem);
+  uint16_t* s_s = reinterpret_cast<uint16_t*>(smem + lay.a_bytes);
+  unsigned char* ring = smem + lay.ring_offset;
+
+  // Stage this slice's activations (rows past M are zeros: they only feed output rows that are dropped).
+  const int row_chunks = slice_k / 8;
+  for (int c = tid; c < kRows * row_chunks; c += kThreads) {
+    const int r = c / row_chunks, cc = c % row_chunks;
+    __nv_bfloat16* dst = a_s + r * pitch + cc * 8;
+    if (r < M) {
+      ptx::cp_async_16(ptx::smem_addr(dst), args.x + static_cast<int64_t>(r) * K + k0 + cc * 8);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  // Stage the scales of the CTA's warps_n blocks for this slice: contiguous 64 bytes per group and block.
+  const int64_t nb0 = static_cast<int64_t>(blockIdx.x) * t.warps_n;
+  const int chunks_per_block = static_cast<int>(gr.end - gr.begin) * (kScalesPerGroupBlock / 8);
+  for (int c = tid; c < t.warps_n * chunks_per_block; c += kThreads) {
+    const int b = c / chunks_per_block, cc = c % chunks_per_block;
+    const uint16_t* src = args.scales + packed_scale_index(nb0 + b, gr.begin, groups, 0, 0, 0) + cc * 8;
+    ptx::cp_async_16(ptx::smem_addr(s_s + b * sgm * kScalesPerGroupBlock + cc * 8), src);
+  }
+  ptx::cp_async_commit_group();
+
+  // This warp's packed blocks: n block nb, k blocks kb0 .. kb0 + n_steps - 1 (consecutive in memory).
+  const int64_t nb = nb0 + wn;
+  const Range steps = split_range(slice_k / kBlockK, t.warps_k, wk);
+  const int n_steps = static_cast<int>(steps.end - steps.begin);
+  const int64_t kb0 = k0 / kBlockK + steps.begin;
+  const uint4* wsrc = args.w + (nb * (K / kBlockK) + kb0) * kWarpSize + lane;
+  const uint64_t policy = ptx::createpolicy_evict_first();
+  const uint32_t ring_lane = ptx::smem_addr(ring + tid * 16);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_steps) ptx::cp_async_16_evict_first(ring_lane + i * kThreads * 16, wsrc + i * kWarpSize, policy);
+    ptx::cp_async_commit_group();  // empty groups keep the wait count below uniform
+  }
+  // The activation/scale group is older than the kStages - 1 weight groups.
+  ptx::cp_async_wait_group<kStages - 1>();
+  __syncthreads();
+
+  float acc[kMT][kTilesPerBlock][4] = {};
+  float part[kMT][kTilesPerBlock][4] = {};
+  const uint32_t a_lane = ptx::smem_addr(a_s) + 2 * static_cast<uint32_t>(a_frag_offset(lane, 0, 0, pitch, kRows8));
+  const uint32_t a_tile_bytes = static_cast<uint32_t>(16 * pitch * 2);
+
+  for (int i = 0; i < n_steps; ++i) {
+    const int ahead = i + kStages - 1;
+    if (ahead < n_steps) {
+      ptx::cp_async_16_evict_first(ring_lane + (ahead % kStages) * kThreads * 16, wsrc + ahead * kWarpSize, policy);
+    }
+    ptx::cp_async_commit_group();
+    ptx::cp_async_wait_group<kStages - 1>();  // this thread's copy of block i has landed
+    const uint4 q = *reinterpret_cast<const uint4*>(ring + ((i % kStages) * kThreads + tid) * 16);
+    const uint32_t words[kWordsPerLane] = {q.x, q.y, q.z, q.w};
+    const uint32_t k_bytes = static_cast<uint32_t>((steps.begin + i) * kBlockK * 2);
+
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        const uint32_t addr = a_lane + mt * a_tile_bytes + k_bytes + ks * 32;
+        if constexpr (kRows8) {
+          ptx::ldmatrix_x2(a[mt][0], a[mt][2], addr);
+          a[mt][1] = a[mt][3] = 0;  // rows 8..15 do not exist
+        } else {
+          ptx::ldmatrix_x4(a[mt], addr);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        const uint32_t word = words[ks * 2 + np];
+        const uint32_t b_lo[2] = {dequant_slot<0>(word), dequant_slot<4>(word)};    // tile 2np
+        const uint32_t b_hi[2] = {dequant_slot<8>(word), dequant_slot<12>(word)};   // tile 2np + 1
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          ptx::mma_m16n8k16_bf16(part[mt][np * 2], a[mt], b_lo);
+          ptx::mma_m16n8k16_bf16(part[mt][np * 2 + 1], a[mt], b_hi);
+        }
+      }
+    }
+
+    // A group never straddles a block (group >= 32 and K blocks are group aligned): scale at its last block.
+    const int kcol = static_cast<int>(kb0 + i) * kBlockK;
+    if (((kcol + kBlockK) & (group - 1)) == 0 || i == n_steps - 1) {
+      const int gl = (kcol >> group_shift) - static_cast<int>(gr.begin);
+      const uint4 sv = *reinterpret_cast<const uint4*>(s_s + s_frag_offset(wn, gl, sgm, lane & 3));
+      const float2 s[kTilesPerBlock] = {unpack_scales<kF16Scales>(sv.x), unpack_scales<kF16Scales>(sv.y),
+                                        unpack_scales<kF16Scales>(sv.z), unpack_scales<kF16Scales>(sv.w)};
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int tile = 0; tile < kTilesPerBlock; ++tile) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            acc[mt][tile][e] = fmaf(part[mt][tile][e], (e & 1) ? s[tile].y : s[tile].x, acc[mt][tile][e]);
+            part[mt][tile][e] = 0.0f;
+          }
+        }
+      }
+    }
+  }
+  ptx::cp_async_wait_group<0>();  // only empty groups can be left; leave none behind
+
+  if (t.warps_k > 1) {
+    // Warps wk > 0 hand their sums to warp wk == 0 of the same columns, which adds them in wk order.
+    constexpr int kAcc = kMT * kTilesPerBlock * 4;
+    float* red = reinterpret_cast<float*>(smem);
+    __syncthreads();  // every warp is done with the staged activations and scales that red overlaps
+    if (wk > 0) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int tile = 0; tile < kTilesPerBlock; ++tile)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            red[(warp * kAcc + (mt * kTilesPerBlock + tile) * 4 + e) * kWarpSize + lane] = acc[mt][tile][e];
+    }
+    __syncthreads();
+    if (wk == 0) {
+      for (int w2 = 1; w2 < t.warps_k; ++w2) {
+        const float* src = red + (w2 * t.warps_n + wn) * kAcc * kWarpSize + lane;
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int tile = 0; tile < kTilesPerBlock; ++tile)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][tile][e] += src[((mt * kTilesPerBlock + tile) * 4 + e) * kWarpSize];
+      }
+    }
+  }
+  if (wk != 0) return;
+
+  const int N = args.N;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int tile = 0; tile < kTilesPerBlock; ++tile) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = mt * 16 + c_frag_row(lane, 2 * r);
+        if (row >= M) continue;
+        const int64_t col = nb * kBlockN + tile * 8 + c_frag_col(lane, 0);
+        const float lo = acc[mt][tile][2 * r], hi = acc[mt][tile][2 * r + 1];
+        if (t.splits == 1) {
+          *reinterpret_cast<__nv_bfloat162*>(args.y + static_cast<int64_t>(row) * N + col) =
+              __floats2bfloat162_rn(lo, hi);
+        } else {
+          *reinterpret_cast<float2*>(args.partial + (static_cast<int64_t>(blockIdx.y) * M + row) * N + col) =
+              make_float2(lo, hi);
+        }
+      }
+    }
+  }
+}
+
+// y = bf16(sum over slices of partial[s]) in slice order; count4 = M * N / 4.
+__global__ void __launch_bounds__(256) gemm_w4a16_reduce_kernel(const float4* __restrict__ partial,
+                                                                 __nv_bfloat16* __restrict__ y, int64_t count4,
+                                                                 int splits) {
+  // Launched as a programmatic dependent of the GEMM: wait until its partial sums are complete and visible.
+  ptx::griddepcontrol_wait();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count4; i += stride) {
+    float4 s = partial[i];
+    for (int sp = 1; sp < splits; ++sp) {
+      const float4 v = partial[sp * count4 + i];
+      s.x += v.x;
+      s.y += v.y;
+      s.z += v.z;
+      s.w += v.w;
+    }
+    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(y) + 2 * i;
+    out[0] = __floats2bfloat162_rn(s.x, s.y);
+    out[1] = __floats2bfloat162_rn(s.z, s.w);
+  }
+}
+
+}  // namespace futransformer::cuda::w4a16

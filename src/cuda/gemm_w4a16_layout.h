@@ -1,0 +1,148 @@
+// W4A16 GEMM: the packed weight/scale layouts and every index map the kernel uses, in one plain C++ header
+// shared by the CUDA kernel (src/cuda/gemm_w4a16.cuh), the CPU repacker (src/formats/int4_mma.cpp) and the CPU
+// emulation test (tests/cpu/test_repack_int4.cpp), so that the three cannot drift apart. docs/kernels.md draws
+// the layouts.
+//
+// mma.sync.m16n8k16 (bf16, fp32 accumulate) fragments, PTX ISA "Matrix Fragments for mma.m16n8k16"; a lane has
+// g = lane / 4 (groupID) and t = lane % 4 (threadID_in_group); the lower-indexed element sits in the low 16 bits:
+//   A (16x16, row major) reg r in 0..3: row g + 8 * (r & 1), cols 2t + 8 * (r >> 1) + {0, 1}
+//   B (16x8, K x N)      reg r in 0..1: rows (k) 2t + 8 * r + {0, 1}, col (n) g
+//   C (16x8, fp32)       elem i in 0..3: row g + 8 * (i >> 1), col 2t + (i & 1)
+//
+// Packed weights: the [N, K] weight is cut into 32 x 32 blocks (32 output rows n, 32 input columns k). A block
+// is 512 bytes: lane L of a warp owns the 16 bytes at L * 16, four 32-bit words. Word w covers k16 step
+// ks = w >> 1 and the n8 tile pair np = w & 1 (tiles 2np, 2np + 1). Within a word, slot p (bits 4p..4p+3 and
+// 16+4p..16+4p+3) is B register (p & 1) of tile 2np + (p >> 1): its low half holds the lower k. So
+//   ((word >> 4p) & 0x000f000f) | 0x43004300
+// is a bf16x2 pair 128 + u (0x4300 is bf16 128.0, whose last mantissa bit weighs 1), and subtracting 136 gives
+// the exact integers u - 8 as the B register. Blocks are stored [n block][k block], so a warp walking K for one
+// n block reads consecutive 512-byte blocks.
+//
+// Packed scales: [n block][group][t (4)][tile (4)][half (2)] 16-bit values, i.e. 64 bytes per (n block, group);
+// lane t finds the eight scales of its C-fragment columns (tile * 8 + 2t + half) in one 16-byte vector.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define FT_HD __host__ __device__ __forceinline__
+#else
+#define FT_HD inline
+#endif
+
+namespace futransformer::cuda::w4a16 {
+
+constexpr int kWarpSize = 32;
+constexpr int kBlockN = 32;            // output columns of one packed block
+constexpr int kBlockK = 32;            // input columns of one packed block
+constexpr int kWordsPerLane = 4;       // 16 bytes: one cp.async per lane per block
+constexpr int kBlockWords = kWarpSize * kWordsPerLane;
+constexpr int kTilesPerBlock = kBlockN / 8;   // n8 MMA tiles per block
+constexpr int kScalesPerGroupBlock = kBlockN;  // one scale per output column per group
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kStages = 8;             // per-thread cp.async ring depth: 7 blocks (112 bytes) in flight per lane
+constexpr int kMaxM = 64;
+constexpr int kMaxMTiles = kMaxM / 16;
+constexpr int kMaxSplits = 64;
+// Padding of each staged activation row (bf16 elements): ldmatrix reads 8 rows of 16 bytes at once, and a row
+// pitch that is an odd multiple of 16 bytes modulo 128 puts them in distinct bank groups.
+constexpr int kAPadElems = 8;
+
+constexpr uint32_t kMagicMask = 0x000f000fu;   // one nibble per bf16 half
+constexpr uint32_t kMagicBias = 0x43004300u;   // bf16x2 {128, 128}
+constexpr uint32_t kMagicSub = 0x43084308u;    // bf16x2 {136, 136}: 128 + the symmetric zero point 8
+
+struct NK {
+  int n, k;
+};
+
+// The (row n, column k) inside a 32 x 32 block held by slot p (0..3), half h (0 low, 1 high) of word w of lane.
+FT_HD NK nibble_coords(int lane, int w, int p, int h) {
+  const int g = lane >> 2, t = lane & 3;
+  const int ks = w >> 1, np = w & 1;
+  const int tile = np * 2 + (p >> 1);
+  const int reg = p & 1;
+  return NK{tile * 8 + g, ks * 16 + reg * 8 + t * 2 + h};
+}
+FT_HD int nibble_shift(int p, int h) { return 4 * p + 16 * h; }
+// Word index of word w of lane in block (nb, kb); k_blocks = K / 32.
+FT_HD int64_t packed_word_index(int64_t nb, int64_t kb, int64_t k_blocks, int lane, int w) {
+  return ((nb * k_blocks + kb) * kWarpSize + lane) * kWordsPerLane + w;
+}
+// Index of the scale of column (tile * 8 + 2t + half) of block nb for group g; groups = K / group.
+FT_HD int64_t packed_scale_index(int64_t nb, int64_t g, int64_t groups, int t, int tile, int half) {
+  return ((nb * groups + g) * 4 + t) * 8 + tile * 2 + half;
+}
+FT_HD int scale_column(int t, int tile, int half) { return tile * 8 + t * 2 + half; }
+
+// Rows/columns of the fragments a lane holds (see the table at the top).
+FT_HD int c_frag_row(int lane, int i) { return (lane >> 2) + 8 * (i >> 1); }
+FT_HD int c_frag_col(int lane, int i) { return 2 * (lane & 3) + (i & 1); }
+// Row/column (in the 16 x 16 A tile) whose address lane supplies to ldmatrix.x4: matrices 0..3 are
+// (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15) = A registers 0..3.
+FT_HD int ldmatrix_x4_row(int lane) { return lane & 15; }
+FT_HD int ldmatrix_x4_col(int lane) { return (lane >> 4) * 8; }
+// ldmatrix.x2 for M <= 8: matrices (rows 0-7, k 0-7), (rows 0-7, k 8-15) = A registers 0 and 2; lanes 16..31
+// supply addresses that are ignored, kept in range by the mask.
+FT_HD int ldmatrix_x2_row(int lane) { return lane & 7; }
+FT_HD int ldmatrix_x2_col(int lane) { return ((lane >> 3) & 1) * 8; }
+
+// Part i of `parts` nearly equal parts of [0, total): sizes differ by at most one.
+struct Range {
+  int64_t begin, end;
+};
+FT_HD Range split_range(int64_t total, int64_t parts, int64_t i) {
+  return Range{total * i / parts, total * (i + 1) / parts};
+}
+
+// One launch configuration (chosen by gemm_w4a16_heuristics.cpp).
+struct Tiling {
+  int m_tiles = 1;     // 16-row MMA tiles covering M (1..4)
+  bool rows8 = false;  // M <= 8: only 8 activation rows are staged; the MMA's rows 8..15 are zero registers
+  int warps_n = 8;     // warps side by side along N: a CTA covers 32 * warps_n output columns
+  int warps_k = 1;     // warps sharing those columns, each on its own part of the CTA's K slice
+  int splits = 1;      // K slices (grid.y); more than one needs the fp32 workspace and the reduce kernel
+};
+
+// Register cap for __launch_bounds__: decode (one m tile) wants three CTAs per SM for bytes in flight; the
+// larger accumulator sets of M > 32 need the registers more.
+FT_HD constexpr int min_blocks_per_sm(int m_tiles) { return m_tiles == 1 ? 3 : (m_tiles == 2 ? 2 : 1); }
+
+FT_HD int a_rows(const Tiling& t) { return t.rows8 ? 8 : 16 * t.m_tiles; }
+// Groups in the longest K slice.
+FT_HD int64_t slice_groups_max(int64_t groups, int splits) { return (groups + splits - 1) / splits; }
+// Pitch (elements) of a staged activation row: the longest slice plus padding.
+FT_HD int64_t a_pitch(int64_t groups, int group, int splits) {
+  return slice_groups_max(groups, splits) * group + kAPadElems;
+}
+
+// Dynamic shared memory: [activations | scales] overlapped by the cross-warp reduction buffer (used after
+// the main loop), followed by the per-thread weight ring.
+struct SmemLayout {
+  int64_t a_bytes, s_bytes, red_bytes, ring_offset, total;
+};
+FT_HD SmemLayout smem_layout(const Tiling& t, int64_t K, int group) {
+  const int64_t groups = K / group;
+  SmemLayout s{};
+  s.a_bytes = a_rows(t) * a_pitch(groups, group, t.splits) * 2;
+  s.s_bytes = t.warps_n * slice_groups_max(groups, t.splits) * kScalesPerGroupBlock * 2;
+  s.red_bytes = t.warps_k > 1 ? int64_t{kWarps} * t.m_tiles * 16 * kWarpSize * 4 : 0;
+  const int64_t front = s.a_bytes + s.s_bytes > s.red_bytes ? s.a_bytes + s.s_bytes : s.red_bytes;
+  s.ring_offset = (front + 15) / 16 * 16;
+  s.total = s.ring_offset + int64_t{kStages} * kThreads * 16;
+  return s;
+}
+
+// Element offset in staged activations of the address a lane gives ldmatrix for m tile mt at slice column k.
+FT_HD int64_t a_frag_offset(int lane, int mt, int64_t k, int64_t pitch, bool rows8) {
+  return rows8 ? ldmatrix_x2_row(lane) * pitch + k + ldmatrix_x2_col(lane)
+               : (mt * 16 + ldmatrix_x4_row(lane)) * pitch + k + ldmatrix_x4_col(lane);
+}
+// Element offset in staged scales of lane t's eight scales for warp column wn, slice-local group gl.
+FT_HD int64_t s_frag_offset(int wn, int64_t gl, int64_t slice_groups, int t) {
+  return (wn * slice_groups + gl) * kScalesPerGroupBlock + t * 8;
+}
+
+}  // namespace futransformer::cuda::w4a16

@@ -1,0 +1,16 @@
+// Tensor-core MMA wrappers (warp-wide, sm_80+). Fragment layouts: src/cuda/gemm_w4a16_layout.h.
+#pragma once
+
+#include <cstdint>
+
+namespace futransformer::cuda::ptx {
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: d += A(16x16 bf16) * B(16x8 bf16), fp32 accumulators.
+__device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+}  // namespace futransformer::cuda::ptx

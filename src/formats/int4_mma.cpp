@@ -1,0 +1,104 @@
+// Offline repack of canonical INT4 weights into the W4A16 GEMM layout, and the GEMM's CPU twin.
+#include "futransformer/formats/int4_mma.h"
+
+#include <cmath>
+#include <string>
+
+#include "cuda/gemm_w4a16_layout.h"
+#include "futransformer/dtype.h"
+#include "futransformer/error.h"
+
+namespace futransformer::formats {
+
+namespace w4 = cuda::w4a16;
+
+void check_int4_mma_compatible(const Int4Weight& w, const std::string& what) {
+  check(w.spec.symmetric, what, ": the W4A16 GEMM needs symmetric INT4 (zero point 8); this weight is asymmetric");
+  check(w.group == 32 || w.group == 64 || w.group == 128, what, ": the W4A16 GEMM supports group sizes 32, 64 and ",
+        "128, this weight has ", w.group);
+  check(w.rows > 0 && w.rows % w4::kBlockN == 0 && w.rows <= (int64_t{1} << 18), what, ": the W4A16 GEMM needs ",
+        "a row count (N) that is a positive multiple of ", w4::kBlockN, " up to 2^18, got ", w.rows);
+  check(w.cols > 0 && w.cols % w4::kBlockK == 0 && w.cols % w.group == 0 && w.cols <= (int64_t{1} << 18), what,
+        ": the W4A16 GEMM needs a column count (K) that is a positive multiple of ", w4::kBlockK,
+        " and of the group size ", w.group, " up to 2^18, got ", w.cols);
+  check(static_cast<int64_t>(w.qweight.size()) == w.rows * w.cols / 2, what, ": qweight holds ", w.qweight.size(),
+        " bytes, expected ", w.rows * w.cols / 2);
+  check(static_cast<int64_t>(w.scales.size()) == w.rows * w.groups_per_row(), what, ": scales holds ",
+        w.scales.size(), " values, expected ", w.rows * w.groups_per_row());
+}
+
+std::vector<uint32_t> repack_int4_for_mma(const Int4Weight& w) {
+  check_int4_mma_compatible(w, "repack_int4_for_mma");
+  const int64_t n_blocks = w.rows / w4::kBlockN, k_blocks = w.cols / w4::kBlockK;
+  std::vector<uint32_t> out(static_cast<size_t>(w.rows * w.cols / 8));
+  // Runs once per weight at upload, over billions of nibbles for a large model: blocks are independent.
+#pragma omp parallel for schedule(static)
+  for (int64_t nb = 0; nb < n_blocks; ++nb) {
+    for (int64_t kb = 0; kb < k_blocks; ++kb) {
+      for (int lane = 0; lane < w4::kWarpSize; ++lane) {
+        for (int word = 0; word < w4::kWordsPerLane; ++word) {
+          uint32_t v = 0;
+          for (int p = 0; p < 4; ++p) {
+            for (int h = 0; h < 2; ++h) {
+              const w4::NK c = w4::nibble_coords(lane, word, p, h);
+              const uint32_t u = w.nibble(nb * w4::kBlockN + c.n, kb * w4::kBlockK + c.k);
+              v |= u << w4::nibble_shift(p, h);
+            }
+          }
+          out[static_cast<size_t>(w4::packed_word_index(nb, kb, k_blocks, lane, word))] = v;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<uint16_t> repack_int4_scales_for_mma(const Int4Weight& w) {
+  check_int4_mma_compatible(w, "repack_int4_scales_for_mma");
+  const int64_t n_blocks = w.rows / w4::kBlockN, groups = w.groups_per_row();
+  std::vector<uint16_t> out(w.scales.size());
+  for (int64_t nb = 0; nb < n_blocks; ++nb) {
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int t = 0; t < 4; ++t) {
+        for (int tile = 0; tile < w4::kTilesPerBlock; ++tile) {
+          for (int half = 0; half < 2; ++half) {
+            const int64_t n = nb * w4::kBlockN + w4::scale_column(t, tile, half);
+            out[static_cast<size_t>(w4::packed_scale_index(nb, g, groups, t, tile, half))] =
+                w.scales[static_cast<size_t>(n * groups + g)];
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<float> gemm_w4a16_reference(std::span<const uint16_t> x_bf16, int64_t M, const Int4Weight& w,
+                                        std::vector<float>* abs_dot) {
+  const int64_t N = w.rows, K = w.cols;
+  check(M > 0 && static_cast<int64_t>(x_bf16.size()) == M * K, "gemm_w4a16_reference: x holds ", x_bf16.size(),
+        " values, expected M * K = ", M, " * ", K);
+  const std::vector<float> wd = int4_dequantize(w);
+  std::vector<float> x(x_bf16.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_f32(x_bf16[i]);
+  std::vector<float> y(static_cast<size_t>(M * N));
+  if (abs_dot) abs_dot->assign(y.size(), 0.0f);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* wr = wd.data() + n * K;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xr = x.data() + m * K;
+      double s = 0.0, a = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = static_cast<double>(xr[k]) * wr[k];
+        s += p;
+        a += std::fabs(p);
+      }
+      y[static_cast<size_t>(m * N + n)] = static_cast<float>(s);
+      if (abs_dot) (*abs_dot)[static_cast<size_t>(m * N + n)] = static_cast<float>(a);
+    }
+  }
+  return y;
+}
+
+}  // namespace futransformer::formats

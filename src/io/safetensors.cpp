@@ -231,11 +231,15 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<
   uint64_t data_bytes = 0;
   const std::string header = make_header(path, entries, metadata, &data_bytes);
   file_size_ = 8 + header.size() + data_bytes;
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) fail(path, ": cannot create file: ", std::strerror(errno));
-  // A partial file is removed on failure, but only a regular file: never unlink a device such as /dev/full.
+  // Regular files are written under a temporary name and renamed by finish(): a reader never sees a partial
+  // file, and a Model still mapping the old file keeps its (unlinked) pages instead of faulting on a truncated
+  // one. Existing non-regular targets (a pipe, /dev/full) are written directly and never unlinked.
   struct stat st {};
-  remove_on_failure_ = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode);
+  const bool direct = ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
+  write_path_ = direct ? path : path + ".tmp." + std::to_string(::getpid());
+  fd_ = ::open(write_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail(path, ": cannot create file: ", std::strerror(errno));
+  temporary_ = !direct;
   try {
     uint8_t length[8];
     for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
@@ -243,17 +247,18 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<
     write_all(header.data(), header.size());
     written_ = 8 + header.size();
   } catch (...) {
-    ::close(fd_);
-    if (remove_on_failure_) ::unlink(path.c_str());
+    abandon();
     throw;
   }
 }
 
-SafetensorsWriter::~SafetensorsWriter() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    if (remove_on_failure_) ::unlink(path_.c_str());
-  }
+SafetensorsWriter::~SafetensorsWriter() { abandon(); }
+
+void SafetensorsWriter::abandon() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  fd_ = -1;
+  if (temporary_) ::unlink(write_path_.c_str());
 }
 
 void SafetensorsWriter::write_all(const void* bytes, size_t size) {
@@ -276,14 +281,19 @@ void SafetensorsWriter::append(const void* bytes, size_t size) {
 }
 
 void SafetensorsWriter::finish() {
-  check(fd_ >= 0, path_, ": finish called twice");
+  check(fd_ >= 0, path_, ": finish called twice or after a failure");
   check(written_ == file_size_, path_, ": only ", written_, " of ", file_size_, " bytes were written");
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) {
     const int err = errno;
-    if (remove_on_failure_) ::unlink(path_.c_str());
+    if (temporary_) ::unlink(write_path_.c_str());
     fail(path_, ": write failed on close: ", std::strerror(err));
+  }
+  if (temporary_ && ::rename(write_path_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(write_path_.c_str());
+    fail(path_, ": cannot move the finished file into place: ", std::strerror(err));
   }
 }
 

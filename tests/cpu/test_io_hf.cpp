@@ -201,6 +201,7 @@ TEST(Safetensors, StreamingWriterChecksByteCounts) {
     SafetensorsWriter w(path, entries);
     for (size_t i = 0; i < bytes.size(); i += 5) w.append(bytes.data() + i, std::min<size_t>(5, bytes.size() - i));
     EXPECT_THROW(w.append(bytes.data(), 1), Error);
+    EXPECT_FALSE(test::file_exists(path)) << "the file appears only when finished";
     w.finish();
     EXPECT_EQ(fs::file_size(path), w.file_size());
     EXPECT_EQ(w.file_size(), SafetensorsWriter::planned_size(entries));
@@ -217,6 +218,17 @@ TEST(Safetensors, StreamingWriterChecksByteCounts) {
     expect_error([&] { w.finish(); }, {partial, "only"});
   }
   EXPECT_FALSE(test::file_exists(partial)) << "an unfinished file must be removed";
+}
+
+TEST(Safetensors, OverwritingKeepsLoadedTensorsIntact) {
+  const std::string path = test::make_temp_dir("st-overwrite") + "/w.safetensors";
+  const Tensor a = Tensor::from_bytes("w", DType::BF16, {4096}, random_bytes(8192, 21));
+  const Tensor b = Tensor::from_bytes("w", DType::BF16, {2048}, random_bytes(4096, 22));
+  write_safetensors(path, {&a});
+  const std::vector<Tensor> old = load_safetensors(path);
+  write_safetensors(path, {&b});  // a smaller file: truncating the mapped one in place would fault
+  EXPECT_EQ(bytes_of(old.at(0)), bytes_of(a));
+  EXPECT_EQ(bytes_of(load_safetensors(path).at(0)), bytes_of(b));
 }
 
 // ---------- config.json ----------

@@ -38,8 +38,9 @@ struct SafetensorsEntry {
 
 // Writes a safetensors file whose tensor data arrives in pieces, so a checkpoint larger than memory can be
 // produced: the header is written at construction, then append() takes the tensors' bytes in entry order
-// (any chunking), and finish() checks that every byte arrived and closes the file. A writer destroyed before
-// finish() removes its partial file. All errors name the path.
+// (any chunking), and finish() checks that every byte arrived and moves the file into place (it is written
+// under a temporary name until then). A writer destroyed before finish() removes its partial file. All errors
+// name the path.
 class SafetensorsWriter {
  public:
   SafetensorsWriter(const std::string& path, const std::vector<SafetensorsEntry>& entries,
@@ -59,9 +60,11 @@ class SafetensorsWriter {
 
  private:
   void write_all(const void* bytes, size_t size);
+  void abandon();
   std::string path_;
+  std::string write_path_;  // path_ + ".tmp.<pid>" until finish() renames it, or path_ for non-regular files
+  bool temporary_ = false;
   int fd_ = -1;
-  bool remove_on_failure_ = false;
   uint64_t file_size_ = 0;
   uint64_t written_ = 0;
 };

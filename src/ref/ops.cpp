@@ -22,6 +22,12 @@ namespace futransformer::ref {
 
 namespace {
 
+// Multiply-adds below which an op runs on one thread (about a millisecond of scalar work); counted in double so
+// no size product can overflow.
+constexpr double kParallelMinWork = 4.0e6;
+// Query count from which attention uses matrix products (BLAS builds).
+[[maybe_unused]] constexpr int64_t kBlasMinQueries = 4;
+
 // fp32 dot product; the simd reduction lets the compiler vectorise a sum it may not otherwise reorder.
 inline float dot(const float* a, const float* b, int64_t n) {
   float acc = 0.0f;
@@ -48,7 +54,8 @@ void matmul_nt(const float* x, const float* w, float* y, int64_t m, int64_t n, i
 #else
   // Rows of W outermost in each tile so a tile of W stays in cache while every row of x passes over it.
   constexpr int64_t kTile = 64;
-  FT_OMP(omp parallel for schedule(static))
+  [[maybe_unused]] const bool parallel = double(m) * double(n) * double(k) >= kParallelMinWork;
+  FT_OMP(omp parallel for schedule(static) if (parallel))
   for (int64_t n0 = 0; n0 < n; n0 += kTile) {
     const int64_t n1 = std::min(n, n0 + kTile);
     for (int64_t i = 0; i < m; ++i) {
@@ -133,18 +140,19 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
 }
 
-void attention(const float* q, const float* k, const float* v, float* out, int64_t n_q, int64_t q_pos0, int64_t n_kv,
-               int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
-  check(n_q >= 0 && q_pos0 >= 0 && n_heads > 0 && n_kv_heads > 0 && head_dim > 0, "attention: bad sizes (n_q ", n_q,
-        ", q_pos0 ", q_pos0, ", heads ", n_heads, ", kv heads ", n_kv_heads, ", head_dim ", head_dim, ")");
-  check(n_heads % n_kv_heads == 0, "attention: ", n_heads, " query heads are not a multiple of ", n_kv_heads,
-        " KV heads");
-  check(q_pos0 + n_q <= n_kv, "attention: queries reach position ", q_pos0 + n_q - 1, " but the cache holds ", n_kv,
-        " positions");
+namespace {
+
+// One query at a time: scores, softmax and the weighted sum of values as plain loops.
+void attention_loops(const float* q, const float* k, const float* v, float* out, int64_t n_q, int64_t q_pos0,
+                     int64_t n_kv, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
   const int64_t group = n_heads / n_kv_heads;
   const int64_t q_stride = n_heads * head_dim, kv_stride = n_kv_heads * head_dim;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-  FT_OMP(omp parallel)
+  // Threads only pay off for prefill-sized work: on a busy machine every parallel region costs a wait for the
+  // slowest thread's time slice, which would dominate a decode step (one query per head).
+  [[maybe_unused]] const bool parallel =
+      double(n_q) * double(n_heads) * double(n_kv) * double(head_dim) >= kParallelMinWork;
+  FT_OMP(omp parallel if (parallel))
   {
     std::vector<float> scores(static_cast<size_t>(n_kv));
     FT_OMP(omp for collapse(2) schedule(dynamic))
@@ -166,6 +174,62 @@ void attention(const float* q, const float* k, const float* v, float* out, int64
       }
     }
   }
+}
+
+#ifdef FT_HAVE_BLAS
+// The same math for a block of queries per head as two matrix products: S = Q·Kᵀ·scale over the keys the block's
+// last query sees, each row softmaxed over its own causal prefix (the rest zeroed), then O = S·V. Prefill spends
+// most of its attention time here, and BLAS is an order of magnitude faster than the loops.
+void attention_blas(const float* q, const float* k, const float* v, float* out, int64_t n_q, int64_t q_pos0,
+                    int64_t n_kv, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  check(n_kv <= kMax && n_heads * head_dim <= kMax, "attention: sizes above 2^31 (", n_kv, " keys, ", n_heads,
+        " heads of ", head_dim, ")");
+  // Bounds the score block to kBlock × n_kv floats (1 MiB per 2048 keys).
+  constexpr int64_t kBlock = 128;
+  const int64_t group = n_heads / n_kv_heads;
+  const int q_stride = static_cast<int>(n_heads * head_dim), kv_stride = static_cast<int>(n_kv_heads * head_dim);
+  const int d = static_cast<int>(head_dim);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  std::vector<float> s;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    const int64_t koff = (h / group) * head_dim;
+    for (int64_t i0 = 0; i0 < n_q; i0 += kBlock) {
+      const int64_t rows = std::min(kBlock, n_q - i0);
+      const int64_t len = q_pos0 + i0 + rows;
+      s.assign(static_cast<size_t>(rows * len), 0.0f);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(len), d, scale,
+                  q + i0 * q_stride + h * head_dim, q_stride, k + koff, kv_stride, 0.0f, s.data(),
+                  static_cast<int>(len));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t visible = q_pos0 + i0 + r + 1;
+        softmax(&s[r * len], visible);
+        std::fill(s.begin() + r * len + visible, s.begin() + (r + 1) * len, 0.0f);
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), d, static_cast<int>(len), 1.0f,
+                  s.data(), static_cast<int>(len), v + koff, kv_stride, 0.0f, out + i0 * q_stride + h * head_dim,
+                  q_stride);
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+void attention(const float* q, const float* k, const float* v, float* out, int64_t n_q, int64_t q_pos0, int64_t n_kv,
+               int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
+  check(n_q >= 0 && q_pos0 >= 0 && n_heads > 0 && n_kv_heads > 0 && head_dim > 0, "attention: bad sizes (n_q ", n_q,
+        ", q_pos0 ", q_pos0, ", heads ", n_heads, ", kv heads ", n_kv_heads, ", head_dim ", head_dim, ")");
+  check(n_heads % n_kv_heads == 0, "attention: ", n_heads, " query heads are not a multiple of ", n_kv_heads,
+        " KV heads");
+  check(q_pos0 + n_q <= n_kv, "attention: queries reach position ", q_pos0 + n_q - 1, " but the cache holds ", n_kv,
+        " positions");
+  if (n_q == 0) return;
+#ifdef FT_HAVE_BLAS
+  // A few queries (decode) stay on the loops, so both implementations run in every BLAS build and its tests.
+  if (n_q >= kBlasMinQueries) return attention_blas(q, k, v, out, n_q, q_pos0, n_kv, n_heads, n_kv_heads, head_dim);
+#endif
+  attention_loops(q, k, v, out, n_q, q_pos0, n_kv, n_heads, n_kv_heads, head_dim);
 }
 
 }  // namespace futransformer::ref

@@ -42,7 +42,8 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n);
 // q_pos0 … q_pos0 + n_q − 1; k, v: [n_kv, n_kv_heads·d] for positions 0 … n_kv − 1 (the sequence's cache, which
 // already holds the queries' own keys). Query head h reads KV head g = h / (n_heads / n_kv_heads). For query i:
 //   s[t] = (q_i,h · k_t,g) / sqrt(d) for t ≤ q_pos0 + i,   p = softmax(s),   out[i, h·d + j] = Σ_t p[t] · v_t,g[j].
-// Scores and the softmax are fp32 (max subtracted). Throws Error if the shapes are inconsistent.
+// Scores and the softmax are fp32 (max subtracted); with BLAS, blocks of 4+ queries use sgemm for both products.
+// Throws Error if the shapes are inconsistent.
 void attention(const float* q, const float* k, const float* v, float* out, int64_t n_q, int64_t q_pos0, int64_t n_kv,
                int64_t n_heads, int64_t n_kv_heads, int64_t head_dim);
 

@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "futransformer/error.h"
+#include "futransformer/dtype.h"
+#include "ref/kv_cache.h"
+#include "ref/linear.h"
 #include "ref/ops.h"
 
 namespace futransformer {
@@ -261,6 +264,61 @@ TEST(RefOps, AttentionRejectsInconsistentShapes) {
   std::vector<float> buf(4 * 8 * 64, 0.5f), out(4 * 8 * 64);
   EXPECT_THROW(ref::attention(buf.data(), buf.data(), buf.data(), out.data(), 2, 3, 4, 8, 2, 64), Error);
   EXPECT_THROW(ref::attention(buf.data(), buf.data(), buf.data(), out.data(), 1, 0, 4, 6, 4, 64), Error);
+}
+
+TEST(RefLinear, InputQuantizerRoundsACopyOfTheInput) {
+  std::mt19937 rng(808);
+  const int64_t rows = 3, in = 37, out = 11;
+  const auto x = random_vector(rows * in, rng);
+  const auto w = random_vector(out * in, rng);
+  ref::RefLinear lin("test.weight", out, in, std::make_shared<const std::vector<float>>(w));
+  std::vector<float> plain(rows * out), quant(rows * out), want(rows * out);
+  lin.forward(x.data(), rows, plain.data());
+  std::vector<float> expect_plain(rows * out);
+  ref::matmul_nt(x.data(), w.data(), expect_plain.data(), rows, out, in);
+  EXPECT_EQ(plain, expect_plain);
+
+  int64_t seen_rows = 0, seen_cols = 0;
+  lin.set_input_quantizer([&](float* v, int64_t r, int64_t c) {
+    seen_rows = r;
+    seen_cols = c;
+    for (int64_t i = 0; i < r * c; ++i) v[i] = bf16_to_f32(f32_to_bf16(v[i]));
+  });
+  const auto x_before = x;
+  lin.forward(x.data(), rows, quant.data());
+  EXPECT_EQ(x, x_before);
+  EXPECT_EQ(seen_rows, rows);
+  EXPECT_EQ(seen_cols, in);
+  std::vector<float> xq(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xq[i] = bf16_to_f32(f32_to_bf16(x[i]));
+  ref::matmul_nt(xq.data(), w.data(), want.data(), rows, out, in);
+  EXPECT_EQ(quant, want);
+  EXPECT_NE(quant, plain);
+}
+
+TEST(RefLinear, RejectsMismatchedShapes) {
+  EXPECT_THROW(ref::RefLinear("w", 3, 4, std::make_shared<const std::vector<float>>(11, 1.0f)), Error);
+  EXPECT_THROW(ref::RefLinear("w", 0, 4, std::make_shared<const std::vector<float>>()), Error);
+  EXPECT_THROW(ref::RefLinear::from_tensor(Tensor::from_f32("v", {4}, {1, 2, 3, 4})), Error);
+}
+
+TEST(KvStore, F32ReadsBackWhatWasAppended) {
+  std::mt19937 rng(909);
+  const int64_t width = 3 * 64;
+  auto store = ref::make_f32_kv_store(width);
+  const auto k = random_vector(7 * width, rng), v = random_vector(7 * width, rng);
+  store->append(k.data(), v.data(), 5);
+  store->append(k.data() + 5 * width, v.data() + 5 * width, 1);
+  store->append(k.data() + 6 * width, v.data() + 6 * width, 1);
+  EXPECT_EQ(store->size(), 7);
+  EXPECT_EQ(store->width(), width);
+  std::vector<float> kr(6 * width), vr(6 * width);
+  store->read_keys(6, kr.data());
+  store->read_values(6, vr.data());
+  EXPECT_TRUE(std::equal(kr.begin(), kr.end(), k.begin()));
+  EXPECT_TRUE(std::equal(vr.begin(), vr.end(), v.begin()));
+  EXPECT_THROW(store->read_keys(8, kr.data()), Error);
+  EXPECT_THROW(ref::make_f32_kv_store(0), Error);
 }
 
 }  // namespace

@@ -229,9 +229,10 @@ double row_error(const float* a, const float* b, int64_t n) {
 // fp32 engine vs fp64 definition: a few hundred roundings of 2^-24 along each logit's path (sums of <= 80 terms,
 // 3 layers, norms, softmax), with margin for error growth through the residual stream.
 constexpr double kVsFp64RelTol = 2e-5;
-// The engine against itself computed differently (rows batched vs alone, cache vs one pass): only the fp32 summation
-// order inside BLAS kernels of different shapes differs.
-constexpr double kSelfRelTol = 2e-6;
+// The engine against itself computed differently (rows batched vs alone, cache vs one pass): both sides are fp32
+// evaluations (measured within about 2e-6 of fp64 here) that differ only in summation order (BLAS kernels for other
+// shapes, blocked sgemm attention for many queries vs the loops for one), so a fraction of kVsFp64RelTol.
+constexpr double kSelfRelTol = 1e-5;
 
 class RefEngineTiny : public ::testing::TestWithParam<TinySpec> {};
 

@@ -28,6 +28,9 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+  // Per-frequency divisors of the inverse RoPE frequencies (GGUF's rope_freqs tensor, llama.cpp semantics:
+  // inv_freq[i] /= freq_divisors[i]); empty when absent. Applied after `type`'s scaling.
+  std::vector<double> freq_divisors;
 };
 
 struct ModelConfig {

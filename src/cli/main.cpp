@@ -1,6 +1,7 @@
 // futransformer: run Llama-family models (CPU reference engine; Hopper GPU engine where available).
 #include <cstdio>
 #include <exception>
+#include <string>
 #include <vector>
 
 #include "cli/commands.h"
@@ -13,6 +14,18 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   const std::vector<cli::Command> commands = {cli::add_generate_command(app), cli::add_info_command(app),
                                               cli::add_make_model_command(app)};
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    std::string names;
+    for (const cli::Command& c : commands) {
+      known = known || c.sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + c.sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "error: unknown command '%s' (expected one of: %s; see --help)\n", argv[1], names.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

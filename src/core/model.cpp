@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
+
 #include "futransformer/error.h"
 
 namespace futransformer {
@@ -32,6 +34,13 @@ void ModelConfig::validate(const std::string& source) const {
               rope_scaling.original_max_position_embeddings > 0,
           source, ": rope_scaling llama3 parameters out of range (factor >= 1, 0 < low_freq_factor < ",
           "high_freq_factor, original_max_position_embeddings > 0)");
+  }
+  if (!rope_scaling.freq_divisors.empty()) {
+    check(static_cast<int64_t>(rope_scaling.freq_divisors.size()) == head_dim / 2, source, ": ",
+          rope_scaling.freq_divisors.size(), " RoPE frequency divisors for head_dim ", head_dim, ", expected ",
+          head_dim / 2);
+    for (double d : rope_scaling.freq_divisors)
+      check(d > 0 && std::isfinite(d), source, ": RoPE frequency divisor ", d, " is not positive");
   }
   check(bos_token_id < vocab_size && eos_token_id < vocab_size, source, ": bos/eos token id outside the vocabulary");
 }

@@ -1,5 +1,6 @@
 // GGUF -> Model: llama.* metadata to ModelConfig, ggml tensor names to Hugging Face names, Q/K rows from Meta's
 // interleaved RoPE order to HF's rotate-half order, quantised blocks to fp32, tokenizer.ggml.* to TokenizerData.
+#include <cmath>
 #include <cstring>
 
 #include "futransformer/error.h"
@@ -216,11 +217,6 @@ std::optional<Target> hf_target(const std::string& g, int64_t n_layers, const st
   if (g == "token_embd.weight") return Target{"model.embed_tokens.weight"};
   if (g == "output_norm.weight") return Target{"model.norm.weight"};
   if (g == "output.weight") return Target{"lm_head.weight"};
-  // Llama-3.1 GGUFs carry their llama3 RoPE frequency scaling only as this tensor of per-frequency divisors;
-  // ignoring it would run the model with the wrong RoPE, so it is refused until the engines apply it.
-  if (g == "rope_freqs.weight")
-    fail(source, ": tensor 'rope_freqs.weight' (per-frequency RoPE factors, as Llama-3.1 GGUFs store their llama3 ",
-         "scaling) is not supported yet; load the Hugging Face checkpoint instead, whose config.json has rope_scaling");
   if (g.rfind("blk.", 0) != 0) return std::nullopt;
   const size_t dot = g.find('.', 4);
   // Layer numbers are plain decimals ("blk.7.", never "blk.07."), at most 9 digits.
@@ -312,6 +308,22 @@ Tensor convert_tensor(const GgufTensorInfo& g, const Target& target, const Model
 
 }  // namespace
 
+// Llama-3.1 GGUFs store their llama3 RoPE frequency scaling as this F32 tensor of per-frequency divisors
+// (llama.cpp divides each inverse frequency by its entry) instead of rope_scaling metadata.
+std::vector<double> read_rope_freq_divisors(const GgufTensorInfo& g, const ModelConfig& c, const std::string& source) {
+  check(g.type == GgmlType::F32 && g.dims.size() == 1 && static_cast<int64_t>(g.dims[0]) == c.head_dim / 2, source,
+        ": tensor 'rope_freqs.weight' must be F32 with head_dim / 2 = ", c.head_dim / 2, " entries");
+  std::vector<double> out(static_cast<size_t>(g.dims[0]));
+  for (size_t i = 0; i < out.size(); ++i) {
+    float v;
+    std::memcpy(&v, g.data + 4 * i, 4);
+    check(std::isfinite(v) && v > 0, source, ": tensor 'rope_freqs.weight' entry ", i, " is ", v,
+          ", expected a positive divisor");
+    out[i] = v;
+  }
+  return out;
+}
+
 Model gguf_to_model(const GgufFile& file, const std::string& source) {
   const Meta meta(file, source);
   Model model;
@@ -326,6 +338,10 @@ Model gguf_to_model(const GgufFile& file, const std::string& source) {
   // Checked before tensors are converted so that row permutations see sane head counts.
   model.config.validate(source);
   for (const GgufTensorInfo& g : file.tensors) {
+    if (g.name == "rope_freqs.weight") {
+      model.config.rope_scaling.freq_divisors = read_rope_freq_divisors(g, model.config, source);
+      continue;
+    }
     const std::optional<Target> target = hf_target(g.name, model.config.num_hidden_layers, source);
     if (!target) continue;
     const bool fresh =

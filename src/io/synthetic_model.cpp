@@ -191,7 +191,7 @@ ModelConfig synthetic_config(const std::string& name) {
     c.vocab_size = 128256;
     c.max_position_embeddings = 131072;
     c.rope_theta = 500000.0;
-    c.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 8192};
+    c.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 8192, {}};
     c.rms_norm_eps = 1e-5;
     c.tie_word_embeddings = false;
     c.bos_token_id = 128000;

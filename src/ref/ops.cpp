@@ -101,6 +101,11 @@ std::vector<float> rope_inv_freq(int64_t head_dim, double theta, const RopeScali
         f = (1.0 - smooth) * f / scaling.factor + smooth * f;
       }
     }
+    if (!scaling.freq_divisors.empty()) {
+      check(static_cast<int64_t>(scaling.freq_divisors.size()) == half, "rope_inv_freq: ",
+            scaling.freq_divisors.size(), " frequency divisors, expected ", half);
+      f /= scaling.freq_divisors[static_cast<size_t>(i)];
+    }
     out[static_cast<size_t>(i)] = static_cast<float>(f);
   }
   return out;

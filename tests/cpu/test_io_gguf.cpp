@@ -171,7 +171,16 @@ Tiny make_tiny(const TinySpec& s) {
              kv = static_cast<uint64_t>(s.kv_heads * s.head_dim), f = static_cast<uint64_t>(s.ffn),
              v = static_cast<uint64_t>(s.vocab);
   add("token_embd.weight", {h, v}, s.weight_type);
-  add("rope_freqs.weight", {static_cast<uint64_t>(s.head_dim / 2)}, kF32);  // present in Llama-3 files; ignored
+  {
+    // Llama-3.1 files carry RoPE frequency divisors; they land in config.rope_scaling.freq_divisors.
+    std::vector<uint8_t> bytes(static_cast<size_t>(s.head_dim / 2) * 4);
+    for (int64_t i = 0; i < s.head_dim / 2; ++i) {
+      const float d = 1.0f + 0.25f * static_cast<float>(i);
+      std::memcpy(bytes.data() + 4 * i, &d, 4);
+    }
+    const std::vector<uint64_t> dims{static_cast<uint64_t>(s.head_dim / 2)};
+    t.w.add_tensor("rope_freqs.weight", dims, kF32, bytes);
+  }
   for (int64_t l = 0; l < s.layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     add(p + "attn_norm.weight", {h}, kF32);
@@ -258,7 +267,10 @@ void check_round_trip(const TinySpec& spec, uint64_t alignment) {
   const Model m = load_gguf_model(path);
   EXPECT_EQ(m.format, "gguf");
   EXPECT_EQ(m.source, path);
-  EXPECT_EQ(m.tensors.size(), name_pairs(spec).size()) << "rope_freqs must be ignored";
+  EXPECT_EQ(m.tensors.size(), name_pairs(spec).size()) << "rope_freqs is config, not a weight";
+  ASSERT_EQ(static_cast<int64_t>(m.config.rope_scaling.freq_divisors.size()), spec.head_dim / 2);
+  for (int64_t i = 0; i < spec.head_dim / 2; ++i)
+    EXPECT_EQ(m.config.rope_scaling.freq_divisors[static_cast<size_t>(i)], 1.0 + 0.25 * static_cast<double>(i));
   for (const auto& [hf, g, heads] : name_pairs(spec)) {
     SCOPED_TRACE(hf);
     ASSERT_TRUE(m.has(hf));

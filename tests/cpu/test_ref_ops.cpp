@@ -323,3 +323,22 @@ TEST(KvStore, F32ReadsBackWhatWasAppended) {
 
 }  // namespace
 }  // namespace futransformer
+
+namespace futransformer::ref {
+namespace {
+
+TEST(RefOps, RopeFrequencyDivisorsDivideEachInverseFrequency) {
+  RopeScaling plain;
+  RopeScaling divided;
+  divided.freq_divisors = {1.0, 2.0, 4.0, 8.0};
+  const std::vector<float> a = rope_inv_freq(8, 10000.0, plain);
+  const std::vector<float> b = rope_inv_freq(8, 10000.0, divided);
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_FLOAT_EQ(b[i], static_cast<float>(std::pow(10000.0, -2.0 * static_cast<double>(i) / 8.0) /
+                                             divided.freq_divisors[i]));
+  divided.freq_divisors.pop_back();
+  EXPECT_THROW(rope_inv_freq(8, 10000.0, divided), Error);
+}
+
+}  // namespace
+}  // namespace futransformer::ref

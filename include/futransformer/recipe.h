@@ -1,0 +1,40 @@
+// A precision recipe: which low-precision format each part of the model runs in. The reference engine runs any
+// combination (it stores quantised weights dequantised, rounds activations and encodes/decodes the KV cache exactly
+// as the formats define), so each recipe's quality cost can be measured on the CPU.
+//
+// Text form (CLI `--configs`, report rows, JSON), parts joined by '+':
+//   weights:      full | fp8 | int4-rtn-g<G> | int4-gptq-g<G>       (G: 32, 64, 128 or "ch" for per-channel)
+//   activations:  act-fp8                                            (optional; fp32 otherwise)
+//   KV cache:     kv-bf16 | kv-fp8 | kv-int4 | kv-int4-hadamard      (optional; fp32 otherwise)
+// e.g. "full", "fp8+act-fp8", "int4-gptq-g128+kv-int4-hadamard". Parse errors name the part and list the choices.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "futransformer/formats/int4.h"
+#include "futransformer/formats/kv_cache.h"
+
+namespace futransformer {
+
+enum class WeightFormat : uint8_t { Full, Fp8, Int4Rtn, Int4Gptq };
+enum class ActivationFormat : uint8_t { Fp32, Fp8PerToken };
+
+struct PrecisionRecipe {
+  WeightFormat weights = WeightFormat::Full;
+  formats::Int4Spec int4;                       // used by the INT4 weight formats (symmetric, F16 scales by default)
+  ActivationFormat activations = ActivationFormat::Fp32;
+  std::optional<formats::KvFormat> kv;          // nullopt: fp32 cache
+
+  std::string name() const;                     // canonical text form (round-trips through parse)
+  static PrecisionRecipe parse(std::string_view text);
+  bool is_full_precision() const { return weights == WeightFormat::Full && activations == ActivationFormat::Fp32 && !kv; }
+};
+
+// Which projections a recipe quantises: every q/k/v/o/gate/up/down projection of every layer. Embeddings, norms
+// and the LM head stay in the checkpoint's precision (see docs/formats.md).
+bool is_quantised_projection(const std::string& tensor_name);
+
+}  // namespace futransformer

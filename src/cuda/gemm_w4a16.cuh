@@ -6,9 +6,10 @@
 // - A CTA (8 warps) owns 32 * warps_n output columns and one K slice (grid.y = split-K slices). Its slice of
 //   the activations and of the scales is staged in shared memory once, at the start.
 // - Each warp walks its part of the slice one 32 x 32 packed block at a time. Every lane copies exactly the
-//   16 bytes that hold its own B fragments into a private ring of kStages slots with cp.async (evict-first:
-//   weights are read once, the L2 is better kept for activations and partial sums); because no lane reads
-//   another lane's slot, the main loop has no barrier at all.
+//   16 bytes that hold its own B fragments into a private ring of kStages slots with cp.async.cg (L1 bypassed:
+//   weights are read once); because no lane reads another lane's slot, the main loop has no barrier at all.
+//   An L2::evict_first cache hint on these copies raised "illegal instruction" on the H200 (driver 580.159,
+//   see docs/kernels.md), so the copies carry no hint.
 // - Nibbles become B registers in registers (lop3 magic number, then one bf16x2 subtract: the integers u - 8,
 //   exact), activations come from shared memory through ldmatrix, products accumulate in fp32 per group and
 //   are scaled in fp32 when a group ends, so FP16 scales are applied exactly as well.
@@ -121,11 +122,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
   const int n_steps = static_cast<int>(steps.end - steps.begin);
   const int64_t kb0 = k0 / kBlockK + steps.begin;
   const uint4* wsrc = args.w + (nb * (K / kBlockK) + kb0) * kWarpSize + lane;
-  const uint64_t policy = ptx::createpolicy_evict_first();
   const uint32_t ring_lane = ptx::smem_addr(ring + tid * 16);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (i < n_steps) ptx::cp_async_16_evict_first(ring_lane + i * kThreads * 16, wsrc + i * kWarpSize, policy);
+    if (i < n_steps) ptx::cp_async_16(ring_lane + i * kThreads * 16, wsrc + i * kWarpSize);
     ptx::cp_async_commit_group();  // empty groups keep the wait count below uniform
   }
   // The activation/scale group is older than the kStages - 1 weight groups.
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
   for (int i = 0; i < n_steps; ++i) {
     const int ahead = i + kStages - 1;
     if (ahead < n_steps) {
-      ptx::cp_async_16_evict_first(ring_lane + (ahead % kStages) * kThreads * 16, wsrc + ahead * kWarpSize, policy);
+      ptx::cp_async_16(ring_lane + (ahead % kStages) * kThreads * 16, wsrc + ahead * kWarpSize);
     }
     ptx::cp_async_commit_group();
     ptx::cp_async_wait_group<kStages - 1>();  // this thread's copy of block i has landed

@@ -5,23 +5,9 @@
 
 namespace futransformer::cuda::ptx {
 
-// createpolicy.fractional.L2::evict_first: a cache policy marking all lines it covers as first to evict.
-__device__ __forceinline__ uint64_t createpolicy_evict_first() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-
 // cp.async.cg.shared.global: 16 bytes global -> shared through L2 only (L1 bypassed); both 16-byte aligned.
 __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem) : "memory");
-}
-
-// cp.async.cg.shared.global.L2::cache_hint: the same copy under an L2 policy from createpolicy_*; streamed
-// data read exactly once (quantised weights) goes evict-first so the L2 keeps what is reused.
-__device__ __forceinline__ void cp_async_16_evict_first(uint32_t smem, const void* gmem, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "l"(policy)
-               : "memory");
 }
 
 // cp.async.commit_group: closes the group of this thread's copies issued since the last commit.

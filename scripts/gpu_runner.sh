@@ -36,7 +36,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,memory.total --format=csv \
   > "$out/gpu.csv" 2>&1
 log "GPU: $(tail -n 1 "$out/gpu.csv")"
-commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+commit="${FT_GIT_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 export FT_GIT_COMMIT="$commit"
 
 build="$root/build-gpu"

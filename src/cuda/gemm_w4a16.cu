@@ -34,16 +34,73 @@ bool print_heuristics() {
   return on;
 }
 
-cudaError_t device_limits(w4a16::DeviceLimits* d) {
+// Host time matters at decode sizes: an 8 MB layer streams in ~3 us, while the tile search costs 1-7 us and the
+// attribute queries ~1 us. Limits, tilings and the raised shared-memory limit are therefore remembered per thread.
+constexpr int kMaxDevices = 16;
+
+cudaError_t device_limits(w4a16::DeviceLimits* d, int* device = nullptr) {
+  thread_local w4a16::DeviceLimits known[kMaxDevices];
+  thread_local bool have[kMaxDevices] = {};
   int dev = 0, sms = 0, per_sm = 0, per_block = 0;
   cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) return e;
+  if (device) *device = dev;
+  if (dev >= 0 && dev < kMaxDevices && have[dev]) {
+    *d = known[dev];
+    return cudaSuccess;
+  }
+  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (e != cudaSuccess) return e;
   d->sm_count = sms;
   d->smem_per_sm = per_sm;
   d->smem_per_block = per_block;
+  if (dev >= 0 && dev < kMaxDevices) {
+    known[dev] = *d;
+    have[dev] = true;
+  }
+  return cudaSuccess;
+}
+
+// choose_tiling through a small per-thread cache (round-robin replacement; decode uses a handful of shapes).
+Tiling cached_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits& d) {
+  struct Entry {
+    int M, N, K, group, sms;
+    int64_t per_sm, per_block;
+    Tiling t;
+  };
+  constexpr int kEntries = 64;
+  thread_local Entry cache[kEntries];
+  thread_local int used = 0, next = 0;
+  for (int i = 0; i < used; ++i) {
+    const Entry& c = cache[i];
+    if (c.M == M && c.N == N && c.K == K && c.group == group && c.sms == d.sm_count && c.per_sm == d.smem_per_sm &&
+        c.per_block == d.smem_per_block)
+      return c.t;
+  }
+  const Tiling t = w4a16::choose_tiling(M, N, K, group, d);
+  cache[next] = Entry{M, N, K, group, d.sm_count, d.smem_per_sm, d.smem_per_block, t};
+  next = (next + 1) % kEntries;
+  used = std::min(used + 1, kEntries);
+  return t;
+}
+
+// Raises a kernel's dynamic shared-memory limit to the device maximum once per (kernel, device); the limit does
+// not change occupancy, which follows the size each launch asks for.
+cudaError_t allow_smem(const void* kernel, int dev, int64_t per_block) {
+  constexpr int kSlots = 64;
+  thread_local const void* done_kernel[kSlots] = {};
+  thread_local int done_dev[kSlots] = {};
+  thread_local int used = 0;
+  for (int i = 0; i < used; ++i)
+    if (done_kernel[i] == kernel && done_dev[i] == dev) return cudaSuccess;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(per_block));
+  if (e != cudaSuccess || used == kSlots) return e;  // a full table only means the call is repeated next time
+  done_kernel[used] = kernel;
+  done_dev[used] = dev;
+  ++used;
   return cudaSuccess;
 }
 
@@ -79,7 +136,7 @@ cudaError_t gemm_w4a16_can_implement(int M, int N, int K, int group, formats::Sc
                            "group size " + to_string(group) + " and of " + to_string(kW4A16TileK) + " up to " +
                            to_string(kW4A16MaxDim));
   const w4a16::DeviceLimits hopper;
-  const Tiling t = w4a16::choose_tiling(M, N, K, group, hopper);
+  const Tiling t = cached_tiling(M, N, K, group, hopper);
   const int64_t smem = w4a16::smem_layout(t, K, group).total;
   if (smem > hopper.smem_per_block)
     return reject(why, "gemm_w4a16: K = " + to_string(K) + " is too long for M = " + to_string(M) +
@@ -97,7 +154,7 @@ size_t gemm_w4a16_workspace_bytes(int M, int N, int K) {
   size_t bytes = 0;
   for (int group : {32, 64, 128}) {
     if (gemm_w4a16_can_implement(M, N, K, group, formats::ScaleType::BF16, nullptr) != cudaSuccess) continue;
-    const Tiling t = w4a16::choose_tiling(M, N, K, group, d);
+    const Tiling t = cached_tiling(M, N, K, group, d);
     bytes = std::max(bytes, static_cast<size_t>(w4a16::workspace_bytes_for(t, M, N)));
   }
   return bytes;
@@ -116,8 +173,9 @@ cudaError_t gemm_w4a16(const __nv_bfloat16* x, const uint32_t* w_packed, const u
     return cudaErrorInvalidValue;
   }
   w4a16::DeviceLimits d;
-  if (const cudaError_t e = device_limits(&d); e != cudaSuccess) return e;
-  const Tiling t = w4a16::choose_tiling(M, N, K, group, d);
+  int dev = 0;
+  if (const cudaError_t e = device_limits(&d, &dev); e != cudaSuccess) return e;
+  const Tiling t = cached_tiling(M, N, K, group, d);
   const int64_t smem = w4a16::smem_layout(t, K, group).total;
   if (print_heuristics()) std::fprintf(stderr, "%s\n", w4a16::describe_tiling(t, M, N, K, group, d).c_str());
   if (smem > d.smem_per_block) {
@@ -136,9 +194,7 @@ cudaError_t gemm_w4a16(const __nv_bfloat16* x, const uint32_t* w_packed, const u
                         M, N, K, group, t};
   const KernelFn kernel = scale_type == formats::ScaleType::F16 ? pick_kernel<true>(t) : pick_kernel<false>(t);
   if (smem > 48 * 1024) {
-    // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
-    if (const cudaError_t e =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (const cudaError_t e = allow_smem(reinterpret_cast<const void*>(kernel), dev, d.smem_per_block);
         e != cudaSuccess)
       return e;
   }

@@ -4,10 +4,11 @@
 // Decode is bound by the weight stream, so the design keeps as many weight bytes in flight as the SM allows
 // and spends few instructions per byte:
 // - A CTA (8 warps) owns 32 * warps_n output columns and one K slice (grid.y = split-K slices). Its slice of
-//   the activations and of the scales is staged in shared memory once, at the start.
+//   the activations (its M rows only) and of the scales is staged in shared memory once, at the start.
 // - Each warp walks its part of the slice one 32 x 32 packed block at a time. Every lane copies exactly the
-//   16 bytes that hold its own B fragments into a private ring of kStages slots with cp.async.cg (L1 bypassed:
-//   weights are read once); because no lane reads another lane's slot, the main loop has no barrier at all.
+//   16 bytes that hold its own B fragments into a private ring of kStages (16) slots with cp.async.cg (L1
+//   bypassed: weights are read once), 15 blocks = 60 KB per CTA in flight; because no lane reads another lane's
+//   slot, the main loop has no barrier at all.
 //   An L2::evict_first cache hint on these copies raised "illegal instruction" on the H200 (driver 580.159,
 //   see docs/kernels.md), so the copies carry no hint.
 // - Nibbles become B registers in registers (lop3 magic number, then one bf16x2 subtract: the integers u - 8,
@@ -81,7 +82,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
   const int M = args.M, K = args.K, group = args.group;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wn = warp % t.warps_n, wk = warp / t.warps_n;
-  constexpr int kRows = kRows8 ? 8 : 16 * kMT;
 
   const int group_shift = __ffs(group) - 1;  // group is 32, 64 or 128
   const int64_t groups = K / group;
@@ -95,16 +95,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
   uint16_t* s_s = reinterpret_cast<uint16_t*>(smem + lay.a_bytes);
   unsigned char* ring = smem + lay.ring_offset;
 
-  // Stage this slice's activations (rows past M are zeros: they only feed output rows that are dropped).
+  // Stage this slice's M activation rows (MMA rows past M are fed clamped addresses, see a_frag_offset).
+  const int rows = t.rows;
   const int row_chunks = slice_k / 8;
-  for (int c = tid; c < kRows * row_chunks; c += kThreads) {
+  for (int c = tid; c < rows * row_chunks; c += kThreads) {
     const int r = c / row_chunks, cc = c % row_chunks;
-    __nv_bfloat16* dst = a_s + r * pitch + cc * 8;
-    if (r < M) {
-      ptx::cp_async_16(ptx::smem_addr(dst), args.x + static_cast<int64_t>(r) * K + k0 + cc * 8);
-    } else {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-    }
+    ptx::cp_async_16(ptx::smem_addr(a_s + r * pitch + cc * 8), args.x + static_cast<int64_t>(r) * K + k0 + cc * 8);
   }
   // Stage the scales of the CTA's warps_n blocks for this slice: contiguous 64 bytes per group and block.
   const int64_t nb0 = static_cast<int64_t>(blockIdx.x) * t.warps_n;
@@ -134,8 +130,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
 
   float acc[kMT][kTilesPerBlock][4] = {};
   float part[kMT][kTilesPerBlock][4] = {};
-  const uint32_t a_lane = ptx::smem_addr(a_s) + 2 * static_cast<uint32_t>(a_frag_offset(lane, 0, 0, pitch, kRows8));
-  const uint32_t a_tile_bytes = static_cast<uint32_t>(16 * pitch * 2);
+  uint32_t a_lane[kMT];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+    a_lane[mt] = ptx::smem_addr(a_s) + 2 * static_cast<uint32_t>(a_frag_offset(lane, mt, 0, pitch, kRows8, rows));
 
   for (int i = 0; i < n_steps; ++i) {
     const int ahead = i + kStages - 1;
@@ -153,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
       uint32_t a[kMT][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
-        const uint32_t addr = a_lane + mt * a_tile_bytes + k_bytes + ks * 32;
+        const uint32_t addr = a_lane[mt] + k_bytes + ks * 32;
         if constexpr (kRows8) {
           ptx::ldmatrix_x2(a[mt][0], a[mt][2], addr);
           a[mt][1] = a[mt][3] = 0;  // rows 8..15 do not exist

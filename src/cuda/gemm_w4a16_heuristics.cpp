@@ -1,13 +1,12 @@
 // Tile choice for the W4A16 GEMM. The kernel streams weights, so the choice is driven by a small model of a
-// memory-bound launch, counted in DRAM-byte equivalents:
-//   - a CTA streams bytes_per_cta = weight bytes / CTAs; while c CTAs are resident the DRAM delivers its full
-//     rate once c >= kSaturatingCtasPerSm * SMs (enough bytes in flight), proportionally less below that;
-//     so a wave of c CTAs costs bytes_per_cta * max(c, saturation);
-//   - each wave adds a fixed ramp (pipeline fill: one DRAM latency);
-//   - staged activations cost their L2 traffic at half weight (L2 is about twice as fast as DRAM);
-//   - split-K adds the reduce kernel (launch mostly hidden by programmatic dependent launch) and the fp32
-//     partial sums written and read back through L2.
-// The constants are first estimates for H100/H200, to be calibrated with bench/bench_gemm_w4a16.
+// memory-bound launch, in microseconds (docs/notes/w4a16-tuning.md derives it):
+//   - a wave of c resident CTAs, each streaming B bytes with F bytes in flight, runs at
+//     min(DRAM bandwidth, c * F / latency) (Little's law), i.e. takes max(c * B / BW, B * latency / F);
+//   - each wave adds one DRAM latency of pipeline fill;
+//   - staged activations are read from L2 by every CTA (at about twice the DRAM rate);
+//   - split-K adds the reduce kernel (a dependent launch: about one grid drain plus its fp32 traffic).
+// Constants: H200 measurements (4.2 TB/s device copy); the latency is a loaded-DRAM estimate on the high side,
+// which favours tilings with more bytes in flight.
 #include "cuda/gemm_w4a16_heuristics.h"
 
 #include <algorithm>
@@ -17,27 +16,31 @@
 namespace futransformer::cuda::w4a16 {
 namespace {
 
-constexpr double kSaturatingCtasPerSm = 1.0;
-constexpr double kWaveRampBytes = 2.0e6;     // ~0.5 us at 4 TB/s
-constexpr double kReduceFixedBytes = 4.0e6;  // ~1 us: the reduce kernel's share of a decode step
-constexpr double kL2Weight = 0.5;
+constexpr double kDramBytesPerUs = 4.0e6;   // ~4 TB/s sustained
+constexpr double kL2BytesPerUs = 8.0e6;
+constexpr double kLatencyUs = 2.0;          // loaded DRAM latency + issue, per wave
+constexpr double kReduceUs = 2.0;           // split-K reduce kernel: drain, dependent start, fp32 round trip
 constexpr int64_t kSmemReservePerCta = 1024;  // the driver keeps 1 KB per resident CTA
 
 double cost(const Tiling& t, int M, int N, int K, int group, const DeviceLimits& d, int64_t smem) {
   const int64_t n_blocks = N / (kBlockN * t.warps_n);
   const int64_t ctas = n_blocks * t.splits;
   const int64_t per_sm = std::min<int64_t>(d.smem_per_sm / (smem + kSmemReservePerCta), min_blocks_per_sm(t.m_tiles));
-  const int64_t cap = int64_t{d.sm_count} * per_sm;
-  const double sat = kSaturatingCtasPerSm * d.sm_count;
+  const int64_t cap = int64_t{d.sm_count} * std::max<int64_t>(per_sm, 1);
   const double weight_bytes = static_cast<double>(N) * K / 2 + static_cast<double>(N) * (K / group) * 2;
   const double per_cta = weight_bytes / static_cast<double>(ctas);
+  // A warp keeps at most kStages - 1 blocks in flight, and no more than it has.
+  const int64_t warp_blocks = K / t.splits / kBlockK / t.warps_k;
+  const double in_flight = static_cast<double>(std::min<int64_t>(std::max<int64_t>(warp_blocks, 1), kStages - 1)) *
+                           kBlockN * kBlockK / 2 * kWarps;
+  auto wave = [&](int64_t c) {
+    return std::max(static_cast<double>(c) * per_cta / kDramBytesPerUs, per_cta * kLatencyUs / in_flight) + kLatencyUs;
+  };
   const int64_t full = ctas / cap, rem = ctas % cap;
-  double c = per_cta * (static_cast<double>(full) * std::max<double>(static_cast<double>(cap), sat) +
-                        (rem > 0 ? std::max<double>(static_cast<double>(rem), sat) : 0.0));
-  c += kWaveRampBytes * static_cast<double>(full + (rem > 0 ? 1 : 0));
-  c += kL2Weight * static_cast<double>(n_blocks) * a_rows(t) * K * 2;
-  if (t.splits > 1) c += kReduceFixedBytes + kL2Weight * 2.0 * static_cast<double>(workspace_bytes_for(t, M, N));
-  return c;
+  double us = static_cast<double>(full) * wave(cap) + (rem > 0 ? wave(rem) : 0.0);
+  us += static_cast<double>(n_blocks) * M * K * 2 / kL2BytesPerUs;
+  if (t.splits > 1) us += kReduceUs + 2.0 * static_cast<double>(workspace_bytes_for(t, M, N)) / kL2BytesPerUs;
+  return us;
 }
 
 }  // namespace
@@ -50,6 +53,7 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d) {
   Tiling base;
   base.m_tiles = (M + 15) / 16;
   base.rows8 = M <= 8;
+  base.rows = M;
   const int64_t groups = K / group;
   Tiling best = base;
   double best_cost = std::numeric_limits<double>::infinity();

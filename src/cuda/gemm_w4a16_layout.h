@@ -42,7 +42,10 @@ constexpr int kTilesPerBlock = kBlockN / 8;   // n8 MMA tiles per block
 constexpr int kScalesPerGroupBlock = kBlockN;  // one scale per output column per group
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
-constexpr int kStages = 8;             // per-thread cp.async ring depth: 7 blocks (112 bytes) in flight per lane
+// Per-thread cp.async ring depth: 15 blocks (240 bytes per lane, 60 KB per CTA) in flight. Little's law on the
+// H200: ~4 TB/s x ~1.5-2 us loaded DRAM latency is 6-8 MB in flight, 45-60 KB per SM; the first version's 8 slots
+// (28 KB per CTA, one CTA per SM on the large layers) reached only ~2 TB/s (docs/notes/w4a16-tuning.md).
+constexpr int kStages = 16;
 constexpr int kMaxM = 64;
 constexpr int kMaxMTiles = kMaxM / 16;
 constexpr int kMaxSplits = 64;
@@ -100,7 +103,8 @@ FT_HD Range split_range(int64_t total, int64_t parts, int64_t i) {
 // One launch configuration (chosen by gemm_w4a16_heuristics.cpp).
 struct Tiling {
   int m_tiles = 1;     // 16-row MMA tiles covering M (1..4)
-  bool rows8 = false;  // M <= 8: only 8 activation rows are staged; the MMA's rows 8..15 are zero registers
+  bool rows8 = false;  // M <= 8: ldmatrix.x2 feeds MMA rows 0..7; its rows 8..15 are zero registers
+  int rows = 1;        // staged activation rows (= M): MMA rows past M read row M - 1 and their outputs are dropped
   int warps_n = 8;     // warps side by side along N: a CTA covers 32 * warps_n output columns
   int warps_k = 1;     // warps sharing those columns, each on its own part of the CTA's K slice
   int splits = 1;      // K slices (grid.y); more than one needs the fp32 workspace and the reduce kernel
@@ -110,7 +114,9 @@ struct Tiling {
 // larger accumulator sets of M > 32 need the registers more.
 FT_HD constexpr int min_blocks_per_sm(int m_tiles) { return m_tiles == 1 ? 3 : (m_tiles == 2 ? 2 : 1); }
 
-FT_HD int a_rows(const Tiling& t) { return t.rows8 ? 8 : 16 * t.m_tiles; }
+// Only the M real rows are staged: zero rows up to the MMA's 8 or 16 would cost shared memory (occupancy) at
+// decode sizes and feed only outputs that are never stored.
+FT_HD int a_rows(const Tiling& t) { return t.rows; }
 // Groups in the longest K slice.
 FT_HD int64_t slice_groups_max(int64_t groups, int splits) { return (groups + splits - 1) / splits; }
 // Pitch (elements) of a staged activation row: the longest slice plus padding.
@@ -135,10 +141,12 @@ FT_HD SmemLayout smem_layout(const Tiling& t, int64_t K, int group) {
   return s;
 }
 
-// Element offset in staged activations of the address a lane gives ldmatrix for m tile mt at slice column k.
-FT_HD int64_t a_frag_offset(int lane, int mt, int64_t k, int64_t pitch, bool rows8) {
-  return rows8 ? ldmatrix_x2_row(lane) * pitch + k + ldmatrix_x2_col(lane)
-               : (mt * 16 + ldmatrix_x4_row(lane)) * pitch + k + ldmatrix_x4_col(lane);
+// Element offset in staged activations of the address a lane gives ldmatrix for m tile mt at slice column k;
+// rows past the `rows` staged ones are clamped to the last (their MMA rows give outputs that are dropped).
+FT_HD int64_t a_frag_offset(int lane, int mt, int64_t k, int64_t pitch, bool rows8, int rows) {
+  const int r = rows8 ? ldmatrix_x2_row(lane) : mt * 16 + ldmatrix_x4_row(lane);
+  const int c = rows8 ? ldmatrix_x2_col(lane) : ldmatrix_x4_col(lane);
+  return (r < rows ? r : rows - 1) * pitch + k + c;
 }
 // Element offset in staged scales of lane t's eight scales for warp column wn, slice-local group gl.
 FT_HD int64_t s_frag_offset(int wn, int64_t gl, int64_t slice_groups, int t) {

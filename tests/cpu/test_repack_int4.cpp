@@ -218,11 +218,13 @@ EmuResult emulate_kernel(const std::vector<uint16_t>& x, int M, const Int4Weight
     const int64_t k0 = gr.begin * group;
     const int slice_k = static_cast<int>((gr.end - gr.begin) * group);
     for (int cx = 0; cx < N / (32 * t.warps_n); ++cx) {
-      // Staging (poison where the kernel writes nothing, so a read outside the staged data shows up).
+      // Staging of the M rows (poison where the kernel writes nothing, so a read outside the staged data shows
+      // up; emu_ldmatrix also fails on addresses outside a_s, which catches a missing row clamp).
+      EXPECT_EQ(rows, M);
       std::vector<uint16_t> a_s(static_cast<size_t>(rows * pitch), 0xFFFF);
       for (int r = 0; r < rows; ++r)
         for (int k = 0; k < slice_k; ++k)
-          a_s[static_cast<size_t>(r * pitch + k)] = r < M ? x[static_cast<size_t>(int64_t{r} * K + k0 + k)] : 0;
+          a_s[static_cast<size_t>(r * pitch + k)] = x[static_cast<size_t>(int64_t{r} * K + k0 + k)];
       std::vector<uint16_t> s_s(static_cast<size_t>(t.warps_n * sgm * 32), 0xFFFF);
       const int64_t nb0 = int64_t{cx} * t.warps_n;
       for (int b = 0; b < t.warps_n; ++b)
@@ -247,7 +249,7 @@ EmuResult emulate_kernel(const std::vector<uint16_t>& x, int M, const Int4Weight
             for (int mt = 0; mt < MT; ++mt) {
               int64_t addr[32];
               for (int lane = 0; lane < 32; ++lane)
-                addr[lane] = w4::a_frag_offset(lane, mt, (steps.begin + i) * 32 + ks * 16, pitch, t.rows8);
+                addr[lane] = w4::a_frag_offset(lane, mt, (steps.begin + i) * 32 + ks * 16, pitch, t.rows8, rows);
               uint32_t regs[32][4] = {};
               emu_ldmatrix(a_s, addr, t.rows8 ? 2 : 4, regs);
               for (int lane = 0; lane < 32; ++lane) {
@@ -358,6 +360,7 @@ TEST(W4A16Emulation, KernelMatchesReferenceForExplicitTilings) {
     w4::Tiling t;
     t.m_tiles = (M + 15) / 16;
     t.rows8 = M <= 8;
+    t.rows = M;
     t.warps_n = warps_n;
     t.warps_k = w4::kWarps / warps_n;
     t.splits = splits;
@@ -369,7 +372,7 @@ TEST(W4A16Emulation, KernelMatchesReferenceForExplicitTilings) {
       {8, 128, 640, 64, ScaleType::BF16, tiling(8, 4, 2)},    // warps_k = 2
       {9, 64, 640, 32, ScaleType::F16, tiling(9, 2, 3)},      // warps_k = 4, warp ranges end mid-group
       {16, 32, 384, 128, ScaleType::BF16, tiling(16, 1, 2)},  // warps_k = 8, some warps with one block
-      {17, 64, 256, 64, ScaleType::BF16, tiling(17, 2, 1)},   // two m tiles, rows 17..31 zero-staged
+      {17, 64, 256, 64, ScaleType::BF16, tiling(17, 2, 1)},   // two m tiles, rows 17..31 clamped to row 16
       {33, 128, 256, 128, ScaleType::F16, tiling(33, 4, 2)},  // three m tiles
       {64, 256, 512, 32, ScaleType::BF16, tiling(64, 8, 4)},  // four m tiles, group 32 flushes every block
       {3, 32, 128, 128, ScaleType::BF16, tiling(3, 1, 1)},    // more K warps than blocks: idle warps
@@ -396,6 +399,7 @@ TEST(W4A16Emulation, KernelMatchesReferenceForExplicitTilings) {
 TEST(W4A16Emulation, SmemLayoutFitsAndAlignsForEmulatedTilings) {
   w4::Tiling t;
   t.m_tiles = 4;
+  t.rows = 64;
   t.warps_n = 2;
   t.warps_k = 4;
   t.splits = 3;

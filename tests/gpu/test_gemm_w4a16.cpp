@@ -238,6 +238,7 @@ TEST(GemmW4A16Host, HeuristicTilingsAreLaunchable) {
         SCOPED_TRACE(w4::describe_tiling(t, M, s.N, s.K, group, h200));
         ASSERT_EQ(t.m_tiles, (M + 15) / 16);
         ASSERT_EQ(t.rows8, M <= 8);
+        ASSERT_EQ(t.rows, M);
         ASSERT_EQ(t.warps_n * t.warps_k, w4::kWarps);
         ASSERT_EQ(s.N % (32 * t.warps_n), 0);
         ASSERT_GE(t.splits, 1);

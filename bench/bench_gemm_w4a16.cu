@@ -1,5 +1,5 @@
 // Benchmark of the W4A16 decode GEMM against a cuBLASLt BF16 GEMM on Llama-3.1-8B / 70B projection shapes.
-//   bench_gemm_w4a16 [--json PATH] [--iters N]
+//   bench_gemm_w4a16 [--json PATH] [--iters N] [--probe]
 // Each row, two timings after warm-up: (1) "launch": median of N (default 100) launches, each timed by its own
 // pair of CUDA events; a layer that runs faster than the host can submit it is measured at the host's pace;
 // (2) "graph": the median over N replays of a CUDA graph of kGraphLaunches launches (how a decode step runs),
@@ -196,19 +196,74 @@ struct LtGemm {
   }
 };
 
+// --probe: streaming-only kernels over one 235 MB weight (70B gate_up) that separate the memory side of the GEMM
+// from its arithmetic: same grid shape and the same per-warp runs of 512-byte blocks (contiguous per warp, or
+// interleaved: the 8 warps of a CTA read adjacent blocks), data only XOR-folded. (This target is built without
+// an sm_90 gencode, so the probe uses plain loads, which any architecture has, rather than cp.async.)
+// Plain 16-byte loads into registers, kUnroll independent loads in flight per thread.
+template <int kUnroll, bool kInterleave>
+__global__ void __launch_bounds__(256) probe_ldg(const uint4* w, int64_t blocks_per_warp, uint32_t* sink) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t first = kInterleave ? static_cast<int64_t>(blockIdx.x) * 8 * blocks_per_warp + warp
+                                    : (static_cast<int64_t>(blockIdx.x) * 8 + warp) * blocks_per_warp;
+  const int64_t step = kInterleave ? 8 : 1;
+  const uint4* base = w + first * 32 + lane;
+  uint32_t acc = 0;
+  for (int64_t i = 0; i < blocks_per_warp; i += kUnroll) {
+    uint4 q[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                                                   : "=r"(q[u].x), "=r"(q[u].y), "=r"(q[u].z), "=r"(q[u].w)
+                                                   : "l"(base + (i + u) * step * 32));
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= q[u].x ^ q[u].y ^ q[u].z ^ q[u].w;
+  }
+  if (acc == 0x12345678u) sink[0] = acc;
+}
+
+void run_probe(cudaStream_t stream, int iters) {
+  const int64_t bytes = int64_t{57344} * 8192 / 2, copies = 2;
+  uint8_t* w = nullptr;
+  uint32_t* sink = nullptr;
+  CHECK_CUDA(cudaMalloc(&w, bytes * copies));
+  CHECK_CUDA(cudaMalloc(&sink, 16));
+  CHECK_CUDA(cudaMemset(w, 0x5a, bytes * copies));
+  std::printf("probe: %.1f MB per launch, alternating %lld copies, graph-timed\n", bytes / 1e6,
+              static_cast<long long>(copies));
+  auto report = [&](const char* name, int ctas, int smem, auto kernel) {
+    const int64_t bpw = bytes / 512 / 8 / ctas;
+    if (smem > 48 * 1024) CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const double us = time_graph_us(iters, stream, [&](int i) {
+      kernel<<<ctas, 256, smem, stream>>>(reinterpret_cast<const uint4*>(w + (i % copies) * bytes), bpw, sink);
+      CHECK_CUDA(cudaGetLastError());
+    });
+    std::printf("probe %-28s ctas %4d: %8.2f us %6.2f TB/s\n", name, ctas, us, bytes / (us * 1e-6) / 1e12);
+  };
+  for (int ctas : {224, 448, 896}) {
+    report("ldg x4 per-warp runs", ctas, 0, probe_ldg<4, false>);
+    report("ldg x8 per-warp runs", ctas, 0, probe_ldg<8, false>);
+    report("ldg x8 interleaved", ctas, 0, probe_ldg<8, true>);
+  }
+  CHECK_CUDA(cudaFree(w));
+  CHECK_CUDA(cudaFree(sink));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string json_path;
   int iters = 100;
+  bool probe = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
       json_path = argv[++i];
+    } else if (a == "--probe") {
+      probe = true;
     } else if (a == "--iters" && i + 1 < argc) {
       iters = std::max(50, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--iters N (>= 50)]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--iters N (>= 50)] [--probe]\n", argv[0]);
       return 2;
     }
   }
@@ -243,6 +298,10 @@ int main(int argc, char** argv) {
   }
   std::printf("%s, %d SMs, L2 %d MB, max SM clock %d MHz; device copy %.2f TB/s; %d timed runs per row\n", prop.name,
               prop.multiProcessorCount, l2_bytes >> 20, clock_khz / 1000, copy_tbps, iters);
+  if (probe) {
+    run_probe(stream, iters);
+    return 0;
+  }
   std::printf("graph-timed (%d GEMMs per graph); 'launch us' = one event pair per launch\n", kGraphLaunches);
   std::printf("%-12s %3s %6s %6s | %9s %7s %6s %9s | %9s %7s %9s | %7s\n", "shape", "M", "K", "N", "w4a16 us", "TB/s",
               "of4.2T", "launch us", "bf16 us", "TB/s", "launch us", "speedup");

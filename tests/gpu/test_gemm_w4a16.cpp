@@ -178,13 +178,13 @@ TEST(GemmW4A16Gpu, DeterministicAcrossRuns) {
 
 TEST(GemmW4A16Gpu, RejectedCallsLeaveTheOutputUntouched) {
   FT_REQUIRE_CUDA_DEVICE();
-  const int M = 4, N = 256, K = 4096;
+  const int M = 4, N = 256, K = 8192;
   const UploadedWeight uw(random_weight(N, K, 128, ScaleType::BF16, 91));
   DeviceBuffer<uint16_t> dx(random_x(M, K, 92));
   DeviceBuffer<uint16_t> dy(static_cast<size_t>(M) * N);
   ASSERT_EQ(cudaMemset(dy.p, 0xFF, dy.n * 2), cudaSuccess);
   const size_t ws_bytes = cuda::gemm_w4a16_workspace_bytes(M, N, K);
-  ASSERT_GT(ws_bytes, 0u) << "N = 256 with K = 4096 should split K across the SMs";
+  ASSERT_GT(ws_bytes, 0u) << "N = 256 with K = 8192 should split K across the SMs";
   DeviceBuffer<unsigned char> ws(ws_bytes);
   auto call = [&](int m, int n, int k, int group, size_t wsb) {
     return cuda::gemm_w4a16(reinterpret_cast<const __nv_bfloat16*>(dx.p), uw.packed.p, uw.scales.p,

@@ -36,6 +36,15 @@ bool print_heuristics() {
   return on;
 }
 
+// FT_FP8_GEMM_BLOCK_N=128|192 forces the tile width (for calibrating the heuristic with the bench).
+int forced_block_n() {
+  static const int v = [] {
+    const char* e = std::getenv("FT_FP8_GEMM_BLOCK_N");
+    return e != nullptr ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+
 bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
@@ -149,7 +158,7 @@ cudaError_t gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, c
     g_last_error = "gemm_fp8: the kernel is built for sm_90a (H100/H200) only";
     return cudaErrorInvalidValue;
   }
-  const Config c = fp8::choose_config(M, N, K, d);
+  const Config c = fp8::choose_config(M, N, K, d, forced_block_n());
   if (print_heuristics()) std::fprintf(stderr, "%s\n", fp8::describe_config(c, M, N, K, d).c_str());
   if (static_cast<int64_t>(fp8::smem_layout(c.block_n, c.stages).alloc_bytes) > d.smem_per_block) {
     g_last_error = "gemm_fp8: the tile needs " + std::to_string(fp8::smem_layout(c.block_n, c.stages).alloc_bytes) +

@@ -11,8 +11,9 @@
 //   significant bits), so each 128-deep K block is accumulated by four wgmmas starting from zero and then
 //   added to a separate fp32 sum in ordinary FADDs: the rounding error stays that of a 128-term sum however
 //   long K is. While one consumer warpgroup adds, the other's wgmmas keep the tensor cores busy.
-// - Epilogue: the sums are scaled by a_scale[m] * b_scale[n] in fp32, rounded to BF16, staged in shared memory
-//   in the swizzled layout of the D tensor map and written by TMA stores, which clip rows >= M and columns >= N.
+// - Epilogue: a second producer warp has staged the tile's scales in shared memory during the main loop. The
+//   sums are scaled by a_scale[m] * b_scale[n] in fp32, rounded to BF16, staged in shared memory in the
+//   swizzled layout of the D tensor map and written by TMA stores, which clip rows >= M and columns >= N.
 //   The store runs asynchronously while the next tile's main loop starts; the staging buffer is reused only
 //   after the store has finished reading it.
 // Tails: TMA fills rows of A beyond M and rows of B beyond N with zeros (the products are then zero), so M and
@@ -67,6 +68,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (raw + (kSwizzleAtom - 1)) & ~static_cast<uint32_t>(kSwizzleAtom - 1);
   const uint32_t full_bar = base + L.bar_offset;
   const uint32_t empty_bar = full_bar + 8u * kStages;
+  const uint32_t scale_full = full_bar + 16u * kStages, scale_empty = scale_full + 8u;
+  const uint32_t scales = base + L.scale_offset;
 
   const int wg = threadIdx.x / 128;
   const int num_tiles = p.m_blocks * p.n_blocks;
@@ -80,6 +83,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbarrier_init(full_bar + 8u * s, 1);  // the producer's arrive.expect_tx; TMA bytes complete it
       ptx::mbarrier_init(empty_bar + 8u * s, kEmptyArrivals);
     }
+    ptx::mbarrier_init(scale_full, 32);  // every lane of the scale loader warp, after its stores
+    ptx::mbarrier_init(scale_empty, kEmptyArrivals);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -102,6 +107,25 @@ __global__ void __launch_bounds__(kThreads, 1)
           advance(pipe, kStages);
         }
       }
+    } else if (threadIdx.x / 32 == kScaleLoaderWarp) {
+      // Stages each tile's scales in the single slot as soon as the consumers have read the previous tile's:
+      // the global loads then overlap a whole main loop instead of stalling the epilogue.
+      const int lane = threadIdx.x % 32;
+      uint32_t phase = 0;
+      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+        const TileCoord tc = tile_coord(tile, p.m_blocks, p.n_blocks, p.group_m);
+        ptx::mbarrier_wait_parity(scale_empty, phase ^ 1u);
+        for (int i = lane; i < kBlockM; i += 32) {
+          const int m = tc.m_block * kBlockM + i;
+          ptx::st_shared_f32(scales + 4u * i, m < p.M ? __ldg(p.a_scale + m) : 0.0f);
+        }
+        for (int i = lane; i < kBlockN; i += 32) {
+          const int n = tc.n_block * kBlockN + i;
+          ptx::st_shared_f32(scales + 4u * (kBlockM + i), n < p.N ? __ldg(p.b_scale + n) : 0.0f);
+        }
+        ptx::mbarrier_arrive(scale_full);  // release: this lane's stores happen before the consumers' reads
+        phase ^= 1u;
+      }
     }
     return;
   }
@@ -116,6 +140,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc[kAccRegs];  // written only by wgmma (the first of each K block starts from zero)
   float sum[kAccRegs];  // fp32 promotion target
   PipeState pipe;
+  uint32_t scale_phase = 0;
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const TileCoord tc = tile_coord(tile, p.m_blocks, p.n_blocks, p.group_m);
 #pragma unroll
@@ -147,21 +172,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int m0 = tc.m_block * kBlockM + cw * kWgmmaM;  // first row of this warpgroup
     const int n0 = tc.n_block * kBlockN;
     const int r_lo = acc_row(warp, lane, 0), r_hi = acc_row(warp, lane, 2);
-    const float sa_lo = m0 + r_lo < p.M ? __ldg(p.a_scale + m0 + r_lo) : 0.0f;
-    const float sa_hi = m0 + r_hi < p.M ? __ldg(p.a_scale + m0 + r_hi) : 0.0f;
     // The previous tile's TMA store must have finished reading the staging buffer before it is overwritten.
     if (tid == 0) ptx::bulk_wait_group_read<0>();
+    ptx::mbarrier_wait_parity(scale_full, scale_phase);
+    const float sa_lo = ptx::ld_shared_f32(scales + 4u * (cw * kWgmmaM + r_lo));  // 0 past M
+    const float sa_hi = ptx::ld_shared_f32(scales + 4u * (cw * kWgmmaM + r_hi));
     ptx::bar_sync(1 + cw, 128);
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
       const int c = acc_col(lane, 4 * j);
-      const float sb0 = n0 + c < p.N ? __ldg(p.b_scale + n0 + c) : 0.0f;
-      const float sb1 = n0 + c + 1 < p.N ? __ldg(p.b_scale + n0 + c + 1) : 0.0f;
+      const float2 sb = ptx::ld_shared_v2_f32(scales + 4u * (kBlockM + c));  // columns c, c + 1; 0 past N
       ptx::st_shared_b32(d_stage + d_stage_offset(r_lo, c),
-                         pack_bf16x2(sum[4 * j] * sa_lo * sb0, sum[4 * j + 1] * sa_lo * sb1));
+                         pack_bf16x2(sum[4 * j] * sa_lo * sb.x, sum[4 * j + 1] * sa_lo * sb.y));
       ptx::st_shared_b32(d_stage + d_stage_offset(r_hi, c),
-                         pack_bf16x2(sum[4 * j + 2] * sa_hi * sb0, sum[4 * j + 3] * sa_hi * sb1));
+                         pack_bf16x2(sum[4 * j + 2] * sa_hi * sb.x, sum[4 * j + 3] * sa_hi * sb.y));
     }
+    // Every lane of this warp has read its scales: one arrival per consumer warp frees the slot.
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(scale_empty);
+    scale_phase ^= 1u;
     ptx::fence_proxy_async_shared();
     ptx::bar_sync(1 + cw, 128);
     if (tid == 0 && m0 < p.M) {

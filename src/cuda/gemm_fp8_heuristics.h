@@ -39,11 +39,15 @@ struct Config {
 inline int ceil_div_int(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 // The configuration for a shape gemm_fp8_can_implement accepts (M >= 1, N % 8 == 0, K % 128 == 0).
-inline Config choose_config(int M, int N, int K, const DeviceLimits& d) {
+// forced_block_n, when one of kBlockNs, overrides the choice (calibration: FT_FP8_GEMM_BLOCK_N).
+inline Config choose_config(int M, int N, int K, const DeviceLimits& d, int forced_block_n = 0) {
   Config best;
   double best_cost = -1.0;
+  bool forced = false;
+  for (int bn : kBlockNs) forced = forced || bn == forced_block_n;
   for (int bn : kBlockNs) {
     if (static_cast<int64_t>(smem_layout(bn, stages_for(bn)).alloc_bytes) > d.smem_per_block) continue;
+    if (forced && bn != forced_block_n) continue;
     const int64_t m_blocks = ceil_div_int(M, kBlockM), n_blocks = ceil_div_int(N, bn);
     const int64_t waves = (m_blocks * n_blocks + d.sm_count - 1) / d.sm_count;
     const double cost = static_cast<double>(waves) * bn * static_cast<double>(K + kEpilogueK);

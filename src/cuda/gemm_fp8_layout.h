@@ -29,6 +29,7 @@ constexpr int kKSteps = kBlockK / kWgmmaK;
 constexpr int kConsumerWarpgroups = kBlockM / kWgmmaM;
 constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);  // warpgroup 0 produces (TMA), 1.. consume (wgmma)
 constexpr int kEmptyArrivals = 4 * kConsumerWarpgroups;    // one arrival per consumer warp frees a stage
+constexpr int kScaleLoaderWarp = 1;                         // the producer warpgroup's warp that stages scales
 // setmaxnreg budgets: 128 x 40 + 256 x 232 = 64512 of the SM's 65536 registers. The producer needs only a few
 // (one thread issues TMA); the consumers hold two fp32 copies of their 64 x block_n accumulator.
 constexpr int kProducerRegs = 40;
@@ -44,13 +45,17 @@ constexpr int kDBoxBytes = kWgmmaM * kSwizzleBytes;  // 64 rows x 128 B
 // a 1024-aligned base, which is how both units apply it (they XOR shared-memory address bits).
 FT_HD uint32_t swizzle128(uint32_t offset) { return offset ^ (((offset >> 7) & 7u) << 4); }
 
-// --- Shared memory: [A stages | B stages | D staging | mbarriers], offsets from a 1024-aligned base. ---
+// --- Shared memory: [A stages | B stages | D staging | scales | mbarriers], offsets from a 1024-aligned base. ---
+// The scale slot holds one tile's a_scale rows (kBlockM floats) then its b_scale columns (block_n floats),
+// zeros past M / N; a producer warp fills it for the next tile while the consumers run the current main loop.
 struct SmemLayout {
   uint32_t a_stage_bytes, b_stage_bytes;
   uint32_t a_offset, b_offset;  // stage 0; stage s adds s * *_stage_bytes
   uint32_t d_offset;            // consumer warpgroup w's staging starts at d_offset + w * d_wg_bytes
   uint32_t d_wg_bytes;
-  uint32_t bar_offset;          // full[s] at bar_offset + 8 s, empty[s] at bar_offset + 8 (stages + s)
+  uint32_t scale_offset;        // a scales at scale_offset, b scales at scale_offset + 4 kBlockM
+  uint32_t bar_offset;          // full[s] at bar_offset + 8 s, empty[s] at bar_offset + 8 (stages + s), then
+                                // scale_full at bar_offset + 16 stages and scale_empty 8 bytes further
   uint32_t bytes;               // from the aligned base
   uint32_t alloc_bytes;         // dynamic shared memory to request: bytes + slack to align the base
 };
@@ -62,8 +67,9 @@ FT_HD constexpr SmemLayout smem_layout(int block_n, int stages) {
   l.b_offset = static_cast<uint32_t>(stages) * l.a_stage_bytes;
   l.d_offset = l.b_offset + static_cast<uint32_t>(stages) * l.b_stage_bytes;
   l.d_wg_bytes = static_cast<uint32_t>(block_n / kDBoxCols) * kDBoxBytes;
-  l.bar_offset = l.d_offset + kConsumerWarpgroups * l.d_wg_bytes;
-  l.bytes = l.bar_offset + 2u * static_cast<uint32_t>(stages) * 8u;
+  l.scale_offset = l.d_offset + kConsumerWarpgroups * l.d_wg_bytes;
+  l.bar_offset = l.scale_offset + 4u * static_cast<uint32_t>(kBlockM + block_n);
+  l.bytes = l.bar_offset + 2u * static_cast<uint32_t>(stages) * 8u + 16u;
   l.alloc_bytes = l.bytes + kSwizzleAtom;  // the dynamic window is only guaranteed 16-byte aligned
   return l;
 }

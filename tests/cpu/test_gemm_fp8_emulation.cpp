@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -105,6 +106,29 @@ std::vector<uint16_t> emulate(const Problem& p, const Launch& launch, std::vecto
     fp8::PipeState pipe;
     for (int tile = cta; tile < tiles; tile += launch.grid) {
       const fp8::TileCoord tc = fp8::tile_coord(tile, m_blocks, n_blocks, launch.group_m);
+      // The scale loader warp: this tile's a and b scales into the slot, zeros past M and N.
+      const uint32_t scales = base + L.scale_offset;
+      auto put_f32 = [&](uint32_t addr, float v) {
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        for (int i = 0; i < 4; ++i) smem.at(addr + static_cast<uint32_t>(i)) = static_cast<uint8_t>(u >> (8 * i));
+      };
+      auto get_f32 = [&](uint32_t addr) {
+        EXPECT_TRUE(addr >= scales && addr + 4 <= base + L.bar_offset) << "scale read outside the slot";
+        uint32_t u = 0;
+        for (int i = 0; i < 4; ++i) u |= static_cast<uint32_t>(smem.get(addr + static_cast<uint32_t>(i))) << (8 * i);
+        float v;
+        std::memcpy(&v, &u, 4);
+        return v;
+      };
+      for (int i = 0; i < fp8::kBlockM; ++i) {
+        const int m = tc.m_block * fp8::kBlockM + i;
+        put_f32(scales + 4u * static_cast<uint32_t>(i), m < p.M ? p.sa[static_cast<size_t>(m)] : 0.0f);
+      }
+      for (int i = 0; i < bn; ++i) {
+        const int n = tc.n_block * bn + i;
+        put_f32(scales + 4u * static_cast<uint32_t>(fp8::kBlockM + i), n < p.N ? p.sb[static_cast<size_t>(n)] : 0.0f);
+      }
       // sum[cw][thread][reg]: the consumers' fp32 promotion registers.
       std::vector<float> sum(static_cast<size_t>(fp8::kConsumerWarpgroups * 128 * regs), 0.0f);
       for (int kb = 0; kb < k_blocks; ++kb) {
@@ -150,12 +174,13 @@ std::vector<uint16_t> emulate(const Problem& p, const Launch& launch, std::vecto
           const int warp = t / 32, lane = t % 32;
           const float* s = &sum[static_cast<size_t>((cw * 128 + t) * regs)];
           const int r_lo = fp8::acc_row(warp, lane, 0), r_hi = fp8::acc_row(warp, lane, 2);
-          const float sa_lo = m0 + r_lo < p.M ? p.sa[static_cast<size_t>(m0 + r_lo)] : 0.0f;
-          const float sa_hi = m0 + r_hi < p.M ? p.sa[static_cast<size_t>(m0 + r_hi)] : 0.0f;
+          const float sa_lo = get_f32(scales + 4u * static_cast<uint32_t>(cw * fp8::kWgmmaM + r_lo));
+          const float sa_hi = get_f32(scales + 4u * static_cast<uint32_t>(cw * fp8::kWgmmaM + r_hi));
           for (int j = 0; j < bn / 8; ++j) {
             const int c = fp8::acc_col(lane, 4 * j);
-            const float sb0 = n0 + c < p.N ? p.sb[static_cast<size_t>(n0 + c)] : 0.0f;
-            const float sb1 = n0 + c + 1 < p.N ? p.sb[static_cast<size_t>(n0 + c + 1)] : 0.0f;
+            EXPECT_EQ((fp8::kBlockM + c) % 2, 0) << "the b-scale pair load needs 8-byte alignment";
+            const float sb0 = get_f32(scales + 4u * static_cast<uint32_t>(fp8::kBlockM + c));
+            const float sb1 = get_f32(scales + 4u * static_cast<uint32_t>(fp8::kBlockM + c + 1));
             auto store = [&](int r, float lo, float hi) {
               const uint16_t l = f32_to_bf16(lo), h = f32_to_bf16(hi);
               const uint32_t a = d_stage + fp8::d_stage_offset(r, c);

@@ -52,8 +52,10 @@ TEST(GemmFp8Layout, SmemBuffersAreAlignedAndDisjoint) {
     EXPECT_EQ(l.bar_offset % 8, 0u);
     EXPECT_GE(l.b_offset, l.a_offset + stages * l.a_stage_bytes);
     EXPECT_GE(l.d_offset, l.b_offset + stages * l.b_stage_bytes);
-    EXPECT_GE(l.bar_offset, l.d_offset + fp8::kConsumerWarpgroups * l.d_wg_bytes);
-    EXPECT_EQ(l.bytes, l.bar_offset + 16u * stages);
+    EXPECT_GE(l.scale_offset, l.d_offset + fp8::kConsumerWarpgroups * l.d_wg_bytes);
+    EXPECT_EQ(l.scale_offset % 8, 0u);
+    EXPECT_GE(l.bar_offset, l.scale_offset + 4u * (fp8::kBlockM + bn));
+    EXPECT_EQ(l.bytes, l.bar_offset + 16u * stages + 16u) << "stage barriers plus scale_full and scale_empty";
     EXPECT_EQ(fp8::stage_tx_bytes(bn), l.a_stage_bytes + l.b_stage_bytes) << "expect_tx must equal both boxes";
   }
 }
@@ -192,9 +194,10 @@ TEST(GemmFp8Scheduler, EveryTileExactlyOnceInGroupedOrder) {
   }
 }
 
-// The mbarrier protocol of the kernel, run under random interleavings of the producer, the TMA unit and the
-// eight consumer warps: every consumer must read the (tile, k block) it expects, TMA must never overwrite a stage
-// some warp still reads, and nothing may deadlock.
+// The mbarrier protocol of the kernel, run under random interleavings of the producer, the TMA unit, the scale
+// loader warp and the eight consumer warps: every consumer must read the (tile, k block) it expects and, in its
+// epilogue, the scales of its tile; no stage or scale slot may be overwritten while some warp still reads it;
+// nothing may deadlock.
 struct Barrier {
   int expected = 0, pending = 0, tx = 0;
   uint32_t completed = 0;  // completed phases
@@ -237,19 +240,47 @@ TEST(GemmFp8Pipeline, ProducerAndConsumersAgreeUnderRandomInterleavings) {
         fp8::PipeState prod;
         int produced = 0;
         std::vector<fp8::PipeState> cons(fp8::kEmptyArrivals);
-        std::vector<int> consumed(fp8::kEmptyArrivals, 0);
+        std::vector<int> consumed(fp8::kEmptyArrivals, 0), epilogues(fp8::kEmptyArrivals, 0);
+        std::vector<uint32_t> scale_phase(fp8::kEmptyArrivals, 0);
+        Barrier scale_full, scale_empty;
+        scale_full.init(32);
+        scale_empty.init(fp8::kEmptyArrivals);
+        int loaded = 0, scale_tag = -1, scale_readers = 0;
+        uint32_t loader_phase = 0;
+        // A consumer warp whose main loop has finished tile t (and not yet its epilogue) is in its epilogue.
+        auto in_epilogue = [&](int w) {
+          return consumed[static_cast<size_t>(w)] / k_blocks > epilogues[static_cast<size_t>(w)];
+        };
         int steps = 0;
         while (true) {
-          std::vector<int> runnable;  // 0: producer, 1: TMA lands, 2 + w: consumer warp w
+          // 0: producer, 1: TMA lands, 2: scale loader, 3 + w: consumer warp w
+          std::vector<int> runnable;
           if (produced < total && empty[prod.stage].try_wait(prod.phase ^ 1u)) runnable.push_back(0);
           if (!in_flight.empty()) runnable.push_back(1);
-          for (int w = 0; w < fp8::kEmptyArrivals; ++w)
-            if (consumed[static_cast<size_t>(w)] < total && full[cons[w].stage].try_wait(cons[w].phase))
-              runnable.push_back(2 + w);
+          if (loaded < tiles && scale_empty.try_wait(loader_phase ^ 1u)) runnable.push_back(2);
+          for (int w = 0; w < fp8::kEmptyArrivals; ++w) {
+            const bool ready = in_epilogue(w) ? scale_full.try_wait(scale_phase[static_cast<size_t>(w)])
+                                              : consumed[static_cast<size_t>(w)] < total &&
+                                                    full[cons[w].stage].try_wait(cons[w].phase);
+            if (ready) runnable.push_back(3 + w);
+          }
           if (runnable.empty()) break;
           ASSERT_LT(++steps, 100000);
           const int pick = runnable[rng() % runnable.size()];
-          if (pick == 0) {
+          if (pick == 2) {
+            ASSERT_EQ(scale_readers, 0) << "the scale loader overwrote a slot still being read";
+            scale_tag = loaded++;
+            scale_readers = fp8::kEmptyArrivals;
+            for (int lane = 0; lane < 32; ++lane) scale_full.arrive();
+            loader_phase ^= 1u;
+          } else if (pick >= 3 && in_epilogue(pick - 3)) {
+            const size_t w = static_cast<size_t>(pick - 3);
+            ASSERT_EQ(scale_tag, epilogues[w]) << "consumer warp " << w << " read another tile's scales";
+            --scale_readers;
+            scale_empty.arrive();
+            scale_phase[w] ^= 1u;
+            ++epilogues[w];
+          } else if (pick == 0) {
             // arrive.expect_tx raises the expected bytes and arrives in one step, before the copies are issued.
             full[prod.stage].expect_tx(1);
             full[prod.stage].arrive();
@@ -264,7 +295,7 @@ TEST(GemmFp8Pipeline, ProducerAndConsumersAgreeUnderRandomInterleavings) {
             readers[static_cast<size_t>(p.stage)] = fp8::kEmptyArrivals;
             full[static_cast<size_t>(p.stage)].complete_tx(1);
           } else {
-            const int w = pick - 2;
+            const int w = pick - 3;
             const size_t s = cons[w].stage;
             ASSERT_EQ(content[s], consumed[static_cast<size_t>(w)]) << "consumer warp " << w << " read a wrong stage";
             --readers[s];
@@ -274,7 +305,9 @@ TEST(GemmFp8Pipeline, ProducerAndConsumersAgreeUnderRandomInterleavings) {
           }
         }
         EXPECT_EQ(produced, total) << "deadlock: stages " << stages << " k_blocks " << k_blocks;
+        EXPECT_EQ(loaded, tiles) << "deadlock: stages " << stages << " k_blocks " << k_blocks;
         for (int c : consumed) EXPECT_EQ(c, total) << "deadlock: stages " << stages << " k_blocks " << k_blocks;
+        for (int e : epilogues) EXPECT_EQ(e, tiles) << "deadlock: stages " << stages << " k_blocks " << k_blocks;
       }
     }
   }
@@ -304,6 +337,9 @@ TEST(GemmFp8Heuristics, ConfigsAreLaunchableAndAvoidHalfEmptyWaves) {
   // Llama-3.1-8B qkv at M = 512: 192 tiles of 128 x 128 would leave the second wave half empty.
   EXPECT_EQ(fp8::choose_config(512, 6144, 4096, h200).block_n, 192);
   EXPECT_EQ(fp8::choose_config(2048, 4096, 4096, h200).block_n, 128);
+  EXPECT_EQ(fp8::choose_config(2048, 4096, 4096, h200, 192).block_n, 192);  // forced
+  EXPECT_EQ(fp8::choose_config(512, 6144, 4096, h200, 128).block_n, 128);
+  EXPECT_EQ(fp8::choose_config(512, 6144, 4096, h200, 100).block_n, 192);  // not a tile: ignored
 }
 
 }  // namespace

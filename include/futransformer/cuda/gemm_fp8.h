@@ -1,0 +1,38 @@
+// FP8 E4M3 GEMM for prefill on Hopper (sm_90a):
+//   D[M, N] = (A[M, K] . B[N, K]^T) * a_scale[m] * b_scale[n]
+//   A: activations, E4M3 codes [M, K] row-major, one fp32 scale per token (row)     (formats::fp8_quantize_per_token)
+//   B: weights, E4M3 codes [N, K] row-major, one fp32 scale per output channel (row) (formats::fp8_quantize_weight)
+//   D: BF16 [M, N] row-major.
+// Codes are futransformer/formats/fp8.h's E4M3 ("e4m3fn"). Products are accumulated in fp32 with a promotion
+// every 128 elements of K (the tensor cores' own FP8 accumulation keeps only about 14 bits), scaled in fp32 and
+// rounded once to BF16; the result is deterministic. CPU twin: formats::gemm_fp8_reference.
+// Includable from plain C++: no CUDA device types beyond cuda_runtime_api.h.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+struct __nv_bfloat16;  // cuda_bf16.h's type, used through pointers only
+
+namespace futransformer::cuda {
+
+constexpr int kFp8GemmKMultiple = 128;  // K must be a multiple of this
+constexpr int kFp8GemmNMultiple = 8;    // N must be a multiple of this (16-byte rows of D for its TMA stores)
+constexpr int kFp8GemmMaxDim = 1 << 24;
+
+// cudaSuccess when the kernel handles the shape; otherwise cudaErrorInvalidValue and, when why is not null, a
+// sentence naming the offending parameter and what is expected. Needs no device.
+cudaError_t gemm_fp8_can_implement(int M, int N, int K, std::string* why);
+
+// Enqueues the GEMM on `stream`. Device pointers: A, B and D 16-byte aligned, a_scale and b_scale 4-byte aligned;
+// D must not overlap the inputs. Returns cudaErrorInvalidValue (message in gemm_fp8_last_error()) for rejected
+// shapes or pointers, or when the device cannot run the sm_90a kernel; otherwise the launch's error, if any.
+cudaError_t gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale, __nv_bfloat16* D,
+                     int M, int N, int K, cudaStream_t stream);
+
+// Why the last gemm_fp8 call on this thread returned cudaErrorInvalidValue ("" after a success).
+const char* gemm_fp8_last_error();
+
+}  // namespace futransformer::cuda

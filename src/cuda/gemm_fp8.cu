@@ -1,0 +1,185 @@
+// Host side of the FP8 GEMM: shape and pointer checks, the TMA tensor maps (cuTensorMapEncodeTiled, reached
+// through the runtime's driver entry point so nothing links against libcuda), the tile choice and the launch.
+#include "futransformer/cuda/gemm_fp8.h"
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include "cuda/gemm_fp8.cuh"
+#include "cuda/gemm_fp8_heuristics.h"
+
+namespace futransformer::cuda {
+namespace {
+
+using fp8::Config;
+using fp8::DeviceLimits;
+
+thread_local std::string g_last_error;
+
+cudaError_t reject(std::string* why, std::string message) {
+  if (why) *why = std::move(message);
+  return cudaErrorInvalidValue;
+}
+
+bool print_heuristics() {
+  static const bool on = [] {
+    const char* v = std::getenv("FT_PRINT_HEURISTICS");
+    return v != nullptr && v[0] == '1';
+  }();
+  return on;
+}
+
+// FT_FP8_GEMM_BLOCK_N=128|192 forces the tile width (for calibrating the heuristic with the bench).
+int forced_block_n() {
+  static const int v = [] {
+    const char* e = std::getenv("FT_FP8_GEMM_BLOCK_N");
+    return e != nullptr ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+
+bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      p = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A 2-D row-major tensor [rows, cols] of `elem` bytes per element, copied in boxes of box_rows x box_cols with
+// the 128-byte swizzle (box_cols * elem must be 128: one swizzled row per box row).
+bool make_map(CUtensorMap* map, CUtensorMapDataType type, size_t elem, const void* ptr, int rows, int cols,
+              int box_rows, int box_cols, CUtensorMapL2promotion promotion, std::string* why, const char* what) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
+  if (encode == nullptr) {
+    *why = "gemm_fp8: the driver does not provide cuTensorMapEncodeTiled (CUDA 12.0+ driver needed)";
+    return false;
+  }
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * elem};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode(map, type, 2, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    *why = std::string("gemm_fp8: cuTensorMapEncodeTiled failed for ") + what + " (CUresult " + std::to_string(r) +
+           ", " + std::to_string(rows) + " x " + std::to_string(cols) + ")";
+    return false;
+  }
+  return true;
+}
+
+cudaError_t device_limits(DeviceLimits* d, bool* hopper) {
+  int dev = 0, sms = 0, per_block = 0, major = 0, minor = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (e != cudaSuccess) return e;
+  d->sm_count = sms;
+  d->smem_per_block = per_block;
+  *hopper = major == 9 && minor == 0;
+  return cudaSuccess;
+}
+
+template <int kBlockN>
+cudaError_t launch(const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& md, const fp8::KernelParams& p,
+                   const Config& c, cudaStream_t stream) {
+  constexpr int kStages = fp8::stages_for(kBlockN);
+  constexpr uint32_t smem = fp8::smem_layout(kBlockN, kStages).alloc_bytes;
+  auto kernel = fp8::gemm_fp8_kernel<kBlockN, kStages>;
+  // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      e != cudaSuccess)
+    return e;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(c.grid));
+  cfg.blockDim = dim3(fp8::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  return cudaLaunchKernelEx(&cfg, kernel, ma, mb, md, p);
+}
+
+}  // namespace
+
+cudaError_t gemm_fp8_can_implement(int M, int N, int K, std::string* why) {
+  using std::to_string;
+  if (M < 1 || M > kFp8GemmMaxDim)
+    return reject(why, "gemm_fp8: M = " + to_string(M) + " rows, expected 1.." + to_string(kFp8GemmMaxDim));
+  if (N < kFp8GemmNMultiple || N > kFp8GemmMaxDim || N % kFp8GemmNMultiple != 0)
+    return reject(why, "gemm_fp8: N = " + to_string(N) + " output columns, expected a positive multiple of " +
+                           to_string(kFp8GemmNMultiple) + " up to " + to_string(kFp8GemmMaxDim));
+  if (K < kFp8GemmKMultiple || K > kFp8GemmMaxDim || K % kFp8GemmKMultiple != 0)
+    return reject(why, "gemm_fp8: K = " + to_string(K) + " input columns, expected a positive multiple of " +
+                           to_string(kFp8GemmKMultiple) + " up to " + to_string(kFp8GemmMaxDim));
+  // Tile indices are int in the kernel, and a CTA steps past the last one by at most the grid.
+  constexpr int kNarrowest = fp8::kBlockNs[0];
+  const int64_t tiles = int64_t{(M + fp8::kBlockM - 1) / fp8::kBlockM} * ((N + kNarrowest - 1) / kNarrowest);
+  if (tiles > (int64_t{1} << 30))
+    return reject(why, "gemm_fp8: M = " + to_string(M) + " by N = " + to_string(N) + " makes " + to_string(tiles) +
+                           " output tiles, more than 2^30");
+  if (why) why->clear();
+  return cudaSuccess;
+}
+
+const char* gemm_fp8_last_error() { return g_last_error.c_str(); }
+
+cudaError_t gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale, __nv_bfloat16* D,
+                     int M, int N, int K, cudaStream_t stream) {
+  g_last_error.clear();
+  if (gemm_fp8_can_implement(M, N, K, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
+  if (!A || !B || !D || !a_scale || !b_scale || !aligned(A, 16) || !aligned(B, 16) || !aligned(D, 16) ||
+      !aligned(a_scale, 4) || !aligned(b_scale, 4)) {
+    g_last_error = "gemm_fp8: A, B and D must be non-null and 16-byte aligned, a_scale and b_scale non-null and "
+                   "4-byte aligned";
+    return cudaErrorInvalidValue;
+  }
+  DeviceLimits d;
+  bool hopper = false;
+  if (const cudaError_t e = device_limits(&d, &hopper); e != cudaSuccess) return e;
+  if (!hopper) {
+    g_last_error = "gemm_fp8: the kernel is built for sm_90a (H100/H200) only";
+    return cudaErrorInvalidValue;
+  }
+  const Config c = fp8::choose_config(M, N, K, d, forced_block_n());
+  if (print_heuristics()) std::fprintf(stderr, "%s\n", fp8::describe_config(c, M, N, K, d).c_str());
+  if (static_cast<int64_t>(fp8::smem_layout(c.block_n, c.stages).alloc_bytes) > d.smem_per_block) {
+    g_last_error = "gemm_fp8: the tile needs " + std::to_string(fp8::smem_layout(c.block_n, c.stages).alloc_bytes) +
+                   " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block);
+    return cudaErrorInvalidValue;
+  }
+
+  CUtensorMap ma, mb, md;
+  if (!make_map(&ma, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, A, M, K, fp8::kBlockM, fp8::kBlockK,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, &g_last_error, "A") ||
+      !make_map(&mb, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, B, N, K, c.block_n, fp8::kBlockK,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, &g_last_error, "B") ||
+      !make_map(&md, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, D, M, N, fp8::kWgmmaM, fp8::kDBoxCols,
+                CU_TENSOR_MAP_L2_PROMOTION_NONE, &g_last_error, "D"))
+    return cudaErrorInvalidValue;
+
+  const fp8::KernelParams p{a_scale, b_scale, M, N, K, c.m_blocks, c.n_blocks, c.group_m};
+  switch (c.block_n) {
+    case 192: return launch<192>(ma, mb, md, p, c, stream);
+    default: return launch<128>(ma, mb, md, p, c, stream);
+  }
+}
+
+}  // namespace futransformer::cuda

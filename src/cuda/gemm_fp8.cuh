@@ -1,0 +1,208 @@
+// FP8 E4M3 GEMM for prefill on Hopper (sm_90a):
+//   D[M, N] (BF16) = (A[M, K] . B[N, K]^T) * a_scale[m] * b_scale[n],   A, B E4M3 codes, both K-major.
+//
+// Structure (index maps in gemm_fp8_layout.h, drawn in docs/kernels.md):
+// - Persistent: one CTA per SM walks tiles b, b + grid, ... in the grouped order of tile_coord.
+// - Warp specialisation, 3 warpgroups: warpgroup 0 is the producer (one thread issues TMA loads of 128 x 128 A
+//   and block_n x 128 B boxes, 128-byte swizzled, into a ring of `stages` shared-memory stages; full/empty
+//   mbarriers hand stages back and forth) and gives most of its registers away with setmaxnreg; warpgroups 1
+//   and 2 are consumers, each computing 64 rows of the tile with wgmma.m64nNk32 straight from shared memory.
+// - FP32 promotion: Hopper's FP8 wgmma adds products into its accumulator with reduced precision (about 14
+//   significant bits), so each 128-deep K block is accumulated by four wgmmas starting from zero and then
+//   added to a separate fp32 sum in ordinary FADDs: the rounding error stays that of a 128-term sum however
+//   long K is. While one consumer warpgroup adds, the other's wgmmas keep the tensor cores busy.
+// - Epilogue: a second producer warp has staged the tile's scales in shared memory during the main loop. The
+//   sums are scaled by a_scale[m] * b_scale[n] in fp32, rounded to BF16, staged in shared memory in the
+//   swizzled layout of the D tensor map and written by TMA stores, which clip rows >= M and columns >= N.
+//   The store runs asynchronously while the next tile's main loop starts; the staging buffer is reused only
+//   after the store has finished reading it.
+// Tails: TMA fills rows of A beyond M and rows of B beyond N with zeros (the products are then zero), so M and
+// N need no multiple; K must be a multiple of 128 (the launcher checks).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/gemm_fp8_layout.h"
+#include "cuda/ptx/ldmatrix.cuh"
+#include "cuda/ptx/mbarrier.cuh"
+#include "cuda/ptx/setmaxnreg.cuh"
+#include "cuda/ptx/smem.cuh"
+#include "cuda/ptx/tma.cuh"
+#include "cuda/ptx/wgmma.cuh"
+
+namespace futransformer::cuda::fp8 {
+
+struct KernelParams {
+  const float* a_scale;  // [M]
+  const float* b_scale;  // [N]
+  int M, N, K;
+  int m_blocks, n_blocks, group_m;
+};
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low 16 bits
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+template <int kBlockN, int kStages>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_fp8_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                    const __grid_constant__ CUtensorMap tma_d, const KernelParams p) {
+  static_assert(kBlockN % kDBoxCols == 0 && kBlockN >= 64 && kBlockN <= 256, "block_n: a multiple of 64 up to 256");
+  static_assert(kStages >= 2, "the pipeline needs at least two stages");
+  constexpr SmemLayout L = smem_layout(kBlockN, kStages);
+  static_assert(L.a_stage_bytes % kSwizzleAtom == 0 && L.b_stage_bytes % kSwizzleAtom == 0 &&
+                    L.d_wg_bytes % kSwizzleAtom == 0,
+                "every swizzled buffer must start on a 1024-byte boundary");
+  static_assert(L.alloc_bytes <= 227 * 1024, "shared memory exceeds the 227 KB a CTA may opt in to");
+  using Mma = ptx::WgmmaE4m3<kBlockN>;
+  constexpr int kAccRegs = Mma::kRegs;
+  static_assert(kAccRegs == kBlockN / 2, "an m64nN fp32 accumulator is N / 2 registers per thread");
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // The 128-byte swizzle is a function of address bits 7..9: buffers must sit on 1024-byte boundaries.
+  const uint32_t raw = ptx::smem_addr(smem_raw);
+  const uint32_t base = (raw + (kSwizzleAtom - 1)) & ~static_cast<uint32_t>(kSwizzleAtom - 1);
+  const uint32_t full_bar = base + L.bar_offset;
+  const uint32_t empty_bar = full_bar + 8u * kStages;
+  const uint32_t scale_full = full_bar + 16u * kStages, scale_empty = scale_full + 8u;
+  const uint32_t scales = base + L.scale_offset;
+
+  const int wg = threadIdx.x / 128;
+  const int num_tiles = p.m_blocks * p.n_blocks;
+  const int k_blocks = p.K / kBlockK;
+
+  if (threadIdx.x == 0) {
+    ptx::prefetch_tensormap(&tma_a);
+    ptx::prefetch_tensormap(&tma_b);
+    ptx::prefetch_tensormap(&tma_d);
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(full_bar + 8u * s, 1);  // the producer's arrive.expect_tx; TMA bytes complete it
+      ptx::mbarrier_init(empty_bar + 8u * s, kEmptyArrivals);
+    }
+    ptx::mbarrier_init(scale_full, 32);  // every lane of the scale loader warp, after its stores
+    ptx::mbarrier_init(scale_empty, kEmptyArrivals);
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    ptx::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      PipeState pipe;
+      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+        const TileCoord tc = tile_coord(tile, p.m_blocks, p.n_blocks, p.group_m);
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          ptx::mbarrier_wait_parity(empty_bar + 8u * pipe.stage, pipe.phase ^ 1u);
+          const uint32_t full = full_bar + 8u * pipe.stage;
+          ptx::mbarrier_arrive_expect_tx(full, stage_tx_bytes(kBlockN));
+          ptx::tma_load_2d(base + L.a_offset + pipe.stage * L.a_stage_bytes, &tma_a, kb * kBlockK,
+                           tc.m_block * kBlockM, full);
+          ptx::tma_load_2d(base + L.b_offset + pipe.stage * L.b_stage_bytes, &tma_b, kb * kBlockK,
+                           tc.n_block * kBlockN, full);
+          advance(pipe, kStages);
+        }
+      }
+    } else if (threadIdx.x / 32 == kScaleLoaderWarp) {
+      // Stages each tile's scales in the single slot as soon as the consumers have read the previous tile's:
+      // the global loads then overlap a whole main loop instead of stalling the epilogue.
+      const int lane = threadIdx.x % 32;
+      uint32_t phase = 0;
+      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+        const TileCoord tc = tile_coord(tile, p.m_blocks, p.n_blocks, p.group_m);
+        ptx::mbarrier_wait_parity(scale_empty, phase ^ 1u);
+        for (int i = lane; i < kBlockM; i += 32) {
+          const int m = tc.m_block * kBlockM + i;
+          ptx::st_shared_f32(scales + 4u * i, m < p.M ? __ldg(p.a_scale + m) : 0.0f);
+        }
+        for (int i = lane; i < kBlockN; i += 32) {
+          const int n = tc.n_block * kBlockN + i;
+          ptx::st_shared_f32(scales + 4u * (kBlockM + i), n < p.N ? __ldg(p.b_scale + n) : 0.0f);
+        }
+        ptx::mbarrier_arrive(scale_full);  // release: this lane's stores happen before the consumers' reads
+        phase ^= 1u;
+      }
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  ptx::setmaxnreg_inc<kConsumerRegs>();
+  const int cw = wg - 1;                  // consumer warpgroup: rows 64 cw .. 64 cw + 63 of the tile
+  const int tid = threadIdx.x % 128;      // thread in the warpgroup
+  const int warp = tid / 32, lane = tid % 32;
+  const uint32_t d_stage = base + L.d_offset + static_cast<uint32_t>(cw) * L.d_wg_bytes;
+
+  float acc[kAccRegs];  // written only by wgmma (the first of each K block starts from zero)
+  float sum[kAccRegs];  // fp32 promotion target
+  PipeState pipe;
+  uint32_t scale_phase = 0;
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const TileCoord tc = tile_coord(tile, p.m_blocks, p.n_blocks, p.group_m);
+#pragma unroll
+    for (int i = 0; i < kAccRegs; ++i) sum[i] = 0.0f;
+
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      ptx::mbarrier_wait_parity(full_bar + 8u * pipe.stage, pipe.phase);
+      const uint32_t a_addr = base + L.a_offset + pipe.stage * L.a_stage_bytes;
+      const uint32_t b_addr = base + L.b_offset + pipe.stage * L.b_stage_bytes;
+#pragma unroll
+      for (int i = 0; i < kAccRegs; ++i) ptx::fence_operand(acc[i]);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        Mma::mma(acc, make_smem_desc(a_desc_addr(a_addr, cw, ks)), make_smem_desc(b_desc_addr(b_addr, ks)), ks > 0);
+      }
+      ptx::wgmma_commit_group();
+#pragma unroll
+      for (int i = 0; i < kAccRegs; ++i) ptx::fence_operand(acc[i]);
+      ptx::wgmma_wait_group<0>();
+      // This warp's share of the stage has been read: one arrival per consumer warp frees it.
+      if (lane == 0) ptx::mbarrier_arrive(empty_bar + 8u * pipe.stage);
+      advance(pipe, kStages);
+#pragma unroll
+      for (int i = 0; i < kAccRegs; ++i) sum[i] += acc[i];
+    }
+
+    // ---------------- epilogue ----------------
+    const int m0 = tc.m_block * kBlockM + cw * kWgmmaM;  // first row of this warpgroup
+    const int n0 = tc.n_block * kBlockN;
+    const int r_lo = acc_row(warp, lane, 0), r_hi = acc_row(warp, lane, 2);
+    // The previous tile's TMA store must have finished reading the staging buffer before it is overwritten.
+    if (tid == 0) ptx::bulk_wait_group_read<0>();
+    ptx::mbarrier_wait_parity(scale_full, scale_phase);
+    const float sa_lo = ptx::ld_shared_f32(scales + 4u * (cw * kWgmmaM + r_lo));  // 0 past M
+    const float sa_hi = ptx::ld_shared_f32(scales + 4u * (cw * kWgmmaM + r_hi));
+    ptx::bar_sync(1 + cw, 128);
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      const int c = acc_col(lane, 4 * j);
+      const float2 sb = ptx::ld_shared_v2_f32(scales + 4u * (kBlockM + c));  // columns c, c + 1; 0 past N
+      ptx::st_shared_b32(d_stage + d_stage_offset(r_lo, c),
+                         pack_bf16x2(sum[4 * j] * sa_lo * sb.x, sum[4 * j + 1] * sa_lo * sb.y));
+      ptx::st_shared_b32(d_stage + d_stage_offset(r_hi, c),
+                         pack_bf16x2(sum[4 * j + 2] * sa_hi * sb.x, sum[4 * j + 3] * sa_hi * sb.y));
+    }
+    // Every lane of this warp has read its scales: one arrival per consumer warp frees the slot.
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(scale_empty);
+    scale_phase ^= 1u;
+    ptx::fence_proxy_async_shared();
+    ptx::bar_sync(1 + cw, 128);
+    if (tid == 0 && m0 < p.M) {
+#pragma unroll
+      for (int b = 0; b < kBlockN / kDBoxCols; ++b) {
+        if (n0 + b * kDBoxCols < p.N) ptx::tma_store_2d(&tma_d, n0 + b * kDBoxCols, m0, d_stage + b * kDBoxBytes);
+      }
+      ptx::bulk_commit_group();
+    }
+  }
+  // Shared memory must outlive the last store's reads of it.
+  if (tid == 0) ptx::bulk_wait_group<0>();
+}
+
+}  // namespace futransformer::cuda::fp8

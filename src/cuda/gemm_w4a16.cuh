@@ -6,8 +6,9 @@
 // - A CTA (8 warps) owns 32 * warps_n output columns and one K slice (grid.y = split-K slices). Its slice of
 //   the activations (its M rows only) and of the scales is staged in shared memory once, at the start.
 // - Each warp walks its part of the slice one 32 x 32 packed block at a time. Every lane copies exactly the
-//   16 bytes that hold its own B fragments straight into registers (ld.global.cg, L1 bypassed: weights are
-//   read once), kStages (8) blocks ahead = 32 KB per CTA in flight; the main loop has no barrier at all.
+//   16 bytes that hold its own B fragments into a private ring of kStages (16) slots with cp.async.cg (L1
+//   bypassed: weights are read once), 15 blocks = 60 KB per CTA in flight; because no lane reads another lane's
+//   slot, the main loop has no barrier at all.
 //   An L2::evict_first cache hint on these copies raised "illegal instruction" on the H200 (driver 580.159,
 //   see docs/kernels.md), so the copies carry no hint.
 // - Nibbles become B registers in registers (lop3 magic number, then one bf16x2 subtract: the integers u - 8,
@@ -27,7 +28,6 @@
 #include "cuda/ptx/bits.cuh"
 #include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/griddep.cuh"
-#include "cuda/ptx/ld_global.cuh"
 #include "cuda/ptx/ldmatrix.cuh"
 #include "cuda/ptx/mma.cuh"
 
@@ -93,6 +93,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
   const SmemLayout lay = smem_layout(t, K, group);
   __nv_bfloat16* a_s = reinterpret_cast<__nv_bfloat16*>(smem);
   uint16_t* s_s = reinterpret_cast<uint16_t*>(smem + lay.a_bytes);
+  unsigned char* ring = smem + lay.ring_offset;
 
   // Stage this slice's M activation rows (MMA rows past M are fed clamped addresses, see a_frag_offset).
   const int rows = t.rows;
@@ -111,19 +112,20 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
   }
   ptx::cp_async_commit_group();
 
-  // This warp's packed blocks: n block nb, k blocks kb0 .. kb0 + n_steps - 1 (consecutive in memory). Each lane
-  // keeps kStages blocks of its 16 bytes in flight in registers (v2's cp.async ring through shared memory
-  // reached ~2.3 TB/s where plain loads of the same pattern stream at 4.3 TB/s: docs/notes/w4a16-tuning.md).
+  // This warp's packed blocks: n block nb, k blocks kb0 .. kb0 + n_steps - 1 (consecutive in memory).
   const int64_t nb = nb0 + wn;
   const Range steps = split_range(slice_k / kBlockK, t.warps_k, wk);
   const int n_steps = static_cast<int>(steps.end - steps.begin);
   const int64_t kb0 = k0 / kBlockK + steps.begin;
   const uint4* wsrc = args.w + (nb * (K / kBlockK) + kb0) * kWarpSize + lane;
-  uint4 q[kStages];
+  const uint32_t ring_lane = ptx::smem_addr(ring + tid * 16);
 #pragma unroll
-  for (int j = 0; j < kStages; ++j)
-    q[j] = j < n_steps ? ptx::ld_global_cg_16(wsrc + j * kWarpSize) : make_uint4(0, 0, 0, 0);
-  ptx::cp_async_wait_group<0>();
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_steps) ptx::cp_async_16(ring_lane + i * kThreads * 16, wsrc + i * kWarpSize);
+    ptx::cp_async_commit_group();  // empty groups keep the wait count below uniform
+  }
+  // The activation/scale group is older than the kStages - 1 weight groups.
+  ptx::cp_async_wait_group<kStages - 1>();
   __syncthreads();
 
   float acc[kMT][kTilesPerBlock][4] = {};
@@ -133,14 +135,15 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
   for (int mt = 0; mt < kMT; ++mt)
     a_lane[mt] = ptx::smem_addr(a_s) + 2 * static_cast<uint32_t>(a_frag_offset(lane, mt, 0, pitch, kRows8, rows));
 
-  for (int i0 = 0; i0 < n_steps; i0 += kStages) {
-#pragma unroll
-  for (int j = 0; j < kStages; ++j) {
-    const int i = i0 + j;
-    if (i >= n_steps) break;
-    const uint4 cur = q[j];
-    if (i + kStages < n_steps) q[j] = ptx::ld_global_cg_16(wsrc + (i + kStages) * kWarpSize);
-    const uint32_t words[kWordsPerLane] = {cur.x, cur.y, cur.z, cur.w};
+  for (int i = 0; i < n_steps; ++i) {
+    const int ahead = i + kStages - 1;
+    if (ahead < n_steps) {
+      ptx::cp_async_16(ring_lane + (ahead % kStages) * kThreads * 16, wsrc + ahead * kWarpSize);
+    }
+    ptx::cp_async_commit_group();
+    ptx::cp_async_wait_group<kStages - 1>();  // this thread's copy of block i has landed
+    const uint4 q = *reinterpret_cast<const uint4*>(ring + ((i % kStages) * kThreads + tid) * 16);
+    const uint32_t words[kWordsPerLane] = {q.x, q.y, q.z, q.w};
     const uint32_t k_bytes = static_cast<uint32_t>((steps.begin + i) * kBlockK * 2);
 
 #pragma unroll
@@ -189,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
       }
     }
   }
-  }
+  ptx::cp_async_wait_group<0>();  // only empty groups can be left; leave none behind
 
   if (t.warps_k > 1) {
     // Warps wk > 0 hand their sums to warp wk == 0 of the same columns, which adds them in wk order.

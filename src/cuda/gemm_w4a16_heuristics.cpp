@@ -29,9 +29,9 @@ double cost(const Tiling& t, int M, int N, int K, int group, const DeviceLimits&
   const int64_t cap = int64_t{d.sm_count} * std::max<int64_t>(per_sm, 1);
   const double weight_bytes = static_cast<double>(N) * K / 2 + static_cast<double>(N) * (K / group) * 2;
   const double per_cta = weight_bytes / static_cast<double>(ctas);
-  // A warp keeps at most kStages blocks in flight, and no more than it has.
+  // A warp keeps at most kStages - 1 blocks in flight, and no more than it has.
   const int64_t warp_blocks = K / t.splits / kBlockK / t.warps_k;
-  const double in_flight = static_cast<double>(std::min<int64_t>(std::max<int64_t>(warp_blocks, 1), kStages)) *
+  const double in_flight = static_cast<double>(std::min<int64_t>(std::max<int64_t>(warp_blocks, 1), kStages - 1)) *
                            kBlockN * kBlockK / 2 * kWarps;
   auto wave = [&](int64_t c) {
     return std::max(static_cast<double>(c) * per_cta / kDramBytesPerUs, per_cta * kLatencyUs / in_flight) + kLatencyUs;

@@ -42,9 +42,10 @@ constexpr int kTilesPerBlock = kBlockN / 8;   // n8 MMA tiles per block
 constexpr int kScalesPerGroupBlock = kBlockN;  // one scale per output column per group
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
-// Blocks each lane keeps in flight in registers (16 bytes each): 32 KB per CTA. v1/v2 staged them through a
-// cp.async ring in shared memory (8, then 16 slots); docs/notes/w4a16-tuning.md has the measurements.
-constexpr int kStages = 8;
+// Per-thread cp.async ring depth: 15 blocks (240 bytes per lane, 60 KB per CTA) in flight. Little's law on the
+// H200: ~4 TB/s x ~1.5-2 us loaded DRAM latency is 6-8 MB in flight, 45-60 KB per SM; the first version's 8 slots
+// (28 KB per CTA, one CTA per SM on the large layers) reached only ~2 TB/s (docs/notes/w4a16-tuning.md).
+constexpr int kStages = 16;
 constexpr int kMaxM = 64;
 constexpr int kMaxMTiles = kMaxM / 16;
 constexpr int kMaxSplits = 64;
@@ -109,10 +110,12 @@ struct Tiling {
   int splits = 1;      // K slices (grid.y); more than one needs the fp32 workspace and the reduce kernel
 };
 
-// Register cap for __launch_bounds__: the kStages x 16-byte register ring needs 128 registers at one m tile (two
-// CTAs per SM) and more than 128 beyond (one CTA per SM); a tighter cap spills.
-FT_HD constexpr int min_blocks_per_sm(int m_tiles) { return m_tiles == 1 ? 2 : 1; }
+// Register cap for __launch_bounds__: decode (one m tile) wants three CTAs per SM for bytes in flight; the
+// larger accumulator sets of M > 32 need the registers more.
+FT_HD constexpr int min_blocks_per_sm(int m_tiles) { return m_tiles == 1 ? 3 : (m_tiles == 2 ? 2 : 1); }
 
+// Only the M real rows are staged: zero rows up to the MMA's 8 or 16 would cost shared memory (occupancy) at
+// decode sizes and feed only outputs that are never stored.
 FT_HD int a_rows(const Tiling& t) { return t.rows; }
 // Groups in the longest K slice.
 FT_HD int64_t slice_groups_max(int64_t groups, int splits) { return (groups + splits - 1) / splits; }
@@ -122,7 +125,7 @@ FT_HD int64_t a_pitch(int64_t groups, int group, int splits) {
 }
 
 // Dynamic shared memory: [activations | scales] overlapped by the cross-warp reduction buffer (used after
-// the main loop); weights never pass through shared memory (ring_offset = total: no ring).
+// the main loop), followed by the per-thread weight ring.
 struct SmemLayout {
   int64_t a_bytes, s_bytes, red_bytes, ring_offset, total;
 };
@@ -134,7 +137,7 @@ FT_HD SmemLayout smem_layout(const Tiling& t, int64_t K, int group) {
   s.red_bytes = t.warps_k > 1 ? int64_t{kWarps} * t.m_tiles * 16 * kWarpSize * 4 : 0;
   const int64_t front = s.a_bytes + s.s_bytes > s.red_bytes ? s.a_bytes + s.s_bytes : s.red_bytes;
   s.ring_offset = (front + 15) / 16 * 16;
-  s.total = s.ring_offset;
+  s.total = s.ring_offset + int64_t{kStages} * kThreads * 16;
   return s;
 }
 

@@ -92,6 +92,17 @@ def rel_l2(test: torch.Tensor, ref: torch.Tensor) -> float:
   return (t - r).norm().item() / denom
 
 
+def sdpa_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, enable_gqa: bool) -> str:
+  """Name of the backend unforced SDPA picks for these shapes/dtypes: the math fallback would make a row meaningless,
+  so every row that calls SDPA records it."""
+  try:
+    from torch.nn.attention import SDPBackend  # noqa: PLC0415
+    code = torch._fused_sdp_choice(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
+    return SDPBackend(code).name.lower()
+  except Exception as e:  # private API: report rather than fail the benchmark
+    return f"unknown ({type(e).__name__})"
+
+
 def l2_cache_bytes(device: str) -> int:
   if device != "cuda":
     return 0

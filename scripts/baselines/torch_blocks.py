@@ -320,7 +320,8 @@ def compile_fn(fn, mode: str):
 
 
 class Prepared:
-  """A compiled step bound to its input sets; run(i) executes it on set i % len(sets), output0() gives set 0's result."""
+  """A compiled step bound to its input sets: run(i) executes it on set i % len(sets); output0() returns set 0's
+  result."""
 
   def __init__(self, fn, input_sets: list[tuple], device: str, compile_mode: str, use_graphs: bool):
     torch._dynamo.reset()  # the same code object (LlamaBlock.decode) is compiled per row: start each from scratch
@@ -395,10 +396,14 @@ def measure(block: LlamaBlock, part: str, s: BlockShape, size: int, args, device
     sets = decode_inputs(s, size, args.context, n_sets, device, args.seed)
     prep = Prepared(block.decode, sets, device, args.compile_mode, use_graphs=(device == "cuda"))
     warmup, iters = args.decode_warmup, args.decode_iters
+    q_probe = torch.empty(size, s.heads, 1, s.head_dim, device=device, dtype=torch.bfloat16)
+    sdpa = bc.sdpa_choice(q_probe, sets[0][3], sets[0][4], is_causal=False, enable_gqa=True)
   else:
     sets = prefill_inputs(s, size, device, args.seed)
     prep = Prepared(block.prefill, sets, device, args.prefill_compile_mode, use_graphs=False)
     warmup, iters = args.prefill_warmup, args.prefill_iters
+    q_probe = torch.empty(1, s.heads, size, s.head_dim, device=device, dtype=torch.bfloat16)
+    sdpa = bc.sdpa_choice(q_probe, sets[0][3], sets[0][4], is_causal=True, enable_gqa=True)
   for i in range(warmup):
     prep.run(i)
   samples = bc.time_calls(prep.run, iters, device)
@@ -425,6 +430,7 @@ def measure(block: LlamaBlock, part: str, s: BlockShape, size: int, args, device
     "rel_err_vs_bf16": rel_vs_bf16,
     "compile_mode": args.compile_mode if part == "decode" else args.prefill_compile_mode,
     "cuda_graph": bool(prep.graphs),
+    "sdpa_backend": sdpa,
   }
   if part == "decode":
     moved = block.weight_bytes() + kv_bytes
@@ -440,14 +446,15 @@ def measure(block: LlamaBlock, part: str, s: BlockShape, size: int, args, device
 
 COLUMNS = [
   ("part", "part", ""), ("model", "model", ""), ("batch", "batch", "d"), ("tokens", "tokens", "d"),
-  ("context", "ctx", "d"), ("variant", "variant", ""), ("us_median", "us_med", ".1f"), ("us_p10", "us_p10", ".1f"),
-  ("us_p90", "us_p90", ".1f"), ("gbps", "GB/s", ".0f"), ("tflops", "TFLOP/s", ".1f"), ("compile_s", "compile_s", ".1f"),
-  ("check_rel_l2", "lin_chk", ".1e"), ("rel_err_vs_bf16", "vs_bf16", ".1e"), ("error", "error", ""),
+  ("context", "ctx", "d"), ("variant", "variant", ""), ("us_median", "us_med", ".1f"),
+  ("us_p10", "us_p10", ".1f"), ("us_p90", "us_p90", ".1f"), ("gbps", "GB/s", ".0f"), ("tflops", "TFLOP/s", ".1f"),
+  ("compile_s", "compile_s", ".1f"), ("sdpa_backend", "sdpa", ""), ("check_rel_l2", "lin_chk", ".1e"),
+  ("rel_err_vs_bf16", "vs_bf16", ".1e"), ("error", "error", ""),
 ]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--decode", action="store_true", help="run the decode part (default: both parts)")
   p.add_argument("--prefill", action="store_true", help="run the prefill part (default: both parts)")
   p.add_argument("--models", default=None, help="comma list of 8b,70b,tiny (default 8b,70b; tiny on cpu)")
@@ -491,7 +498,8 @@ def main(argv: list[str]) -> int:
   device = bc.pick_device(args.device)
   torch.manual_seed(args.seed)
   if device == "cuda":
-    print(f"GPU {torch.cuda.get_device_name()}  torch {torch.__version__}  compile mode {args.compile_mode}", flush=True)
+    print(f"GPU {torch.cuda.get_device_name()}  torch {torch.__version__}  decode compile {args.compile_mode}"
+          f"  prefill compile {args.prefill_compile_mode}", flush=True)
   plan = []  # (part, variant kinds in bf16-first order, sizes)
   if args.decode:
     plan.append(("decode", [v for v in ("bf16", "int4") if v in args.variants], args.batches))

@@ -394,7 +394,7 @@ def measure(block: LlamaBlock, part: str, s: BlockShape, size: int, args, device
     kv_bytes = 2 * size * s.kv_heads * (args.context + 1) * s.head_dim * 2
     n_sets = bc.rotation_sets(kv_bytes + size * s.hidden * 2, device)
     sets = decode_inputs(s, size, args.context, n_sets, device, args.seed)
-    prep = Prepared(block.decode, sets, device, args.compile_mode, use_graphs=(device == "cuda"))
+    prep = Prepared(block.decode, sets, device, args.compile_mode, use_graphs=(device == "cuda" and not args.no_graphs))
     warmup, iters = args.decode_warmup, args.decode_iters
     q_probe = torch.empty(size, s.heads, 1, s.head_dim, device=device, dtype=torch.bfloat16)
     sdpa = bc.sdpa_choice(q_probe, sets[0][3], sets[0][4], is_causal=False, enable_gqa=True)
@@ -467,6 +467,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--prefill-compile-mode", default="default",
                  help="prefill torch.compile mode (default 'default': at 2k-8k tokens the GEMMs are compute-bound and"
                       " ATen's cuBLAS/cuBLASLt calls are what autotuning keeps, while tuning 16 shapes costs minutes)")
+  p.add_argument("--no-graphs", action="store_true",
+                 help="decode without CUDA graph capture (times then include kernel launches; for diagnosis only)")
   p.add_argument("--quick", action="store_true", help="fewer iterations (decode 50, prefill 5)")
   p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
   p.add_argument("--seed", type=int, default=20240601)

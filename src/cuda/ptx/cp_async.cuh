@@ -24,6 +24,16 @@ __device__ __forceinline__ void cp_async_16_evict_first(uint32_t smem, const voi
                : "memory");
 }
 
+// The evict-first copy with a source size of 16 or 0 bytes: a zero source size fills the 16 shared bytes with
+// zeros and reads nothing (rows past the end of a sequence: their bytes may be anything, NaN included).
+__device__ __forceinline__ void cp_async_16_evict_first_zfill(uint32_t smem, const void* gmem, uint64_t policy,
+                                                              bool fill) {
+  const uint32_t src_bytes = fill ? 16u : 0u;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem), "l"(gmem),
+               "r"(src_bytes), "l"(policy)
+               : "memory");
+}
+
 // cp.async.commit_group: closes the group of this thread's copies issued since the last commit.
 __device__ __forceinline__ void cp_async_commit_group() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 

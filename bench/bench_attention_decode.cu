@@ -140,8 +140,8 @@ Result bench_format(KvFormat f, int ctx, int batch, size_t rotate_bytes, int ite
   const std::vector<int32_t> hl(static_cast<size_t>(batch), ctx);
   CHECK_CUDA(cudaMalloc(&lens, hl.size() * 4));
   CHECK_CUDA(cudaMemcpy(lens, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
-  const size_t ws_bytes = futransformer::cuda::attention_decode_workspace_bytes(f, batch, kHeads, kKvHeads, kHeadDim,
-                                                                                pages_per_seq, ctx);
+  const size_t ws_bytes =
+      futransformer::cuda::attention_decode_workspace_bytes(f, batch, kHeads, kKvHeads, kHeadDim, pages_per_seq, ctx);
   void* ws = nullptr;
   CHECK_CUDA(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 16)));
   const bool int4 = f != KvFormat::BF16;
@@ -213,7 +213,8 @@ int main(int argc, char** argv) {
 
   std::printf("%s, %d SMs, L2 %d MB, max SM clock %d MHz; device copy %.2f TB/s; %d timed runs per row\n", prop.name,
               prop.multiProcessorCount, l2_bytes >> 20, clock_khz / 1000, copy_tbps, iters);
-  std::printf("Llama-3.1-8B attention: %d heads, %d KV heads, head_dim %d; page 64 tokens\n", kHeads, kKvHeads, kHeadDim);
+  std::printf("Llama-3.1-8B attention: %d heads, %d KV heads, head_dim %d; page 64 tokens\n", kHeads, kKvHeads,
+              kHeadDim);
   std::printf("%6s %5s | %9s %7s %6s %6s | %9s %7s %6s | %7s\n", "ctx", "batch", "int4 us", "TB/s", "of4.2T", "splits",
               "bf16 us", "TB/s", "splits", "speedup");
   struct Row {

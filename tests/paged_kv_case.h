@@ -26,9 +26,7 @@ struct PagedKvCase {
   std::vector<uint16_t> q_bf16;  // [batch, n_heads, head_dim], rotated for int4-hadamard, then rounded
   std::vector<float> q;          // the same values in fp32 (what the CPU twin sees)
 
-  ref::PagedKvCache cache() const {
-    return ref::PagedKvCache{layout, pool, n_kv_heads, block_table, max_pages};
-  }
+  ref::PagedKvCache cache() const { return ref::PagedKvCache{layout, pool, n_kv_heads, block_table, max_pages}; }
 };
 
 // lens: one length per sequence. spare_pages unused pages are mixed into the pool.

@@ -1,7 +1,5 @@
 // Host side of the paged decode attention: shape checks, split choice, kernel instance dispatch and the combine
 // launch (programmatic dependent launch, so its launch latency hides behind the attention kernel).
-#include "futransformer/cuda/attention_decode.h"
-
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -12,6 +10,7 @@
 
 #include "cuda/attention_decode.cuh"
 #include "cuda/attention_decode_heuristics.h"
+#include "futransformer/cuda/attention_decode.h"
 
 namespace futransformer::cuda {
 namespace {
@@ -69,8 +68,9 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
     return cudaErrorInvalidValue;
   if (!q || !kv_pool || !block_table || !seq_lens || !out || !aligned(q, 16) || !aligned(kv_pool, 16) ||
       !aligned(out, 2)) {
-    g_last_error = "attention_decode: q, kv_pool, block_table, seq_lens and out must be non-null; q and kv_pool "
-                   "16-byte aligned, out 2-byte aligned";
+    g_last_error =
+        "attention_decode: q, kv_pool, block_table, seq_lens and out must be non-null; q and kv_pool "
+        "16-byte aligned, out 2-byte aligned";
     return cudaErrorInvalidValue;
   }
   attn::DeviceLimits d;
@@ -112,13 +112,14 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
   const DecodeFn kernel = pick_decode(int4, head_dim);
   if (plan.smem_bytes > 48 * 1024) {
     // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
-    if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem_bytes);
+    if (const cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem_bytes);
         e != cudaSuccess)
       return e;
   }
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(plan.splits), static_cast<unsigned>(n_kv_heads),
-                     static_cast<unsigned>(batch));
+  cfg.gridDim =
+      dim3(static_cast<unsigned>(plan.splits), static_cast<unsigned>(n_kv_heads), static_cast<unsigned>(batch));
   cfg.blockDim = dim3(attn::kThreads);
   cfg.dynamicSmemBytes = static_cast<size_t>(plan.smem_bytes);
   cfg.stream = stream;
@@ -147,10 +148,11 @@ cudaError_t attention_decode_can_implement(KvFormat format, int batch, int n_hea
     return reject(why, std::string("attention_decode: KV format ") + formats::kv_format_name(format) +
                            " is not supported (expected bf16, int4 or int4-hadamard)");
   if (head_dim != 64 && head_dim != 128)
-    return reject(why, "attention_decode: head_dim = " + to_string(head_dim) + " is not supported (expected 64 or 128)");
+    return reject(why,
+                  "attention_decode: head_dim = " + to_string(head_dim) + " is not supported (expected 64 or 128)");
   if (batch < 1 || batch > kAttentionDecodeMaxGrid)
-    return reject(why, "attention_decode: batch = " + to_string(batch) + ", expected 1.." +
-                           to_string(kAttentionDecodeMaxGrid));
+    return reject(
+        why, "attention_decode: batch = " + to_string(batch) + ", expected 1.." + to_string(kAttentionDecodeMaxGrid));
   if (n_kv_heads < 1 || n_kv_heads > kAttentionDecodeMaxGrid)
     return reject(why, "attention_decode: n_kv_heads = " + to_string(n_kv_heads) + ", expected 1.." +
                            to_string(kAttentionDecodeMaxGrid));

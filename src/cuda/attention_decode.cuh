@@ -239,7 +239,8 @@ struct Tile {
 };
 
 template <bool kInt4, int kD>
-__global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)) attention_decode_kernel(const DecodeArgs args) {
+__global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm))
+    attention_decode_kernel(const DecodeArgs args) {
   using Geo = Geometry<kInt4, kD>;
   using T = Tile<kInt4, kD>;
   // The combine kernel waits for this grid's completion itself; letting it launch now hides its launch latency.
@@ -380,9 +381,9 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
 
 // out[bh, :] = Σ_s 2^(lse_s − M) o_s / Σ_s 2^(lse_s − M), in split order; one CTA of kD threads per (b, head).
 template <int kD>
-__global__ void __launch_bounds__(kD) attention_decode_combine_kernel(const float* __restrict__ partial_o,
-                                                                      const float* __restrict__ partial_lse,
-                                                                      __nv_bfloat16* __restrict__ out, int splits) {
+__global__ void __launch_bounds__(kD)
+    attention_decode_combine_kernel(const float* __restrict__ partial_o, const float* __restrict__ partial_lse,
+                                    __nv_bfloat16* __restrict__ out, int splits) {
   static_assert(kMaxSplits <= kD, "one thread per split weight");
   // Launched as a programmatic dependent of the decode kernel: wait until its partials are complete and visible.
   ptx::griddepcontrol_wait();

@@ -20,10 +20,10 @@ namespace futransformer::cuda::attn {
 namespace {
 
 constexpr double kBytesInFlightPerSm = 40.0 * 1024;
-constexpr double kWaveRampBytes = 2.0e6;       // ~0.5 us at 4 TB/s
-constexpr double kCombineFixedBytes = 3.0e6;   // ~0.7 us: the combine kernel's share of a decode step
-constexpr double kL2Weight = 0.5;              // L2 traffic costs about half of DRAM traffic
-constexpr int64_t kSmemReservePerCta = 1024;   // the driver keeps 1 KB per resident CTA
+constexpr double kWaveRampBytes = 2.0e6;      // ~0.5 us at 4 TB/s
+constexpr double kCombineFixedBytes = 3.0e6;  // ~0.7 us: the combine kernel's share of a decode step
+constexpr double kL2Weight = 0.5;             // L2 traffic costs about half of DRAM traffic
+constexpr int64_t kSmemReservePerCta = 1024;  // the driver keeps 1 KB per resident CTA
 
 struct KernelShape {
   int stage_bytes, stages, smem, max_ctas_per_sm;  // the last: the register cap of __launch_bounds__
@@ -61,8 +61,8 @@ Plan choose_plan(bool int4, int head_dim, int batch, int n_kv_heads, int max_seq
   const KernelShape k = kernel_shape(int4, head_dim);
   Plan best;
   best.smem_bytes = k.smem;
-  best.ctas_per_sm = static_cast<int>(std::clamp<int64_t>(d.smem_per_sm / (k.smem + kSmemReservePerCta), 1,
-                                                          k.max_ctas_per_sm));
+  best.ctas_per_sm =
+      static_cast<int>(std::clamp<int64_t>(d.smem_per_sm / (k.smem + kSmemReservePerCta), 1, k.max_ctas_per_sm));
   const int cap = d.sm_count * best.ctas_per_sm;
   const double in_flight_per_cta = static_cast<double>(kWarps) * (k.stages - 1) * k.stage_bytes;
   const double saturation = d.sm_count * std::max(1.0, kBytesInFlightPerSm / in_flight_per_cta);

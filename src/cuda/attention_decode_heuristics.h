@@ -15,9 +15,9 @@ struct DeviceLimits {
 };
 
 struct Plan {
-  int splits = 1;         // CTAs per (sequence, KV head); > 1 needs the workspace and the combine kernel
-  int smem_bytes = 0;     // dynamic shared memory of one CTA
-  int ctas_per_sm = 1;    // resident CTAs per SM the model assumed
+  int splits = 1;       // CTAs per (sequence, KV head); > 1 needs the workspace and the combine kernel
+  int smem_bytes = 0;   // dynamic shared memory of one CTA
+  int ctas_per_sm = 1;  // resident CTAs per SM the model assumed
 };
 
 // Plan for a shape attention_decode_can_implement accepts (int4: true for INT4 / INT4_HADAMARD, false for BF16).

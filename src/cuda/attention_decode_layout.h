@@ -45,12 +45,12 @@ constexpr int kWarpSize = 32;
 constexpr int kPageTokens = 64;  // formats::kKvPageTokens
 constexpr int kTile = 16;        // tokens per mma k/n tile and per pipeline stage
 constexpr int kTilesPerPage = kPageTokens / kTile;
-constexpr int kGroup = 32;       // formats::kKvInt4Group
-constexpr int kChunk = 16;       // bytes per cp.async / ldmatrix row
-constexpr int kMaxGqa = 8;       // query heads per KV head: rows 0..7 of the A operand
+constexpr int kGroup = 32;  // formats::kKvInt4Group
+constexpr int kChunk = 16;  // bytes per cp.async / ldmatrix row
+constexpr int kMaxGqa = 8;  // query heads per KV head: rows 0..7 of the A operand
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * kWarpSize;
-constexpr int kMaxSplits = 64;   // the combine kernel keeps one weight per split in shared memory
+constexpr int kMaxSplits = 64;  // the combine kernel keeps one weight per split in shared memory
 
 constexpr uint32_t kBf16Magic = 0x43004300u;  // bf16x2 {128, 128}: 0x4300 | u is 128 + u for u < 128
 constexpr uint32_t kNibbleMask = 0x000f000fu;
@@ -120,9 +120,9 @@ FT_HD ChunkCopy stage_chunk(int c, int slot0) {
     constexpr int kScaleChunks = Geo::kStageScaleBytes / kChunk, kZeroChunks = Geo::kStageZeroBytes / kChunk;
     if (m < 2 * kScaleChunks) {
       const int part = m / kScaleChunks, j = m % kScaleChunks;
-      return ChunkCopy{static_cast<int>(part * Geo::kPagePartBytes + Geo::kPageCodeBytes) + slot0 * Geo::kGroups * 2 +
-                           j * kChunk,
-                       Geo::kStageScales + part * Geo::kStageScaleBytes + j * kChunk, -1};
+      return ChunkCopy{
+          static_cast<int>(part * Geo::kPagePartBytes + Geo::kPageCodeBytes) + slot0 * Geo::kGroups * 2 + j * kChunk,
+          Geo::kStageScales + part * Geo::kStageScaleBytes + j * kChunk, -1};
     }
     m -= 2 * kScaleChunks;
     const int part = m / kZeroChunks, j = m % kZeroChunks;

@@ -55,8 +55,8 @@ std::vector<float> paged_decode_attention(const PagedKvCache& c, std::span<const
     if (abs_out) {
       vabs.resize(v.size());
       std::transform(v.begin(), v.end(), vabs.begin(), [](float x) { return std::fabs(x); });
-      attention(q.data() + qoff, k.data(), vabs.data(), abs_out->data() + qoff, 1, len - 1, len, n_heads,
-                c.n_kv_heads, d);
+      attention(q.data() + qoff, k.data(), vabs.data(), abs_out->data() + qoff, 1, len - 1, len, n_heads, c.n_kv_heads,
+                d);
     }
   }
   return out;

@@ -50,7 +50,9 @@ uint32_t load32(const std::vector<uint8_t>& m, int off) {
   std::memcpy(&v, m.data() + off, 4);
   return v;
 }
-uint32_t load16(const std::vector<uint8_t>& m, int off) { return m[static_cast<size_t>(off)] | (m[static_cast<size_t>(off) + 1] << 8); }
+uint32_t load16(const std::vector<uint8_t>& m, int off) {
+  return m[static_cast<size_t>(off)] | (m[static_cast<size_t>(off) + 1] << 8);
+}
 
 using Regs = std::array<std::array<uint32_t, 4>, 32>;
 // ldmatrix.x4 (.trans): lanes 8j .. 8j + 7 address the rows of matrix j. Plain: lane l receives row l / 4,
@@ -141,7 +143,8 @@ void check_geometry() {
       for (int row = 0; row < attn::kTile; ++row) {
         for (int byte = 0; byte < Geo::kRowBytes; ++byte) {
           const int s = part * Geo::kStageCodeBytes + attn::stage_code_offset(row, byte / 16) + byte % 16;
-          ASSERT_EQ(stage[static_cast<size_t>(s)], page[static_cast<size_t>(L.codes[part] + (slot0 + row) * L.code_row_bytes + byte)]);
+          ASSERT_EQ(stage[static_cast<size_t>(s)],
+                    page[static_cast<size_t>(L.codes[part] + (slot0 + row) * L.code_row_bytes + byte)]);
         }
         for (int i = 0; i < 2 * G; ++i) {  // scale bytes, then zero bytes
           ASSERT_EQ(stage[static_cast<size_t>(Geo::kStageScales + part * Geo::kStageScaleBytes + row * 2 * G + i)],
@@ -342,14 +345,15 @@ void emulate_cta(const PagedKvCase& c, int b, int kvh, int split, int splits, Ou
                   float ps[2];
                   for (int h = 0; h < 2; ++h) {
                     const int hi = h * G4 + grp;
-                    const uint32_t sw = load32(st, Geo::kStageScales + Geo::kStageScaleBytes +
-                                                       (2 * t + 8 * r) * G4 * 2 + 4 * (hi >> 1));
+                    const uint32_t sw = load32(
+                        st, Geo::kStageScales + Geo::kStageScaleBytes + (2 * t + 8 * r) * G4 * 2 + 4 * (hi >> 1));
                     ps[h] = valid[lane][r][h] ? p[lane][r][h] * half_to_float(sw, hi & 1) : 0.0f;
                   }
                   a[r] = pack_bf16x2(ps[0], ps[1]);
                   const int zoff = Geo::kStageZeros + Geo::kStageZeroBytes + (2 * t + 8 * r) * G4;
                   const uint32_t z0 = load32(st, zoff), z1 = G4 == 4 ? load32(st, zoff + 4) : z0;
-                  bias[r] = (prmt(z0, z1, static_cast<uint32_t>(grp | ((G4 + grp) << 8))) & 0x00ff00ffu) | attn::kBf16Magic;
+                  bias[r] =
+                      (prmt(z0, z1, static_cast<uint32_t>(grp | ((G4 + grp) << 8))) & 0x00ff00ffu) | attn::kBf16Magic;
                 }
                 a0[lane] = a[0], a2[lane] = a[1];
                 for (int r = 0; r < 2; ++r)
@@ -426,7 +430,8 @@ std::vector<float> emulate(const PagedKvCase& c, int splits) {
       float mx = -INFINITY;
       for (int s = 0; s < splits; ++s) mx = std::max(mx, res.partial_lse[bh * splits + s]);
       std::vector<float> wt(static_cast<size_t>(splits));
-      for (int s = 0; s < splits; ++s) wt[s] = mx == -INFINITY ? 0.0f : std::exp2(res.partial_lse[bh * splits + s] - mx);
+      for (int s = 0; s < splits; ++s)
+        wt[s] = mx == -INFINITY ? 0.0f : std::exp2(res.partial_lse[bh * splits + s] - mx);
       for (int ch = 0; ch < kD; ++ch) {
         float num = 0.0f, den = 0.0f;
         for (int s = 0; s < splits; ++s) {
@@ -442,8 +447,8 @@ std::vector<float> emulate(const PagedKvCase& c, int splits) {
 
 void check_case(KvFormat format, int d, int n_heads, int n_kv, const std::vector<int32_t>& lens, int splits,
                 uint32_t seed) {
-  SCOPED_TRACE(testing::Message() << formats::kv_format_name(format) << " head_dim " << d << " heads " << n_heads
-                                  << "/" << n_kv << " splits " << splits << " seed " << seed);
+  SCOPED_TRACE(testing::Message() << formats::kv_format_name(format) << " head_dim " << d << " heads " << n_heads << "/"
+                                  << n_kv << " splits " << splits << " seed " << seed);
   const PagedKvCase c = test::make_paged_kv_case(format, d, n_heads, n_kv, lens, seed);
   std::vector<float> abs_ref;
   const std::vector<float> ref = ref::paged_decode_attention(c.cache(), c.seq_lens, c.q, n_heads, &abs_ref);

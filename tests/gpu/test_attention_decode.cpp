@@ -58,7 +58,8 @@ struct Uploaded {
   DeviceBuffer<uint8_t> pool;
   DeviceBuffer<int32_t> block_table, seq_lens;
   DeviceBuffer<uint16_t> q;
-  explicit Uploaded(const PagedKvCase& c) : pool(c.pool), block_table(c.block_table), seq_lens(c.seq_lens), q(c.q_bf16) {}
+  explicit Uploaded(const PagedKvCase& c)
+      : pool(c.pool), block_table(c.block_table), seq_lens(c.seq_lens), q(c.q_bf16) {}
 };
 
 cudaError_t launch(const PagedKvCase& c, const Uploaded& u, uint16_t* out, void* ws, size_t ws_bytes) {
@@ -77,8 +78,8 @@ std::vector<uint16_t> run(const PagedKvCase& c) {
   const Uploaded u(c);
   DeviceBuffer<uint16_t> out(static_cast<size_t>(c.batch) * c.n_heads * c.head_dim);
   EXPECT_EQ(cudaMemset(out.p, 0xFF, out.n * 2), cudaSuccess);  // 0xFFFF: a BF16 NaN in every element
-  const size_t ws_bytes = cuda::attention_decode_workspace_bytes(c.format, c.batch, c.n_heads, c.n_kv_heads,
-                                                                 c.head_dim, c.max_pages, c.max_seq_len);
+  const size_t ws_bytes = cuda::attention_decode_workspace_bytes(c.format, c.batch, c.n_heads, c.n_kv_heads, c.head_dim,
+                                                                 c.max_pages, c.max_seq_len);
   DeviceBuffer<unsigned char> ws(ws_bytes);
   const cudaError_t e = launch(c, u, out.p, ws.p, ws_bytes);
   EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::attention_decode_last_error();
@@ -90,9 +91,9 @@ void check_against_twin(KvFormat format, int head_dim, int n_heads, int n_kv, co
                         uint32_t seed) {
   const PagedKvCase c = test::make_paged_kv_case(format, head_dim, n_heads, n_kv, lens, seed);
   const attn::Plan plan = attn::choose_plan(format != KvFormat::BF16, head_dim, c.batch, n_kv, c.max_seq_len, {});
-  SCOPED_TRACE(testing::Message() << formats::kv_format_name(format) << " head_dim " << head_dim << " heads "
-                                  << n_heads << "/" << n_kv << " batch " << c.batch << " max_seq_len "
-                                  << c.max_seq_len << " splits (H200 plan) " << plan.splits << " seed " << seed);
+  SCOPED_TRACE(testing::Message() << formats::kv_format_name(format) << " head_dim " << head_dim << " heads " << n_heads
+                                  << "/" << n_kv << " batch " << c.batch << " max_seq_len " << c.max_seq_len
+                                  << " splits (H200 plan) " << plan.splits << " seed " << seed);
   std::vector<float> abs_ref;
   const std::vector<float> ref = ref::paged_decode_attention(c.cache(), c.seq_lens, c.q, n_heads, &abs_ref);
   const std::vector<uint16_t> got = run(c);
@@ -104,9 +105,9 @@ void check_against_twin(KvFormat format, int head_dim, int n_heads, int n_kv, co
     ASSERT_FALSE(std::isnan(v)) << "output " << i << " (sequence " << seq << ", head " << i / head_dim % n_heads
                                 << ") not written";
     const double bound = test::kAttnOutputRel * std::fabs(ref[i]) + test::kAttnProbRel * abs_ref[i];
-    ASSERT_LE(std::fabs(v - ref[i]), bound) << "sequence " << seq << " (length " << c.seq_lens[seq] << ") head "
-                                            << i / head_dim % n_heads << " channel " << i % head_dim << ": got " << v
-                                            << ", ref " << ref[i];
+    ASSERT_LE(std::fabs(v - ref[i]), bound)
+        << "sequence " << seq << " (length " << c.seq_lens[seq] << ") head " << i / head_dim % n_heads << " channel "
+        << i % head_dim << ": got " << v << ", ref " << ref[i];
     err2 += (v - ref[i]) * (v - ref[i]);
     ref2 += static_cast<double>(ref[i]) * ref[i];
   }
@@ -185,8 +186,8 @@ TEST(AttentionDecodeGpu, RejectedCallsLeaveTheOutputUntouched) {
   auto* q = reinterpret_cast<const __nv_bfloat16*>(u.q.p);
   auto* o = reinterpret_cast<__nv_bfloat16*>(out.p);
   auto call = [&](int n_heads, int n_kv, int hd, int max_len, size_t wsb) {
-    return cuda::attention_decode_int4(q, u.pool.p, u.block_table.p, u.seq_lens.p, o, 1, n_heads, n_kv, hd,
-                                       c.max_pages, max_len, ws.p, wsb, nullptr);
+    return cuda::attention_decode_int4(q, u.pool.p, u.block_table.p, u.seq_lens.p, o, 1, n_heads, n_kv, hd, c.max_pages,
+                                       max_len, ws.p, wsb, nullptr);
   };
   EXPECT_EQ(call(32, 8, 96, 32768, ws_bytes), cudaErrorInvalidValue);
   EXPECT_NE(std::string(cuda::attention_decode_last_error()).find("head_dim = 96"), std::string::npos);
@@ -210,23 +211,23 @@ TEST(AttentionDecodeGpu, RejectedCallsLeaveTheOutputUntouched) {
 TEST(AttentionDecodeHost, CanImplementNamesTheProblem) {
   std::string why;
   EXPECT_EQ(cuda::attention_decode_can_implement(KvFormat::INT4, 32, 32, 8, 128, 512, 32768, &why), cudaSuccess) << why;
-  EXPECT_EQ(cuda::attention_decode_can_implement(KvFormat::INT4_HADAMARD, 1, 8, 8, 64, 1, 1, &why), cudaSuccess)
-      << why;
+  EXPECT_EQ(cuda::attention_decode_can_implement(KvFormat::INT4_HADAMARD, 1, 8, 8, 64, 1, 1, &why), cudaSuccess) << why;
   EXPECT_EQ(cuda::attention_decode_can_implement(KvFormat::BF16, 3, 64, 8, 128, 3, 129, &why), cudaSuccess) << why;
   struct Bad {
     KvFormat f;
     int batch, n_heads, n_kv, hd, max_pages, max_len;
     const char* needle;
   };
-  for (const Bad& b : {Bad{KvFormat::FP8, 1, 32, 8, 128, 4, 100, "fp8"}, Bad{KvFormat::INT4, 1, 32, 8, 96, 4, 100, "head_dim = 96"},
-                       Bad{KvFormat::INT4, 0, 32, 8, 128, 4, 100, "batch = 0"},
-                       Bad{KvFormat::INT4, 70000, 32, 8, 128, 4, 100, "batch = 70000"},
-                       Bad{KvFormat::INT4, 1, 30, 8, 128, 4, 100, "n_heads = 30"},
-                       Bad{KvFormat::INT4, 1, 16, 1, 128, 4, 100, "n_heads = 16"},
-                       Bad{KvFormat::BF16, 1, 32, 0, 128, 4, 100, "n_kv_heads = 0"},
-                       Bad{KvFormat::INT4, 1, 32, 8, 128, 0, 100, "max_pages_per_seq = 0"},
-                       Bad{KvFormat::INT4, 1, 32, 8, 128, 4, 257, "max_seq_len = 257"},
-                       Bad{KvFormat::INT4, 1, 32, 8, 128, 4, 0, "max_seq_len = 0"}}) {
+  for (const Bad& b :
+       {Bad{KvFormat::FP8, 1, 32, 8, 128, 4, 100, "fp8"}, Bad{KvFormat::INT4, 1, 32, 8, 96, 4, 100, "head_dim = 96"},
+        Bad{KvFormat::INT4, 0, 32, 8, 128, 4, 100, "batch = 0"},
+        Bad{KvFormat::INT4, 70000, 32, 8, 128, 4, 100, "batch = 70000"},
+        Bad{KvFormat::INT4, 1, 30, 8, 128, 4, 100, "n_heads = 30"},
+        Bad{KvFormat::INT4, 1, 16, 1, 128, 4, 100, "n_heads = 16"},
+        Bad{KvFormat::BF16, 1, 32, 0, 128, 4, 100, "n_kv_heads = 0"},
+        Bad{KvFormat::INT4, 1, 32, 8, 128, 0, 100, "max_pages_per_seq = 0"},
+        Bad{KvFormat::INT4, 1, 32, 8, 128, 4, 257, "max_seq_len = 257"},
+        Bad{KvFormat::INT4, 1, 32, 8, 128, 4, 0, "max_seq_len = 0"}}) {
     EXPECT_EQ(cuda::attention_decode_can_implement(b.f, b.batch, b.n_heads, b.n_kv, b.hd, b.max_pages, b.max_len, &why),
               cudaErrorInvalidValue);
     EXPECT_NE(why.find(b.needle), std::string::npos) << "message '" << why << "' lacks '" << b.needle << "'";

@@ -31,9 +31,9 @@ struct __nv_bfloat16;  // cuda_bf16.h's type, used through pointers only
 
 namespace futransformer::cuda {
 
-constexpr int kAttentionDecodeMaxGqa = 8;            // n_heads / n_kv_heads
-constexpr int kAttentionDecodeMaxTokens = 1 << 24;   // max_pages_per_seq * 64
-constexpr int kAttentionDecodeMaxGrid = 65535;       // batch and n_kv_heads
+constexpr int kAttentionDecodeMaxGqa = 8;           // n_heads / n_kv_heads
+constexpr int kAttentionDecodeMaxTokens = 1 << 24;  // max_pages_per_seq * 64
+constexpr int kAttentionDecodeMaxGrid = 65535;      // batch and n_kv_heads
 
 // cudaSuccess when a kernel handles the shape for `format` (INT4 and INT4_HADAMARD: attention_decode_int4;
 // BF16: attention_decode_bf16; FP8 is not supported); otherwise cudaErrorInvalidValue and, when why is not
@@ -43,21 +43,21 @@ cudaError_t attention_decode_can_implement(formats::KvFormat format, int batch, 
 
 // Workspace bytes the call needs on the current device (0 when it does not split sequences across CTAs, for
 // rejected shapes, and without a device).
-size_t attention_decode_workspace_bytes(formats::KvFormat format, int batch, int n_heads, int n_kv_heads,
-                                        int head_dim, int max_pages_per_seq, int max_seq_len);
+size_t attention_decode_workspace_bytes(formats::KvFormat format, int batch, int n_heads, int n_kv_heads, int head_dim,
+                                        int max_pages_per_seq, int max_seq_len);
 
 // Enqueue the attention on `stream`. Device pointers; q, kv_pool and workspace 16-byte aligned, out 2-byte
 // aligned; the workspace must not be used by a concurrent launch. Returns cudaErrorInvalidValue (message in
 // attention_decode_last_error()) for rejected shapes, null or misaligned pointers or a workspace smaller than
 // attention_decode_workspace_bytes; otherwise the launch's error, if any. Deterministic.
 cudaError_t attention_decode_int4(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
-                                  const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads,
-                                  int n_kv_heads, int head_dim, int max_pages_per_seq, int max_seq_len,
-                                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                                  const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads,
+                                  int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,
+                                  size_t workspace_bytes, cudaStream_t stream);
 cudaError_t attention_decode_bf16(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
-                                  const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads,
-                                  int n_kv_heads, int head_dim, int max_pages_per_seq, int max_seq_len,
-                                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                                  const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads,
+                                  int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,
+                                  size_t workspace_bytes, cudaStream_t stream);
 
 // Why the last attention_decode_* launch on this thread returned cudaErrorInvalidValue ("" after a success).
 const char* attention_decode_last_error();

@@ -12,10 +12,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "cuda/attention_decode_layout.h"
 #include "futransformer/dtype.h"
+#include "futransformer/error.h"
 #include "paged_kv_case.h"
 
 namespace {
@@ -187,6 +189,38 @@ TEST(AttentionDecodeLayout, FragmentChannelMapsArePermutations) {
     for (int i = 0; i < d; ++i) ASSERT_EQ(key[static_cast<size_t>(i)], 1) << "key channel " << i;
     for (int i = 0; i < d; ++i) ASSERT_EQ(val[static_cast<size_t>(i)], 1) << "value channel " << i;
   }
+}
+
+// The twin refuses inconsistent inputs with one Error naming the field, and answers an empty sequence with 0.
+TEST(AttentionDecodeTwin, RejectsInconsistentInputsAndZeroesEmptySequences) {
+  PagedKvCase c = test::make_paged_kv_case(KvFormat::INT4, 64, 4, 2, {70, 5}, 41);
+  auto expect_error = [&](const PagedKvCase& bad, const char* needle) {
+    try {
+      ref::paged_decode_attention(bad.cache(), bad.seq_lens, bad.q, bad.n_heads);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  PagedKvCase bad = c;
+  bad.block_table[1] = 1000;
+  expect_error(bad, "block_table[0, 1] = 1000");
+  bad = c;
+  bad.seq_lens[1] = 129;
+  expect_error(bad, "seq_lens[1] = 129");
+  bad = c;
+  bad.q.pop_back();
+  expect_error(bad, "q has");
+  bad = c;
+  bad.n_heads = 3;
+  expect_error(bad, "3 query heads");
+  bad = c;
+  bad.pool.pop_back();
+  expect_error(bad, "pool of");
+  c.seq_lens[1] = 0;
+  const std::vector<float> out = ref::paged_decode_attention(c.cache(), c.seq_lens, c.q, c.n_heads);
+  for (size_t i = out.size() / 2; i < out.size(); ++i) ASSERT_EQ(out[i], 0.0f);
+  for (size_t i = 0; i < out.size() / 2; ++i) ASSERT_TRUE(std::isfinite(out[i]));
 }
 
 // --- 2. Lane-by-lane emulation of one CTA (sequence b, KV head kvh, split). ---
@@ -474,12 +508,14 @@ TEST(AttentionDecodeEmulation, Int4HeadDim128) {
   check_case(KvFormat::INT4, 128, 16, 2, kLens, 1, 11);
   check_case(KvFormat::INT4, 128, 8, 1, kLens, 3, 12);
   check_case(KvFormat::INT4, 128, 2, 2, {700, 33}, 5, 13);
+  check_case(KvFormat::INT4, 128, 4, 1, {4097, 1, 65}, 9, 14);  // page-crossing splits, more splits than tiles
 }
 
 TEST(AttentionDecodeEmulation, Int4HadamardHeadDim128AndHeadDim64) {
   check_case(KvFormat::INT4_HADAMARD, 128, 8, 2, kLens, 2, 21);
   check_case(KvFormat::INT4_HADAMARD, 64, 16, 4, kLens, 1, 22);
   check_case(KvFormat::INT4, 64, 8, 1, {1, 300}, 7, 23);
+  check_case(KvFormat::INT4, 64, 3, 3, {4097, 18}, 2, 24);
 }
 
 TEST(AttentionDecodeEmulation, Bf16CacheBothHeadDims) {

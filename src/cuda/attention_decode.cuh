@@ -65,7 +65,8 @@ __device__ __forceinline__ uint32_t nibbles_plus_128(uint32_t word, int shift) {
   return ptx::lop3<0xea>(word >> shift, kNibbleMask, kBf16Magic);  // (a & b) | c
 }
 __device__ __forceinline__ float half_to_float(uint32_t word, int half) {
-  const __half2 h = *reinterpret_cast<const __half2*>(&word);
+  __half2 h;
+  std::memcpy(&h, &word, 4);
   return __half2float(half ? __high2half(h) : __low2half(h));
 }
 // N 32-bit words from shared memory in one vector load (N = 1, 2 or 4; p aligned to 4 N bytes).

@@ -10,6 +10,13 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem) : "memory");
 }
 
+// cp.async.cg.shared.global with a source size of 16 or 0 bytes: a zero source size fills the 16 shared bytes
+// with zeros and reads nothing (rows past the end of a sequence: their bytes may be anything, NaN included).
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t smem, const void* gmem, bool fill) {
+  const uint32_t src_bytes = fill ? 16u : 0u;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes) : "memory");
+}
+
 // cp.async.commit_group: closes the group of this thread's copies issued since the last commit.
 __device__ __forceinline__ void cp_async_commit_group() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 

@@ -27,4 +27,14 @@ __device__ __forceinline__ void ldmatrix_x2(uint32_t& r0, uint32_t& r1, uint32_t
                : "memory");
 }
 
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: four 8x8 matrices read transposed: lane l receives rows
+// 2 (l % 4) and 2 (l % 4) + 1 of column l / 4 (low and high half). Turns token-major rows into the k-major
+// pairs an mma B operand wants when k runs over the rows (P·V with V stored one token per row).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
 }  // namespace futransformer::cuda::ptx

@@ -13,4 +13,18 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// The same mma when only rows 0..7 of A can be non-zero (a1 = a3 = 0): d[0..1] += row g of A * B. Rows 8..15
+// of the product are zero, so they are neither accumulated nor kept: their registers are free for the caller
+// (decode attention, whose A has at most 8 rows: the query heads of one KV head).
+__device__ __forceinline__ void mma_m16n8k16_bf16_rows8(float (&d)[2], uint32_t a0, uint32_t a2,
+                                                        const uint32_t (&b)[2]) {
+  asm("{\n"
+      ".reg .f32 lower2, lower3;\n"
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, lower2, lower3}, {%2, %5, %3, %5}, {%4, %6}, "
+      "{%0, %1, %7, %7};\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1])
+      : "r"(a0), "r"(a2), "r"(b[0]), "r"(0u), "r"(b[1]), "f"(0.0f));
+}
+
 }  // namespace futransformer::cuda::ptx

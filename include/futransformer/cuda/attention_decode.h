@@ -1,0 +1,65 @@
+// Decode attention over the paged KV cache on Hopper (sm_90a): one new query token per sequence, GQA, fp32
+// softmax, BF16 output. docs/kernels.md describes the kernel; docs/formats.md the page bytes it reads.
+//
+//   q            BF16 [batch, n_heads, head_dim]. For an INT4_HADAMARD cache q must already be rotated
+//                (H·q, formats::kv_rotate_query; the QKV epilogue does it), in which case
+//   out          BF16 [batch, n_heads, head_dim] is in the cache's rotated basis too: out = H·o. The caller
+//                un-rotates it (the O projection with Hᵀ folded into its weights offline, or an explicit
+//                formats::kv_unrotate_output). For INT4 and BF16 caches both are in the model's basis.
+//   kv_pool      one layer's pages: the page (64 token slots, formats::kv_page_layout(format, head_dim)) of
+//                KV head h of page id p is at kv_pool + (p * n_kv_heads + h) * page_bytes; 16-byte aligned.
+//   block_table  int32 [batch, max_pages_per_seq]: block_table[b * max_pages_per_seq + i] is the page id of
+//                sequence b's tokens 64 i .. 64 i + 63 (shared by all layers); entries covering seq_lens[b]
+//                tokens must be valid page ids of kv_pool.
+//   seq_lens     int32 [batch]: tokens of each sequence in the cache (the new token included), at most
+//                max_pages_per_seq * 64 (larger values are clamped to it); 0 gives a zero output.
+//   max_seq_len  host-side upper bound of seq_lens (it sizes the split of long sequences across CTAs).
+// scores = q·k / sqrt(head_dim); the softmax and both products accumulate in fp32 (mma bf16 inputs: INT4 codes
+// enter as exact integers, key scales are applied in fp32, value scales are folded into the probabilities).
+// Includable from plain C++: no CUDA device types beyond cuda_runtime_api.h.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "futransformer/formats/kv_cache.h"
+
+struct __nv_bfloat16;  // cuda_bf16.h's type, used through pointers only
+
+namespace futransformer::cuda {
+
+constexpr int kAttentionDecodeMaxGqa = 8;           // n_heads / n_kv_heads
+constexpr int kAttentionDecodeMaxTokens = 1 << 24;  // max_pages_per_seq * 64
+constexpr int kAttentionDecodeMaxGrid = 65535;      // batch and n_kv_heads
+
+// cudaSuccess when a kernel handles the shape for `format` (INT4 and INT4_HADAMARD: attention_decode_int4;
+// BF16: attention_decode_bf16; FP8 is not supported); otherwise cudaErrorInvalidValue and, when why is not
+// null, a sentence naming the offending parameter and what is expected. Needs no device.
+cudaError_t attention_decode_can_implement(formats::KvFormat format, int batch, int n_heads, int n_kv_heads,
+                                           int head_dim, int max_pages_per_seq, int max_seq_len, std::string* why);
+
+// Workspace bytes the call needs on the current device (0 when it does not split sequences across CTAs, for
+// rejected shapes, and without a device).
+size_t attention_decode_workspace_bytes(formats::KvFormat format, int batch, int n_heads, int n_kv_heads, int head_dim,
+                                        int max_pages_per_seq, int max_seq_len);
+
+// Enqueue the attention on `stream`. Device pointers; q, kv_pool and workspace 16-byte aligned, out 2-byte
+// aligned; the workspace must not be used by a concurrent launch. Returns cudaErrorInvalidValue (message in
+// attention_decode_last_error()) for rejected shapes, null or misaligned pointers or a workspace smaller than
+// attention_decode_workspace_bytes; otherwise the launch's error, if any. Deterministic.
+cudaError_t attention_decode_int4(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
+                                  const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads,
+                                  int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,
+                                  size_t workspace_bytes, cudaStream_t stream);
+cudaError_t attention_decode_bf16(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
+                                  const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads,
+                                  int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,
+                                  size_t workspace_bytes, cudaStream_t stream);
+
+// Why the last attention_decode_* launch on this thread returned cudaErrorInvalidValue ("" after a success).
+const char* attention_decode_last_error();
+
+}  // namespace futransformer::cuda

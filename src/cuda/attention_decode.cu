@@ -1,0 +1,205 @@
+// Host side of the paged decode attention: shape checks, split choice, kernel instance dispatch and the combine
+// launch (programmatic dependent launch, so its launch latency hides behind the attention kernel).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "cuda/attention_decode.cuh"
+#include "cuda/attention_decode_heuristics.h"
+#include "futransformer/cuda/attention_decode.h"
+
+namespace futransformer::cuda {
+namespace {
+
+using formats::KvFormat;
+
+thread_local std::string g_last_error;
+
+cudaError_t reject(std::string* why, std::string message) {
+  if (why) *why = std::move(message);
+  return cudaErrorInvalidValue;
+}
+
+bool print_heuristics() {
+  static const bool on = [] {
+    const char* v = std::getenv("FT_PRINT_HEURISTICS");
+    return v != nullptr && v[0] == '1';
+  }();
+  return on;
+}
+
+bool is_int4(KvFormat f) { return f == KvFormat::INT4 || f == KvFormat::INT4_HADAMARD; }
+bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+cudaError_t device_limits(attn::DeviceLimits* d) {
+  int dev = 0, sms = 0, per_sm = 0, per_block = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (e != cudaSuccess) return e;
+  d->sm_count = sms;
+  d->smem_per_sm = per_sm;
+  d->smem_per_block = per_block;
+  return cudaSuccess;
+}
+
+using DecodeFn = void (*)(attn::DecodeArgs);
+using CombineFn = void (*)(const float*, const float*, __nv_bfloat16*, int);
+
+DecodeFn pick_decode(bool int4, int head_dim) {
+  if (int4) return head_dim == 128 ? attn::attention_decode_kernel<true, 128> : attn::attention_decode_kernel<true, 64>;
+  return head_dim == 128 ? attn::attention_decode_kernel<false, 128> : attn::attention_decode_kernel<false, 64>;
+}
+CombineFn pick_combine(int head_dim) {
+  return head_dim == 128 ? attn::attention_decode_combine_kernel<128> : attn::attention_decode_combine_kernel<64>;
+}
+
+cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
+                   const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads, int head_dim,
+                   int max_pages, int max_seq_len, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  g_last_error.clear();
+  if (attention_decode_can_implement(format, batch, n_heads, n_kv_heads, head_dim, max_pages, max_seq_len,
+                                     &g_last_error) != cudaSuccess)
+    return cudaErrorInvalidValue;
+  if (!q || !kv_pool || !block_table || !seq_lens || !out || !aligned(q, 16) || !aligned(kv_pool, 16) ||
+      !aligned(out, 2)) {
+    g_last_error =
+        "attention_decode: q, kv_pool, block_table, seq_lens and out must be non-null; q and kv_pool "
+        "16-byte aligned, out 2-byte aligned";
+    return cudaErrorInvalidValue;
+  }
+  attn::DeviceLimits d;
+  if (const cudaError_t e = device_limits(&d); e != cudaSuccess) return e;
+  const bool int4 = is_int4(format);
+  const attn::Plan plan = attn::choose_plan(int4, head_dim, batch, n_kv_heads, max_seq_len, d);
+  if (print_heuristics()) {
+    std::fprintf(stderr, "%s\n",
+                 attn::describe_plan(plan, int4, head_dim, batch, n_heads, n_kv_heads, max_seq_len, d).c_str());
+  }
+  if (plan.smem_bytes > d.smem_per_block) {
+    g_last_error = "attention_decode: the kernel needs " + std::to_string(plan.smem_bytes) +
+                   " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block);
+    return cudaErrorInvalidValue;
+  }
+  const int64_t need = attn::workspace_bytes_for(plan, batch, n_heads, head_dim);
+  if (need > 0 && (workspace == nullptr || !aligned(workspace, 16) || workspace_bytes < static_cast<size_t>(need))) {
+    g_last_error = "attention_decode: needs a 16-byte aligned workspace of " + std::to_string(need) + " bytes, got " +
+                   std::to_string(workspace_bytes) + " (see attention_decode_workspace_bytes)";
+    return cudaErrorInvalidValue;
+  }
+
+  float* partial_o = static_cast<float*>(workspace);
+  float* partial_lse = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) +
+                                                attn::workspace_lse_offset(plan, batch, n_heads, head_dim));
+  const attn::DecodeArgs args{q,
+                              kv_pool,
+                              block_table,
+                              seq_lens,
+                              out,
+                              plan.splits > 1 ? partial_o : nullptr,
+                              plan.splits > 1 ? partial_lse : nullptr,
+                              n_heads,
+                              n_kv_heads,
+                              n_heads / n_kv_heads,
+                              max_pages,
+                              plan.splits,
+                              static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim)))};
+  const DecodeFn kernel = pick_decode(int4, head_dim);
+  if (plan.smem_bytes > 48 * 1024) {
+    // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
+    if (const cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem_bytes);
+        e != cudaSuccess)
+      return e;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim =
+      dim3(static_cast<unsigned>(plan.splits), static_cast<unsigned>(n_kv_heads), static_cast<unsigned>(batch));
+  cfg.blockDim = dim3(attn::kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(plan.smem_bytes);
+  cfg.stream = stream;
+  if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args); e != cudaSuccess) return e;
+  if (plan.splits == 1) return cudaSuccess;
+
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t ccfg{};
+  ccfg.gridDim = dim3(static_cast<unsigned>(int64_t{batch} * n_heads));
+  ccfg.blockDim = dim3(static_cast<unsigned>(head_dim));
+  ccfg.stream = stream;
+  ccfg.attrs = attr;
+  ccfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&ccfg, pick_combine(head_dim), static_cast<const float*>(partial_o),
+                            static_cast<const float*>(partial_lse), out, plan.splits);
+}
+
+}  // namespace
+
+cudaError_t attention_decode_can_implement(KvFormat format, int batch, int n_heads, int n_kv_heads, int head_dim,
+                                           int max_pages_per_seq, int max_seq_len, std::string* why) {
+  using std::to_string;
+  if (format != KvFormat::BF16 && !is_int4(format))
+    return reject(why, std::string("attention_decode: KV format ") + formats::kv_format_name(format) +
+                           " is not supported (expected bf16, int4 or int4-hadamard)");
+  if (head_dim != 64 && head_dim != 128)
+    return reject(why,
+                  "attention_decode: head_dim = " + to_string(head_dim) + " is not supported (expected 64 or 128)");
+  if (batch < 1 || batch > kAttentionDecodeMaxGrid)
+    return reject(
+        why, "attention_decode: batch = " + to_string(batch) + ", expected 1.." + to_string(kAttentionDecodeMaxGrid));
+  if (n_kv_heads < 1 || n_kv_heads > kAttentionDecodeMaxGrid)
+    return reject(why, "attention_decode: n_kv_heads = " + to_string(n_kv_heads) + ", expected 1.." +
+                           to_string(kAttentionDecodeMaxGrid));
+  if (n_heads < 1 || n_heads % n_kv_heads != 0 || n_heads / n_kv_heads > kAttentionDecodeMaxGqa)
+    return reject(why, "attention_decode: n_heads = " + to_string(n_heads) + " with n_kv_heads = " +
+                           to_string(n_kv_heads) + ", expected a multiple of n_kv_heads with at most " +
+                           to_string(kAttentionDecodeMaxGqa) + " query heads per KV head");
+  if (max_pages_per_seq < 1 || max_pages_per_seq > kAttentionDecodeMaxTokens / attn::kPageTokens)
+    return reject(why, "attention_decode: max_pages_per_seq = " + to_string(max_pages_per_seq) + ", expected 1.." +
+                           to_string(kAttentionDecodeMaxTokens / attn::kPageTokens));
+  if (max_seq_len < 1 || max_seq_len > max_pages_per_seq * attn::kPageTokens)
+    return reject(why, "attention_decode: max_seq_len = " + to_string(max_seq_len) + ", expected 1.." +
+                           to_string(max_pages_per_seq * attn::kPageTokens) + " (max_pages_per_seq * 64)");
+  if (why) why->clear();
+  return cudaSuccess;
+}
+
+size_t attention_decode_workspace_bytes(KvFormat format, int batch, int n_heads, int n_kv_heads, int head_dim,
+                                        int max_pages_per_seq, int max_seq_len) {
+  if (attention_decode_can_implement(format, batch, n_heads, n_kv_heads, head_dim, max_pages_per_seq, max_seq_len,
+                                     nullptr) != cudaSuccess)
+    return 0;
+  attn::DeviceLimits d;
+  if (device_limits(&d) != cudaSuccess) {
+    cudaGetLastError();  // a missing device is answered with 0, not left as a sticky error
+    return 0;
+  }
+  const attn::Plan plan = attn::choose_plan(is_int4(format), head_dim, batch, n_kv_heads, max_seq_len, d);
+  return static_cast<size_t>(attn::workspace_bytes_for(plan, batch, n_heads, head_dim));
+}
+
+const char* attention_decode_last_error() { return g_last_error.c_str(); }
+
+cudaError_t attention_decode_int4(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
+                                  const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads,
+                                  int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,
+                                  size_t workspace_bytes, cudaStream_t stream) {
+  return launch(KvFormat::INT4, q, kv_pool, block_table, seq_lens, out, batch, n_heads, n_kv_heads, head_dim,
+                max_pages_per_seq, max_seq_len, workspace, workspace_bytes, stream);
+}
+
+cudaError_t attention_decode_bf16(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
+                                  const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads,
+                                  int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,
+                                  size_t workspace_bytes, cudaStream_t stream) {
+  return launch(KvFormat::BF16, q, kv_pool, block_table, seq_lens, out, batch, n_heads, n_kv_heads, head_dim,
+                max_pages_per_seq, max_seq_len, workspace, workspace_bytes, stream);
+}
+
+}  // namespace futransformer::cuda

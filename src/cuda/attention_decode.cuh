@@ -1,0 +1,406 @@
+// Decode attention over the paged KV cache on Hopper (FlashDecoding-style): one query token per sequence, GQA.
+// Fragment maps and page/stage geometry: src/cuda/attention_decode_layout.h; design notes: docs/kernels.md.
+//
+// - A CTA (4 warps) owns one (sequence, KV head, split): all G <= 8 query heads that share the KV head, so every
+//   cache byte is read once. The split's 16-token tiles are dealt to the warps round-robin; each warp keeps its
+//   own online-softmax state (running max m, sum l, unnormalised O) for the G heads.
+// - Each warp streams its tiles through a private ring of kStages shared-memory stages with cp.async (16-byte
+//   chunks; no L2 evict-first hint: it faulted on the H200, see docs/kernels.md). Only the warp's own lanes read
+//   a stage, so the main loop synchronises with __syncwarp, never with the whole CTA.
+// - S = Q·Kᵀ and O += P·V are mma.m16n8k16 (bf16 in, fp32 accumulate). INT4 codes become exact integers
+//   u − z in bf16 registers (lop3 magic number, one bf16x2 subtract); key scales multiply the per-group fp32
+//   partial scores, value scales are folded into P (rounded once to bf16 with it).
+// - The end merges the warps through shared memory (log-sum-exp). One split writes BF16; several write the
+//   normalised partial O and its log2-sum-exp, merged by attention_decode_combine_kernel in split order: the
+//   result is deterministic.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "cuda/attention_decode_layout.h"
+#include "cuda/ptx/bits.cuh"
+#include "cuda/ptx/cp_async.cuh"
+#include "cuda/ptx/griddep.cuh"
+#include "cuda/ptx/ldmatrix.cuh"
+#include "cuda/ptx/math.cuh"
+#include "cuda/ptx/mma.cuh"
+
+namespace futransformer::cuda::attn {
+
+struct DecodeArgs {
+  const __nv_bfloat16* q;      // [batch, n_heads, D]
+  const uint8_t* pool;         // page of (page_id, kv_head) at (page_id * n_kv_heads + kv_head) * page_bytes
+  const int32_t* block_table;  // [batch, max_pages]
+  const int32_t* seq_lens;     // [batch]
+  __nv_bfloat16* out;          // [batch, n_heads, D]                 (splits == 1)
+  float* partial_o;            // [batch, n_heads, splits, D]         (splits > 1)
+  float* partial_lse;          // [batch, n_heads, splits], log2 domain (splits > 1)
+  int n_heads, n_kv_heads, gqa, max_pages, splits;
+  float score_scale;  // log2(e) / sqrt(D): scores go straight to the exp2 domain
+};
+
+constexpr float kNegInf = -__builtin_huge_valf();
+
+__device__ __forceinline__ uint32_t sub_bf16x2(uint32_t a, uint32_t b) {
+  __nv_bfloat162 x, y;
+  std::memcpy(&x, &a, 4);
+  std::memcpy(&y, &b, 4);
+  x = __hsub2(x, y);
+  uint32_t r;
+  std::memcpy(&r, &x, 4);
+  return r;
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t r;
+  std::memcpy(&r, &v, 4);
+  return r;
+}
+// bf16x2 {128 + u_lo, 128 + u_hi} from the nibbles at bits shift and 16 + shift.
+__device__ __forceinline__ uint32_t nibbles_plus_128(uint32_t word, int shift) {
+  return ptx::lop3<0xea>(word >> shift, kNibbleMask, kBf16Magic);  // (a & b) | c
+}
+__device__ __forceinline__ float half_to_float(uint32_t word, int half) {
+  __half2 h;
+  std::memcpy(&h, &word, 4);
+  return __half2float(half ? __high2half(h) : __low2half(h));
+}
+// N 32-bit words from shared memory in one vector load (N = 1, 2 or 4; p aligned to 4 N bytes).
+template <int N>
+__device__ __forceinline__ void load_words(const unsigned char* p, uint32_t (&w)[N]) {
+  if constexpr (N == 4) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else if constexpr (N == 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
+  }
+}
+
+template <bool kInt4, int kD>
+struct Tile {
+  using Geo = Geometry<kInt4, kD>;
+  static constexpr int kKSteps = kD / 16;  // k-steps of S
+  static constexpr int kNTiles = kD / 8;   // n-tiles of O
+  static constexpr int kG = Geo::kGroups;
+
+  // S (row g, tokens 8 nt + 2t + j of the tile) for the stage at st / st_s; qa from load_q.
+  static __device__ __forceinline__ void scores(const unsigned char* st, uint32_t st_s, int lane,
+                                                const uint32_t (&qa)[kKSteps][2], float (&s)[2][2]) {
+    const int g = lane >> 2, t = lane & 3;
+    if constexpr (kInt4) {
+      uint32_t zk[2], sk[2][kG];  // zero bytes of token 8 nt + g; scales of tokens 8 nt + 2t, + 1 (2G halves)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        if constexpr (kG == 4) {
+          zk[nt] = *reinterpret_cast<const uint32_t*>(st + Geo::kStageZeros + (8 * nt + g) * kG);
+        } else {
+          zk[nt] = *reinterpret_cast<const uint16_t*>(st + Geo::kStageZeros + (8 * nt + g) * kG);
+        }
+        load_words<kG>(st + Geo::kStageScales + (8 * nt + 2 * t) * kG * 2, sk[nt]);
+        s[nt][0] = s[nt][1] = 0.0f;
+      }
+#pragma unroll
+      for (int cp = 0; cp < kG; cp += 2) {
+        uint32_t w[4];  // chunk cp tokens 0-7, 8-15, chunk cp + 1 tokens 0-7, 8-15
+        ptx::ldmatrix_x4(w, st_s + ldmatrix_pair_offset(lane, cp));
+#pragma unroll
+        for (int d = 0; d < 2; ++d) {
+          const int gi = cp + d;
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            const uint32_t word = w[2 * d + nt];
+            const uint32_t bias = ptx::prmt(zk[nt], 0x43u, gi | (4 << 4) | (gi << 8) | (4 << 12));  // 128 + z
+            float acc[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {
+              const uint32_t b[2] = {sub_bf16x2(nibbles_plus_128(word, key_shift_int4(ks, 0)), bias),
+                                     sub_bf16x2(nibbles_plus_128(word, key_shift_int4(ks, 1)), bias)};
+              ptx::mma_m16n8k16_bf16_rows8(acc, qa[2 * gi + ks][0], qa[2 * gi + ks][1], b);
+            }
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int hi = j * kG + gi;  // half index of (token 8 nt + 2t + j, group gi)
+              s[nt][j] = fmaf(acc[j], half_to_float(sk[nt][hi >> 1], hi & 1), s[nt][j]);
+            }
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        uint32_t w[4];  // chunk 2ks tokens 0-7, 8-15 (reg 0), chunk 2ks + 1 tokens 0-7, 8-15 (reg 1)
+        ptx::ldmatrix_x4(w, st_s + ldmatrix_pair_offset(lane, 2 * ks));
+        const uint32_t b0[2] = {w[0], w[2]}, b1[2] = {w[1], w[3]};
+        ptx::mma_m16n8k16_bf16_rows8(s[0], qa[ks][0], qa[ks][1], b0);
+        ptx::mma_m16n8k16_bf16_rows8(s[1], qa[ks][0], qa[ks][1], b1);
+      }
+    }
+  }
+
+  // o += P'·V for the stage; p[r][h] is the probability of token 2t + 8r + h, valid[r][h] whether it exists.
+  static __device__ __forceinline__ void accumulate(const unsigned char* st, uint32_t st_s, int lane,
+                                                    const float (&p)[2][2], const bool (&valid)[2][2],
+                                                    float (&o)[kNTiles][2]) {
+    const int t = lane & 3;
+    if constexpr (kInt4) {
+      uint32_t sv[2][kG], zv[2][2];  // tokens 2t + 8r, + 1: 2G scale halves, 2G zero bytes
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        load_words<kG>(st + Geo::kStageScales + Geo::kStageScaleBytes + (2 * t + 8 * r) * kG * 2, sv[r]);
+        const unsigned char* zp = st + Geo::kStageZeros + Geo::kStageZeroBytes + (2 * t + 8 * r) * kG;
+        if constexpr (kG == 4) {
+          const uint2 z = *reinterpret_cast<const uint2*>(zp);
+          zv[r][0] = z.x, zv[r][1] = z.y;
+        } else {
+          zv[r][0] = zv[r][1] = *reinterpret_cast<const uint32_t*>(zp);
+        }
+      }
+#pragma unroll
+      for (int cp = 0; cp < kG; cp += 2) {
+        uint32_t w[4];  // chunk cp tokens (2t, 2t+1), (2t+8, 2t+9), chunk cp + 1 likewise
+        ptx::ldmatrix_x4_trans(w, st_s + Geo::kStageCodeBytes + ldmatrix_pair_offset(lane, cp));
+#pragma unroll
+        for (int d = 0; d < 2; ++d) {
+          const int grp = cp + d;
+          uint32_t a[2], bias[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            float ps[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int hi = h * kG + grp;  // half / byte index of (token 2t + 8r + h, group grp)
+              // A missing token's scale may be anything (inf, NaN): its weight is an exact 0, not 0 * s.
+              ps[h] = valid[r][h] ? p[r][h] * half_to_float(sv[r][hi >> 1], hi & 1) : 0.0f;
+            }
+            a[r] = pack_bf16x2(ps[0], ps[1]);
+            const uint32_t zsel = static_cast<uint32_t>(grp | ((kG + grp) << 8));
+            bias[r] = ptx::lop3<0xea>(ptx::prmt(zv[r][0], zv[r][1], zsel), 0x00ff00ffu, kBf16Magic);
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t b[2] = {sub_bf16x2(nibbles_plus_128(w[2 * d], value_shift_int4(i)), bias[0]),
+                                   sub_bf16x2(nibbles_plus_128(w[2 * d + 1], value_shift_int4(i)), bias[1])};
+            ptx::mma_m16n8k16_bf16_rows8(o[4 * grp + i], a[0], a[1], b);
+          }
+        }
+      }
+    } else {
+      // Rows past the sequence were zero-filled by the copy, so p = 0 meets finite values.
+      const uint32_t a0 = pack_bf16x2(p[0][0], p[0][1]), a2 = pack_bf16x2(p[1][0], p[1][1]);
+#pragma unroll
+      for (int cp = 0; cp < Geo::kRowChunks; cp += 2) {
+        uint32_t w[4];
+        ptx::ldmatrix_x4_trans(w, st_s + Geo::kStageCodeBytes + ldmatrix_pair_offset(lane, cp));
+        const uint32_t b0[2] = {w[0], w[1]}, b1[2] = {w[2], w[3]};
+        ptx::mma_m16n8k16_bf16_rows8(o[cp], a0, a2, b0);
+        ptx::mma_m16n8k16_bf16_rows8(o[cp + 1], a0, a2, b1);
+      }
+    }
+  }
+
+  // Q's A fragments (rows 0..7; lanes of rows >= G hold zeros) in the kernel's key channel order.
+  static __device__ __forceinline__ void load_q(const __nv_bfloat16* qrow, bool present, int t,
+                                                uint32_t (&qa)[kKSteps][2]) {
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) qa[ks][0] = qa[ks][1] = 0u;
+    if (!present) return;
+    if constexpr (kInt4) {
+#pragma unroll
+      for (int gi = 0; gi < kG; ++gi) {
+        // Channels 32 gi + 8t .. + 7 as bf16 pairs (c0 c1)(c2 c3)(c4 c5)(c6 c7); k-step 2gi + ks, reg r wants
+        // (c[2ks + r], c[2ks + r + 4]).
+        const uint4 v = *reinterpret_cast<const uint4*>(qrow + kGroup * gi + 8 * t);
+        qa[2 * gi][0] = ptx::prmt(v.x, v.z, 0x5410u);
+        qa[2 * gi][1] = ptx::prmt(v.x, v.z, 0x7632u);
+        qa[2 * gi + 1][0] = ptx::prmt(v.y, v.w, 0x5410u);
+        qa[2 * gi + 1][1] = ptx::prmt(v.y, v.w, 0x7632u);
+      }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          qa[ks][r] = *reinterpret_cast<const uint32_t*>(qrow + key_channel_bf16(ks, t, r, 0));
+      }
+    }
+  }
+
+  static __device__ __forceinline__ int out_channel(int nt, int col) {
+    return kInt4 ? value_channel_int4(nt, col) : value_channel_bf16(nt, col);
+  }
+};
+
+template <bool kInt4, int kD>
+__global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm))
+    attention_decode_kernel(const DecodeArgs args) {
+  using Geo = Geometry<kInt4, kD>;
+  using T = Tile<kInt4, kD>;
+  // The combine kernel waits for this grid's completion itself; letting it launch now hides its launch latency.
+  ptx::griddepcontrol_launch_dependents();
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int G = args.gqa;
+  const int len = max(0, min(args.seq_lens[b], args.max_pages * kPageTokens));
+  const Range tiles = split_range(tiles_for(len), args.splits, split);
+  const int first = tiles.begin + warp;  // this warp's tiles: first, first + kWarps, ...
+  const int n_mine = first < tiles.end ? (tiles.end - first + kWarps - 1) / kWarps : 0;
+
+  const int64_t head0 = int64_t{b} * args.n_heads + int64_t{kvh} * G;
+  uint32_t qa[T::kKSteps][2];
+  T::load_q(args.q + (head0 + g) * kD, g < G, t, qa);
+
+  unsigned char* ring = smem + warp * Geo::kStages * Geo::kStageBytes;
+  const uint32_t ring_s = ptx::smem_addr(ring);
+  const int32_t* bt = args.block_table + int64_t{b} * args.max_pages;
+  auto issue = [&](int k) {
+    const int tile = first + k * kWarps;
+    const int page_id = __ldg(bt + tile / kTilesPerPage);
+    const uint8_t* page = args.pool + (int64_t{page_id} * args.n_kv_heads + kvh) * Geo::kPageBytes;
+    const int slot0 = (tile % kTilesPerPage) * kTile;
+    const uint32_t dst = ring_s + (k % Geo::kStages) * Geo::kStageBytes;
+#pragma unroll
+    for (int i = 0; i < (Geo::kStageChunks + kWarpSize - 1) / kWarpSize; ++i) {
+      const int c = lane + i * kWarpSize;
+      if (Geo::kStageChunks % kWarpSize != 0 && c >= Geo::kStageChunks) break;
+      const ChunkCopy cc = stage_chunk<kInt4, kD>(c, slot0);
+      if constexpr (kInt4) {
+        ptx::cp_async_16(dst + cc.dst, page + cc.src);
+      } else {
+        ptx::cp_async_16_zfill(dst + cc.dst, page + cc.src, tile * kTile + cc.row < len);
+      }
+    }
+  };
+
+  float m = kNegInf, l = 0.0f;
+  float o[T::kNTiles][2];  // row g, columns 2t, 2t + 1 of each n-tile
+#pragma unroll
+  for (int nt = 0; nt < T::kNTiles; ++nt) o[nt][0] = o[nt][1] = 0.0f;
+
+#pragma unroll
+  for (int k = 0; k < Geo::kStages - 1; ++k) {
+    if (k < n_mine) issue(k);
+    ptx::cp_async_commit_group();  // empty groups keep the wait count below uniform
+  }
+  for (int k = 0; k < n_mine; ++k) {
+    if (k + Geo::kStages - 1 < n_mine) issue(k + Geo::kStages - 1);
+    ptx::cp_async_commit_group();
+    ptx::cp_async_wait_group<Geo::kStages - 1>();  // this lane's chunks of tile k have landed
+    __syncwarp();                                  // ... and every other lane's
+    const int stage = k % Geo::kStages;
+    const unsigned char* st = ring + stage * Geo::kStageBytes;
+    const uint32_t st_s = ring_s + stage * Geo::kStageBytes;
+    const int tok0 = (first + k * kWarps) * kTile;
+
+    float s[2][2];
+    T::scores(st, st_s, lane, qa, s);
+    // Online softmax of row g over the tile's tokens (every processed tile holds at least one valid token).
+    bool valid[2][2];
+    float tmax = kNegInf;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        valid[nt][j] = tok0 + score_token(t, nt, j) < len;
+        s[nt][j] = valid[nt][j] ? s[nt][j] * args.score_scale : kNegInf;
+        tmax = fmaxf(tmax, s[nt][j]);
+      }
+    }
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+    const float m_new = fmaxf(m, tmax);
+    const float alpha = ptx::ex2_approx(m - m_new);  // 0 on the first tile (m = -inf)
+    float p[2][2], psum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        p[nt][j] = ptx::ex2_approx(s[nt][j] - m_new);
+        psum += p[nt][j];
+      }
+    }
+    l = fmaf(l, alpha, psum);
+    m = m_new;
+#pragma unroll
+    for (int nt = 0; nt < T::kNTiles; ++nt) o[nt][0] *= alpha, o[nt][1] *= alpha;
+    T::accumulate(st, st_s, lane, p, valid, o);
+    __syncwarp();  // every lane is done with this stage before a later issue overwrites it
+  }
+  ptx::cp_async_wait_group<0>();  // only empty groups can be left; leave none behind
+
+  // Merge the warps: O [warp][head][channel], m and l per (warp, head), overlaying the rings.
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  __syncthreads();
+  float* red_o = reinterpret_cast<float*>(smem);
+  float* red_m = red_o + kWarps * kMaxGqa * kD;
+  float* red_l = red_m + kWarps * kMaxGqa;
+  if (g < G) {
+    if (t == 0) red_m[warp * kMaxGqa + g] = m, red_l[warp * kMaxGqa + g] = l;
+#pragma unroll
+    for (int nt = 0; nt < T::kNTiles; ++nt) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) red_o[(warp * kMaxGqa + g) * kD + T::out_channel(nt, 2 * t + j)] = o[nt][j];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * kD; idx += kThreads) {
+    const int h = idx / kD, c = idx % kD;
+    float mx = kNegInf;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_m[w * kMaxGqa + h]);
+    float num = 0.0f, den = 0.0f;
+    if (mx != kNegInf) {  // otherwise the split holds no token (or the sequence is empty)
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float wt = ptx::ex2_approx(red_m[w * kMaxGqa + h] - mx);  // 0 for a warp without tiles
+        num = fmaf(wt, red_o[(w * kMaxGqa + h) * kD + c], num);
+        den = fmaf(wt, red_l[w * kMaxGqa + h], den);
+      }
+    }
+    const float val = den > 0.0f ? num / den : 0.0f;
+    if (args.splits == 1) {
+      args.out[(head0 + h) * kD + c] = __float2bfloat16_rn(val);
+    } else {
+      const int64_t row = (head0 + h) * args.splits + split;
+      args.partial_o[row * kD + c] = val;
+      if (c == 0) args.partial_lse[row] = den > 0.0f ? mx + log2f(den) : kNegInf;
+    }
+  }
+}
+
+// out[bh, :] = Σ_s 2^(lse_s − M) o_s / Σ_s 2^(lse_s − M), in split order; one CTA of kD threads per (b, head).
+template <int kD>
+__global__ void __launch_bounds__(kD)
+    attention_decode_combine_kernel(const float* __restrict__ partial_o, const float* __restrict__ partial_lse,
+                                    __nv_bfloat16* __restrict__ out, int splits) {
+  static_assert(kMaxSplits <= kD, "one thread per split weight");
+  // Launched as a programmatic dependent of the decode kernel: wait until its partials are complete and visible.
+  ptx::griddepcontrol_wait();
+  __shared__ float weight[kMaxSplits];
+  const int64_t bh = blockIdx.x;
+  const float* lse = partial_lse + bh * splits;
+  float mx = kNegInf;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, lse[s]);
+  if (static_cast<int>(threadIdx.x) < splits)
+    weight[threadIdx.x] = mx == kNegInf ? 0.0f : ptx::ex2_approx(lse[threadIdx.x] - mx);
+  __syncthreads();
+  float num = 0.0f, den = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    num = fmaf(weight[s], partial_o[(bh * splits + s) * kD + threadIdx.x], num);
+    den += weight[s];
+  }
+  out[bh * kD + threadIdx.x] = __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);
+}
+
+}  // namespace futransformer::cuda::attn

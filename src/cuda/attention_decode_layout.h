@@ -1,0 +1,167 @@
+// Paged decode attention: the geometry of the canonical KV pages (docs/formats.md), of one pipeline stage in
+// shared memory, and every index map from an mma fragment register to a token / channel. One plain C++ header
+// shared by the CUDA kernels (src/cuda/attention_decode.cuh) and the CPU emulation test
+// (tests/cpu/test_attention_decode_emulation.cpp), so the two cannot drift apart. docs/kernels.md explains them.
+//
+// mma.sync.m16n8k16 fragments (PTX ISA), lane = 4 g + t, lower index in the low 16 bits:
+//   A (16x16) reg r: row g + 8 (r & 1), cols 2t + 8 (r >> 1) + {0, 1}
+//   B (16x8)  reg r: rows (k) 2t + 8 r + {0, 1}, col (n) g
+//   C (16x8)  elem i: row g + 8 (i >> 1), col 2t + (i & 1)
+// S = Q·Kᵀ: A = the GQA group's query heads (rows 0..7; rows 8..15 are zero registers), B = keys (k = channels,
+// n = 8 tokens). O = P·V: A = probabilities (k = 16 tokens; its fragment is S's C fragment of two n-tiles),
+// B = values (k = tokens, n = 8 channels).
+//
+// INT4 cache, keys. A 16-byte chunk of a code row is one group of 32 channels. ldmatrix (non-transposed) over
+// 8 token rows of a chunk gives lane (g, t) word t of token g's chunk: channels 8t .. 8t + 7 of the group, nibble
+// i = channel 8t + i. The magic-number dequantisation extracts nibble pairs (i, i + 4) from (word >> 4 s), so
+// the kernel gives the k index of k-step ks (two per group) the physical channel
+//   key_channel(gi, ks, t, r, h) = 32 gi + 8 t + 2 ks + r + 4 h
+// and loads Q's A fragment with the same permutation. Each k-step stays inside one group, so the product with
+// the integer codes (u − z) is exact and the group scale (per token = per column of S) is applied in fp32.
+//
+// INT4 cache, values. ldmatrix.trans over 8 token rows of a chunk gives lane (g, t) b16 column g of tokens 2t
+// and 2t + 1: channels 4g .. 4g + 3 of the group for both tokens. Nibble i of each half is channel 4g + i, so
+// n-tile nt = 4 grp + i covers channels 32 grp + 4 col + i: every n-tile lies in one group, and the per-token
+// value scale of that group is folded into P (P'[h, τ] = P[h, τ] · s_v[τ, grp]), which leaves the integer codes
+// exact as the B operand.
+//
+// BF16 cache: plain FlashAttention-2 fragments (k-step ks = channels 16 ks .. 16 ks + 15, n-tile nt = channels
+// 8 nt .. 8 nt + 7), through ldmatrix / ldmatrix.trans.
+#pragma once
+
+#include <cstdint>
+
+#if !defined(FT_HD)
+#if defined(__CUDACC__)
+#define FT_HD __host__ __device__ __forceinline__
+#else
+#define FT_HD inline
+#endif
+#endif
+
+namespace futransformer::cuda::attn {
+
+constexpr int kWarpSize = 32;
+constexpr int kPageTokens = 64;  // formats::kKvPageTokens
+constexpr int kTile = 16;        // tokens per mma k/n tile and per pipeline stage
+constexpr int kTilesPerPage = kPageTokens / kTile;
+constexpr int kGroup = 32;  // formats::kKvInt4Group
+constexpr int kChunk = 16;  // bytes per cp.async / ldmatrix row
+constexpr int kMaxGqa = 8;  // query heads per KV head: rows 0..7 of the A operand
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kMaxSplits = 64;  // the combine kernel keeps one weight per split in shared memory
+
+constexpr uint32_t kBf16Magic = 0x43004300u;  // bf16x2 {128, 128}: 0x4300 | u is 128 + u for u < 128
+constexpr uint32_t kNibbleMask = 0x000f000fu;
+
+// The canonical page (P = 64) and one pipeline stage (16 tokens) for a format and head_dim. Every region is a
+// multiple of 16 bytes for head_dim 64 and 128, so the offsets need no padding (the emulation test compares
+// them with formats::kv_page_layout).
+template <bool kInt4, int kD>
+struct Geometry {
+  static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
+  static constexpr int kGroups = kInt4 ? kD / kGroup : 0;
+  static constexpr int kRowBytes = kInt4 ? kD / 2 : 2 * kD;
+  static constexpr int kRowChunks = kRowBytes / kChunk;
+  // Page: [K codes | K scales | K zeros | V codes | V scales | V zeros].
+  static constexpr int64_t kPageCodeBytes = int64_t{kPageTokens} * kRowBytes;
+  static constexpr int64_t kPageScaleBytes = int64_t{kPageTokens} * kGroups * 2;
+  static constexpr int64_t kPageZeroBytes = int64_t{kPageTokens} * kGroups;
+  static constexpr int64_t kPagePartBytes = kPageCodeBytes + kPageScaleBytes + kPageZeroBytes;
+  static constexpr int64_t kPageBytes = 2 * kPagePartBytes;
+  static_assert(kPageCodeBytes % 16 == 0 && kPageScaleBytes % 16 == 0 && kPageZeroBytes % 16 == 0);
+  // Stage: [K codes | V codes | K scales | V scales | K zeros | V zeros]; codes chunk-major (see stage_code_offset).
+  static constexpr int kStageCodeBytes = kTile * kRowBytes;
+  static constexpr int kStageScaleBytes = kTile * kGroups * 2;
+  static constexpr int kStageZeroBytes = kTile * kGroups;
+  // Offsets of part p (0 = K, 1 = V): codes p * kStageCodeBytes, scales kStageScales + p * kStageScaleBytes,
+  // zeros kStageZeros + p * kStageZeroBytes.
+  static constexpr int kStageScales = 2 * kStageCodeBytes;
+  static constexpr int kStageZeros = 2 * (kStageCodeBytes + kStageScaleBytes);
+  static constexpr int kStageBytes = 2 * (kStageCodeBytes + kStageScaleBytes + kStageZeroBytes);
+  static constexpr int kStageChunks = kStageBytes / kChunk;
+  static constexpr int kCodeChunksPerPart = kTile * kRowChunks;
+  static_assert(kStageBytes % kChunk == 0 && kStageScaleBytes % kChunk == 0 && kStageZeroBytes % kChunk == 0);
+  // Pipeline depth: about 10-12 KB of stages per warp for INT4 (several tiles in flight), 3-4 stages of the
+  // 4-8 KB BF16 tiles (the ring must still leave room for two CTAs per SM).
+  static constexpr int kStages = kInt4 ? (kD == 128 ? 5 : 8) : (kD == 128 ? 3 : 4);
+  // Register cap for __launch_bounds__: the head_dim 128 instances need up to ~168 registers (three CTAs per SM:
+  // still 12 warps and over 100 KB of copies in flight per SM), the head_dim 64 ones fit in 128 (four CTAs).
+  static constexpr int kMinCtasPerSm = kD == 128 ? 3 : 4;
+  static constexpr int kRingBytes = kWarps * kStages * kStageBytes;
+  // Cross-warp merge buffers (they reuse the ring once every warp is done): O [warp][head][channel], m and l.
+  static constexpr int kMergeBytes = kWarps * kMaxGqa * (kD + 2) * 4;
+  static constexpr int kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
+};
+
+// Byte offset in a stage of chunk `chunk` (16 bytes of channels) of token row `row` of one part's codes:
+// chunk-major, so the 8 or 16 rows an ldmatrix reads for one chunk are contiguous (no bank conflicts).
+FT_HD int stage_code_offset(int row, int chunk) { return (chunk * kTile + row) * kChunk; }
+
+// Where stage chunk c (0 .. kStageChunks − 1) comes from (relative to the page start) and goes to (relative to
+// the stage), for the tile starting at page slot slot0. Consecutive c read consecutive global bytes.
+struct ChunkCopy {
+  int src;
+  int dst;
+  int row;  // token row of the tile for code chunks, -1 for metadata
+};
+template <bool kInt4, int kD>
+FT_HD ChunkCopy stage_chunk(int c, int slot0) {
+  using Geo = Geometry<kInt4, kD>;
+  if (c < 2 * Geo::kCodeChunksPerPart) {
+    const int part = c / Geo::kCodeChunksPerPart, cc = c % Geo::kCodeChunksPerPart;
+    const int row = cc / Geo::kRowChunks, col = cc % Geo::kRowChunks;
+    return ChunkCopy{static_cast<int>(part * Geo::kPagePartBytes) + (slot0 + row) * Geo::kRowBytes + col * kChunk,
+                     part * Geo::kStageCodeBytes + stage_code_offset(row, col), row};
+  }
+  if constexpr (kInt4) {
+    int m = c - 2 * Geo::kCodeChunksPerPart;  // metadata: K scales, V scales, K zeros, V zeros
+    constexpr int kScaleChunks = Geo::kStageScaleBytes / kChunk, kZeroChunks = Geo::kStageZeroBytes / kChunk;
+    if (m < 2 * kScaleChunks) {
+      const int part = m / kScaleChunks, j = m % kScaleChunks;
+      return ChunkCopy{
+          static_cast<int>(part * Geo::kPagePartBytes + Geo::kPageCodeBytes) + slot0 * Geo::kGroups * 2 + j * kChunk,
+          Geo::kStageScales + part * Geo::kStageScaleBytes + j * kChunk, -1};
+    }
+    m -= 2 * kScaleChunks;
+    const int part = m / kZeroChunks, j = m % kZeroChunks;
+    return ChunkCopy{static_cast<int>(part * Geo::kPagePartBytes + Geo::kPageCodeBytes + Geo::kPageScaleBytes) +
+                         slot0 * Geo::kGroups + j * kChunk,
+                     Geo::kStageZeros + part * Geo::kStageZeroBytes + j * kChunk, -1};
+  } else {
+    return ChunkCopy{-1, -1, -1};  // BF16 stages hold codes only: c is always below 2 * kCodeChunksPerPart
+  }
+}
+
+// The address lane supplies to ldmatrix.x4 (either form) for the chunk pair (c, c + 1), c even: matrices
+// (rows 0-7, chunk c), (rows 8-15, chunk c), (rows 0-7, chunk c + 1), (rows 8-15, chunk c + 1).
+FT_HD int ldmatrix_pair_offset(int lane, int c) { return stage_code_offset(lane & 15, c + (lane >> 4)); }
+
+// INT4 keys: physical channel of k index 2t + 8r + h in k-step ks (0, 1) of group gi; its nibble is at bit
+// 4 (2 ks + r) + 16 h of the ldmatrix word.
+FT_HD int key_channel_int4(int gi, int ks, int t, int r, int h) { return kGroup * gi + 8 * t + 2 * ks + r + 4 * h; }
+FT_HD int key_shift_int4(int ks, int r) { return 4 * (2 * ks + r); }
+// INT4 values: physical channel of column col of n-tile nt (= 4 grp + i); nibble i (bit 4i + 16h) of the
+// ldmatrix.trans word of token 2t + 8r + h.
+FT_HD int value_channel_int4(int nt, int col) { return kGroup * (nt >> 2) + 4 * col + (nt & 3); }
+FT_HD int value_shift_int4(int nt) { return 4 * (nt & 3); }
+// BF16: the identity orders.
+FT_HD int key_channel_bf16(int ks, int t, int r, int h) { return 16 * ks + 8 * r + 2 * t + h; }
+FT_HD int value_channel_bf16(int nt, int col) { return 8 * nt + col; }
+
+// Tokens of the S / P fragments a lane holds: n-tile nt, element j (0, 1) of row g is token 8 nt + 2t + j of
+// the tile; the A fragment of P·V holds (a0) tokens 2t, 2t+1 = n-tile 0 and (a2) 2t+8, 2t+9 = n-tile 1.
+FT_HD int score_token(int t, int nt, int j) { return 8 * nt + 2 * t + j; }
+
+// Part i of `parts` nearly equal parts of [0, total).
+struct Range {
+  int begin, end;
+};
+FT_HD Range split_range(int total, int parts, int i) {
+  return Range{static_cast<int>(int64_t{total} * i / parts), static_cast<int>(int64_t{total} * (i + 1) / parts)};
+}
+// Tiles of a sequence of len tokens (0 for len <= 0).
+FT_HD int tiles_for(int len) { return len > 0 ? (len + kTile - 1) / kTile : 0; }
+
+}  // namespace futransformer::cuda::attn

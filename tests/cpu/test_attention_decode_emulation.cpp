@@ -1,0 +1,527 @@
+// CPU checks of the paged decode-attention kernel (src/cuda/attention_decode.cuh) that run without a GPU:
+//  1. the page and stage geometry of src/cuda/attention_decode_layout.h equals formats::kv_page_layout, and the
+//     stage copy schedule moves exactly the bytes of one 16-token tile, each stage byte once;
+//  2. a lane-by-lane emulation of the kernel — cp.async stage fills (zero-fill for BF16 rows past the end),
+//     ldmatrix / ldmatrix.trans addresses, prmt / lop3 / bf16x2 dequantisation, mma fragments, the online
+//     softmax with its shuffles, P' packing, the warp merge, split partials and the combine — matches the CPU
+//     twin (ref::paged_decode_attention) within the GPU test's tolerances and writes every output once.
+// The mma / ldmatrix fragment tables below are written from the PTX ISA, independently of the layout header.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cuda/attention_decode_layout.h"
+#include "futransformer/dtype.h"
+#include "futransformer/error.h"
+#include "paged_kv_case.h"
+
+namespace {
+
+using namespace futransformer;
+namespace attn = futransformer::cuda::attn;
+using formats::KvFormat;
+using test::PagedKvCase;
+
+// --- PTX ISA: mma.m16n8k16 fragments ((row, col) of each register half of a lane) and warp primitives. ---
+struct RC {
+  int r, c;
+};
+RC ptx_a(int lane, int reg, int half) { return {lane / 4 + 8 * (reg % 2), 2 * (lane % 4) + half + 8 * (reg / 2)}; }
+RC ptx_b(int lane, int reg, int half) { return {2 * (lane % 4) + half + 8 * reg, lane / 4}; }  // (k, n)
+RC ptx_c(int lane, int i) { return {lane / 4 + 8 * (i / 2), 2 * (lane % 4) + i % 2}; }
+
+float lo_f(uint32_t v) { return bf16_to_f32(static_cast<uint16_t>(v & 0xffff)); }
+float hi_f(uint32_t v) { return bf16_to_f32(static_cast<uint16_t>(v >> 16)); }
+uint32_t pack_bf16x2(float lo, float hi) { return f32_to_bf16(lo) | (static_cast<uint32_t>(f32_to_bf16(hi)) << 16); }
+uint32_t sub_bf16x2(uint32_t a, uint32_t b) { return pack_bf16x2(lo_f(a) - lo_f(b), hi_f(a) - hi_f(b)); }
+uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  const uint64_t x = a | (static_cast<uint64_t>(b) << 32);
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((x >> (8 * ((sel >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+}
+uint32_t nibbles_plus_128(uint32_t word, int shift) { return ((word >> shift) & attn::kNibbleMask) | attn::kBf16Magic; }
+float half_to_float(uint32_t word, int half) { return f16_to_f32(static_cast<uint16_t>(half ? word >> 16 : word)); }
+uint32_t load32(const std::vector<uint8_t>& m, int off) {
+  uint32_t v;
+  std::memcpy(&v, m.data() + off, 4);
+  return v;
+}
+uint32_t load16(const std::vector<uint8_t>& m, int off) {
+  return m[static_cast<size_t>(off)] | (m[static_cast<size_t>(off) + 1] << 8);
+}
+
+using Regs = std::array<std::array<uint32_t, 4>, 32>;
+// ldmatrix.x4 (.trans): lanes 8j .. 8j + 7 address the rows of matrix j. Plain: lane l receives row l / 4,
+// b16 columns 2 (l % 4) + {0, 1}. Transposed: rows 2 (l % 4) + {0, 1} of b16 column l / 4.
+Regs ldmatrix_x4(const std::vector<uint8_t>& smem, const std::array<int, 32>& addr, bool trans) {
+  Regs out{};
+  for (int j = 0; j < 4; ++j) {
+    for (int lane = 0; lane < 32; ++lane) {
+      EXPECT_EQ(addr[static_cast<size_t>(lane)] % 16, 0);
+      EXPECT_LE(addr[static_cast<size_t>(lane)] + 16, static_cast<int>(smem.size()));
+      if (!trans) {
+        out[lane][j] = load32(smem, addr[8 * j + lane / 4] + 4 * (lane % 4));
+      } else {
+        const int col = 2 * (lane / 4);
+        out[lane][j] = load16(smem, addr[8 * j + 2 * (lane % 4)] + col) |
+                       (load16(smem, addr[8 * j + 2 * (lane % 4) + 1] + col) << 16);
+      }
+    }
+  }
+  return out;
+}
+
+using Acc2 = std::array<std::array<float, 2>, 32>;
+// mma.m16n8k16 bf16 with A rows 8..15 zero: d (row g, cols 2t, 2t + 1) += (A·B).
+void mma_rows8(Acc2& d, const std::array<uint32_t, 32>& a0, const std::array<uint32_t, 32>& a2,
+               const std::array<std::array<uint32_t, 2>, 32>& b) {
+  float A[16][16] = {}, B[16][8] = {};
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int h = 0; h < 2; ++h) {
+      RC rc = ptx_a(lane, 0, h);
+      A[rc.r][rc.c] = h ? hi_f(a0[lane]) : lo_f(a0[lane]);
+      rc = ptx_a(lane, 2, h);
+      A[rc.r][rc.c] = h ? hi_f(a2[lane]) : lo_f(a2[lane]);
+      for (int r = 0; r < 2; ++r) {
+        const RC kn = ptx_b(lane, r, h);
+        B[kn.r][kn.c] = h ? hi_f(b[lane][r]) : lo_f(b[lane][r]);
+      }
+    }
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int i = 0; i < 2; ++i) {
+      const RC rc = ptx_c(lane, i);
+      double s = 0.0;
+      for (int k = 0; k < 16; ++k) s += static_cast<double>(A[rc.r][k]) * B[k][rc.c];
+      d[lane][i] += static_cast<float>(s);
+    }
+  }
+}
+
+// --- 1. Geometry. ---
+
+template <bool kInt4, int kD>
+void check_geometry() {
+  using Geo = attn::Geometry<kInt4, kD>;
+  const formats::KvPageLayout L = formats::kv_page_layout(kInt4 ? KvFormat::INT4 : KvFormat::BF16, kD);
+  SCOPED_TRACE(testing::Message() << (kInt4 ? "int4" : "bf16") << " head_dim " << kD);
+  ASSERT_EQ(L.page_tokens, attn::kPageTokens);
+  EXPECT_EQ(L.page_bytes, Geo::kPageBytes);
+  EXPECT_EQ(L.code_row_bytes, Geo::kRowBytes);
+  for (int p = 0; p < 2; ++p) {
+    EXPECT_EQ(L.codes[p], p * Geo::kPagePartBytes);
+    if (kInt4) {
+      EXPECT_EQ(L.scales[p], p * Geo::kPagePartBytes + Geo::kPageCodeBytes);
+      EXPECT_EQ(L.zeros[p], p * Geo::kPagePartBytes + Geo::kPageCodeBytes + Geo::kPageScaleBytes);
+    }
+  }
+  // Copy tile `tile` of a page of random bytes and check every stage byte against its meaning.
+  std::mt19937 rng(kD + kInt4);
+  std::vector<uint8_t> page(static_cast<size_t>(L.page_bytes));
+  for (auto& v : page) v = static_cast<uint8_t>(rng());
+  const int G = static_cast<int>(L.groups);
+  for (int tile = 0; tile < attn::kTilesPerPage; ++tile) {
+    const int slot0 = tile * attn::kTile;
+    std::vector<uint8_t> stage(Geo::kStageBytes, 0);
+    std::vector<int> written(Geo::kStageBytes, 0);
+    for (int c = 0; c < Geo::kStageChunks; ++c) {
+      const attn::ChunkCopy cc = attn::stage_chunk<kInt4, kD>(c, slot0);
+      ASSERT_GE(cc.src, 0);
+      ASSERT_LE(cc.src + 16, L.page_bytes);
+      ASSERT_EQ(cc.src % 16, 0);
+      ASSERT_GE(cc.dst, 0);
+      ASSERT_LE(cc.dst + 16, Geo::kStageBytes);
+      std::memcpy(&stage[static_cast<size_t>(cc.dst)], &page[static_cast<size_t>(cc.src)], 16);
+      for (int i = 0; i < 16; ++i) ++written[static_cast<size_t>(cc.dst + i)];
+    }
+    for (int w : written) ASSERT_EQ(w, 1);
+    for (int part = 0; part < 2; ++part) {
+      for (int row = 0; row < attn::kTile; ++row) {
+        for (int byte = 0; byte < Geo::kRowBytes; ++byte) {
+          const int s = part * Geo::kStageCodeBytes + attn::stage_code_offset(row, byte / 16) + byte % 16;
+          ASSERT_EQ(stage[static_cast<size_t>(s)],
+                    page[static_cast<size_t>(L.codes[part] + (slot0 + row) * L.code_row_bytes + byte)]);
+        }
+        for (int i = 0; i < 2 * G; ++i) {  // scale bytes, then zero bytes
+          ASSERT_EQ(stage[static_cast<size_t>(Geo::kStageScales + part * Geo::kStageScaleBytes + row * 2 * G + i)],
+                    page[static_cast<size_t>(L.scales[part] + (slot0 + row) * 2 * G + i)]);
+        }
+        for (int i = 0; i < G; ++i) {
+          ASSERT_EQ(stage[static_cast<size_t>(Geo::kStageZeros + part * Geo::kStageZeroBytes + row * G + i)],
+                    page[static_cast<size_t>(L.zeros[part] + (slot0 + row) * G + i)]);
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionDecodeLayout, GeometryMatchesTheCanonicalPagesAndStagesCopyOneTile) {
+  check_geometry<true, 128>();
+  check_geometry<true, 64>();
+  check_geometry<false, 128>();
+  check_geometry<false, 64>();
+}
+
+TEST(AttentionDecodeLayout, FragmentChannelMapsArePermutations) {
+  for (int d : {64, 128}) {
+    std::vector<int> key(static_cast<size_t>(d), 0), val(static_cast<size_t>(d), 0);
+    for (int gi = 0; gi < d / 32; ++gi)
+      for (int ks = 0; ks < 2; ++ks)
+        for (int t = 0; t < 4; ++t)
+          for (int r = 0; r < 2; ++r)
+            for (int h = 0; h < 2; ++h) {
+              const int ch = attn::key_channel_int4(gi, ks, t, r, h);
+              ASSERT_EQ(ch / 32, gi) << "a k-step must stay inside its group";
+              ++key[static_cast<size_t>(ch)];
+            }
+    for (int nt = 0; nt < d / 8; ++nt)
+      for (int col = 0; col < 8; ++col) {
+        const int ch = attn::value_channel_int4(nt, col);
+        ASSERT_EQ(ch / 32, nt / 4) << "an n-tile must stay inside one group (its scale is folded into P)";
+        ++val[static_cast<size_t>(ch)];
+      }
+    for (int i = 0; i < d; ++i) ASSERT_EQ(key[static_cast<size_t>(i)], 1) << "key channel " << i;
+    for (int i = 0; i < d; ++i) ASSERT_EQ(val[static_cast<size_t>(i)], 1) << "value channel " << i;
+  }
+}
+
+// The twin refuses inconsistent inputs with one Error naming the field, and answers an empty sequence with 0.
+TEST(AttentionDecodeTwin, RejectsInconsistentInputsAndZeroesEmptySequences) {
+  PagedKvCase c = test::make_paged_kv_case(KvFormat::INT4, 64, 4, 2, {70, 5}, 41);
+  auto expect_error = [&](const PagedKvCase& bad, const char* needle) {
+    try {
+      ref::paged_decode_attention(bad.cache(), bad.seq_lens, bad.q, bad.n_heads);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  PagedKvCase bad = c;
+  bad.block_table[1] = 1000;
+  expect_error(bad, "block_table[0, 1] = 1000");
+  bad = c;
+  bad.seq_lens[1] = 129;
+  expect_error(bad, "seq_lens[1] = 129");
+  bad = c;
+  bad.q.pop_back();
+  expect_error(bad, "q has");
+  bad = c;
+  bad.n_heads = 3;
+  expect_error(bad, "3 query heads");
+  bad = c;
+  bad.pool.pop_back();
+  expect_error(bad, "pool of");
+  c.seq_lens[1] = 0;
+  const std::vector<float> out = ref::paged_decode_attention(c.cache(), c.seq_lens, c.q, c.n_heads);
+  for (size_t i = out.size() / 2; i < out.size(); ++i) ASSERT_EQ(out[i], 0.0f);
+  for (size_t i = 0; i < out.size() / 2; ++i) ASSERT_TRUE(std::isfinite(out[i]));
+}
+
+// --- 2. Lane-by-lane emulation of one CTA (sequence b, KV head kvh, split). ---
+
+struct Outputs {
+  std::vector<float> out;          // [batch, n_heads, D] (splits == 1; NaN where not written)
+  std::vector<float> partial_o;    // [batch, n_heads, splits, D]
+  std::vector<float> partial_lse;  // [batch, n_heads, splits]
+  std::vector<int> writes;         // per element of out / partial_o
+};
+
+template <bool kInt4, int kD>
+void emulate_cta(const PagedKvCase& c, int b, int kvh, int split, int splits, Outputs& res) {
+  using Geo = attn::Geometry<kInt4, kD>;
+  constexpr int kKSteps = kD / 16, kNTiles = kD / 8, G4 = Geo::kGroups;
+  const int G = c.n_heads / c.n_kv_heads;
+  const int len = std::max(0, std::min(c.seq_lens[static_cast<size_t>(b)], c.max_pages * attn::kPageTokens));
+  const attn::Range tiles = attn::split_range(attn::tiles_for(len), splits, split);
+  const float score_scale = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(kD)));
+  const int64_t head0 = int64_t{b} * c.n_heads + int64_t{kvh} * G;
+
+  // Q fragments, as load_q builds them.
+  std::array<std::array<std::array<uint32_t, 2>, kKSteps>, 32> qa{};
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    if (g >= G) continue;
+    const uint16_t* qrow = c.q_bf16.data() + (head0 + g) * kD;
+    auto word = [&](int ch) { return qrow[ch] | (static_cast<uint32_t>(qrow[ch + 1]) << 16); };
+    if constexpr (kInt4) {
+      for (int gi = 0; gi < G4; ++gi) {
+        const int base = 32 * gi + 8 * t;
+        const uint32_t x = word(base), y = word(base + 2), z = word(base + 4), w = word(base + 6);
+        qa[lane][2 * gi] = {prmt(x, z, 0x5410), prmt(x, z, 0x7632)};
+        qa[lane][2 * gi + 1] = {prmt(y, w, 0x5410), prmt(y, w, 0x7632)};
+      }
+    } else {
+      for (int ks = 0; ks < kKSteps; ++ks)
+        for (int r = 0; r < 2; ++r) qa[lane][ks][r] = word(attn::key_channel_bf16(ks, t, r, 0));
+    }
+  }
+
+  std::vector<float> red_m(attn::kWarps * 8, -INFINITY), red_l(attn::kWarps * 8, 0.0f);
+  std::vector<float> red_o(static_cast<size_t>(attn::kWarps) * 8 * kD, 0.0f);
+  for (int warp = 0; warp < attn::kWarps; ++warp) {
+    std::array<float, 32> m, l;
+    m.fill(-INFINITY);
+    l.fill(0.0f);
+    std::array<std::array<std::array<float, 2>, kNTiles>, 32> o{};
+    for (int tile = tiles.begin + warp; tile < tiles.end; tile += attn::kWarps) {
+      // The stage, as the cp.async schedule fills it.
+      const int32_t page_id = c.block_table[static_cast<size_t>(b) * c.max_pages + tile / attn::kTilesPerPage];
+      const uint8_t* page = c.pool.data() + (int64_t{page_id} * c.n_kv_heads + kvh) * Geo::kPageBytes;
+      const int slot0 = (tile % attn::kTilesPerPage) * attn::kTile, tok0 = tile * attn::kTile;
+      std::vector<uint8_t> st(Geo::kStageBytes);
+      for (int ch = 0; ch < Geo::kStageChunks; ++ch) {
+        const attn::ChunkCopy cc = attn::stage_chunk<kInt4, kD>(ch, slot0);
+        const bool fill = kInt4 || tok0 + cc.row < len;
+        for (int i = 0; i < 16; ++i) st[static_cast<size_t>(cc.dst + i)] = fill ? page[cc.src + i] : 0;
+      }
+      std::array<int, 32> addr{};
+      // Scores.
+      std::array<std::array<std::array<float, 2>, 2>, 32> s{};
+      if constexpr (kInt4) {
+        for (int cp = 0; cp < G4; cp += 2) {
+          for (int lane = 0; lane < 32; ++lane) addr[lane] = attn::ldmatrix_pair_offset(lane, cp);
+          const Regs w = ldmatrix_x4(st, addr, false);
+          for (int d = 0; d < 2; ++d) {
+            const int gi = cp + d;
+            for (int nt = 0; nt < 2; ++nt) {
+              Acc2 acc{};
+              for (int ks = 0; ks < 2; ++ks) {
+                std::array<uint32_t, 32> a0{}, a2{};
+                std::array<std::array<uint32_t, 2>, 32> bb{};
+                for (int lane = 0; lane < 32; ++lane) {
+                  const int g = lane / 4;
+                  const int zoff = Geo::kStageZeros + (8 * nt + g) * G4;
+                  const uint32_t zk = G4 == 4 ? load32(st, zoff) : load16(st, zoff);
+                  const uint32_t bias = prmt(zk, 0x43u, gi | (4 << 4) | (gi << 8) | (4 << 12));
+                  for (int r = 0; r < 2; ++r)
+                    bb[lane][r] = sub_bf16x2(nibbles_plus_128(w[lane][2 * d + nt], attn::key_shift_int4(ks, r)), bias);
+                  a0[lane] = qa[lane][2 * gi + ks][0];
+                  a2[lane] = qa[lane][2 * gi + ks][1];
+                }
+                mma_rows8(acc, a0, a2, bb);
+              }
+              for (int lane = 0; lane < 32; ++lane) {
+                const int t = lane % 4;
+                for (int j = 0; j < 2; ++j) {
+                  const int hi = j * G4 + gi;
+                  const uint32_t sw = load32(st, Geo::kStageScales + (8 * nt + 2 * t) * G4 * 2 + 4 * (hi >> 1));
+                  s[lane][nt][j] = std::fma(acc[lane][j], half_to_float(sw, hi & 1), s[lane][nt][j]);
+                }
+              }
+            }
+          }
+        }
+      } else {
+        for (int ks = 0; ks < kKSteps; ++ks) {
+          for (int lane = 0; lane < 32; ++lane) addr[lane] = attn::ldmatrix_pair_offset(lane, 2 * ks);
+          const Regs w = ldmatrix_x4(st, addr, false);
+          for (int nt = 0; nt < 2; ++nt) {
+            std::array<uint32_t, 32> a0{}, a2{};
+            std::array<std::array<uint32_t, 2>, 32> bb{};
+            for (int lane = 0; lane < 32; ++lane) {
+              a0[lane] = qa[lane][ks][0], a2[lane] = qa[lane][ks][1];
+              bb[lane] = {w[lane][nt], w[lane][2 + nt]};
+            }
+            Acc2 acc{};
+            for (int lane = 0; lane < 32; ++lane) acc[lane] = s[lane][nt];
+            mma_rows8(acc, a0, a2, bb);
+            for (int lane = 0; lane < 32; ++lane) s[lane][nt] = acc[lane];
+          }
+        }
+      }
+      // Online softmax (shuffles over the 4 lanes of a row = lanes 4g .. 4g + 3).
+      std::array<std::array<std::array<float, 2>, 2>, 32> p{};
+      std::array<std::array<std::array<bool, 2>, 2>, 32> valid{};
+      std::array<float, 32> tmax;
+      for (int lane = 0; lane < 32; ++lane) {
+        tmax[lane] = -INFINITY;
+        for (int nt = 0; nt < 2; ++nt)
+          for (int j = 0; j < 2; ++j) {
+            valid[lane][nt][j] = tok0 + attn::score_token(lane % 4, nt, j) < len;
+            s[lane][nt][j] = valid[lane][nt][j] ? s[lane][nt][j] * score_scale : -INFINITY;
+            tmax[lane] = std::max(tmax[lane], s[lane][nt][j]);
+          }
+      }
+      for (int lane = 0; lane < 32; ++lane) {
+        float rmax = -INFINITY;
+        for (int u = 0; u < 4; ++u) rmax = std::max(rmax, tmax[(lane & ~3) + u]);
+        const float m_new = std::max(m[lane], rmax);
+        const float alpha = std::exp2(m[lane] - m_new);
+        float psum = 0.0f;
+        for (int nt = 0; nt < 2; ++nt)
+          for (int j = 0; j < 2; ++j) psum += (p[lane][nt][j] = std::exp2(s[lane][nt][j] - m_new));
+        l[lane] = std::fma(l[lane], alpha, psum);
+        m[lane] = m_new;
+        for (auto& x : o[lane]) x[0] *= alpha, x[1] *= alpha;
+      }
+      // O += P'·V.
+      const int vcodes = Geo::kStageCodeBytes;
+      for (int cp = 0; cp < (kInt4 ? G4 : Geo::kRowChunks); cp += 2) {
+        for (int lane = 0; lane < 32; ++lane) addr[lane] = vcodes + attn::ldmatrix_pair_offset(lane, cp);
+        const Regs w = ldmatrix_x4(st, addr, true);
+        for (int d = 0; d < 2; ++d) {
+          for (int i = 0; i < (kInt4 ? 4 : 1); ++i) {
+            const int nt = kInt4 ? 4 * (cp + d) + i : cp + d;
+            std::array<uint32_t, 32> a0{}, a2{};
+            std::array<std::array<uint32_t, 2>, 32> bb{};
+            for (int lane = 0; lane < 32; ++lane) {
+              const int t = lane % 4;
+              if constexpr (kInt4) {
+                const int grp = cp + d;
+                uint32_t a[2], bias[2];
+                for (int r = 0; r < 2; ++r) {
+                  float ps[2];
+                  for (int h = 0; h < 2; ++h) {
+                    const int hi = h * G4 + grp;
+                    const uint32_t sw = load32(
+                        st, Geo::kStageScales + Geo::kStageScaleBytes + (2 * t + 8 * r) * G4 * 2 + 4 * (hi >> 1));
+                    ps[h] = valid[lane][r][h] ? p[lane][r][h] * half_to_float(sw, hi & 1) : 0.0f;
+                  }
+                  a[r] = pack_bf16x2(ps[0], ps[1]);
+                  const int zoff = Geo::kStageZeros + Geo::kStageZeroBytes + (2 * t + 8 * r) * G4;
+                  const uint32_t z0 = load32(st, zoff), z1 = G4 == 4 ? load32(st, zoff + 4) : z0;
+                  bias[r] =
+                      (prmt(z0, z1, static_cast<uint32_t>(grp | ((G4 + grp) << 8))) & 0x00ff00ffu) | attn::kBf16Magic;
+                }
+                a0[lane] = a[0], a2[lane] = a[1];
+                for (int r = 0; r < 2; ++r)
+                  bb[lane][r] = sub_bf16x2(nibbles_plus_128(w[lane][2 * d + r], attn::value_shift_int4(i)), bias[r]);
+              } else {
+                a0[lane] = pack_bf16x2(p[lane][0][0], p[lane][0][1]);
+                a2[lane] = pack_bf16x2(p[lane][1][0], p[lane][1][1]);
+                bb[lane] = {w[lane][2 * d], w[lane][2 * d + 1]};
+              }
+            }
+            Acc2 acc{};
+            for (int lane = 0; lane < 32; ++lane) acc[lane] = o[lane][nt];
+            mma_rows8(acc, a0, a2, bb);
+            for (int lane = 0; lane < 32; ++lane) o[lane][nt] = acc[lane];
+          }
+        }
+      }
+    }
+    // Warp state into the merge buffers.
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      const int q0 = lane & ~3;  // the kernel's xor-1, xor-2 butterfly
+      const float lsum = (l[q0] + l[q0 + 1]) + (l[q0 + 2] + l[q0 + 3]);
+      if (g >= G) continue;
+      if (t == 0) red_m[warp * 8 + g] = m[lane], red_l[warp * 8 + g] = lsum;
+      for (int nt = 0; nt < kNTiles; ++nt)
+        for (int j = 0; j < 2; ++j) {
+          const int ch = kInt4 ? attn::value_channel_int4(nt, 2 * t + j) : attn::value_channel_bf16(nt, 2 * t + j);
+          red_o[(static_cast<size_t>(warp) * 8 + g) * kD + ch] = o[lane][nt][j];
+        }
+    }
+  }
+  for (int h = 0; h < G; ++h) {
+    float mx = -INFINITY;
+    for (int w = 0; w < attn::kWarps; ++w) mx = std::max(mx, red_m[w * 8 + h]);
+    for (int ch = 0; ch < kD; ++ch) {
+      float num = 0.0f, den = 0.0f;
+      if (mx != -INFINITY) {
+        for (int w = 0; w < attn::kWarps; ++w) {
+          const float wt = std::exp2(red_m[w * 8 + h] - mx);
+          num = std::fma(wt, red_o[(static_cast<size_t>(w) * 8 + h) * kD + ch], num);
+          den = std::fma(wt, red_l[w * 8 + h], den);
+        }
+      }
+      const float val = den > 0.0f ? num / den : 0.0f;
+      if (splits == 1) {
+        const size_t idx = static_cast<size_t>((head0 + h) * kD + ch);
+        res.out[idx] = bf16_to_f32(f32_to_bf16(val));
+        ++res.writes[idx];
+      } else {
+        const size_t row = static_cast<size_t>((head0 + h) * splits + split);
+        res.partial_o[row * kD + static_cast<size_t>(ch)] = val;
+        ++res.writes[row * kD + static_cast<size_t>(ch)];
+        if (ch == 0) res.partial_lse[row] = den > 0.0f ? mx + std::log2(den) : -INFINITY;
+      }
+    }
+  }
+}
+
+template <bool kInt4, int kD>
+std::vector<float> emulate(const PagedKvCase& c, int splits) {
+  Outputs res;
+  const size_t n = static_cast<size_t>(c.batch) * c.n_heads * kD;
+  res.out.assign(n, std::numeric_limits<float>::quiet_NaN());
+  res.partial_o.assign(splits > 1 ? n * splits : 0, std::numeric_limits<float>::quiet_NaN());
+  res.partial_lse.assign(splits > 1 ? n / kD * splits : 0, std::numeric_limits<float>::quiet_NaN());
+  res.writes.assign(splits > 1 ? n * splits : n, 0);
+  for (int b = 0; b < c.batch; ++b)
+    for (int kvh = 0; kvh < c.n_kv_heads; ++kvh)
+      for (int sp = 0; sp < splits; ++sp) emulate_cta<kInt4, kD>(c, b, kvh, sp, splits, res);
+  for (int w : res.writes) EXPECT_EQ(w, 1) << "an output element written " << w << " times";
+  if (splits > 1) {  // the combine kernel, one (b, head) row at a time
+    for (size_t bh = 0; bh < n / kD; ++bh) {
+      float mx = -INFINITY;
+      for (int s = 0; s < splits; ++s) mx = std::max(mx, res.partial_lse[bh * splits + s]);
+      std::vector<float> wt(static_cast<size_t>(splits));
+      for (int s = 0; s < splits; ++s)
+        wt[s] = mx == -INFINITY ? 0.0f : std::exp2(res.partial_lse[bh * splits + s] - mx);
+      for (int ch = 0; ch < kD; ++ch) {
+        float num = 0.0f, den = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+          num = std::fma(wt[s], res.partial_o[(bh * splits + s) * kD + ch], num);
+          den += wt[s];
+        }
+        res.out[bh * kD + ch] = bf16_to_f32(f32_to_bf16(den > 0.0f ? num / den : 0.0f));
+      }
+    }
+  }
+  return res.out;
+}
+
+void check_case(KvFormat format, int d, int n_heads, int n_kv, const std::vector<int32_t>& lens, int splits,
+                uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << formats::kv_format_name(format) << " head_dim " << d << " heads " << n_heads << "/"
+                                  << n_kv << " splits " << splits << " seed " << seed);
+  const PagedKvCase c = test::make_paged_kv_case(format, d, n_heads, n_kv, lens, seed);
+  std::vector<float> abs_ref;
+  const std::vector<float> ref = ref::paged_decode_attention(c.cache(), c.seq_lens, c.q, n_heads, &abs_ref);
+  const bool int4 = format != KvFormat::BF16;
+  const std::vector<float> got = int4 ? (d == 128 ? emulate<true, 128>(c, splits) : emulate<true, 64>(c, splits))
+                                      : (d == 128 ? emulate<false, 128>(c, splits) : emulate<false, 64>(c, splits));
+  ASSERT_EQ(got.size(), ref.size());
+  double err2 = 0.0, ref2 = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_FALSE(std::isnan(got[i])) << "output " << i << " not written (or NaN)";
+    const double bound = test::kAttnOutputRel * std::fabs(ref[i]) + test::kAttnProbRel * abs_ref[i];
+    ASSERT_LE(std::fabs(got[i] - ref[i]), bound) << "element " << i << " (sequence " << i / (n_heads * d) << ", head "
+                                                 << i / d % n_heads << ", channel " << i % d << ")";
+    err2 += (got[i] - ref[i]) * (got[i] - ref[i]);
+    ref2 += static_cast<double>(ref[i]) * ref[i];
+  }
+  EXPECT_LE(std::sqrt(err2 / std::max(ref2, 1e-30)), test::kAttnRelL2);
+}
+
+const std::vector<int32_t> kLens = {1, 17, 64, 100, 700};
+
+TEST(AttentionDecodeEmulation, Int4HeadDim128) {
+  check_case(KvFormat::INT4, 128, 16, 2, kLens, 1, 11);
+  check_case(KvFormat::INT4, 128, 8, 1, kLens, 3, 12);
+  check_case(KvFormat::INT4, 128, 2, 2, {700, 33}, 5, 13);
+  check_case(KvFormat::INT4, 128, 4, 1, {4097, 1, 65}, 9, 14);  // page-crossing splits, more splits than tiles
+}
+
+TEST(AttentionDecodeEmulation, Int4HadamardHeadDim128AndHeadDim64) {
+  check_case(KvFormat::INT4_HADAMARD, 128, 8, 2, kLens, 2, 21);
+  check_case(KvFormat::INT4_HADAMARD, 64, 16, 4, kLens, 1, 22);
+  check_case(KvFormat::INT4, 64, 8, 1, {1, 300}, 7, 23);
+  check_case(KvFormat::INT4, 64, 3, 3, {4097, 18}, 2, 24);
+}
+
+TEST(AttentionDecodeEmulation, Bf16CacheBothHeadDims) {
+  check_case(KvFormat::BF16, 128, 8, 2, kLens, 1, 31);
+  check_case(KvFormat::BF16, 128, 8, 1, {129, 1}, 4, 32);
+  check_case(KvFormat::BF16, 64, 12, 3, kLens, 3, 33);
+}
+
+}  // namespace

@@ -1,0 +1,271 @@
+// GPU tests of the paged decode attention (INT4 / INT4-Hadamard / BF16 caches) against its CPU twin
+// (ref::paged_decode_attention on the decoded cache), plus host-only checks of the shape contract and the
+// split heuristic. Device tests report SKIPPED without a CUDA device.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuda/attention_decode_heuristics.h"
+#include "cuda/attention_decode_layout.h"
+#include "futransformer/cuda/attention_decode.h"
+#include "futransformer/dtype.h"
+#include "paged_kv_case.h"
+
+namespace {
+
+using namespace futransformer;
+using formats::KvFormat;
+using test::PagedKvCase;
+namespace attn = futransformer::cuda::attn;
+
+bool have_device() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+#define FT_REQUIRE_CUDA_DEVICE() \
+  if (!have_device()) GTEST_SKIP() << "no CUDA device"
+
+template <typename T>
+struct DeviceBuffer {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DeviceBuffer(size_t count) : n(count) {
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
+  }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
+    EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+
+struct Uploaded {
+  DeviceBuffer<uint8_t> pool;
+  DeviceBuffer<int32_t> block_table, seq_lens;
+  DeviceBuffer<uint16_t> q;
+  explicit Uploaded(const PagedKvCase& c)
+      : pool(c.pool), block_table(c.block_table), seq_lens(c.seq_lens), q(c.q_bf16) {}
+};
+
+cudaError_t launch(const PagedKvCase& c, const Uploaded& u, uint16_t* out, void* ws, size_t ws_bytes) {
+  auto* q = reinterpret_cast<const __nv_bfloat16*>(u.q.p);
+  auto* o = reinterpret_cast<__nv_bfloat16*>(out);
+  if (c.format == KvFormat::BF16) {
+    return cuda::attention_decode_bf16(q, u.pool.p, u.block_table.p, u.seq_lens.p, o, c.batch, c.n_heads, c.n_kv_heads,
+                                       c.head_dim, c.max_pages, c.max_seq_len, ws, ws_bytes, nullptr);
+  }
+  return cuda::attention_decode_int4(q, u.pool.p, u.block_table.p, u.seq_lens.p, o, c.batch, c.n_heads, c.n_kv_heads,
+                                     c.head_dim, c.max_pages, c.max_seq_len, ws, ws_bytes, nullptr);
+}
+
+// Runs the kernel into a NaN-poisoned output; returns the output bits.
+std::vector<uint16_t> run(const PagedKvCase& c) {
+  const Uploaded u(c);
+  DeviceBuffer<uint16_t> out(static_cast<size_t>(c.batch) * c.n_heads * c.head_dim);
+  EXPECT_EQ(cudaMemset(out.p, 0xFF, out.n * 2), cudaSuccess);  // 0xFFFF: a BF16 NaN in every element
+  const size_t ws_bytes = cuda::attention_decode_workspace_bytes(c.format, c.batch, c.n_heads, c.n_kv_heads, c.head_dim,
+                                                                 c.max_pages, c.max_seq_len);
+  DeviceBuffer<unsigned char> ws(ws_bytes);
+  const cudaError_t e = launch(c, u, out.p, ws.p, ws_bytes);
+  EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::attention_decode_last_error();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return out.download();
+}
+
+void check_against_twin(KvFormat format, int head_dim, int n_heads, int n_kv, const std::vector<int32_t>& lens,
+                        uint32_t seed) {
+  const PagedKvCase c = test::make_paged_kv_case(format, head_dim, n_heads, n_kv, lens, seed);
+  const attn::Plan plan = attn::choose_plan(format != KvFormat::BF16, head_dim, c.batch, n_kv, c.max_seq_len, {});
+  SCOPED_TRACE(testing::Message() << formats::kv_format_name(format) << " head_dim " << head_dim << " heads " << n_heads
+                                  << "/" << n_kv << " batch " << c.batch << " max_seq_len " << c.max_seq_len
+                                  << " splits (H200 plan) " << plan.splits << " seed " << seed);
+  std::vector<float> abs_ref;
+  const std::vector<float> ref = ref::paged_decode_attention(c.cache(), c.seq_lens, c.q, n_heads, &abs_ref);
+  const std::vector<uint16_t> got = run(c);
+  ASSERT_EQ(got.size(), ref.size());
+  double err2 = 0.0, ref2 = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double v = bf16_to_f32(got[i]);
+    const size_t seq = i / (static_cast<size_t>(n_heads) * head_dim);
+    ASSERT_FALSE(std::isnan(v)) << "output " << i << " (sequence " << seq << ", head " << i / head_dim % n_heads
+                                << ") not written";
+    const double bound = test::kAttnOutputRel * std::fabs(ref[i]) + test::kAttnProbRel * abs_ref[i];
+    ASSERT_LE(std::fabs(v - ref[i]), bound)
+        << "sequence " << seq << " (length " << c.seq_lens[seq] << ") head " << i / head_dim % n_heads << " channel "
+        << i % head_dim << ": got " << v << ", ref " << ref[i];
+    err2 += (v - ref[i]) * (v - ref[i]);
+    ref2 += static_cast<double>(ref[i]) * ref[i];
+  }
+  ASSERT_GT(ref2, 0.0);
+  EXPECT_LE(std::sqrt(err2 / ref2), test::kAttnRelL2);
+}
+
+const std::vector<int32_t> kLens = {1, 17, 64, 1000, 4097, 32768};
+// batch sequences with lengths cycling through kLens, starting at `offset`.
+std::vector<int32_t> lens_for(int batch, int offset) {
+  std::vector<int32_t> l(static_cast<size_t>(batch));
+  for (int i = 0; i < batch; ++i) l[static_cast<size_t>(i)] = kLens[static_cast<size_t>(i + offset) % kLens.size()];
+  return l;
+}
+
+TEST(AttentionDecodeGpu, Int4EveryBatchLengthGqaAndHeadDim) {
+  FT_REQUIRE_CUDA_DEVICE();
+  uint32_t seed = 100;
+  for (int head_dim : {128, 64}) {
+    for (int G : {1, 4, 8}) {
+      for (int batch : {1, 3, 8}) {
+        for (int offset = 0; offset < static_cast<int>(kLens.size()); offset += batch) {
+          check_against_twin(KvFormat::INT4, head_dim, 2 * G, 2, lens_for(batch, offset), ++seed);
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionDecodeGpu, Int4Batch32LlamaShape) {
+  FT_REQUIRE_CUDA_DEVICE();
+  check_against_twin(KvFormat::INT4, 128, 32, 8, lens_for(32, 0), 201);
+}
+
+TEST(AttentionDecodeGpu, Int4HadamardReadsTheSameBytes) {
+  FT_REQUIRE_CUDA_DEVICE();
+  check_against_twin(KvFormat::INT4_HADAMARD, 128, 32, 8, lens_for(8, 0), 301);
+  check_against_twin(KvFormat::INT4_HADAMARD, 64, 8, 2, lens_for(3, 3), 302);
+  check_against_twin(KvFormat::INT4_HADAMARD, 128, 4, 4, {32768}, 303);
+}
+
+TEST(AttentionDecodeGpu, Bf16CacheEveryBatchLengthGqaAndHeadDim) {
+  FT_REQUIRE_CUDA_DEVICE();
+  uint32_t seed = 400;
+  for (int head_dim : {128, 64}) {
+    for (int G : {1, 4, 8}) {
+      for (int batch : {1, 3, 8}) {
+        for (int offset = 0; offset < static_cast<int>(kLens.size()); offset += 2 * batch) {
+          check_against_twin(KvFormat::BF16, head_dim, 2 * G, 2, lens_for(batch, offset), ++seed);
+        }
+      }
+    }
+  }
+  check_against_twin(KvFormat::BF16, 128, 32, 8, lens_for(32, 0), ++seed);
+}
+
+TEST(AttentionDecodeGpu, DeterministicAcrossRuns) {
+  FT_REQUIRE_CUDA_DEVICE();
+  for (KvFormat f : {KvFormat::INT4, KvFormat::BF16}) {
+    for (const std::vector<int32_t>& lens : {std::vector<int32_t>{32768}, std::vector<int32_t>{1000, 17, 4097}}) {
+      const PagedKvCase c = test::make_paged_kv_case(f, 128, 32, 8, lens, 501);
+      EXPECT_EQ(run(c), run(c)) << formats::kv_format_name(f) << " batch " << lens.size();
+    }
+  }
+}
+
+TEST(AttentionDecodeGpu, RejectedCallsLeaveTheOutputUntouched) {
+  FT_REQUIRE_CUDA_DEVICE();
+  const PagedKvCase c = test::make_paged_kv_case(KvFormat::INT4, 128, 32, 8, {32768}, 601);
+  const Uploaded u(c);
+  DeviceBuffer<uint16_t> out(static_cast<size_t>(c.n_heads) * c.head_dim);
+  ASSERT_EQ(cudaMemset(out.p, 0xFF, out.n * 2), cudaSuccess);
+  const size_t ws_bytes = cuda::attention_decode_workspace_bytes(KvFormat::INT4, 1, 32, 8, 128, c.max_pages, 32768);
+  ASSERT_GT(ws_bytes, 0u) << "one 32k sequence should be split across the SMs";
+  DeviceBuffer<unsigned char> ws(ws_bytes);
+  auto* q = reinterpret_cast<const __nv_bfloat16*>(u.q.p);
+  auto* o = reinterpret_cast<__nv_bfloat16*>(out.p);
+  auto call = [&](int n_heads, int n_kv, int hd, int max_len, size_t wsb) {
+    return cuda::attention_decode_int4(q, u.pool.p, u.block_table.p, u.seq_lens.p, o, 1, n_heads, n_kv, hd, c.max_pages,
+                                       max_len, ws.p, wsb, nullptr);
+  };
+  EXPECT_EQ(call(32, 8, 96, 32768, ws_bytes), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cuda::attention_decode_last_error()).find("head_dim = 96"), std::string::npos);
+  EXPECT_EQ(call(72, 8, 128, 32768, ws_bytes), cudaErrorInvalidValue);  // 9 query heads per KV head
+  EXPECT_NE(std::string(cuda::attention_decode_last_error()).find("n_heads = 72"), std::string::npos);
+  EXPECT_EQ(call(32, 8, 128, c.max_pages * 64 + 1, ws_bytes), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cuda::attention_decode_last_error()).find("max_seq_len"), std::string::npos);
+  EXPECT_EQ(call(32, 8, 128, 32768, ws_bytes - 16), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cuda::attention_decode_last_error()).find("workspace"), std::string::npos);
+  auto* q_off = reinterpret_cast<const __nv_bfloat16*>(u.q.p + 1);
+  EXPECT_EQ(cuda::attention_decode_int4(q_off, u.pool.p, u.block_table.p, u.seq_lens.p, o, 1, 32, 8, 128, c.max_pages,
+                                        32768, ws.p, ws_bytes, nullptr),
+            cudaErrorInvalidValue);  // q not 16-byte aligned
+  EXPECT_NE(std::string(cuda::attention_decode_last_error()).find("aligned"), std::string::npos);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (uint16_t v : out.download()) ASSERT_EQ(v, 0xFFFF);
+}
+
+// --- Host-only: the shape contract and the heuristics (no device needed). ---
+
+TEST(AttentionDecodeHost, CanImplementNamesTheProblem) {
+  std::string why;
+  EXPECT_EQ(cuda::attention_decode_can_implement(KvFormat::INT4, 32, 32, 8, 128, 512, 32768, &why), cudaSuccess) << why;
+  EXPECT_EQ(cuda::attention_decode_can_implement(KvFormat::INT4_HADAMARD, 1, 8, 8, 64, 1, 1, &why), cudaSuccess) << why;
+  EXPECT_EQ(cuda::attention_decode_can_implement(KvFormat::BF16, 3, 64, 8, 128, 3, 129, &why), cudaSuccess) << why;
+  struct Bad {
+    KvFormat f;
+    int batch, n_heads, n_kv, hd, max_pages, max_len;
+    const char* needle;
+  };
+  for (const Bad& b :
+       {Bad{KvFormat::FP8, 1, 32, 8, 128, 4, 100, "fp8"}, Bad{KvFormat::INT4, 1, 32, 8, 96, 4, 100, "head_dim = 96"},
+        Bad{KvFormat::INT4, 0, 32, 8, 128, 4, 100, "batch = 0"},
+        Bad{KvFormat::INT4, 70000, 32, 8, 128, 4, 100, "batch = 70000"},
+        Bad{KvFormat::INT4, 1, 30, 8, 128, 4, 100, "n_heads = 30"},
+        Bad{KvFormat::INT4, 1, 16, 1, 128, 4, 100, "n_heads = 16"},
+        Bad{KvFormat::BF16, 1, 32, 0, 128, 4, 100, "n_kv_heads = 0"},
+        Bad{KvFormat::INT4, 1, 32, 8, 128, 0, 100, "max_pages_per_seq = 0"},
+        Bad{KvFormat::INT4, 1, 32, 8, 128, 4, 257, "max_seq_len = 257"},
+        Bad{KvFormat::INT4, 1, 32, 8, 128, 4, 0, "max_seq_len = 0"}}) {
+    EXPECT_EQ(cuda::attention_decode_can_implement(b.f, b.batch, b.n_heads, b.n_kv, b.hd, b.max_pages, b.max_len, &why),
+              cudaErrorInvalidValue);
+    EXPECT_NE(why.find(b.needle), std::string::npos) << "message '" << why << "' lacks '" << b.needle << "'";
+    // The launchers refuse before touching the device (null pointers are never dereferenced).
+    const auto launcher = b.f == KvFormat::BF16 ? cuda::attention_decode_bf16 : cuda::attention_decode_int4;
+    if (b.f != KvFormat::FP8) {
+      EXPECT_EQ(launcher(nullptr, nullptr, nullptr, nullptr, nullptr, b.batch, b.n_heads, b.n_kv, b.hd, b.max_pages,
+                         b.max_len, nullptr, 0, nullptr),
+                cudaErrorInvalidValue);
+      EXPECT_NE(std::string(cuda::attention_decode_last_error()).find(b.needle), std::string::npos);
+    }
+  }
+}
+
+TEST(AttentionDecodeHost, HeuristicPlansAreLaunchable) {
+  const attn::DeviceLimits h200;
+  for (bool int4 : {true, false}) {
+    for (int hd : {64, 128}) {
+      ASSERT_LE(attn::smem_bytes_for(int4, hd), h200.smem_per_block);
+      for (int batch : {1, 2, 3, 8, 32, 256}) {
+        for (int n_kv : {1, 8}) {
+          for (int len : {1, 17, 64, 1000, 4097, 32768, 131072}) {
+            const attn::Plan p = attn::choose_plan(int4, hd, batch, n_kv, len, h200);
+            SCOPED_TRACE(attn::describe_plan(p, int4, hd, batch, 8 * n_kv, n_kv, len, h200));
+            ASSERT_GE(p.splits, 1);
+            ASSERT_LE(p.splits, attn::kMaxSplits);
+            ASSERT_LE(p.splits, attn::tiles_for(len));
+            ASSERT_EQ(p.smem_bytes, attn::smem_bytes_for(int4, hd));
+          }
+        }
+      }
+    }
+  }
+  // The decode target: one long Llama-3.1-8B sequence (8 KV heads) must fill the 132 SMs; a large batch of long
+  // sequences needs no split.
+  const attn::Plan one = attn::choose_plan(true, 128, 1, 8, 32768, h200);
+  EXPECT_GE(8 * one.splits, h200.sm_count) << attn::describe_plan(one, true, 128, 1, 32, 8, 32768, h200);
+  EXPECT_EQ(attn::choose_plan(true, 128, 32, 8, 32768, h200).splits, 1);
+}
+
+}  // namespace

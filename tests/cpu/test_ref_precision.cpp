@@ -90,9 +90,11 @@ TEST_P(PagedStore, ReadsAndPagesEqualEncodeThenDecode) {
   EXPECT_THROW(store.read_keys(total + 1, got_k.data()), Error);
 }
 
-TEST_P(PagedStore, RejectedTokensLeaveTheStoreUnchanged) {
+// The quantised formats reject non-finite values (bf16 stores them, so it is not in this suite).
+class QuantisedPagedStore : public ::testing::TestWithParam<KvFormat> {};
+
+TEST_P(QuantisedPagedStore, RejectedTokensLeaveTheStoreUnchanged) {
   const KvFormat f = GetParam();
-  if (f == KvFormat::BF16) GTEST_SKIP() << "bf16 stores any value (NaN stays NaN), nothing to reject";
   const int64_t heads = 2, hd = 32, w = heads * hd;
   std::mt19937 rng(5);
   std::vector<float> k = random_vector(static_cast<size_t>(70 * w), rng), v = random_vector(k.size(), rng);
@@ -110,13 +112,16 @@ TEST_P(PagedStore, RejectedTokensLeaveTheStoreUnchanged) {
   EXPECT_EQ(std::memcmp(after.data(), before.data(), before.size() * 4), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, PagedStore, ::testing::ValuesIn(kFormats),
-                         [](const auto& info) {
-                           std::string n = formats::kv_format_name(info.param);
-                           for (char& c : n)
-                             if (c == '-') c = '_';
-                           return n;
-                         });
+std::string format_test_name(const ::testing::TestParamInfo<KvFormat>& info) {
+  std::string n = formats::kv_format_name(info.param);
+  for (char& c : n)
+    if (c == '-') c = '_';
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, PagedStore, ::testing::ValuesIn(kFormats), format_test_name);
+INSTANTIATE_TEST_SUITE_P(Formats, QuantisedPagedStore,
+                         ::testing::Values(KvFormat::FP8, KvFormat::INT4, KvFormat::INT4_HADAMARD), format_test_name);
 
 TEST(PagedStoreFactory, Fp32WhenNoFormatAndClearErrorsForBadHeads) {
   EXPECT_NE(dynamic_cast<ref::F32KvStore*>(ref::make_kv_store(std::nullopt, 2, 8).get()), nullptr);

@@ -259,6 +259,9 @@ void write_quantized_checkpoint(const QuantizedModel& q, const std::string& dir,
   write_safetensors(dir + "/" + kWeightsFile, ptrs, {{"format", "pt"}, {"quantization", q.recipe.name()}});
   write_text(dir + "/config.json", hf_config_to_json(q.model.config).dump(2) + "\n");
   json meta = q.recipe_json;
+  // config.json has no field for GGUF's per-frequency RoPE divisors (Llama-3.1 rope_freqs); they travel here.
+  const std::vector<double>& divisors = q.model.config.rope_scaling.freq_divisors;
+  meta["rope_freq_divisors"] = divisors.empty() ? json(nullptr) : json(divisors);
   const std::string tok = write_tokenizer(q.model, dir, tokenizer_file);
   meta["tokenizer"] = tok.empty() ? json(nullptr) : json(tok);
   write_text(dir + "/" + kQuantFile, meta.dump(2) + "\n");
@@ -291,6 +294,11 @@ QuantizedModel load_quantized_checkpoint(const std::string& dir) {
     const std::shared_ptr<MappedFile> f = MappedFile::open(config_path);
     q.model.config = parse_hf_config_text(std::string_view(reinterpret_cast<const char*>(f->data()), f->size()),
                                           config_path);
+  }
+  const auto divisors = j.find("rope_freq_divisors");
+  if (divisors != j.end() && !divisors->is_null()) {
+    q.model.config.rope_scaling.freq_divisors = field<std::vector<double>>(j, "rope_freq_divisors", qpath);
+    q.model.config.validate(qpath);
   }
   q.model.source = dir;
   q.model.format = "quantized";

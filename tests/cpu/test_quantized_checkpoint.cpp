@@ -104,6 +104,30 @@ TEST(QuantizedCheckpoint, WriteThenLoadIsByteExactWithEqualLogits) {
   }
 }
 
+TEST(QuantizedCheckpoint, RopeFrequencyDivisorsSurvive) {
+  Model m = test::make_tiny_llama({}, 5);
+  for (int i = 0; i < 16; ++i) m.config.rope_scaling.freq_divisors.push_back(1.0 + 0.25 * i);
+  const std::string dir = test::make_temp_dir("qckpt");
+  const QuantizedModel q = quantise(m, "int4-rtn-g32");
+  quant::write_quantized_checkpoint(q, dir);
+  const QuantizedModel l = quant::load_quantized_checkpoint(dir);
+  EXPECT_EQ(l.model.config.rope_scaling.freq_divisors, m.config.rope_scaling.freq_divisors);
+  std::mt19937 rng(1);
+  const std::vector<int32_t> tokens = test::random_token_ids(20, m.config.vocab_size, rng);
+  const auto want = logits(*quant::make_reference_engine(q), tokens);
+  const auto got = logits(*quant::make_reference_engine(l), tokens);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
+
+  std::string j = slurp(dir + "/quantization.json");
+  const size_t at = j.find("\"rope_freq_divisors\"");
+  ASSERT_NE(at, std::string::npos);
+  j.replace(at, j.find(']', at) - at + 1, "\"rope_freq_divisors\": [1, 2]");
+  write_file(dir + "/quantization.json", j);
+  const std::string msg = error_of([&] { quant::load_quantized_checkpoint(dir); });
+  EXPECT_NE(msg.find("quantization.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("2 RoPE frequency divisors"), std::string::npos) << msg;
+}
+
 TEST(QuantizedCheckpoint, PackedTensorNamesDtypesAndShapes) {
   const Model m = test::make_tiny_llama({}, 2);
   const std::string dir = test::make_temp_dir("qckpt");

@@ -3,11 +3,14 @@
 #pragma once
 
 #include <cmath>
+#include <filesystem>
 #include <random>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "futransformer/model.h"
+#include "test_paths.h"
 
 namespace futransformer::test {
 
@@ -81,6 +84,22 @@ inline double relative_l2(const std::vector<float>& a, const std::vector<float>&
     den += double(b[i]) * double(b[i]);
   }
   return std::sqrt(num / den);
+}
+
+// A fresh temporary directory (make_temp_dir) that is removed, with its contents, when the test binary exits.
+inline std::string scratch_dir(const std::string& tag) {
+  struct Cleanup {
+    std::vector<std::string> dirs;
+    ~Cleanup() {
+      for (const std::string& d : dirs) {
+        std::error_code ec;
+        std::filesystem::remove_all(d, ec);
+      }
+    }
+  };
+  static Cleanup cleanup;
+  cleanup.dirs.push_back(make_temp_dir(tag));
+  return cleanup.dirs.back();
 }
 
 }  // namespace futransformer::test

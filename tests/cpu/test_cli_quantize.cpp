@@ -9,6 +9,7 @@
 #include <string>
 
 #include "test_paths.h"
+#include "tiny_llama.h"
 
 namespace futransformer {
 namespace {
@@ -26,7 +27,7 @@ std::string slurp(const std::string& path) {
 }
 
 Result run_cli(const std::string& args) {
-  const std::string dir = test::make_temp_dir("cliq");
+  const std::string dir = test::scratch_dir("cliq");
   const std::string cmd = test::cli_path() + " " + args + " >" + dir + "/out 2>" + dir + "/err";
   const int status = std::system(cmd.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir + "/out"), slurp(dir + "/err")};
@@ -41,7 +42,7 @@ class CliQuantize : public ::testing::Test {
     if (!test::file_exists(dir_ + "stories260K.bin") || !test::file_exists(dir_ + "tok512.bin"))
       GTEST_SKIP() << "missing test file: " << dir_ << "stories260K.bin / tok512.bin";
     // A small English calibration text of our own, so the test does not depend on the fetched default.
-    calibration_ = test::make_temp_dir("calib") + "/calibration.txt";
+    calibration_ = test::scratch_dir("calib") + "/calibration.txt";
     std::ofstream out(calibration_);
     for (int i = 0; i < 40; ++i)
       out << "Once there was a little dog named Max. He liked to run in the park with his friend Sue. " << i
@@ -52,7 +53,7 @@ class CliQuantize : public ::testing::Test {
 };
 
 TEST_F(CliQuantize, GroupThatDoesNotDivideNamesTheTensor) {
-  const std::string out = test::make_temp_dir("q260k");
+  const std::string out = test::scratch_dir("q260k");
   const Result r = run_cli("quantize --model " + model() + " --out " + out + " --weights int4-rtn --group-size 32");
   EXPECT_EQ(r.exit_code, 1);
   for (const char* want : {"model.layers.0.mlp.down_proj.weight", "172", "group size 32", "per-channel"})
@@ -61,7 +62,7 @@ TEST_F(CliQuantize, GroupThatDoesNotDivideNamesTheTensor) {
 }
 
 TEST_F(CliQuantize, GptqPerChannelThenGenerateAndInfo) {
-  const std::string out = test::make_temp_dir("q260k");
+  const std::string out = test::scratch_dir("q260k");
   const Result q = run_cli("quantize --model " + model() + " --out " + out + " --group-size ch --calibration " +
                            quote(calibration_) + " --samples 4 --sample-tokens 128");
   ASSERT_EQ(q.exit_code, 0) << q.err;
@@ -110,7 +111,7 @@ TEST_F(CliQuantize, GenerateWithRecipeQuantisesInMemory) {
 }
 
 TEST_F(CliQuantize, Fp8AndArgumentErrors) {
-  const std::string out = test::make_temp_dir("q260k");
+  const std::string out = test::scratch_dir("q260k");
   const Result r = run_cli("quantize -q --model " + model() + " --out " + out + " --weights fp8");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err, "");  // -q: no progress line

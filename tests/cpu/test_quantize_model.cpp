@@ -256,7 +256,7 @@ TEST(QuantizeModel, ClearErrorsBeforeAnyWork) {
 }
 
 std::string write_text_file(const std::string& text) {
-  const std::string path = test::make_temp_dir("calib") + "/calibration.txt";
+  const std::string path = test::scratch_dir("calib") + "/calibration.txt";
   std::ofstream(path, std::ios::binary) << text;
   return path;
 }

@@ -65,7 +65,7 @@ TEST(QuantizedCheckpoint, WriteThenLoadIsByteExactWithEqualLogits) {
   for (const std::string recipe : {"int4-gptq-g32", "int4-rtn-g64-asym-bf16+kv-int4-hadamard", "fp8+act-fp8+kv-fp8",
                                    "full+kv-bf16"}) {
     const QuantizedModel q = quantise(m, recipe);
-    const std::string dir = test::make_temp_dir("qckpt");
+    const std::string dir = test::scratch_dir("qckpt");
     quant::write_quantized_checkpoint(q, dir);
     const QuantizedModel l = quant::load_quantized_checkpoint(dir);
     EXPECT_EQ(l.recipe.name(), recipe);
@@ -107,7 +107,7 @@ TEST(QuantizedCheckpoint, WriteThenLoadIsByteExactWithEqualLogits) {
 TEST(QuantizedCheckpoint, RopeFrequencyDivisorsSurvive) {
   Model m = test::make_tiny_llama({}, 5);
   for (int i = 0; i < 16; ++i) m.config.rope_scaling.freq_divisors.push_back(1.0 + 0.25 * i);
-  const std::string dir = test::make_temp_dir("qckpt");
+  const std::string dir = test::scratch_dir("qckpt");
   const QuantizedModel q = quantise(m, "int4-rtn-g32");
   quant::write_quantized_checkpoint(q, dir);
   const QuantizedModel l = quant::load_quantized_checkpoint(dir);
@@ -130,7 +130,7 @@ TEST(QuantizedCheckpoint, RopeFrequencyDivisorsSurvive) {
 
 TEST(QuantizedCheckpoint, PackedTensorNamesDtypesAndShapes) {
   const Model m = test::make_tiny_llama({}, 2);
-  const std::string dir = test::make_temp_dir("qckpt");
+  const std::string dir = test::scratch_dir("qckpt");
   quant::write_quantized_checkpoint(quantise(m, "int4-rtn-g32-asym-bf16"), dir);
   std::map<std::string, Tensor> t;
   for (Tensor& x : load_safetensors(dir + "/model.safetensors")) t.emplace(x.name, std::move(x));
@@ -144,7 +144,7 @@ TEST(QuantizedCheckpoint, PackedTensorNamesDtypesAndShapes) {
   EXPECT_EQ(t.at("model.layers.1.mlp.down_proj.qweight").shape, (std::vector<int64_t>{64, 64}));
   EXPECT_EQ(t.at("model.embed_tokens.weight").dtype, DType::F32);
 
-  const std::string dir8 = test::make_temp_dir("qckpt");
+  const std::string dir8 = test::scratch_dir("qckpt");
   quant::write_quantized_checkpoint(quantise(m, "fp8"), dir8);
   std::map<std::string, Tensor> f;
   for (Tensor& x : load_safetensors(dir8 + "/model.safetensors")) f.emplace(x.name, std::move(x));
@@ -167,7 +167,7 @@ TEST(QuantizedCheckpoint, TokenizerTravelsWithTheCheckpoint) {
   td.eos_id = 1;
   td.add_bos = true;
   m.tokenizer = td;
-  const std::string dir = test::make_temp_dir("qckpt");
+  const std::string dir = test::scratch_dir("qckpt");
   quant::write_quantized_checkpoint(quantise(m, "int4-rtn-g32"), dir);
   const Model l = load_model(dir);
   ASSERT_TRUE(l.tokenizer.has_value());
@@ -181,14 +181,14 @@ TEST(QuantizedCheckpoint, TokenizerTravelsWithTheCheckpoint) {
 
   // A tokenizer file given explicitly (the model has none) is copied; JSON ones keep the HF name.
   Model bare = test::make_tiny_llama({}, 3);
-  const std::string tok_dir = test::make_temp_dir("tok");
+  const std::string tok_dir = test::scratch_dir("tok");
   write_file(tok_dir + "/tok.bin", std::string("\x05\0\0\0binary", 10));
-  const std::string dir2 = test::make_temp_dir("qckpt");
+  const std::string dir2 = test::scratch_dir("qckpt");
   quant::write_quantized_checkpoint(quantise(bare, "fp8"), dir2, tok_dir + "/tok.bin");
   EXPECT_EQ(slurp(dir2 + "/tokenizer.model"), slurp(tok_dir + "/tok.bin"));
   EXPECT_EQ(load_model(dir2).tokenizer_path, dir2 + "/tokenizer.model");
   write_file(tok_dir + "/tokenizer.json", "  {\"model\": {}}");
-  const std::string dir3 = test::make_temp_dir("qckpt");
+  const std::string dir3 = test::scratch_dir("qckpt");
   quant::write_quantized_checkpoint(quantise(bare, "fp8"), dir3, tok_dir + "/tokenizer.json");
   EXPECT_EQ(load_model(dir3).tokenizer_path, dir3 + "/tokenizer.json");
 }
@@ -319,7 +319,7 @@ TEST(QuantizedCheckpoint, MalformedFilesGiveOneClearError) {
        {"model.safetensors", "not found"}},
   };
   for (const Case& c : cases) {
-    const std::string dir = test::make_temp_dir("qbad");
+    const std::string dir = test::scratch_dir("qbad");
     quant::write_quantized_checkpoint(*c.source, dir);
     c.corrupt(dir);
     const std::string msg = error_of([&] { quant::load_quantized_checkpoint(dir); });

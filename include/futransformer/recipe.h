@@ -2,11 +2,18 @@
 // combination (it stores quantised weights dequantised, rounds activations and encodes/decodes the KV cache exactly
 // as the formats define), so each recipe's quality cost can be measured on the CPU.
 //
-// Text form (CLI `--configs`, report rows, JSON), parts joined by '+':
-//   weights:      full | fp8 | int4-rtn-g<G> | int4-gptq-g<G>       (G: 32, 64, 128 or "ch" for per-channel)
+// Text form (CLI `--configs`, report rows, JSON), parts joined by '+', in any order on input:
+//   weights:      full | fp8 | int4-rtn-g<G> | int4-gptq-g<G>       (G: 32, 64, 128 or "ch" for per-channel;
+//                 optional suffixes "-asym" (asymmetric groups) then "-bf16" (BF16 scales); default symmetric F16)
+//                                                                    (optional; "full" otherwise)
 //   activations:  act-fp8                                            (optional; fp32 otherwise)
 //   KV cache:     kv-bf16 | kv-fp8 | kv-int4 | kv-int4-hadamard      (optional; fp32 otherwise)
-// e.g. "full", "fp8+act-fp8", "int4-gptq-g128+kv-int4-hadamard". Parse errors name the part and list the choices.
+// e.g. "full", "fp8+act-fp8", "int4-gptq-g128+kv-int4-hadamard". name() writes weights, activations, KV in this
+// order and always names the weights. Parse errors name the part and list the choices.
+// Rejected combinations (each with the reason): two parts of one kind (two weight formats, act-fp8 twice, two KV
+// formats); a group size or option on fp8 ("fp8-g128"); int4 without quantiser or group ("int4", "int4-rtn");
+// act-fp8 without fp8 weights (FP8 activations only feed FP8 x FP8 tensor-core GEMMs: INT4 weights run W4A16 and
+// full weights bf16, so "int4-gptq-g128+act-fp8" or "act-fp8" alone describes no runnable model).
 #pragma once
 
 #include <cstdint>

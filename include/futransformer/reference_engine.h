@@ -1,21 +1,33 @@
 // The CPU reference engine: the standard Llama forward pass in plain fp32 math, the oracle the GPU engine is
-// checked against. Weights are converted to fp32 once at construction.
+// checked against. Weights are converted to fp32 once at construction. Low-precision weights arrive already
+// dequantised in the Model (quant/quantize_model.h); low-precision activations and KV caches are options here, and
+// the engine rounds them exactly as formats/ defines.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "futransformer/engine.h"
+#include "futransformer/formats/kv_cache.h"
 #include "futransformer/model.h"
+#include "futransformer/recipe.h"
 
 namespace futransformer {
 
 struct ReferenceOptions {
   int64_t max_sequence_length = 0;  // 0: config.max_position_embeddings
+  // Fp8PerToken: the input of every q/k/v/o/gate/up/down projection is quantised to FP8 E4M3 per token and
+  // dequantised before the product (the LM head keeps fp32 inputs).
+  ActivationFormat activations = ActivationFormat::Fp32;
+  // The KV-cache format (nullopt: fp32). Keys and values are stored as the canonical paged bytes and attention
+  // reads their decoded values; for int4-hadamard queries are rotated and outputs un-rotated (formats/kv_cache.h).
+  std::optional<formats::KvFormat> kv;
 };
 
 // Validates the model (Model::validate) and copies its weights as fp32; the engine does not keep `model`.
-// Throws Error on an invalid model or a negative max_sequence_length.
+// Throws Error on an invalid model, a negative max_sequence_length, or a KV format that cannot hold the model's
+// head_dim (e.g. int4 needs a multiple of 32).
 std::unique_ptr<Engine> make_reference_engine(const Model& model, const ReferenceOptions& options = {});
 
 }  // namespace futransformer

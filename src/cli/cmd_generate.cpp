@@ -7,10 +7,13 @@
 
 #include "cli/commands.h"
 #include "cli/device_choice.h"
+#include "cli/progress.h"
 #include "futransformer/engine.h"
 #include "futransformer/error.h"
 #include "futransformer/generate.h"
 #include "futransformer/model.h"
+#include "futransformer/quant/quantize_model.h"
+#include "futransformer/recipe.h"
 #include "futransformer/reference_engine.h"
 #include "futransformer/tokenizer.h"
 
@@ -27,6 +30,7 @@ struct GenerateArgs {
   int32_t top_k = 40;
   int64_t seed = -1;
   std::string device = "auto";
+  std::string recipe;
   bool no_bos = false;
   bool ignore_eos = false;
   bool quiet = false;
@@ -35,10 +39,30 @@ struct GenerateArgs {
 int run_generate(const GenerateArgs& a) {
   const Backend backend = choose_backend(a.device);
   const auto t_load = std::chrono::steady_clock::now();
-  const Model model = load_model(a.model);
+  // A quantised checkpoint runs with the recipe it was made with; --recipe quantises a full model in memory.
+  Model model;
+  PrecisionRecipe recipe;
+  if (quant::is_quantized_checkpoint(a.model)) {
+    quant::QuantizedModel q = quant::load_quantized_checkpoint(a.model);
+    check(a.recipe.empty(), a.model, ": is already quantised (recipe ", q.recipe.name(), "); --recipe needs a ",
+          "full-precision model");
+    model = std::move(q.model);
+    recipe = q.recipe;
+  } else {
+    model = load_model(a.model);
+    if (!a.recipe.empty()) recipe = PrecisionRecipe::parse(a.recipe);
+  }
   const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer_for_model(model, a.tokenizer);
   check(tokenizer->vocab_size() <= model.config.vocab_size, a.model, ": tokenizer has ", tokenizer->vocab_size(),
         " tokens but the model's vocabulary has only ", model.config.vocab_size);
+  if (!a.recipe.empty() && recipe.weights != WeightFormat::Full) {
+    quant::QuantizeOptions qopt;  // GPTQ with the default calibration text and settings
+    qopt.recipe = recipe;
+    ProgressLine progress(!a.quiet);
+    quant::QuantizedModel q = quant::quantize_model(model, *tokenizer, qopt, progress.callback());
+    progress.finish();
+    model = std::move(q.model);
+  }
 
   std::vector<int32_t> prompt;
   const bool bos = !a.no_bos && tokenizer->add_bos() && tokenizer->bos_id() >= 0;
@@ -47,7 +71,7 @@ int run_generate(const GenerateArgs& a) {
   prompt.insert(prompt.end(), text_ids.begin(), text_ids.end());
   check(!prompt.empty(), "the prompt is empty and the tokenizer has no BOS token; give --prompt TEXT");
 
-  std::unique_ptr<Engine> engine = make_engine(backend, model);
+  std::unique_ptr<Engine> engine = make_engine(backend, model, quant::reference_options(recipe));
   check(static_cast<int64_t>(prompt.size()) < engine->max_sequence_length(), "the prompt has ", prompt.size(),
         " tokens; this model's context is ", engine->max_sequence_length());
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
@@ -89,9 +113,9 @@ int run_generate(const GenerateArgs& a) {
     const double prefill_s = std::chrono::duration<double>(t_first - t_gen).count();
     const double decode_s = std::chrono::duration<double>(t_end - t_first).count();
     std::fprintf(stderr,
-                 "\n[%s engine] load %.2f s | prompt %zu tokens, first token after %.1f ms | %lld new tokens, "
+                 "\n[%s engine, %s] load %.2f s | prompt %zu tokens, first token after %.1f ms | %lld new tokens, "
                  "%.1f tok/s decode | seed %llu\n",
-                 backend_name(backend), load_s, prompt.size(), prefill_s * 1e3, static_cast<long long>(produced),
+                 backend_name(backend), recipe.name().c_str(), load_s, prompt.size(), prefill_s * 1e3, static_cast<long long>(produced),
                  produced > 1 ? static_cast<double>(produced - 1) / decode_s : 0.0,
                  static_cast<unsigned long long>(opt.sampling.seed));
   }
@@ -124,6 +148,9 @@ Command add_generate_command(CLI::App& app) {
   sub->add_option("--device", args->device, "cpu, cuda, or auto (cuda on a Hopper GPU, else cpu)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  sub->add_option("--recipe", args->recipe,
+                  "Run a precision recipe, quantising in memory first (GPTQ calibrates on the default text), e.g. "
+                  "fp8+act-fp8+kv-int4-hadamard or int4-gptq-g128+kv-fp8");
   sub->add_flag("--no-bos", args->no_bos, "Do not prepend the BOS token");
   sub->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence tokens");
   sub->add_flag("-q,--quiet", args->quiet, "No statistics on stderr");

@@ -1,6 +1,7 @@
 // `futransformer info`: what a checkpoint is (config, parameter count, tensor summary).
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <memory>
 #include <regex>
 #include <string>
@@ -8,6 +9,7 @@
 #include "cli/commands.h"
 #include "futransformer/error.h"
 #include "futransformer/model.h"
+#include "futransformer/quant/quantize_model.h"
 #include "futransformer/tokenizer.h"
 
 namespace futransformer::cli {
@@ -43,11 +45,30 @@ void print_tensor_summary(const Model& model, bool all) {
   }
 }
 
+void print_quantization(const quant::QuantizedModel& q) {
+  const nlohmann::json& j = q.recipe_json;
+  std::printf("recipe:                   %s\n", q.recipe.name().c_str());
+  if (j.contains("weights")) std::printf("weights:                  %s\n", j["weights"].dump().c_str());
+  std::printf("activations / KV cache:   %s / %s\n",
+              q.recipe.activations == ActivationFormat::Fp8PerToken ? "fp8 per token" : "fp32",
+              q.recipe.kv ? formats::kv_format_name(*q.recipe.kv) : "fp32");
+  const auto gptq = j.find("gptq");
+  if (gptq != j.end() && gptq->is_object()) {
+    const nlohmann::json g = *gptq;
+    nlohmann::json settings = g;
+    settings.erase("layers");
+    std::printf("gptq:                     %s\n", settings.dump().c_str());
+  }
+}
+
 int run_info(const InfoArgs& a) {
-  const Model model = load_model(a.model);
+  std::optional<quant::QuantizedModel> quantized;
+  if (quant::is_quantized_checkpoint(a.model)) quantized = quant::load_quantized_checkpoint(a.model);
+  const Model model = quantized ? quantized->model : load_model(a.model);
   const ModelConfig& c = model.config;
   std::printf("model:                    %s\n", model.source.c_str());
   std::printf("format:                   %s\n", model.format.c_str());
+  if (quantized) print_quantization(*quantized);
   std::printf("hidden_size:              %lld\n", static_cast<long long>(c.hidden_size));
   std::printf("intermediate_size:        %lld\n", static_cast<long long>(c.intermediate_size));
   std::printf("num_hidden_layers:        %lld\n", static_cast<long long>(c.num_hidden_layers));

@@ -20,9 +20,9 @@ Backend choose_backend(const std::string& device) {
 
 const char* backend_name(Backend b) { return b == Backend::Cuda ? "cuda" : "cpu reference"; }
 
-std::unique_ptr<Engine> make_engine(Backend b, const Model& model) {
+std::unique_ptr<Engine> make_engine(Backend b, const Model& model, const ReferenceOptions& options) {
   check(b == Backend::Cpu, "internal: CUDA engine requested but not available");
-  return make_reference_engine(model);
+  return make_reference_engine(model, options);
 }
 
 }  // namespace futransformer::cli

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "futransformer/engine.h"
+#include "futransformer/reference_engine.h"
 
 namespace futransformer::cli {
 
@@ -13,6 +14,7 @@ enum class Backend { Cpu, Cuda };
 // "cpu" | "cuda" | "auto". cuda fails with a clear message when no usable Hopper GPU or CUDA engine exists.
 Backend choose_backend(const std::string& device);
 const char* backend_name(Backend b);
-std::unique_ptr<Engine> make_engine(Backend b, const Model& model);
+// options: the recipe's activation/KV formats (the reference engine applies them).
+std::unique_ptr<Engine> make_engine(Backend b, const Model& model, const ReferenceOptions& options = {});
 
 }  // namespace futransformer::cli

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "futransformer/error.h"
+#include "futransformer/quant/quantize_model.h"
 
 namespace futransformer {
 
@@ -99,7 +100,11 @@ int64_t Model::parameter_count() const {
 Model load_model(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) fail(path, ": no such file or directory");
-  if (S_ISDIR(st.st_mode)) return load_hf_model(path);
+  if (S_ISDIR(st.st_mode)) {
+    // A quantised checkpoint is an HF directory plus quantization.json; its packed projections load dequantised.
+    if (quant::is_quantized_checkpoint(path)) return quant::load_quantized_checkpoint(path).model;
+    return load_hf_model(path);
+  }
   auto ends_with = [&](const std::string& suffix) {
     return path.size() >= suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
   };

@@ -7,7 +7,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
+
+#include "futransformer/formats/kv_cache.h"
 
 namespace futransformer::ref {
 
@@ -43,5 +46,37 @@ class F32KvStore final : public KvStore {
 };
 
 std::unique_ptr<KvStore> make_f32_kv_store(int64_t width);
+
+// A cache in one of the formats of formats/kv_cache.h, held as the canonical pages (kKvPageTokens token slots of
+// one KV head each, the bytes the GPU writes). Every appended token is encoded with kv_encode_token and decoded
+// back once, right away, into an fp32 mirror that reads return: attention sees exactly decode(page bytes), without
+// decoding the whole history at every step. Reads are in the cache's domain: for int4-hadamard the keys and values
+// stay rotated (H·k, H·v), and the engine rotates queries and un-rotates the attention output, as the GPU does.
+class PagedKvStore final : public KvStore {
+ public:
+  PagedKvStore(formats::KvFormat format, int64_t n_kv_heads, int64_t head_dim);
+  void append(const float* k, const float* v, int64_t tokens) override;
+  void read_keys(int64_t n, float* out) const override;
+  void read_values(int64_t n, float* out) const override;
+  int64_t size() const override { return size_; }
+  int64_t width() const override { return heads_ * layout_.head_dim; }
+
+  const formats::KvPageLayout& layout() const { return layout_; }
+  int64_t pages_per_head() const { return static_cast<int64_t>(pages_.size()) / heads_; }
+  // The bytes of page `index` (tokens index·P … index·P + P − 1) of KV head `head`.
+  const uint8_t* page(int64_t head, int64_t index) const;
+
+ private:
+  formats::KvPageLayout layout_;
+  int64_t heads_;
+  int64_t size_ = 0;
+  std::vector<std::vector<uint8_t>> pages_;  // page-major: pages_[index * heads_ + head]
+  std::vector<float> keys_, values_;         // decoded mirror, [size_, width]
+};
+
+// An fp32 store (nullopt) or a PagedKvStore of `format`, for n_kv_heads heads of head_dim values. Throws Error
+// when the format cannot hold that head_dim (kv_page_layout's rules).
+std::unique_ptr<KvStore> make_kv_store(std::optional<formats::KvFormat> format, int64_t n_kv_heads,
+                                       int64_t head_dim);
 
 }  // namespace futransformer::ref

@@ -1,0 +1,204 @@
+#include "ref/ref_model.h"
+
+#include <algorithm>
+#include <array>
+
+#include "futransformer/error.h"
+#include "futransformer/formats/fp8.h"
+#include "ref/ops.h"
+
+namespace futransformer::ref {
+namespace {
+
+constexpr std::array<const char*, kNumProjections> kSuffixes = {
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
+
+constexpr Projection kQkv[] = {Projection::Q, Projection::K, Projection::V};
+constexpr Projection kO[] = {Projection::O};
+constexpr Projection kGateUp[] = {Projection::Gate, Projection::Up};
+constexpr Projection kDown[] = {Projection::Down};
+
+size_t idx(Projection p) { return static_cast<size_t>(p); }
+
+}  // namespace
+
+std::string projection_tensor_name(int64_t layer, Projection p) {
+  return "model.layers." + std::to_string(layer) + "." + kSuffixes[idx(p)];
+}
+
+const char* projection_input_name(ProjectionInput g) {
+  switch (g) {
+    case ProjectionInput::Qkv: return "q/k/v";
+    case ProjectionInput::O: return "o";
+    case ProjectionInput::GateUp: return "gate/up";
+    case ProjectionInput::Down: return "down";
+  }
+  return "?";
+}
+
+std::span<const Projection> projections_of(ProjectionInput g) {
+  switch (g) {
+    case ProjectionInput::Qkv: return kQkv;
+    case ProjectionInput::O: return kO;
+    case ProjectionInput::GateUp: return kGateUp;
+    case ProjectionInput::Down: return kDown;
+  }
+  return {};
+}
+
+void fp8_round_rows(float* x, int64_t rows, int64_t cols) {
+  const formats::Fp8Matrix q =
+      formats::fp8_quantize_per_token(std::span<const float>(x, static_cast<size_t>(rows * cols)), rows, cols,
+                                      "projection input (act-fp8)");
+  for (int64_t r = 0; r < rows; ++r) {
+    const float s = q.scales[static_cast<size_t>(r)];
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = static_cast<size_t>(r * cols + c);
+      x[i] = formats::fp8_e4m3_decode(q.codes[i]) * s;
+    }
+  }
+}
+
+RefModel::RefModel(const Model& model, const RefModelOptions& options) : config_(model.config), options_(options) {
+  model.validate();
+  if (options_.kv) {
+    try {
+      formats::kv_page_layout(*options_.kv, config_.head_dim);
+    } catch (const Error& e) {
+      fail(model.source, ": KV-cache format ", formats::kv_format_name(*options_.kv), " cannot hold this model's ",
+           "heads: ", e.what());
+    }
+  }
+  const Tensor& emb = model.get("model.embed_tokens.weight");
+  embedding_ = std::make_shared<const std::vector<float>>(emb.to_f32());
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    Layer l;
+    l.attn_norm = model.get(p + "input_layernorm.weight").to_f32();
+    l.mlp_norm = model.get(p + "post_attention_layernorm.weight").to_f32();
+    for (int j = 0; j < kNumProjections; ++j) {
+      l.proj[j] = RefLinear::from_tensor(model.get(projection_tensor_name(i, static_cast<Projection>(j))));
+      if (options_.activations == ActivationFormat::Fp8PerToken) l.proj[j].set_input_quantizer(fp8_round_rows);
+    }
+    layers_.push_back(std::move(l));
+  }
+  final_norm_ = model.get("model.norm.weight").to_f32();
+  // Tied as in HF: the head is the embedding matrix (any lm_head.weight is ignored), held once. The head keeps
+  // fp32 inputs: recipes quantise only the decoder projections.
+  if (config_.tie_word_embeddings) {
+    lm_head_ = RefLinear(emb.name, config_.vocab_size, config_.hidden_size, embedding_);
+  } else {
+    lm_head_ = RefLinear::from_tensor(model.get("lm_head.weight"));
+  }
+  inv_freq_ = rope_inv_freq(config_.head_dim, config_.rope_theta, config_.rope_scaling);
+}
+
+std::unique_ptr<KvStore> RefModel::make_kv_store() const {
+  return ref::make_kv_store(options_.kv, config_.num_key_value_heads, config_.head_dim);
+}
+
+RefLinear& RefModel::linear(int64_t layer, Projection p) {
+  check(layer >= 0 && layer < num_layers(), "reference model: layer ", layer, " outside [0, ", num_layers(), ")");
+  return layers_[static_cast<size_t>(layer)].proj[idx(p)];
+}
+
+const RefLinear& RefModel::projection(int64_t layer, Projection p) const {
+  return const_cast<RefModel*>(this)->linear(layer, p);
+}
+
+void RefModel::set_projection_weights(int64_t layer, Projection p, std::vector<float> weights) {
+  RefLinear& l = linear(layer, p);
+  RefLinear replaced(l.name(), l.out_features(), l.in_features(),
+                     std::make_shared<const std::vector<float>>(std::move(weights)));
+  if (options_.activations == ActivationFormat::Fp8PerToken) replaced.set_input_quantizer(fp8_round_rows);
+  l = std::move(replaced);
+}
+
+void RefModel::embed(std::span<const int32_t> tokens, float* x) const {
+  const int64_t h = config_.hidden_size;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const float* e = embedding_->data() + static_cast<int64_t>(tokens[i]) * h;
+    std::copy(e, e + h, x + static_cast<int64_t>(i) * h);
+  }
+}
+
+// q: [rows, nh·hd] after RoPE, in the model's basis. For int4-hadamard the cache holds H·k and H·v, so each chunk's
+// queries are rotated (H·q · H·k = q · k) and the output, a weighted sum of H·v, is rotated back.
+void RefModel::attend(const float* q_in, int64_t qw, std::span<const SequenceRows> seqs, float* out) const {
+  const int64_t hd = config_.head_dim, nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
+  const int64_t kvw = nkv * hd;
+  std::vector<float> q, keys, values;
+  for (const SequenceRows& s : seqs) {
+    const size_t n_q = static_cast<size_t>(s.count * qw);
+    q.assign(q_in + s.first_row * qw, q_in + s.first_row * qw + n_q);
+    if (options_.kv) formats::kv_rotate_query(*options_.kv, hd, q);
+    const int64_t n_kv = s.first_pos + s.count;
+    keys.resize(static_cast<size_t>(n_kv * kvw));
+    values.resize(static_cast<size_t>(n_kv * kvw));
+    s.kv->read_keys(n_kv, keys.data());
+    s.kv->read_values(n_kv, values.data());
+    float* o = out + s.first_row * qw;
+    attention(q.data(), keys.data(), values.data(), o, s.count, s.first_pos, n_kv, nh, nkv, hd);
+    if (options_.kv) formats::kv_unrotate_output(*options_.kv, hd, std::span<float>(o, n_q));
+  }
+}
+
+void RefModel::run_layer(int64_t index, float* x, int64_t rows, std::span<const SequenceRows> seqs,
+                         const LayerHook& hook) {
+  check(index >= 0 && index < num_layers(), "reference model: layer ", index, " outside [0, ", num_layers(), ")");
+  const Layer& l = layers_[static_cast<size_t>(index)];
+  const int64_t h = config_.hidden_size, hd = config_.head_dim;
+  const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
+  const int64_t qw = nh * hd, kvw = nkv * hd, inter = config_.intermediate_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  auto observe = [&](ProjectionInput g, const float* in, int64_t cols) {
+    if (hook) hook(index, g, in, rows, cols);
+  };
+  auto proj = [&](Projection p) -> const RefLinear& { return l.proj[idx(p)]; };
+
+  std::vector<float> xn(static_cast<size_t>(rows * h));
+  for (int64_t r = 0; r < rows; ++r) rmsnorm(&x[r * h], l.attn_norm.data(), &xn[r * h], h, eps);
+  observe(ProjectionInput::Qkv, xn.data(), h);
+  std::vector<float> q(static_cast<size_t>(rows * qw)), k(static_cast<size_t>(rows * kvw)),
+      v(static_cast<size_t>(rows * kvw));
+  proj(Projection::Q).forward(xn.data(), rows, q.data());
+  proj(Projection::K).forward(xn.data(), rows, k.data());
+  proj(Projection::V).forward(xn.data(), rows, v.data());
+
+  for (const SequenceRows& s : seqs) {
+    for (int64_t i = 0; i < s.count; ++i) {
+      const int64_t r = s.first_row + i;
+      apply_rope(&q[r * qw], nh, hd, s.first_pos + i, inv_freq_.data());
+      apply_rope(&k[r * kvw], nkv, hd, s.first_pos + i, inv_freq_.data());
+    }
+    s.kv->append(&k[s.first_row * kvw], &v[s.first_row * kvw], s.count);
+  }
+  std::vector<float> att(static_cast<size_t>(rows * qw));
+  attend(q.data(), qw, seqs, att.data());
+
+  observe(ProjectionInput::O, att.data(), qw);
+  std::vector<float> delta(static_cast<size_t>(rows * h));
+  proj(Projection::O).forward(att.data(), rows, delta.data());
+  for (int64_t i = 0; i < rows * h; ++i) x[i] += delta[static_cast<size_t>(i)];
+
+  for (int64_t r = 0; r < rows; ++r) rmsnorm(&x[r * h], l.mlp_norm.data(), &xn[r * h], h, eps);
+  observe(ProjectionInput::GateUp, xn.data(), h);
+  std::vector<float> gate(static_cast<size_t>(rows * inter)), up(static_cast<size_t>(rows * inter));
+  proj(Projection::Gate).forward(xn.data(), rows, gate.data());
+  proj(Projection::Up).forward(xn.data(), rows, up.data());
+  swiglu(gate.data(), up.data(), gate.data(), rows * inter);
+  observe(ProjectionInput::Down, gate.data(), inter);
+  proj(Projection::Down).forward(gate.data(), rows, delta.data());
+  for (int64_t i = 0; i < rows * h; ++i) x[i] += delta[static_cast<size_t>(i)];
+}
+
+void RefModel::final_logits(const float* x, int64_t rows, float* logits) const {
+  const int64_t h = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  std::vector<float> xn(static_cast<size_t>(rows * h));
+  for (int64_t r = 0; r < rows; ++r) rmsnorm(&x[r * h], final_norm_.data(), &xn[r * h], h, eps);
+  lm_head_.forward(xn.data(), rows, logits);
+}
+
+}  // namespace futransformer::ref

@@ -1,0 +1,327 @@
+// The reference engine under low-precision recipes: paged KV stores hold exactly the bytes of formats/kv_cache.h,
+// int4-hadamard attention (rotated queries, un-rotated outputs) equals attention over un-rotated decoded keys and
+// values computed independently in fp64, and act-fp8 perturbs logits by a bounded amount.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "futransformer/error.h"
+#include "futransformer/formats/fp8.h"
+#include "futransformer/formats/hadamard.h"
+#include "futransformer/formats/kv_cache.h"
+#include "futransformer/reference_engine.h"
+#include "ref/kv_cache.h"
+#include "ref/ops.h"
+#include "ref/ref_model.h"
+#include "tiny_llama.h"
+
+namespace futransformer {
+namespace {
+
+using formats::KvFormat;
+using formats::KvPart;
+
+constexpr KvFormat kFormats[] = {KvFormat::BF16, KvFormat::FP8, KvFormat::INT4, KvFormat::INT4_HADAMARD};
+
+// The attention output (fp32 math, different operation order) vs an fp64 computation of the same values.
+constexpr double kAttentionTolerance = 1e-5;
+// act-fp8 rounds each projection input to 3 mantissa bits: relative error at most 2^-4 per value, about 2% RMS.
+// Fourteen projections in series, and attention sharpened by the tiny model's large q/k weights, amplify that to
+// ~16% on the logits (measured): far more than fp32 rounding (< 1e-5), well below the O(1) change of a broken
+// quantiser. The exact per-projection rule is checked separately below.
+constexpr double kActFp8MinChange = 1e-3;
+constexpr double kActFp8MaxChange = 0.3;
+
+std::vector<float> random_vector(size_t n, std::mt19937& rng, float stddev = 1.0f) {
+  std::normal_distribution<float> d(0.0f, stddev);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+class PagedStore : public ::testing::TestWithParam<KvFormat> {};
+
+TEST_P(PagedStore, ReadsAndPagesEqualEncodeThenDecode) {
+  const KvFormat f = GetParam();
+  const int64_t heads = 3, hd = 64, w = heads * hd, total = 150;  // 150 tokens: pages 0, 1 full, page 2 partial
+  std::mt19937 rng(11 + static_cast<int>(f));
+  const std::vector<float> k = random_vector(static_cast<size_t>(total * w), rng, 2.0f);
+  const std::vector<float> v = random_vector(static_cast<size_t>(total * w), rng);
+  ref::PagedKvStore store(f, heads, hd);
+  int64_t done = 0;
+  for (int64_t chunk : {1, 62, 2, 70, 15}) {  // crosses page boundaries inside and between appends
+    store.append(&k[done * w], &v[done * w], chunk);
+    done += chunk;
+  }
+  ASSERT_EQ(done, total);
+  ASSERT_EQ(store.size(), total);
+  ASSERT_EQ(store.pages_per_head(), 3);
+
+  // Independent pages: every token encoded into a fresh page per (head, page index).
+  const formats::KvPageLayout L = formats::kv_page_layout(f, hd);
+  std::vector<float> want_k(static_cast<size_t>(total * w)), want_v(static_cast<size_t>(total * w));
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t p = 0; p < 3; ++p) {
+      std::vector<uint8_t> page(static_cast<size_t>(L.page_bytes), 0);
+      for (int64_t s = 0; s < L.page_tokens && p * L.page_tokens + s < total; ++s) {
+        const size_t off = static_cast<size_t>((p * L.page_tokens + s) * w + h * hd);
+        formats::kv_encode_token(L, page.data(), s, KvPart::K, std::span<const float>(&k[off], hd));
+        formats::kv_encode_token(L, page.data(), s, KvPart::V, std::span<const float>(&v[off], hd));
+        formats::kv_decode_token(L, page.data(), s, KvPart::K, std::span<float>(&want_k[off], hd));
+        formats::kv_decode_token(L, page.data(), s, KvPart::V, std::span<float>(&want_v[off], hd));
+      }
+      EXPECT_EQ(std::memcmp(store.page(h, p), page.data(), page.size()), 0) << "head " << h << " page " << p;
+    }
+  }
+  std::vector<float> got_k(static_cast<size_t>(total * w)), got_v(static_cast<size_t>(total * w));
+  store.read_keys(total, got_k.data());
+  store.read_values(total, got_v.data());
+  EXPECT_EQ(std::memcmp(got_k.data(), want_k.data(), got_k.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(got_v.data(), want_v.data(), got_v.size() * 4), 0);
+  // A prefix read returns the prefix.
+  std::vector<float> prefix(static_cast<size_t>(5 * w));
+  store.read_keys(5, prefix.data());
+  EXPECT_EQ(std::memcmp(prefix.data(), want_k.data(), prefix.size() * 4), 0);
+  EXPECT_THROW(store.read_keys(total + 1, got_k.data()), Error);
+}
+
+// The quantised formats reject non-finite values (bf16 stores them, so it is not in this suite).
+class QuantisedPagedStore : public ::testing::TestWithParam<KvFormat> {};
+
+TEST_P(QuantisedPagedStore, RejectedTokensLeaveTheStoreUnchanged) {
+  const KvFormat f = GetParam();
+  const int64_t heads = 2, hd = 32, w = heads * hd;
+  std::mt19937 rng(5);
+  std::vector<float> k = random_vector(static_cast<size_t>(70 * w), rng), v = random_vector(k.size(), rng);
+  ref::PagedKvStore store(f, heads, hd);
+  store.append(k.data(), v.data(), 63);
+  std::vector<float> before(static_cast<size_t>(63 * w));
+  store.read_keys(63, before.data());
+  k[static_cast<size_t>(65 * w + 3)] = std::nanf("");
+  EXPECT_THROW(store.append(&k[63 * w], &v[63 * w], 5), Error);
+  EXPECT_EQ(store.size(), 63);
+  EXPECT_EQ(store.pages_per_head(), 1);
+  store.append(&k[63 * w], &v[63 * w], 2);  // the valid tokens still go in afterwards
+  std::vector<float> after(static_cast<size_t>(65 * w));
+  store.read_keys(65, after.data());
+  EXPECT_EQ(std::memcmp(after.data(), before.data(), before.size() * 4), 0);
+}
+
+std::string format_test_name(const ::testing::TestParamInfo<KvFormat>& info) {
+  std::string n = formats::kv_format_name(info.param);
+  for (char& c : n)
+    if (c == '-') c = '_';
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, PagedStore, ::testing::ValuesIn(kFormats), format_test_name);
+INSTANTIATE_TEST_SUITE_P(Formats, QuantisedPagedStore,
+                         ::testing::Values(KvFormat::FP8, KvFormat::INT4, KvFormat::INT4_HADAMARD), format_test_name);
+
+TEST(PagedStoreFactory, Fp32WhenNoFormatAndClearErrorsForBadHeads) {
+  EXPECT_NE(dynamic_cast<ref::F32KvStore*>(ref::make_kv_store(std::nullopt, 2, 8).get()), nullptr);
+  EXPECT_NE(dynamic_cast<ref::PagedKvStore*>(ref::make_kv_store(KvFormat::FP8, 2, 64).get()), nullptr);
+  try {
+    ref::make_kv_store(KvFormat::INT4, 4, 8);
+    FAIL() << "int4 with head_dim 8 must be rejected";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim 8"), std::string::npos) << e.what();
+  }
+}
+
+// One decoder layer run by RefModel with a KV format; the hook captures the q/k/v input (xn) and the o input (the
+// attention output). The test recomputes q, k, v with the same fp32 projections and RoPE (bit-identical, so the KV
+// encoder sees the same values), then does attention its own way: keys and values decoded from independently
+// encoded pages, rotated back by H for int4-hadamard (instead of rotating q), softmax and sums in fp64.
+struct LayerCapture {
+  std::vector<float> xn, att;
+};
+
+LayerCapture run_layer0(const Model& m, std::optional<KvFormat> kv, const std::vector<int32_t>& tokens) {
+  ref::RefModelOptions opt;
+  opt.kv = kv;
+  ref::RefModel rm(m, opt);
+  const int64_t n = static_cast<int64_t>(tokens.size()), h = m.config.hidden_size;
+  std::vector<float> x(static_cast<size_t>(n * h));
+  rm.embed(tokens, x.data());
+  auto store = rm.make_kv_store();
+  const ref::SequenceRows seq{0, n, 0, store.get()};
+  LayerCapture cap;
+  rm.run_layer(0, x.data(), n, std::span<const ref::SequenceRows>(&seq, 1),
+               [&](int64_t, ref::ProjectionInput g, const float* in, int64_t rows, int64_t cols) {
+                 if (g == ref::ProjectionInput::Qkv) cap.xn.assign(in, in + rows * cols);
+                 if (g == ref::ProjectionInput::O) cap.att.assign(in, in + rows * cols);
+               });
+  return cap;
+}
+
+std::vector<double> attention_by_hand(const Model& m, std::optional<KvFormat> kv, const LayerCapture& cap,
+                                      int64_t n) {
+  const ModelConfig& c = m.config;
+  const int64_t hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int64_t qw = nh * hd, kvw = nkv * hd;
+  ref::RefModel rm(m, {});
+  std::vector<float> q(static_cast<size_t>(n * qw)), k(static_cast<size_t>(n * kvw)), v(k.size());
+  rm.projection(0, ref::Projection::Q).forward(cap.xn.data(), n, q.data());
+  rm.projection(0, ref::Projection::K).forward(cap.xn.data(), n, k.data());
+  rm.projection(0, ref::Projection::V).forward(cap.xn.data(), n, v.data());
+  const std::vector<float> inv_freq = ref::rope_inv_freq(hd, c.rope_theta, c.rope_scaling);
+  for (int64_t t = 0; t < n; ++t) {
+    ref::apply_rope(&q[t * qw], nh, hd, t, inv_freq.data());
+    ref::apply_rope(&k[t * kvw], nkv, hd, t, inv_freq.data());
+  }
+  if (kv) {  // the cache's values, back in the model's basis
+    const formats::KvPageLayout L = formats::kv_page_layout(*kv, hd);
+    std::vector<uint8_t> page(static_cast<size_t>(L.page_bytes));
+    const int64_t block = formats::kv_hadamard_block(*kv, hd);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t g = 0; g < nkv; ++g) {
+        for (float* x : {&k[t * kvw + g * hd], &v[t * kvw + g * hd]}) {
+          formats::kv_encode_token(L, page.data(), 0, KvPart::K, std::span<const float>(x, hd));
+          formats::kv_decode_token(L, page.data(), 0, KvPart::K, std::span<float>(x, hd));
+          if (block > 0) formats::hadamard_blocks(x, hd, block);
+        }
+      }
+    }
+  }
+  std::vector<double> out(static_cast<size_t>(n * qw), 0.0);
+  const int64_t group = nh / nkv;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t hh = 0; hh < nh; ++hh) {
+      const int64_t g = hh / group;
+      std::vector<double> s(static_cast<size_t>(i + 1));
+      double mx = -1e300, sum = 0;
+      for (int64_t t = 0; t <= i; ++t) {
+        double d = 0;
+        for (int64_t j = 0; j < hd; ++j) d += double(q[i * qw + hh * hd + j]) * double(k[t * kvw + g * hd + j]);
+        s[t] = d / std::sqrt(double(hd));
+        mx = std::max(mx, s[t]);
+      }
+      for (double& e : s) sum += (e = std::exp(e - mx));
+      for (int64_t t = 0; t <= i; ++t)
+        for (int64_t j = 0; j < hd; ++j) out[i * qw + hh * hd + j] += s[t] / sum * double(v[t * kvw + g * hd + j]);
+    }
+  }
+  return out;
+}
+
+double max_rel_error(const std::vector<float>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num = std::max(num, std::abs(double(got[i]) - want[i]));
+    den = std::max(den, std::abs(want[i]));
+  }
+  return num / den;
+}
+
+TEST(RefPrecision, AttentionWithEachKvFormatEqualsIndependentComputation) {
+  const Model m = test::make_tiny_llama({}, 21);
+  std::mt19937 rng(3);
+  const std::vector<int32_t> tokens = test::random_token_ids(80, m.config.vocab_size, rng);  // two pages
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  std::vector<std::optional<KvFormat>> formats_to_test = {std::nullopt};
+  for (KvFormat f : kFormats) formats_to_test.push_back(f);
+  const LayerCapture fp32 = run_layer0(m, std::nullopt, tokens);
+  for (const auto& kv : formats_to_test) {
+    const std::string what = kv ? formats::kv_format_name(*kv) : "fp32";
+    const LayerCapture cap = run_layer0(m, kv, tokens);
+    ASSERT_EQ(cap.xn, fp32.xn) << what;  // the layer's input does not depend on the cache
+    EXPECT_LT(max_rel_error(cap.att, attention_by_hand(m, kv, cap, n)), kAttentionTolerance) << what;
+    if (kv) EXPECT_GT(test::relative_l2(cap.att, fp32.att), 0.0) << what << " must round the cache";
+  }
+  // Rotation matters: int4-hadamard's output is not int4's, and both are a visible but bounded change from fp32.
+  const LayerCapture int4 = run_layer0(m, KvFormat::INT4, tokens);
+  const LayerCapture had = run_layer0(m, KvFormat::INT4_HADAMARD, tokens);
+  EXPECT_GT(test::relative_l2(had.att, int4.att), 1e-3);
+  EXPECT_LT(test::relative_l2(had.att, fp32.att), 0.5);
+}
+
+std::vector<float> logits_of(const Model& m, const ReferenceOptions& o, const std::vector<int32_t>& tokens) {
+  auto engine = make_reference_engine(m, o);
+  const SequenceChunk chunk{0, tokens};
+  return engine->forward(std::span<const SequenceChunk>(&chunk, 1), /*all_logits=*/true)[0];
+}
+
+TEST(RefPrecision, KvFormatsPrefillThenDecodeEqualsOnePass) {
+  // The cache holds what a prefill wrote; decoding token by token reads the same bytes back.
+  const Model m = test::make_tiny_llama({}, 8);
+  std::mt19937 rng(4);
+  const std::vector<int32_t> tokens = test::random_token_ids(70, m.config.vocab_size, rng);
+  for (KvFormat f : kFormats) {
+    ReferenceOptions o;
+    o.kv = f;
+    const std::vector<float> all = logits_of(m, o, tokens);
+    auto engine = make_reference_engine(m, o);
+    SequenceChunk prefill{0, std::vector<int32_t>(tokens.begin(), tokens.begin() + 60)};
+    engine->forward(std::span<const SequenceChunk>(&prefill, 1));
+    for (size_t i = 60; i < tokens.size(); ++i) {
+      const SequenceChunk step{0, {tokens[i]}};
+      const std::vector<float> got = engine->forward(std::span<const SequenceChunk>(&step, 1))[0];
+      const std::vector<float> want(all.begin() + i * m.config.vocab_size, all.begin() + (i + 1) * m.config.vocab_size);
+      // Different query block sizes take different attention code (BLAS blocks vs loops): fp32 rounding only.
+      EXPECT_LT(test::relative_l2(got, want), 1e-5) << formats::kv_format_name(f) << " token " << i;
+    }
+  }
+}
+
+TEST(RefPrecision, KvFormatErrorsNameTheModel) {
+  test::TinyLlama s;
+  s.heads = 8;
+  s.kv_heads = 4;
+  s.head_dim = 8;
+  const Model m = test::make_tiny_llama(s, 1);
+  ReferenceOptions o;
+  o.kv = KvFormat::INT4;
+  try {
+    make_reference_engine(m, o);
+    FAIL() << "int4 KV with head_dim 8 must be rejected";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("synthetic:tiny-llama"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("head_dim 8"), std::string::npos) << msg;
+  }
+  o.kv = KvFormat::BF16;  // bf16 needs a multiple of 8 only
+  EXPECT_NO_THROW(make_reference_engine(m, o));
+}
+
+TEST(RefPrecision, ActFp8RoundsEveryProjectionInput) {
+  const Model m = test::make_tiny_llama({}, 5);
+  std::mt19937 rng(6);
+  const std::vector<int32_t> tokens = test::random_token_ids(24, m.config.vocab_size, rng);
+  ReferenceOptions o;
+  o.activations = ActivationFormat::Fp8PerToken;
+  const double change = test::relative_l2(logits_of(m, o, tokens), logits_of(m, {}, tokens));
+  EXPECT_GT(change, kActFp8MinChange);
+  EXPECT_LT(change, kActFp8MaxChange);
+
+  // Each projection multiplies the fp8-rounded input: check one group by hand (decode(code) · scale).
+  ref::RefModelOptions ro;
+  ro.activations = ActivationFormat::Fp8PerToken;
+  ref::RefModel rm(m, ro);
+  const int64_t n = static_cast<int64_t>(tokens.size()), h = m.config.hidden_size;
+  std::vector<float> x(static_cast<size_t>(n * h));
+  rm.embed(tokens, x.data());
+  auto store = rm.make_kv_store();
+  const ref::SequenceRows seq{0, n, 0, store.get()};
+  std::vector<float> down_in, rounded;
+  rm.run_layer(0, x.data(), n, std::span<const ref::SequenceRows>(&seq, 1),
+               [&](int64_t, ref::ProjectionInput g, const float* in, int64_t rows, int64_t cols) {
+                 if (g == ref::ProjectionInput::Down) down_in.assign(in, in + rows * cols);
+               });
+  const int64_t inter = m.config.intermediate_size;
+  const formats::Fp8Matrix q = formats::fp8_quantize_per_token(down_in, n, inter, "test");
+  rounded = formats::fp8_dequantize(q);
+  std::vector<float> got(static_cast<size_t>(n * h)), want(got.size());
+  rm.projection(0, ref::Projection::Down).forward(down_in.data(), n, got.data());
+  ref::RefModel plain(m, {});
+  plain.projection(0, ref::Projection::Down).forward(rounded.data(), n, want.data());
+  EXPECT_EQ(got, want);
+}
+
+}  // namespace
+}  // namespace futransformer

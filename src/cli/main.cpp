@@ -13,7 +13,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "futransformer 0.1.0");
   app.require_subcommand(1);
   const std::vector<cli::Command> commands = {cli::add_generate_command(app), cli::add_info_command(app),
-                                              cli::add_make_model_command(app), cli::add_quantize_command(app)};
+                                              cli::add_make_model_command(app), cli::add_quantize_command(app),
+                                              cli::add_ppl_command(app)};
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     std::string names;

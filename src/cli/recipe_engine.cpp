@@ -1,0 +1,70 @@
+#include "cli/recipe_engine.h"
+
+#include <fstream>
+
+#include "cli/progress.h"
+#include "futransformer/error.h"
+#include "futransformer/reference_engine.h"
+
+namespace futransformer::cli {
+
+void add_recipe_engine_options(CLI::App& sub, RecipeEngineArgs& a) {
+  sub.add_option("--calibration", a.calibration,
+                 "GPTQ calibration text (default: The Devil's Dictionary, see scripts/fetch_calibration.sh)");
+  sub.add_option("--samples", a.samples, "GPTQ calibration windows")->capture_default_str()->check(CLI::Range(1, 4096));
+  sub.add_option("--sample-tokens", a.sample_tokens, "Tokens per calibration window")
+      ->capture_default_str()
+      ->check(CLI::Range(8, 1 << 16));
+  sub.add_option("--calibration-seed", a.seed, "Seed for the calibration windows' offsets")->capture_default_str();
+  sub.add_flag("--act-order", a.act_order, "GPTQ with act-order (static groups)");
+  sub.add_flag("-q,--quiet", a.quiet, "No progress output");
+}
+
+void check_recipe_engine_args(const RecipeEngineArgs& a, const std::vector<PrecisionRecipe>& recipes) {
+  bool gptq = false;
+  for (const PrecisionRecipe& r : recipes) gptq = gptq || r.weights == WeightFormat::Int4Gptq;
+  if (!gptq) return;
+  const std::string path = a.calibration.empty() ? quant::default_calibration_path() : a.calibration;
+  std::ifstream in(path);
+  check(in.good(), path, ": GPTQ calibration text not found",
+        a.calibration.empty() ? " (run scripts/fetch_calibration.sh, or pass --calibration FILE)" : "");
+}
+
+nlohmann::json recipe_engine_args_json(const RecipeEngineArgs& a) {
+  return {{"calibration", a.calibration.empty() ? quant::default_calibration_path() : a.calibration},
+          {"samples", a.samples},
+          {"sample_tokens", a.sample_tokens},
+          {"seed", a.seed},
+          {"act_order", a.act_order}};
+}
+
+std::unique_ptr<Engine> RecipeEngineFactory::make(const PrecisionRecipe& recipe, int64_t max_sequence_length) {
+  if (recipe.weights == WeightFormat::Full)
+    return make_reference_engine(model_, quant::reference_options(recipe, max_sequence_length));
+  PrecisionRecipe weights_only = recipe;
+  weights_only.activations = ActivationFormat::Fp32;
+  weights_only.kv.reset();
+  const std::string key = weights_only.name();
+  auto it = quantised_.find(key);
+  if (it == quantised_.end()) {
+    quant::QuantizeOptions q;
+    q.recipe = weights_only;
+    q.calibration_path = args_.calibration;
+    q.samples = args_.samples;
+    q.sample_tokens = args_.sample_tokens;
+    q.seed = args_.seed;
+    q.act_order = args_.act_order;
+    ProgressLine progress(!args_.quiet);
+    it = quantised_.emplace(key, quant::quantize_model(model_, tokenizer_, q, progress.callback())).first;
+    progress.finish();
+  }
+  return make_reference_engine(it->second.model, quant::reference_options(recipe, max_sequence_length));
+}
+
+nlohmann::json RecipeEngineFactory::quantisation_records() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, q] : quantised_) j[name] = q.recipe_json;
+  return j;
+}
+
+}  // namespace futransformer::cli

@@ -11,9 +11,10 @@
 // e.g. "full", "fp8+act-fp8", "int4-gptq-g128+kv-int4-hadamard". name() writes weights, activations, KV in this
 // order and always names the weights. Parse errors name the part and list the choices.
 // Rejected combinations (each with the reason): two parts of one kind (two weight formats, act-fp8 twice, two KV
-// formats); a group size or option on fp8 ("fp8-g128"); int4 without quantiser or group ("int4", "int4-rtn");
-// act-fp8 without fp8 weights (FP8 activations only feed FP8 x FP8 tensor-core GEMMs: INT4 weights run W4A16 and
-// full weights bf16, so "int4-gptq-g128+act-fp8" or "act-fp8" alone describes no runnable model).
+// formats); a group size or option on fp8 ("fp8-g128"); int4 without quantiser or group ("int4", "int4-rtn").
+// Every combination of one weight format, one activation format and one KV format runs on the reference engine.
+// On the GPU, FP8 activations feed only the FP8 x FP8 prefill GEMMs, so act-fp8 with full or INT4 weights is a
+// what-if of the activation rounding alone (the CPU measures it; no GPU path runs it).
 #pragma once
 
 #include <cstdint>

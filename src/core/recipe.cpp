@@ -127,12 +127,6 @@ PrecisionRecipe PrecisionRecipe::parse(std::string_view text) {
       fail("recipe '", text, "': unknown part '", part, "' (", kPartChoices, ")");
     }
   }
-  // Hopper's only GEMM that consumes FP8 activations is the FP8 x FP8 tensor-core product: INT4 weights run as
-  // W4A16 (fp16 activations) and full-precision weights as bf16 GEMMs, so act-fp8 without fp8 weights would
-  // describe a model no engine runs.
-  check(r.activations != ActivationFormat::Fp8PerToken || r.weights == WeightFormat::Fp8, "recipe '", text,
-        "': act-fp8 needs fp8 weights (FP8 activations only feed FP8 x FP8 GEMMs; '", weights_part.empty() ? "full"
-        : weights_part, "' weights run with 16-bit activations), e.g. fp8+act-fp8");
   return r;
 }
 

@@ -101,7 +101,7 @@ TEST_F(CliQuantize, GenerateWithRecipeQuantisesInMemory) {
   } errors[] = {
       {"--recipe kv-int4", "head_dim 8"},
       {"--recipe int4-gptq-g48", "g32, g64, g128 or gch"},
-      {"--recipe int4-rtn-g32+act-fp8", "act-fp8 needs fp8 weights"},
+      {"--recipe int4-rtn-g32+int4-rtn-g64", "two weight formats"},
   };
   for (const auto& e : errors) {
     const Result bad = run_cli("generate --model " + model() + " --prompt hi " + e.args);

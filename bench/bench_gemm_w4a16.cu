@@ -61,7 +61,7 @@ void fill_random_bf16(std::vector<uint16_t>& v, uint16_t exponent_bits) {
   for (auto& x : v) x = static_cast<uint16_t>(exponent_bits | (next_random() & 0x807f));
 }
 
- launches captured in one graph, replayed `iters` times.
+// Median per-launch time of kGraphLaunches launches captured in one graph, replayed `iters` times.
 constexpr int kGraphLaunches = 20;
 template <typename F>
 double time_graph_us(int iters, cudaStream_t stream, F launch) {

@@ -13,7 +13,7 @@ void ProgressLine::update(const std::string& stage, int64_t done, int64_t total)
     finish();
     stage_ = stage;
     total_ = total;
-    bar_ = std::make_unique<ProgressBar>(stage, total);
+    bar_ = std::make_unique<ProgressBar>("[" + stage + "]", total);
   }
   bar_->update(done);
 }

@@ -47,7 +47,8 @@ TEST_F(CliQuantize, GptqPerChannelThenGenerateAndInfo) {
   const Result q = run_cli("quantize --model " + model() + " --out " + out + " --group-size ch --calibration " +
                            quote(calibration_) + " --samples 4 --sample-tokens 128");
   ASSERT_EQ(q.exit_code, 0) << q.err;
-  EXPECT_NE(q.err.find("[gptq] 35/35"), std::string::npos) << q.err;
+  // The gptq stage's bar, completed (ProgressBar's 30-column bar).
+  EXPECT_NE(q.err.find("[gptq] [" + std::string(30, '#') + "] 100% 35/35"), std::string::npos) << q.err;
   EXPECT_NE(q.out.find("int4-gptq-gch"), std::string::npos) << q.out;
   for (const char* f : {"config.json", "model.safetensors", "quantization.json", "tokenizer.model"})
     EXPECT_TRUE(test::file_exists(out + "/" + f)) << f;

@@ -10,13 +10,11 @@
 // the FT_GIT_COMMIT environment variable.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <numeric>
 #include <random>
 #include <string>
@@ -26,25 +24,19 @@
 #include "futransformer/cuda/attention_decode.h"
 #include "futransformer/formats/kv_cache.h"
 
+#define FT_BENCH_LAST_ERROR() futransformer::cuda::attention_decode_last_error()
+#include "bench_common.h"
+
 namespace {
 
 using futransformer::formats::KvFormat;
 namespace attn = futransformer::cuda::attn;
+using namespace futransformer::bench;
 
 constexpr double kNominalTBps = 4.2;  // achievable H200 DRAM bandwidth the targets are stated against
 constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128;
 const int kContexts[] = {1024, 8192, 32768};
 const int kBatches[] = {1, 8, 32};
-
-#define CHECK_CUDA(call)                                                                              \
-  do {                                                                                                \
-    const cudaError_t e_ = (call);                                                                    \
-    if (e_ != cudaSuccess) {                                                                          \
-      std::fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_), \
-                   futransformer::cuda::attention_decode_last_error());                               \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
 
 __global__ void fill_hash(uint32_t* p, size_t words, uint32_t seed) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < words; i += size_t{gridDim.x} * blockDim.x) {
@@ -54,59 +46,6 @@ __global__ void fill_hash(uint32_t* p, size_t words, uint32_t seed) {
     x ^= x >> 13;
     p[i] = x;
   }
-}
-
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-// Times `launch(i)` for i = 0..iters-1, one event pair per launch; returns the median in microseconds.
-template <typename F>
-double time_median_us(int iters, cudaStream_t stream, F launch) {
-  for (int i = 0; i < 5; ++i) launch(i);
-  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(iters));
-  for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
-  for (int i = 0; i < iters; ++i) {
-    CHECK_CUDA(cudaEventRecord(ev[2 * i], stream));
-    launch(i);
-    CHECK_CUDA(cudaEventRecord(ev[2 * i + 1], stream));
-  }
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  std::vector<float> ms(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) CHECK_CUDA(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto& e : ev) CHECK_CUDA(cudaEventDestroy(e));
-  return median(ms) * 1000.0;
-}
-
-// Current SM clock through NVML when the driver library is present (dlopen: no link-time dependency).
-int nvml_sm_clock_mhz(int device) {
-  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
-  if (!lib) return -1;
-  using InitFn = int (*)();
-  using HandleFn = int (*)(const char*, void**);
-  using ClockFn = int (*)(void*, int, unsigned*);
-  auto init = reinterpret_cast<InitFn>(dlsym(lib, "nvmlInit_v2"));
-  auto handle = reinterpret_cast<HandleFn>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
-  auto clock = reinterpret_cast<ClockFn>(dlsym(lib, "nvmlDeviceGetClockInfo"));
-  char bus[32] = {};
-  void* h = nullptr;
-  unsigned mhz = 0;
-  int result = -1;
-  if (init && handle && clock && init() == 0 && cudaDeviceGetPCIBusId(bus, sizeof(bus), device) == cudaSuccess &&
-      handle(bus, &h) == 0 && clock(h, /*NVML_CLOCK_SM*/ 1, &mhz) == 0)
-    result = static_cast<int>(mhz);
-  dlclose(lib);
-  return result;
-}
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) o += c;
-  }
-  return o;
 }
 
 struct Result {
@@ -166,44 +105,13 @@ Result bench_format(KvFormat f, int ctx, int batch, size_t rotate_bytes, int ite
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json_path;
-  int iters = 100;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json" && i + 1 < argc) {
-      json_path = argv[++i];
-    } else if (a == "--iters" && i + 1 < argc) {
-      iters = std::max(50, std::atoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--iters N (>= 50)]\n", argv[0]);
-      return 2;
-    }
-  }
-  int dev = 0;
-  CHECK_CUDA(cudaGetDevice(&dev));
-  cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
-  int clock_khz = 0, l2_bytes = 0;
-  CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
-  CHECK_CUDA(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, dev));
-  const size_t rotate_bytes = 4 * static_cast<size_t>(l2_bytes);
+  const Args args = parse_args(argc, argv, 100, 50);
+  const int iters = args.iters;
+  const DeviceInfo d = query_device();
+  const size_t rotate_bytes = 4 * static_cast<size_t>(d.l2_bytes);
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-
-  // Roofline: device-to-device copy of 1 GiB (bytes read + written over time).
-  double copy_tbps = 0.0;
-  {
-    const size_t bytes = size_t{1} << 30;
-    void *src = nullptr, *dst = nullptr;
-    CHECK_CUDA(cudaMalloc(&src, bytes));
-    CHECK_CUDA(cudaMalloc(&dst, bytes));
-    CHECK_CUDA(cudaMemsetAsync(src, 1, bytes, stream));
-    const double us = time_median_us(
-        20, stream, [&](int) { CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream)); });
-    copy_tbps = 2.0 * bytes / (us * 1e-6) / 1e12;
-    CHECK_CUDA(cudaFree(src));
-    CHECK_CUDA(cudaFree(dst));
-  }
+  const double copy_tbps = device_copy_tbps(stream);
   const int max_batch = *std::max_element(std::begin(kBatches), std::end(kBatches));
   __nv_bfloat16 *q = nullptr, *out = nullptr;
   const size_t qn = static_cast<size_t>(max_batch) * kHeads * kHeadDim;
@@ -211,8 +119,8 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&out, qn * 2));
   CHECK_CUDA(cudaMemsetAsync(q, 0x3c, qn * 2, stream));  // bf16 0x3c3c ~ 0.0115 everywhere
 
-  std::printf("%s, %d SMs, L2 %d MB, max SM clock %d MHz; device copy %.2f TB/s; %d timed runs per row\n", prop.name,
-              prop.multiProcessorCount, l2_bytes >> 20, clock_khz / 1000, copy_tbps, iters);
+  print_device_summary(d);
+  std::printf("; device copy %.2f TB/s; %d timed runs per row\n", copy_tbps, iters);
   std::printf("Llama-3.1-8B attention: %d heads, %d KV heads, head_dim %d; page 64 tokens\n", kHeads, kKvHeads,
               kHeadDim);
   std::printf("%6s %5s | %9s %7s %6s %6s | %9s %7s %6s | %7s\n", "ctx", "batch", "int4 us", "TB/s", "of4.2T", "splits",
@@ -231,42 +139,21 @@ int main(int argc, char** argv) {
       rows.push_back(r);
     }
   }
-  const int sm_mhz_now = nvml_sm_clock_mhz(dev);
-  if (sm_mhz_now > 0) std::printf("SM clock after the runs (NVML): %d MHz\n", sm_mhz_now);
+  const int sm_mhz_now = report_sm_clock_after_runs(d.dev);
 
-  if (!json_path.empty()) {
-    FILE* f = std::fopen(json_path.c_str(), "w");
-    if (!f) {
-      std::fprintf(stderr, "cannot write %s\n", json_path.c_str());
-      return 1;
-    }
-#ifdef FT_GIT_COMMIT
-    std::string commit = FT_GIT_COMMIT;
-#else
-    const char* env_commit = std::getenv("FT_GIT_COMMIT");
-    std::string commit = env_commit ? env_commit : "unknown";
-#endif
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    std::fprintf(f,
-                 "{\n  \"benchmark\": \"attention_decode\",\n  \"gpu\": \"%s\",\n  \"sm_count\": %d,\n"
-                 "  \"sm_clock_max_mhz\": %d,\n  \"sm_clock_nvml_mhz\": %d,\n  \"copy_bandwidth_tbps\": %.4f,\n"
-                 "  \"git_commit\": \"%s\",\n  \"date\": \"%s\",\n  \"n_heads\": %d,\n  \"n_kv_heads\": %d,\n"
-                 "  \"head_dim\": %d,\n  \"timed_runs\": %d,\n  \"rows\": [\n",
-                 json_escape(prop.name).c_str(), prop.multiProcessorCount, clock_khz / 1000, sm_mhz_now, copy_tbps,
-                 json_escape(commit).c_str(), date, kHeads, kKvHeads, kHeadDim, iters);
-    for (size_t i = 0; i < rows.size(); ++i) {
+  if (!args.json_path.empty()) {
+    const auto extra = [&](FILE* f) {
+      std::fprintf(f, "  \"n_heads\": %d,\n  \"n_kv_heads\": %d,\n  \"head_dim\": %d,\n  \"timed_runs\": %d,\n", kHeads,
+                   kKvHeads, kHeadDim, iters);
+    };
+    const auto row = [&](FILE* f, size_t i) {
       const Row& r = rows[i];
       std::fprintf(f,
                    "    {\"context\": %d, \"batch\": %d, \"int4_us\": %.3f, \"int4_tbps\": %.4f, \"int4_splits\": %d, "
-                   "\"bf16_us\": %.3f, \"bf16_tbps\": %.4f, \"bf16_splits\": %d, \"speedup\": %.3f}%s\n",
-                   r.ctx, r.batch, r.i4.us, r.i4.tbps, r.i4.splits, r.bf.us, r.bf.tbps, r.bf.splits, r.bf.us / r.i4.us,
-                   i + 1 < rows.size() ? "," : "");
-    }
-    std::fprintf(f, "  ]\n}\n");
-    std::fclose(f);
-    std::printf("wrote %s\n", json_path.c_str());
+                   "\"bf16_us\": %.3f, \"bf16_tbps\": %.4f, \"bf16_splits\": %d, \"speedup\": %.3f}",
+                   r.ctx, r.batch, r.i4.us, r.i4.tbps, r.i4.splits, r.bf.us, r.bf.tbps, r.bf.splits, r.bf.us / r.i4.us);
+    };
+    if (!write_json(args.json_path, "attention_decode", d, sm_mhz_now, copy_tbps, extra, rows.size(), row)) return 1;
   }
   CHECK_CUDA(cudaFree(q));
   CHECK_CUDA(cudaFree(out));

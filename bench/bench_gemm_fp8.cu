@@ -8,11 +8,10 @@
 //   column says which); FAST_ACCUM off, i.e. with promotion like ours; and the same with FAST_ACCUM on.
 //   The scales are constant vectors, so both modes compute the same D and the outputs are compared (max |diff|
 //   over max |D|) to show the timed kernels agree. cuBLASLt BF16 on BF16 copies of the shape.
-// The git commit in the JSON comes from the FT_GIT_COMMIT environment variable.
+// The git commit in the JSON comes from -DFT_GIT_COMMIT=... or the FT_GIT_COMMIT environment variable.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
@@ -20,32 +19,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "futransformer/cuda/gemm_fp8.h"
 
+#define FT_BENCH_LAST_ERROR() futransformer::cuda::gemm_fp8_last_error()
+#include "bench_common.h"
+
 namespace {
 
-#define CHECK_CUDA(call)                                                                              \
-  do {                                                                                                \
-    const cudaError_t e_ = (call);                                                                    \
-    if (e_ != cudaSuccess) {                                                                          \
-      std::fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_), \
-                   futransformer::cuda::gemm_fp8_last_error());                                       \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
-#define CHECK_CUBLAS(call)                                                                                    \
-  do {                                                                                                        \
-    const cublasStatus_t s_ = (call);                                                                         \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                        \
-      std::fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #call, static_cast<int>(s_)); \
-      std::exit(1);                                                                                           \
-    }                                                                                                         \
-  } while (0)
+using namespace futransformer::bench;
 
 struct Shape {
   const char* name;
@@ -79,53 +64,6 @@ __global__ void fill_bf16(uint16_t* p, size_t n, uint64_t seed) {
 }
 __global__ void fill_f32(float* p, size_t n, float v) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) p[i] = v;
-}
-
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-// Times `launch()` `iters` times after warm-up, flushing the L2 before each; returns the median in microseconds.
-template <typename F>
-double time_median_us(int iters, cudaStream_t stream, void* flush, size_t flush_bytes, F launch) {
-  for (int i = 0; i < 3; ++i) launch();
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
-  std::vector<float> ms(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) {
-    CHECK_CUDA(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, stream));
-    CHECK_CUDA(cudaEventRecord(e0, stream));
-    launch();
-    CHECK_CUDA(cudaEventRecord(e1, stream));
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    CHECK_CUDA(cudaEventElapsedTime(&ms[static_cast<size_t>(i)], e0, e1));
-  }
-  CHECK_CUDA(cudaEventDestroy(e0));
-  CHECK_CUDA(cudaEventDestroy(e1));
-  return median(ms) * 1000.0;
-}
-
-// Current SM clock through NVML when the driver library is present (dlopen: no link-time dependency).
-int nvml_sm_clock_mhz(int device) {
-  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
-  if (!lib) return -1;
-  using InitFn = int (*)();
-  using HandleFn = int (*)(const char*, void**);
-  using ClockFn = int (*)(void*, int, unsigned*);
-  auto init = reinterpret_cast<InitFn>(dlsym(lib, "nvmlInit_v2"));
-  auto handle = reinterpret_cast<HandleFn>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
-  auto clock = reinterpret_cast<ClockFn>(dlsym(lib, "nvmlDeviceGetClockInfo"));
-  char bus[32] = {};
-  void* h = nullptr;
-  unsigned mhz = 0;
-  int result = -1;
-  if (init && handle && clock && init() == 0 && cudaDeviceGetPCIBusId(bus, sizeof(bus), device) == cudaSuccess &&
-      handle(bus, &h) == 0 && clock(h, /*NVML_CLOCK_SM*/ 1, &mhz) == 0)
-    result = static_cast<int>(mhz);
-  dlclose(lib);
-  return result;
 }
 
 // cuBLASLt D[M, N] = A[M, K] * B[N, K]^T in column-major terms: D^T (N x M, ld N) = op_T(B as K x N) * (A as K x M).
@@ -204,15 +142,6 @@ double relative_max_diff(const uint16_t* a, const uint16_t* b, size_t n) {
   return mag > 0.0 ? diff / mag : (diff > 0.0 ? INFINITY : 0.0);
 }
 
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) o += c;
-  }
-  return o;
-}
-
 struct Row {
   std::string shape, scale_mode;
   int M, K, N;
@@ -224,38 +153,19 @@ double tflops(const Row& r, double us) { return 2.0 * r.M * r.N * r.K / (us * 1e
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json_path;
-  int iters = 20;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json" && i + 1 < argc) {
-      json_path = argv[++i];
-    } else if (a == "--iters" && i + 1 < argc) {
-      iters = std::max(5, std::atoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--iters N (>= 5)]\n", argv[0]);
-      return 2;
-    }
-  }
-  int dev = 0;
-  CHECK_CUDA(cudaGetDevice(&dev));
-  cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
-  int clock_khz = 0, l2_bytes = 0;
-  CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
-  CHECK_CUDA(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, dev));
+  const Args args = parse_args(argc, argv, 20, 5);
+  const int iters = args.iters;
+  const DeviceInfo d = query_device();
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cublasLtHandle_t lt;
   CHECK_CUBLAS(cublasLtCreate(&lt));
   void* lt_ws = nullptr;
   CHECK_CUDA(cudaMalloc(&lt_ws, 32u << 20));
-  const size_t flush_bytes = 2 * static_cast<size_t>(l2_bytes);
-  void* flush = nullptr;
-  CHECK_CUDA(cudaMalloc(&flush, flush_bytes));
+  const L2Flush flush(d.l2_bytes);
 
-  std::printf("%s, %d SMs, L2 %d MB, max SM clock %d MHz; median of %d L2-flushed runs per column\n", prop.name,
-              prop.multiProcessorCount, l2_bytes >> 20, clock_khz / 1000, iters);
+  print_device_summary(d);
+  std::printf("; median of %d L2-flushed runs per column\n", iters);
   std::printf("%-12s %5s %6s %6s | %9s %7s | %9s %7s %6s %-9s| %7s | %7s | %8s\n", "shape", "M", "K", "N", "ours us",
               "TFLOP/s", "ltfp8 us", "TFLOP/s", "ratio", "scales", "fastacc", "bf16", "max diff");
 
@@ -286,7 +196,7 @@ int main(int argc, char** argv) {
 
     for (int M : kMs) {
       Row r{s.name, "", M, s.K, s.N, 0, 0, 0, 0, 0};
-      r.ours_us = time_median_us(iters, stream, flush, flush_bytes, [&] {
+      r.ours_us = time_median_flushed_us(iters, stream, flush, [&] {
         CHECK_CUDA(futransformer::cuda::gemm_fp8(a8, b8, sa, sb, reinterpret_cast<__nv_bfloat16*>(d_ours), M, s.N,
                                                  s.K, stream));
       });
@@ -308,17 +218,17 @@ int main(int argc, char** argv) {
       auto fp8 = make_fp8(false, &outer);
       auto fp8_fast = make_fp8(true, &outer_fast);
       r.scale_mode = outer ? "outer_vec" : "per_tensor";
-      r.lt_fp8_us = time_median_us(iters, stream, flush, flush_bytes, [&] { fp8->run(b8, a8, d_lt, stream); });
+      r.lt_fp8_us = time_median_flushed_us(iters, stream, flush, [&] { fp8->run(b8, a8, d_lt, stream); });
       CHECK_CUDA(cudaStreamSynchronize(stream));
       r.agree = relative_max_diff(d_ours, d_lt, static_cast<size_t>(M) * s.N);
       r.lt_fp8_fast_us =
-          time_median_us(iters, stream, flush, flush_bytes, [&] { fp8_fast->run(b8, a8, d_lt, stream); });
+          time_median_flushed_us(iters, stream, flush, [&] { fp8_fast->run(b8, a8, d_lt, stream); });
       LtGemm bf(lt, M, s.N, s.K, CUDA_R_16BF, false, nullptr, nullptr, false, lt_ws);
       if (!bf.ok) {
         std::fprintf(stderr, "cuBLASLt found no BF16 algorithm for M=%d N=%d K=%d\n", M, s.N, s.K);
         return 1;
       }
-      r.lt_bf16_us = time_median_us(iters, stream, flush, flush_bytes, [&] { bf.run(b16, a16, d_lt, stream); });
+      r.lt_bf16_us = time_median_flushed_us(iters, stream, flush, [&] { bf.run(b16, a16, d_lt, stream); });
       std::printf("%-12s %5d %6d %6d | %9.1f %7.0f | %9.1f %7.0f %5.2fx %-9s| %7.0f | %7.0f | %8.1e\n", r.shape.c_str(),
                   M, s.K, s.N, r.ours_us, tflops(r, r.ours_us), r.lt_fp8_us, tflops(r, r.lt_fp8_us),
                   r.lt_fp8_us / r.ours_us, r.scale_mode.c_str(), tflops(r, r.lt_fp8_fast_us), tflops(r, r.lt_bf16_us),
@@ -330,44 +240,24 @@ int main(int argc, char** argv) {
                     static_cast<void*>(sb)})
       CHECK_CUDA(cudaFree(p));
   }
-  const int sm_mhz_now = nvml_sm_clock_mhz(dev);
-  if (sm_mhz_now > 0) std::printf("SM clock after the runs (NVML): %d MHz\n", sm_mhz_now);
+  const int sm_mhz_now = report_sm_clock_after_runs(d.dev);
 
-  if (!json_path.empty()) {
-    FILE* f = std::fopen(json_path.c_str(), "w");
-    if (!f) {
-      std::fprintf(stderr, "cannot write %s\n", json_path.c_str());
-      return 1;
-    }
-    const char* env_commit = std::getenv("FT_GIT_COMMIT");
-    const std::string commit = env_commit ? env_commit : "unknown";
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    std::fprintf(f,
-                 "{\n  \"benchmark\": \"gemm_fp8\",\n  \"gpu\": \"%s\",\n  \"sm_count\": %d,\n"
-                 "  \"sm_clock_max_mhz\": %d,\n  \"sm_clock_nvml_mhz\": %d,\n  \"git_commit\": \"%s\",\n"
-                 "  \"date\": \"%s\",\n  \"timed_runs\": %d,\n  \"l2_flushed\": true,\n  \"rows\": [\n",
-                 json_escape(prop.name).c_str(), prop.multiProcessorCount, clock_khz / 1000, sm_mhz_now,
-                 json_escape(commit).c_str(), date, iters);
-    for (size_t i = 0; i < rows.size(); ++i) {
+  if (!args.json_path.empty()) {
+    const auto extra = [&](FILE* f) { std::fprintf(f, "  \"timed_runs\": %d,\n  \"l2_flushed\": true,\n", iters); };
+    const auto row = [&](FILE* f, size_t i) {
       const Row& r = rows[i];
       std::fprintf(f,
                    "    {\"shape\": \"%s\", \"M\": %d, \"K\": %d, \"N\": %d, \"ours_us\": %.3f, \"ours_tflops\": %.1f, "
                    "\"cublaslt_fp8_us\": %.3f, \"cublaslt_fp8_tflops\": %.1f, \"cublaslt_fp8_scale_mode\": \"%s\", "
                    "\"ratio_vs_cublaslt_fp8\": %.4f, \"cublaslt_fp8_fast_accum_us\": %.3f, "
                    "\"cublaslt_fp8_fast_accum_tflops\": %.1f, \"cublaslt_bf16_us\": %.3f, "
-                   "\"cublaslt_bf16_tflops\": %.1f, \"max_rel_diff_vs_cublaslt_fp8\": %.3e}%s\n",
+                   "\"cublaslt_bf16_tflops\": %.1f, \"max_rel_diff_vs_cublaslt_fp8\": %.3e}",
                    r.shape.c_str(), r.M, r.K, r.N, r.ours_us, tflops(r, r.ours_us), r.lt_fp8_us,
                    tflops(r, r.lt_fp8_us), r.scale_mode.c_str(), r.lt_fp8_us / r.ours_us, r.lt_fp8_fast_us,
-                   tflops(r, r.lt_fp8_fast_us), r.lt_bf16_us, tflops(r, r.lt_bf16_us), r.agree,
-                   i + 1 < rows.size() ? "," : "");
-    }
-    std::fprintf(f, "  ]\n}\n");
-    std::fclose(f);
-    std::printf("wrote %s\n", json_path.c_str());
+                   tflops(r, r.lt_fp8_fast_us), r.lt_bf16_us, tflops(r, r.lt_bf16_us), r.agree);
+    };
+    if (!write_json(args.json_path, "gemm_fp8", d, sm_mhz_now, std::nullopt, extra, rows.size(), row)) return 1;
   }
-  CHECK_CUDA(cudaFree(flush));
   CHECK_CUDA(cudaFree(lt_ws));
   cublasLtDestroy(lt);
   CHECK_CUDA(cudaStreamDestroy(stream));

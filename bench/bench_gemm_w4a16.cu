@@ -11,43 +11,27 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <string>
 #include <vector>
 
 #include "futransformer/cuda/gemm_w4a16.h"
 
+#define FT_BENCH_LAST_ERROR() futransformer::cuda::gemm_w4a16_last_error()
+#include "bench_common.h"
+
 namespace {
 
 using futransformer::formats::ScaleType;
+using namespace futransformer::bench;
 
 constexpr int kGroup = 128;
 constexpr double kNominalTBps = 4.2;  // achievable H200 DRAM bandwidth the targets are stated against
-
-#define CHECK_CUDA(call)                                                                              \
-  do {                                                                                                \
-    const cudaError_t e_ = (call);                                                                    \
-    if (e_ != cudaSuccess) {                                                                          \
-      std::fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_), \
-                   futransformer::cuda::gemm_w4a16_last_error());                                     \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
-#define CHECK_CUBLAS(call)                                                                                    \
-  do {                                                                                                        \
-    const cublasStatus_t s_ = (call);                                                                         \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                        \
-      std::fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #call, static_cast<int>(s_)); \
-      std::exit(1);                                                                                           \
-    }                                                                                                         \
-  } while (0)
 
 struct Shape {
   const char* name;
@@ -75,59 +59,6 @@ void fill_random_bytes(std::vector<uint8_t>& v) {
 // BF16 values uniform-ish in +-[0.5, 1) * 2^e: random sign and mantissa, fixed exponent.
 void fill_random_bf16(std::vector<uint16_t>& v, uint16_t exponent_bits) {
   for (auto& x : v) x = static_cast<uint16_t>(exponent_bits | (next_random() & 0x807f));
-}
-
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-// Times `launch(i)` for i = 0..iters-1, one event pair per launch; returns the median in microseconds.
-template <typename F>
-double time_median_us(int iters, cudaStream_t stream, F launch) {
-  for (int i = 0; i < 5; ++i) launch(i);
-  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(iters));
-  for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
-  for (int i = 0; i < iters; ++i) {
-    CHECK_CUDA(cudaEventRecord(ev[2 * i], stream));
-    launch(i);
-    CHECK_CUDA(cudaEventRecord(ev[2 * i + 1], stream));
-  }
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  std::vector<float> ms(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) CHECK_CUDA(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto& e : ev) CHECK_CUDA(cudaEventDestroy(e));
-  return median(ms) * 1000.0;
-}
-
-// Current SM clock through NVML when the driver library is present (dlopen: no link-time dependency).
-int nvml_sm_clock_mhz(int device) {
-  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
-  if (!lib) return -1;
-  using InitFn = int (*)();
-  using HandleFn = int (*)(const char*, void**);
-  using ClockFn = int (*)(void*, int, unsigned*);
-  auto init = reinterpret_cast<InitFn>(dlsym(lib, "nvmlInit_v2"));
-  auto handle = reinterpret_cast<HandleFn>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
-  auto clock = reinterpret_cast<ClockFn>(dlsym(lib, "nvmlDeviceGetClockInfo"));
-  char bus[32] = {};
-  void* h = nullptr;
-  unsigned mhz = 0;
-  int result = -1;
-  if (init && handle && clock && init() == 0 && cudaDeviceGetPCIBusId(bus, sizeof(bus), device) == cudaSuccess &&
-      handle(bus, &h) == 0 && clock(h, /*NVML_CLOCK_SM*/ 1, &mhz) == 0)
-    result = static_cast<int>(mhz);
-  dlclose(lib);
-  return result;
-}
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) o += c;
-  }
-  return o;
 }
 
 // Median per-launch time of kGraphLaunches launches captured in one graph, replayed `iters` times.
@@ -251,30 +182,10 @@ void run_probe(cudaStream_t stream, int iters) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json_path;
-  int iters = 100;
-  bool probe = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json" && i + 1 < argc) {
-      json_path = argv[++i];
-    } else if (a == "--probe") {
-      probe = true;
-    } else if (a == "--iters" && i + 1 < argc) {
-      iters = std::max(50, std::atoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--iters N (>= 50)] [--probe]\n", argv[0]);
-      return 2;
-    }
-  }
-  int dev = 0;
-  CHECK_CUDA(cudaGetDevice(&dev));
-  cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
-  int clock_khz = 0, l2_bytes = 0;
-  CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
-  CHECK_CUDA(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, dev));
-  const size_t rotate_bytes = 4 * static_cast<size_t>(l2_bytes);
+  const Args args = parse_args(argc, argv, 100, 50, "--probe");
+  const int iters = args.iters;
+  const DeviceInfo d = query_device();
+  const size_t rotate_bytes = 4 * static_cast<size_t>(d.l2_bytes);
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cublasLtHandle_t lt;
@@ -282,23 +193,10 @@ int main(int argc, char** argv) {
   void* lt_ws = nullptr;
   CHECK_CUDA(cudaMalloc(&lt_ws, 32u << 20));
 
-  // Roofline: device-to-device copy of 1 GiB (bytes read + written over time).
-  double copy_tbps = 0.0;
-  {
-    const size_t bytes = size_t{1} << 30;
-    void *src = nullptr, *dst = nullptr;
-    CHECK_CUDA(cudaMalloc(&src, bytes));
-    CHECK_CUDA(cudaMalloc(&dst, bytes));
-    CHECK_CUDA(cudaMemsetAsync(src, 1, bytes, stream));
-    const double us = time_median_us(
-        20, stream, [&](int) { CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream)); });
-    copy_tbps = 2.0 * bytes / (us * 1e-6) / 1e12;
-    CHECK_CUDA(cudaFree(src));
-    CHECK_CUDA(cudaFree(dst));
-  }
-  std::printf("%s, %d SMs, L2 %d MB, max SM clock %d MHz; device copy %.2f TB/s; %d timed runs per row\n", prop.name,
-              prop.multiProcessorCount, l2_bytes >> 20, clock_khz / 1000, copy_tbps, iters);
-  if (probe) {
+  const double copy_tbps = device_copy_tbps(stream);
+  print_device_summary(d);
+  std::printf("; device copy %.2f TB/s; %d timed runs per row\n", copy_tbps, iters);
+  if (args.flag) {
     run_probe(stream, iters);
     return 0;
   }
@@ -379,44 +277,26 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFree(sc));
     CHECK_CUDA(cudaFree(bf));
   }
-  const int sm_mhz_now = nvml_sm_clock_mhz(dev);
-  if (sm_mhz_now > 0) std::printf("SM clock after the runs (NVML): %d MHz\n", sm_mhz_now);
+  const int sm_mhz_now = report_sm_clock_after_runs(d.dev);
 
-  if (!json_path.empty()) {
-    FILE* f = std::fopen(json_path.c_str(), "w");
-    if (!f) {
-      std::fprintf(stderr, "cannot write %s\n", json_path.c_str());
-      return 1;
-    }
-#ifdef FT_GIT_COMMIT
-    std::string commit = FT_GIT_COMMIT;
-#else
-    const char* env_commit = std::getenv("FT_GIT_COMMIT");
-    std::string commit = env_commit ? env_commit : "unknown";
-#endif
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    std::fprintf(f,
-                 "{\n  \"benchmark\": \"gemm_w4a16\",\n  \"gpu\": \"%s\",\n  \"sm_count\": %d,\n"
-                 "  \"sm_clock_max_mhz\": %d,\n  \"sm_clock_nvml_mhz\": %d,\n  \"copy_bandwidth_tbps\": %.4f,\n"
-                 "  \"git_commit\": \"%s\",\n  \"date\": \"%s\",\n  \"group\": %d,\n  \"scale_type\": \"bf16\",\n"
-                 "  \"timing\": \"*_us: per GEMM in a graph of %d; *_launch_us: one event pair per launch\",\n"
-                 "  \"timed_runs\": %d,\n  \"rows\": [\n",
-                 json_escape(prop.name).c_str(), prop.multiProcessorCount, clock_khz / 1000, sm_mhz_now, copy_tbps,
-                 json_escape(commit).c_str(), date, kGroup, kGraphLaunches, iters);
-    for (size_t i = 0; i < rows.size(); ++i) {
+  if (!args.json_path.empty()) {
+    const auto extra = [&](FILE* f) {
+      std::fprintf(f,
+                   "  \"group\": %d,\n  \"scale_type\": \"bf16\",\n"
+                   "  \"timing\": \"*_us: per GEMM in a graph of %d; *_launch_us: one event pair per launch\",\n"
+                   "  \"timed_runs\": %d,\n",
+                   kGroup, kGraphLaunches, iters);
+    };
+    const auto row = [&](FILE* f, size_t i) {
       const Row& r = rows[i];
       std::fprintf(f,
                    "    {\"shape\": \"%s\", \"M\": %d, \"K\": %d, \"N\": %d, \"w4a16_us\": %.3f, \"w4a16_tbps\": %.4f, "
                    "\"cublaslt_bf16_us\": %.3f, \"cublaslt_bf16_tbps\": %.4f, \"speedup\": %.3f, "
-                   "\"w4a16_launch_us\": %.3f, \"cublaslt_bf16_launch_us\": %.3f}%s\n",
+                   "\"w4a16_launch_us\": %.3f, \"cublaslt_bf16_launch_us\": %.3f}",
                    r.shape.c_str(), r.M, r.K, r.N, r.w4_us, r.w4_tbps, r.bf16_us, r.bf16_tbps, r.bf16_us / r.w4_us,
-                   r.w4_launch_us, r.bf16_launch_us, i + 1 < rows.size() ? "," : "");
-    }
-    std::fprintf(f, "  ]\n}\n");
-    std::fclose(f);
-    std::printf("wrote %s\n", json_path.c_str());
+                   r.w4_launch_us, r.bf16_launch_us);
+    };
+    if (!write_json(args.json_path, "gemm_w4a16", d, sm_mhz_now, copy_tbps, extra, rows.size(), row)) return 1;
   }
   CHECK_CUDA(cudaFree(lt_ws));
   cublasLtDestroy(lt);

@@ -1,27 +1,30 @@
-// A progress line on stderr for long CLI steps (quantisation): rewritten in place, at most a few times a second.
+// Quantisation progress for the CLI: one ProgressBar (futransformer/progress.h) per stage reported by the
+// quantiser, so the CLI has a single progress mechanism.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "futransformer/progress.h"
 #include "futransformer/quant/quantize_model.h"
 
 namespace futransformer::cli {
 
 class ProgressLine {
  public:
-  explicit ProgressLine(bool enabled) : enabled_(enabled), start_(std::chrono::steady_clock::now()) {}
-  // A callback that updates this line (valid while the ProgressLine lives).
+  explicit ProgressLine(bool enabled) : enabled_(enabled) {}
+  // A callback that updates the bar of the current stage (valid while the ProgressLine lives).
   quant::QuantizeProgress callback();
-  // Ends the line (newline) if anything was shown.
+  // Completes the current stage's bar, if any was shown.
   void finish();
 
  private:
   void update(const std::string& stage, int64_t done, int64_t total);
   bool enabled_;
-  bool shown_ = false;
-  std::chrono::steady_clock::time_point start_, last_{};
+  std::string stage_;
+  int64_t total_ = 0;
+  std::unique_ptr<ProgressBar> bar_;
 };
 
 }  // namespace futransformer::cli

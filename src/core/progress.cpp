@@ -49,10 +49,11 @@ void ProgressBar::draw(const std::string& detail, bool final) {
   const int filled = static_cast<int>(frac * kWidth);
   std::string bar(static_cast<size_t>(filled), '#');
   bar.resize(kWidth, '.');
-  std::fprintf(stderr, "%s%s [%s] %3d%% %lld/%lld  %.0fs elapsed%s%s%s%s", tty_ ? "\r" : "", label_.c_str(),
-               bar.c_str(), static_cast<int>(frac * 100), static_cast<long long>(done_),
-               static_cast<long long>(total_), elapsed, final ? "" : ", eta ", final ? "" : std::to_string(static_cast<int>(eta)).c_str(),
-               final ? "" : "s", detail.empty() ? "" : ("  " + detail).c_str());
+  const std::string eta_text = final ? "" : ", eta " + std::to_string(static_cast<int>(eta)) + "s";
+  // "\033[K" clears what a longer earlier draw left to the right of this one.
+  std::fprintf(stderr, "%s%s [%s] %3d%% %lld/%lld  %.0fs elapsed%s%s%s", tty_ ? "\r" : "", label_.c_str(), bar.c_str(),
+               static_cast<int>(frac * 100), static_cast<long long>(done_), static_cast<long long>(total_), elapsed,
+               eta_text.c_str(), detail.empty() ? "" : ("  " + detail).c_str(), tty_ ? "\033[K" : "");
   if (!tty_ || final) std::fputc('\n', stderr);
   std::fflush(stderr);
 }

@@ -10,6 +10,7 @@
 
 #include "cuda/attention_decode.cuh"
 #include "cuda/attention_decode_heuristics.h"
+#include "cuda/launch_status.h"
 #include "futransformer/cuda/attention_decode.h"
 
 namespace futransformer::cuda {
@@ -19,21 +20,7 @@ using formats::KvFormat;
 
 thread_local std::string g_last_error;
 
-cudaError_t reject(std::string* why, std::string message) {
-  if (why) *why = std::move(message);
-  return cudaErrorInvalidValue;
-}
-
-bool print_heuristics() {
-  static const bool on = [] {
-    const char* v = std::getenv("FT_PRINT_HEURISTICS");
-    return v != nullptr && v[0] == '1';
-  }();
-  return on;
-}
-
 bool is_int4(KvFormat f) { return f == KvFormat::INT4 || f == KvFormat::INT4_HADAMARD; }
-bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
 cudaError_t device_limits(attn::DeviceLimits* d) {
   int dev = 0, sms = 0, per_sm = 0, per_block = 0;
@@ -68,10 +55,9 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
     return cudaErrorInvalidValue;
   if (!q || !kv_pool || !block_table || !seq_lens || !out || !aligned(q, 16) || !aligned(kv_pool, 16) ||
       !aligned(out, 2)) {
-    g_last_error =
-        "attention_decode: q, kv_pool, block_table, seq_lens and out must be non-null; q and kv_pool "
-        "16-byte aligned, out 2-byte aligned";
-    return cudaErrorInvalidValue;
+    return reject(&g_last_error,
+                  "attention_decode: q, kv_pool, block_table, seq_lens and out must be non-null; q and kv_pool "
+                  "16-byte aligned, out 2-byte aligned");
   }
   attn::DeviceLimits d;
   if (const cudaError_t e = device_limits(&d); e != cudaSuccess) return e;
@@ -82,16 +68,13 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
                  attn::describe_plan(plan, int4, head_dim, batch, n_heads, n_kv_heads, max_seq_len, d).c_str());
   }
   if (plan.smem_bytes > d.smem_per_block) {
-    g_last_error = "attention_decode: the kernel needs " + std::to_string(plan.smem_bytes) +
-                   " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block);
-    return cudaErrorInvalidValue;
+    return reject(&g_last_error, "attention_decode: the kernel needs " + std::to_string(plan.smem_bytes) +
+                                     " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block));
   }
   const int64_t need = attn::workspace_bytes_for(plan, batch, n_heads, head_dim);
-  if (need > 0 && (workspace == nullptr || !aligned(workspace, 16) || workspace_bytes < static_cast<size_t>(need))) {
-    g_last_error = "attention_decode: needs a 16-byte aligned workspace of " + std::to_string(need) + " bytes, got " +
-                   std::to_string(workspace_bytes) + " (see attention_decode_workspace_bytes)";
-    return cudaErrorInvalidValue;
-  }
+  if (const cudaError_t e = check_workspace("attention_decode", need, workspace, workspace_bytes, &g_last_error);
+      e != cudaSuccess)
+    return e;
 
   float* partial_o = static_cast<float*>(workspace);
   float* partial_lse = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) +

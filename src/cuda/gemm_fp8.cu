@@ -14,6 +14,7 @@
 
 #include "cuda/gemm_fp8.cuh"
 #include "cuda/gemm_fp8_heuristics.h"
+#include "cuda/launch_status.h"
 
 namespace futransformer::cuda {
 namespace {
@@ -22,19 +23,6 @@ using fp8::Config;
 using fp8::DeviceLimits;
 
 thread_local std::string g_last_error;
-
-cudaError_t reject(std::string* why, std::string message) {
-  if (why) *why = std::move(message);
-  return cudaErrorInvalidValue;
-}
-
-bool print_heuristics() {
-  static const bool on = [] {
-    const char* v = std::getenv("FT_PRINT_HEURISTICS");
-    return v != nullptr && v[0] == '1';
-  }();
-  return on;
-}
 
 // FT_FP8_GEMM_BLOCK_N=128|192 forces the tile width (for calibrating the heuristic with the bench).
 int forced_block_n() {
@@ -45,7 +33,6 @@ int forced_block_n() {
   return v;
 }
 
-bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -147,23 +134,22 @@ cudaError_t gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, c
   if (gemm_fp8_can_implement(M, N, K, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
   if (!A || !B || !D || !a_scale || !b_scale || !aligned(A, 16) || !aligned(B, 16) || !aligned(D, 16) ||
       !aligned(a_scale, 4) || !aligned(b_scale, 4)) {
-    g_last_error = "gemm_fp8: A, B and D must be non-null and 16-byte aligned, a_scale and b_scale non-null and "
-                   "4-byte aligned";
-    return cudaErrorInvalidValue;
+    return reject(&g_last_error,
+                  "gemm_fp8: A, B and D must be non-null and 16-byte aligned, a_scale and b_scale non-null and "
+                  "4-byte aligned");
   }
   DeviceLimits d;
   bool hopper = false;
   if (const cudaError_t e = device_limits(&d, &hopper); e != cudaSuccess) return e;
   if (!hopper) {
-    g_last_error = "gemm_fp8: the kernel is built for sm_90a (H100/H200) only";
-    return cudaErrorInvalidValue;
+    return reject(&g_last_error, "gemm_fp8: the kernel is built for sm_90a (H100/H200) only");
   }
   const Config c = fp8::choose_config(M, N, K, d, forced_block_n());
   if (print_heuristics()) std::fprintf(stderr, "%s\n", fp8::describe_config(c, M, N, K, d).c_str());
   if (static_cast<int64_t>(fp8::smem_layout(c.block_n, c.stages).alloc_bytes) > d.smem_per_block) {
-    g_last_error = "gemm_fp8: the tile needs " + std::to_string(fp8::smem_layout(c.block_n, c.stages).alloc_bytes) +
-                   " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block);
-    return cudaErrorInvalidValue;
+    return reject(&g_last_error, "gemm_fp8: the tile needs " +
+                                     std::to_string(fp8::smem_layout(c.block_n, c.stages).alloc_bytes) +
+                                     " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block));
   }
 
   CUtensorMap ma, mb, md;

@@ -12,6 +12,7 @@
 
 #include "cuda/gemm_w4a16.cuh"
 #include "cuda/gemm_w4a16_heuristics.h"
+#include "cuda/launch_status.h"
 
 namespace futransformer::cuda {
 namespace {
@@ -20,19 +21,6 @@ using w4a16::KernelArgs;
 using w4a16::Tiling;
 
 thread_local std::string g_last_error;
-
-cudaError_t reject(std::string* why, std::string message) {
-  if (why) *why = std::move(message);
-  return cudaErrorInvalidValue;
-}
-
-bool print_heuristics() {
-  static const bool on = [] {
-    const char* v = std::getenv("FT_PRINT_HEURISTICS");
-    return v != nullptr && v[0] == '1';
-  }();
-  return on;
-}
 
 // Host time matters at decode sizes: an 8 MB layer streams in ~3 us, while the tile search costs 1-7 us and the
 // attribute queries ~1 us. Limits, tilings and the raised shared-memory limit are therefore remembered per thread.
@@ -117,7 +105,6 @@ KernelFn pick_kernel(const Tiling& t) {
   }
 }
 
-bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
 }  // namespace
 
@@ -169,8 +156,8 @@ cudaError_t gemm_w4a16(const __nv_bfloat16* x, const uint32_t* w_packed, const u
   if (gemm_w4a16_can_implement(M, N, K, group, scale_type, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
   if (!x || !w_packed || !scales || !y || !aligned(x, 16) || !aligned(w_packed, 16) || !aligned(scales, 16) ||
       !aligned(y, 4)) {
-    g_last_error = "gemm_w4a16: x, w_packed and scales must be non-null and 16-byte aligned, y 4-byte aligned";
-    return cudaErrorInvalidValue;
+    return reject(&g_last_error,
+                  "gemm_w4a16: x, w_packed and scales must be non-null and 16-byte aligned, y 4-byte aligned");
   }
   w4a16::DeviceLimits d;
   int dev = 0;
@@ -179,16 +166,13 @@ cudaError_t gemm_w4a16(const __nv_bfloat16* x, const uint32_t* w_packed, const u
   const int64_t smem = w4a16::smem_layout(t, K, group).total;
   if (print_heuristics()) std::fprintf(stderr, "%s\n", w4a16::describe_tiling(t, M, N, K, group, d).c_str());
   if (smem > d.smem_per_block) {
-    g_last_error = "gemm_w4a16: the chosen tiling needs " + std::to_string(smem) +
-                   " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block);
-    return cudaErrorInvalidValue;
+    return reject(&g_last_error, "gemm_w4a16: the chosen tiling needs " + std::to_string(smem) +
+                                     " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block));
   }
   const int64_t need = w4a16::workspace_bytes_for(t, M, N);
-  if (need > 0 && (workspace == nullptr || !aligned(workspace, 16) || workspace_bytes < static_cast<size_t>(need))) {
-    g_last_error = "gemm_w4a16: needs a 16-byte aligned workspace of " + std::to_string(need) + " bytes, got " +
-                   std::to_string(workspace_bytes) + " (see gemm_w4a16_workspace_bytes)";
-    return cudaErrorInvalidValue;
-  }
+  if (const cudaError_t e = check_workspace("gemm_w4a16", need, workspace, workspace_bytes, &g_last_error);
+      e != cudaSuccess)
+    return e;
 
   const KernelArgs args{x, reinterpret_cast<const uint4*>(w_packed), scales, y, static_cast<float*>(workspace),
                         M, N, K, group, t};

@@ -1,44 +1,19 @@
 // The futransformer tool as a user runs it: real processes, real files, exit codes and messages.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
-#include <array>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 
+#include "cli_runner.h"
 #include "test_paths.h"
 
 namespace futransformer {
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
-Result run_cli(const std::string& args) {
-  const std::string dir = test::make_temp_dir("cli");
-  const std::string cmd = test::cli_path() + " " + args + " >" + dir + "/out 2>" + dir + "/err";
-  const int status = std::system(cmd.c_str());
-  Result r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir + "/out"), slurp(dir + "/err")};
-  std::remove((dir + "/out").c_str());
-  std::remove((dir + "/err").c_str());
-  std::remove(dir.c_str());
-  return r;
-}
-
-std::string quote(const std::string& s) { return "'" + s + "'"; }
+using Result = test::CliResult;
+using test::quote;
+using test::run_cli;
+using test::slurp;
 
 TEST(Cli, GenerateStories260KReproducesGolden) {
   const std::string dir = test::shared_path("models/stories260K/");

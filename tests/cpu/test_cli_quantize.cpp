@@ -1,39 +1,20 @@
 // `futransformer quantize`, and `generate`/`info` on its output, as a user runs them on stories260K.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <string>
 
+#include "cli_runner.h"
 #include "test_paths.h"
 #include "tiny_llama.h"
 
 namespace futransformer {
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
-Result run_cli(const std::string& args) {
-  const std::string dir = test::scratch_dir("cliq");
-  const std::string cmd = test::cli_path() + " " + args + " >" + dir + "/out 2>" + dir + "/err";
-  const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir + "/out"), slurp(dir + "/err")};
-}
-
-std::string quote(const std::string& s) { return "'" + s + "'"; }
+using Result = test::CliResult;
+using test::quote;
+using test::run_cli;
+using test::slurp;
 
 class CliQuantize : public ::testing::Test {
  protected:
@@ -66,7 +47,8 @@ TEST_F(CliQuantize, GptqPerChannelThenGenerateAndInfo) {
   const Result q = run_cli("quantize --model " + model() + " --out " + out + " --group-size ch --calibration " +
                            quote(calibration_) + " --samples 4 --sample-tokens 128");
   ASSERT_EQ(q.exit_code, 0) << q.err;
-  EXPECT_NE(q.err.find("[gptq] 35/35"), std::string::npos) << q.err;
+  // The gptq stage's bar, completed (ProgressBar's 30-column bar).
+  EXPECT_NE(q.err.find("[gptq] [" + std::string(30, '#') + "] 100% 35/35"), std::string::npos) << q.err;
   EXPECT_NE(q.out.find("int4-gptq-gch"), std::string::npos) << q.out;
   for (const char* f : {"config.json", "model.safetensors", "quantization.json", "tokenizer.model"})
     EXPECT_TRUE(test::file_exists(out + "/" + f)) << f;

@@ -13,6 +13,7 @@
 
 #include "futransformer/error.h"
 #include "futransformer/reference_engine.h"
+#include "tiny_llama.h"
 
 namespace futransformer {
 namespace {
@@ -34,22 +35,21 @@ const TinySpec kSpecs[] = {
     {"mha", 40, 2, 4, 4, 10, 64, 53, true, false},
 };
 
+// The shared tiny Llama (same weights for the same seed), with this spec's name, context and RoPE scaling.
 Model make_tiny_model(const TinySpec& s, uint32_t seed) {
-  Model m;
+  test::TinyLlama t;
+  t.hidden = s.hidden;
+  t.layers = s.layers;
+  t.heads = s.heads;
+  t.kv_heads = s.kv_heads;
+  t.head_dim = s.head_dim;
+  t.inter = s.inter;
+  t.vocab = s.vocab;
+  t.tied = s.tied;
+  Model m = test::make_tiny_llama(t, seed);
   m.source = std::string("synthetic:") + s.name;
-  m.format = "synthetic";
   ModelConfig& c = m.config;
-  c.hidden_size = s.hidden;
-  c.intermediate_size = s.inter;
-  c.num_hidden_layers = s.layers;
-  c.num_attention_heads = s.heads;
-  c.num_key_value_heads = s.kv_heads;
-  c.head_dim = s.head_dim;
-  c.vocab_size = s.vocab;
   c.max_position_embeddings = 64;
-  c.rope_theta = 10000.0;
-  c.rms_norm_eps = 1e-5;
-  c.tie_word_embeddings = s.tied;
   if (s.llama3) {
     c.rope_scaling.type = "llama3";
     c.rope_scaling.factor = 4;
@@ -57,46 +57,11 @@ Model make_tiny_model(const TinySpec& s, uint32_t seed) {
     c.rope_scaling.high_freq_factor = 4;
     c.rope_scaling.original_max_position_embeddings = 64;
   }
-  std::mt19937 rng(seed);
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, float mean, float stddev) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::normal_distribution<float> dist(mean, stddev);
-    std::vector<float> v(n);
-    for (float& x : v) x = dist(rng);
-    m.tensors[name] = Tensor::from_f32(name, std::move(shape), std::move(v));
-  };
-  // Linear weights ~ N(0, 1/in) keep activations O(1) through the layers.
-  auto linear = [&](const std::string& name, int64_t out, int64_t in) {
-    add(name, {out, in}, 0.0f, 1.0f / std::sqrt(float(in)));
-  };
-  const int64_t h = s.hidden, qw = s.heads * s.head_dim, kvw = s.kv_heads * s.head_dim;
-  add("model.embed_tokens.weight", {s.vocab, h}, 0.0f, 1.0f);
-  for (int64_t i = 0; i < s.layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    add(p + "input_layernorm.weight", {h}, 1.0f, 0.2f);
-    add(p + "post_attention_layernorm.weight", {h}, 1.0f, 0.2f);
-    // Queries and keys scaled up so attention is far from uniform and position matters.
-    add(p + "self_attn.q_proj.weight", {qw, h}, 0.0f, 3.0f / std::sqrt(float(h)));
-    add(p + "self_attn.k_proj.weight", {kvw, h}, 0.0f, 3.0f / std::sqrt(float(h)));
-    linear(p + "self_attn.v_proj.weight", kvw, h);
-    linear(p + "self_attn.o_proj.weight", h, qw);
-    linear(p + "mlp.gate_proj.weight", s.inter, h);
-    linear(p + "mlp.up_proj.weight", s.inter, h);
-    linear(p + "mlp.down_proj.weight", h, s.inter);
-  }
-  add("model.norm.weight", {h}, 1.0f, 0.2f);
-  if (!s.tied) linear("lm_head.weight", s.vocab, h);
   m.validate();
   return m;
 }
 
-std::vector<int32_t> random_tokens(size_t n, int64_t vocab, std::mt19937& rng) {
-  std::uniform_int_distribution<int32_t> dist(0, int32_t(vocab - 1));
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = dist(rng);
-  return t;
-}
+using test::random_token_ids;
 
 // --- The naive fp64 forward: every position recomputed from scratch, no cache. ---
 
@@ -240,7 +205,7 @@ TEST_P(RefEngineTiny, AllLogitsMatchNaiveFp64Forward) {
   const Model m = make_tiny_model(GetParam(), 11);
   auto engine = make_reference_engine(m);
   std::mt19937 rng(12);
-  const auto tokens = random_tokens(23, m.config.vocab_size, rng);
+  const auto tokens = random_token_ids(23, m.config.vocab_size, rng);
   const auto out = engine->forward(std::vector<SequenceChunk>{{0, tokens}}, true);
   const int64_t vocab = m.config.vocab_size;
   ASSERT_EQ(out.size(), 1u);
@@ -256,7 +221,7 @@ TEST_P(RefEngineTiny, PrefillThenDecodeEqualsOnePass) {
   const Model m = make_tiny_model(GetParam(), 21);
   const int64_t vocab = m.config.vocab_size;
   std::mt19937 rng(22);
-  const auto tokens = random_tokens(19, vocab, rng);
+  const auto tokens = random_token_ids(19, vocab, rng);
   auto whole = make_reference_engine(m);
   const auto all = whole->forward(std::vector<SequenceChunk>{{3, tokens}}, true)[0];
 
@@ -277,9 +242,11 @@ TEST_P(RefEngineTiny, BatchOfThreeEqualsEachAlone) {
   const Model m = make_tiny_model(GetParam(), 31);
   const int64_t vocab = m.config.vocab_size;
   std::mt19937 rng(32);
-  const auto history = random_tokens(5, vocab, rng);  // sequence 7 already holds these
+  const auto history = random_token_ids(5, vocab, rng);  // sequence 7 already holds these
   const std::vector<SequenceChunk> batch = {
-      {7, random_tokens(3, vocab, rng)}, {-2, random_tokens(11, vocab, rng)}, {40, random_tokens(1, vocab, rng)}};
+      {7, random_token_ids(3, vocab, rng)},
+      {-2, random_token_ids(11, vocab, rng)},
+      {40, random_token_ids(1, vocab, rng)}};
 
   auto batched = make_reference_engine(m);
   batched->forward(std::vector<SequenceChunk>{{7, history}});
@@ -306,7 +273,7 @@ TEST_P(RefEngineTiny, LastLogitsAreTheLastAllLogitsRow) {
   const Model m = make_tiny_model(GetParam(), 41);
   const int64_t vocab = m.config.vocab_size;
   std::mt19937 rng(42);
-  const auto tokens = random_tokens(9, vocab, rng);
+  const auto tokens = random_token_ids(9, vocab, rng);
   auto a = make_reference_engine(m), b = make_reference_engine(m);
   const auto all = a->forward(std::vector<SequenceChunk>{{0, tokens}}, true)[0];
   const auto last = b->forward(std::vector<SequenceChunk>{{0, tokens}}, false)[0];
@@ -381,7 +348,7 @@ TEST(RefEngine, RejectsAnIncompleteModel) {
 TEST(RefEngine, ResetFreesTheSequenceAndTheIdCanBeReused) {
   const Model m = make_tiny_model(kSpecs[2], 55);
   std::mt19937 rng(56);
-  const auto a = random_tokens(7, m.config.vocab_size, rng), b = random_tokens(4, m.config.vocab_size, rng);
+  const auto a = random_token_ids(7, m.config.vocab_size, rng), b = random_token_ids(4, m.config.vocab_size, rng);
   auto engine = make_reference_engine(m), fresh = make_reference_engine(m);
   engine->forward(std::vector<SequenceChunk>{{4, a}});
   engine->reset(4);

@@ -14,6 +14,7 @@
 #include "futransformer/cuda/attention_decode.h"
 #include "futransformer/dtype.h"
 #include "paged_kv_case.h"
+#include "gpu_test_util.h"
 
 namespace {
 
@@ -22,37 +23,7 @@ using formats::KvFormat;
 using test::PagedKvCase;
 namespace attn = futransformer::cuda::attn;
 
-bool have_device() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
-#define FT_REQUIRE_CUDA_DEVICE() \
-  if (!have_device()) GTEST_SKIP() << "no CUDA device"
-
-template <typename T>
-struct DeviceBuffer {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DeviceBuffer(size_t count) : n(count) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
-  }
-  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
-    EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-};
+using test::DeviceBuffer;
 
 struct Uploaded {
   DeviceBuffer<uint8_t> pool;
@@ -77,7 +48,7 @@ cudaError_t launch(const PagedKvCase& c, const Uploaded& u, uint16_t* out, void*
 std::vector<uint16_t> run(const PagedKvCase& c) {
   const Uploaded u(c);
   DeviceBuffer<uint16_t> out(static_cast<size_t>(c.batch) * c.n_heads * c.head_dim);
-  EXPECT_EQ(cudaMemset(out.p, 0xFF, out.n * 2), cudaSuccess);  // 0xFFFF: a BF16 NaN in every element
+  EXPECT_EQ(out.poison(), cudaSuccess);
   const size_t ws_bytes = cuda::attention_decode_workspace_bytes(c.format, c.batch, c.n_heads, c.n_kv_heads, c.head_dim,
                                                                  c.max_pages, c.max_seq_len);
   DeviceBuffer<unsigned char> ws(ws_bytes);
@@ -179,7 +150,7 @@ TEST(AttentionDecodeGpu, RejectedCallsLeaveTheOutputUntouched) {
   const PagedKvCase c = test::make_paged_kv_case(KvFormat::INT4, 128, 32, 8, {32768}, 601);
   const Uploaded u(c);
   DeviceBuffer<uint16_t> out(static_cast<size_t>(c.n_heads) * c.head_dim);
-  ASSERT_EQ(cudaMemset(out.p, 0xFF, out.n * 2), cudaSuccess);
+  ASSERT_EQ(out.poison(), cudaSuccess);
   const size_t ws_bytes = cuda::attention_decode_workspace_bytes(KvFormat::INT4, 1, 32, 8, 128, c.max_pages, 32768);
   ASSERT_GT(ws_bytes, 0u) << "one 32k sequence should be split across the SMs";
   DeviceBuffer<unsigned char> ws(ws_bytes);

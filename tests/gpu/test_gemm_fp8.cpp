@@ -17,6 +17,7 @@
 #include "futransformer/dtype.h"
 #include "futransformer/formats/fp8.h"
 #include "futransformer/formats/fp8_gemm.h"
+#include "gpu_test_util.h"
 
 namespace {
 
@@ -36,38 +37,7 @@ constexpr double kFp8FormatRelL2 = 0.1;
 // Above this many multiply-adds the twin runs on sampled rows only.
 constexpr double kFullCheckMacs = 2e9;
 
-bool have_hopper() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    return false;
-  }
-  cudaDeviceProp prop{};
-  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9 && prop.minor == 0;
-}
-
-#define FT_REQUIRE_HOPPER() \
-  if (!have_hopper()) GTEST_SKIP() << "no sm_90 (Hopper) CUDA device"
-
-template <typename T>
-struct DeviceBuffer {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DeviceBuffer(size_t count) : n(count) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
-  }
-  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
-    EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-};
+using test::DeviceBuffer;
 
 struct Inputs {
   int M = 0, N = 0, K = 0;
@@ -142,7 +112,7 @@ std::vector<uint16_t> run_gemm(const Inputs& in) {
   DeviceBuffer<uint8_t> da(in.a), db(in.b);
   DeviceBuffer<float> dsa(in.sa), dsb(in.sb);
   DeviceBuffer<uint16_t> dd(static_cast<size_t>(in.M) * in.N);
-  EXPECT_EQ(cudaMemset(dd.p, 0xFF, dd.n * 2), cudaSuccess);
+  EXPECT_EQ(dd.poison(), cudaSuccess);
   const cudaError_t e = cuda::gemm_fp8(da.p, db.p, dsa.p, dsb.p, reinterpret_cast<__nv_bfloat16*>(dd.p), in.M, in.N,
                                        in.K, nullptr);
   EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::gemm_fp8_last_error();
@@ -276,7 +246,7 @@ TEST(GemmFp8Gpu, RejectedCallsLeaveTheOutputUntouched) {
   DeviceBuffer<uint8_t> da(in.a), db(in.b);
   DeviceBuffer<float> dsa(in.sa), dsb(in.sb);
   DeviceBuffer<uint16_t> dd(static_cast<size_t>(in.M) * in.N);
-  ASSERT_EQ(cudaMemset(dd.p, 0xFF, dd.n * 2), cudaSuccess);
+  ASSERT_EQ(dd.poison(), cudaSuccess);
   auto* d = reinterpret_cast<__nv_bfloat16*>(dd.p);
   struct Bad {
     const uint8_t* a;

@@ -15,6 +15,7 @@
 #include "futransformer/cuda/gemm_w4a16.h"
 #include "futransformer/dtype.h"
 #include "futransformer/formats/int4_mma.h"
+#include "gpu_test_util.h"
 
 namespace {
 
@@ -31,37 +32,7 @@ constexpr double kAccumulationRel = 1.0 / 4096.0;
 // Whole-tensor relative L2 error; BF16 output rounding alone gives about 2e-3.
 constexpr double kRelL2Tol = 1e-2;
 
-bool have_device() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
-#define FT_REQUIRE_CUDA_DEVICE() \
-  if (!have_device()) GTEST_SKIP() << "no CUDA device"
-
-template <typename T>
-struct DeviceBuffer {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DeviceBuffer(size_t count) : n(count) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
-  }
-  DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
-    EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-};
+using test::DeviceBuffer;
 
 Int4Weight random_weight(int N, int K, int group, ScaleType st, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -96,7 +67,7 @@ std::vector<uint16_t> run_gemm(const UploadedWeight& uw, const std::vector<uint1
   const int N = static_cast<int>(uw.w.rows), K = static_cast<int>(uw.w.cols);
   DeviceBuffer<uint16_t> dx(x);
   DeviceBuffer<uint16_t> dy(static_cast<size_t>(M) * N);
-  EXPECT_EQ(cudaMemset(dy.p, 0xFF, dy.n * 2), cudaSuccess);  // 0xFFFF: a BF16 NaN in every element
+  EXPECT_EQ(dy.poison(), cudaSuccess);
   const size_t ws_bytes = cuda::gemm_w4a16_workspace_bytes(M, N, K);
   DeviceBuffer<unsigned char> ws(ws_bytes);
   const cudaError_t e = cuda::gemm_w4a16(reinterpret_cast<const __nv_bfloat16*>(dx.p), uw.packed.p, uw.scales.p,
@@ -182,7 +153,7 @@ TEST(GemmW4A16Gpu, RejectedCallsLeaveTheOutputUntouched) {
   const UploadedWeight uw(random_weight(N, K, 128, ScaleType::BF16, 91));
   DeviceBuffer<uint16_t> dx(random_x(M, K, 92));
   DeviceBuffer<uint16_t> dy(static_cast<size_t>(M) * N);
-  ASSERT_EQ(cudaMemset(dy.p, 0xFF, dy.n * 2), cudaSuccess);
+  ASSERT_EQ(dy.poison(), cudaSuccess);
   const size_t ws_bytes = cuda::gemm_w4a16_workspace_bytes(M, N, K);
   ASSERT_GT(ws_bytes, 0u) << "N = 256 with K = 8192 should split K across the SMs";
   DeviceBuffer<unsigned char> ws(ws_bytes);

@@ -1,0 +1,59 @@
+// Host-side helpers shared by the GPU tests: device detection that skips (never silently passes) without a
+// suitable device, and an owning device buffer with upload, download and NaN poisoning.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+namespace futransformer::test {
+
+inline bool have_cuda_device() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver / no device" error for later calls
+    return false;
+  }
+  return n > 0;
+}
+
+// sm_90 exactly: the FP8 kernels use sm_90a-only instructions.
+inline bool have_hopper() {
+  if (!have_cuda_device()) return false;
+  cudaDeviceProp prop{};
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9 && prop.minor == 0;
+}
+
+// Statements, not expressions: GTEST_SKIP returns from the test body.
+#define FT_REQUIRE_CUDA_DEVICE() \
+  if (!::futransformer::test::have_cuda_device()) GTEST_SKIP() << "no CUDA device"
+#define FT_REQUIRE_HOPPER() \
+  if (!::futransformer::test::have_hopper()) GTEST_SKIP() << "no sm_90 (Hopper) CUDA device"
+
+// Failures are reported through EXPECT_* so a broken allocation or copy fails the calling test.
+template <typename T>
+struct DeviceBuffer {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DeviceBuffer(size_t count) : n(count) {
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
+  }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
+    EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+  // All bytes 0xFF: a NaN in every BF16 (0xFFFF) or fp32 element, so an element the kernel never writes shows.
+  cudaError_t poison() { return cudaMemset(p, 0xFF, n * sizeof(T)); }
+};
+
+}  // namespace futransformer::test

@@ -96,8 +96,18 @@ KvPageLayout kv_page_layout(KvFormat format, int64_t head_dim, int64_t page_toke
   return L;
 }
 
-void kv_encode_token(const KvPageLayout& L, uint8_t* page, int64_t slot, KvPart part, std::span<const float> x) {
+void kv_encode_token(const KvPageLayout& L, uint8_t* page, int64_t slot, KvPart part, std::span<const float> x,
+                     std::span<const uint16_t> key_anchor) {
   check_slot(L, page, slot, x.size());
+  if (!key_anchor.empty()) {
+    check(L.format == KvFormat::INT4_HADAMARD && part == KvPart::K, "KV cache (", kv_format_name(L.format),
+          "): a key anchor applies to int4-hadamard keys only");
+    check(static_cast<int64_t>(key_anchor.size()) == L.head_dim, "KV cache (int4-hadamard): key anchor has ",
+          key_anchor.size(), " values for a head of ", L.head_dim);
+    const bool finite = std::all_of(key_anchor.begin(), key_anchor.end(),
+                                    [](uint16_t h) { return std::isfinite(f16_to_f32(h)); });
+    check(finite, "KV cache (int4-hadamard): key anchor contains inf or nan");
+  }
   const int p = static_cast<int>(part);
   uint8_t* row = page + L.codes[p] + slot * L.code_row_bytes;
   if (L.format == KvFormat::BF16) {
@@ -116,6 +126,7 @@ void kv_encode_token(const KvPageLayout& L, uint8_t* page, int64_t slot, KvPart 
   }
   std::vector<float> v(x.begin(), x.end());
   if (L.format == KvFormat::INT4_HADAMARD) hadamard_blocks(v.data(), L.head_dim, hadamard_block_for(L.head_dim));
+  for (size_t i = 0; i < key_anchor.size(); ++i) v[i] -= f16_to_f32(key_anchor[i]);
   const Int4Spec spec = kv_int4_spec();
   std::memset(row, 0, static_cast<size_t>(L.code_row_bytes));
   for (int64_t g = 0; g < L.groups; ++g) {
@@ -155,6 +166,30 @@ void kv_decode_token(const KvPageLayout& L, const uint8_t* page, int64_t slot, K
       out[static_cast<size_t>(c)] = int4_dequantize_value(u, gp);
     }
   }
+}
+
+std::vector<uint16_t> kv_key_anchor(std::span<const float> rotated_keys, int64_t tokens, int64_t head_dim) {
+  check(tokens > 0 && head_dim > 0 && head_dim <= kKvMaxHeadDim, "KV key anchor: ", tokens, " tokens of head_dim ",
+        head_dim, " (expected a positive count and head_dim 1..", kKvMaxHeadDim, ")");
+  // tokens · head_dim cannot overflow once tokens is bounded by the span's size.
+  check(static_cast<uint64_t>(tokens) <= rotated_keys.size() &&
+            static_cast<int64_t>(rotated_keys.size()) == tokens * head_dim,
+        "KV key anchor: got ", rotated_keys.size(), " values, expected ", tokens, " x ", head_dim);
+  std::vector<double> sum(static_cast<size_t>(head_dim), 0.0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t i = 0; i < head_dim; ++i) {
+      const float x = rotated_keys[static_cast<size_t>(t * head_dim + i)];
+      check(std::isfinite(x), "KV key anchor: key of token ", t, " channel ", i, " is not finite");
+      sum[static_cast<size_t>(i)] += x;
+    }
+  }
+  constexpr float kF16Max = 65504.0f;
+  std::vector<uint16_t> c(static_cast<size_t>(head_dim));
+  for (size_t i = 0; i < c.size(); ++i) {
+    const float mean = static_cast<float>(sum[i] / static_cast<double>(tokens));
+    c[i] = f32_to_f16(std::clamp(mean, -kF16Max, kF16Max));
+  }
+  return c;
 }
 
 int64_t kv_hadamard_block(KvFormat f, int64_t head_dim) {

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "futransformer/formats/kv_cache.h"
@@ -52,6 +53,9 @@ std::unique_ptr<KvStore> make_f32_kv_store(int64_t width);
 // back once, right away, into an fp32 mirror that reads return: attention sees exactly decode(page bytes), without
 // decoding the whole history at every step. Reads are in the cache's domain: for int4-hadamard the keys and values
 // stay rotated (H·k, H·v), and the engine rotates queries and un-rotates the attention output, as the GPU does.
+// int4-hadamard keys are also anchored: the first append (prefill chunk, or one token) fixes, per KV head, the
+// anchor c = kv_key_anchor(H·k of that chunk), and every key is stored as H·k − c; read_keys returns those anchored
+// keys. Attention is unchanged by it (each query's logits shift by the same q'·c, which softmax cancels).
 class PagedKvStore final : public KvStore {
  public:
   PagedKvStore(formats::KvFormat format, int64_t n_kv_heads, int64_t head_dim);
@@ -65,6 +69,9 @@ class PagedKvStore final : public KvStore {
   int64_t pages_per_head() const { return static_cast<int64_t>(pages_.size()) / heads_; }
   // The bytes of page `index` (tokens index·P … index·P + P − 1) of KV head `head`.
   const uint8_t* page(int64_t head, int64_t index) const;
+  // The fp16 key anchor of KV head `head` (head_dim values); empty for formats without one and before the first
+  // append.
+  std::span<const uint16_t> key_anchor(int64_t head) const;
 
  private:
   formats::KvPageLayout layout_;
@@ -72,6 +79,9 @@ class PagedKvStore final : public KvStore {
   int64_t size_ = 0;
   std::vector<std::vector<uint8_t>> pages_;  // page-major: pages_[index * heads_ + head]
   std::vector<float> keys_, values_;         // decoded mirror, [size_, width]
+  void set_anchors(const float* k, int64_t tokens);
+
+  std::vector<uint16_t> anchors_;            // int4-hadamard: fp16 [heads_][head_dim] once the first append is in
 };
 
 // An fp32 store (nullopt) or a PagedKvStore of `format`, for n_kv_heads heads of head_dim values. Throws Error

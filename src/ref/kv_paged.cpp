@@ -16,7 +16,9 @@ void PagedKvStore::append(const float* k, const float* v, int64_t tokens) {
   const int64_t hd = layout_.head_dim, w = width(), P = layout_.page_tokens;
   const size_t page_bytes = static_cast<size_t>(layout_.page_bytes);
   const size_t old = static_cast<size_t>(size_ * w);
+  const bool anchored = layout_.format == formats::KvFormat::INT4_HADAMARD;
   try {
+    if (anchored && size_ == 0 && tokens > 0) set_anchors(k, tokens);
     keys_.resize(old + static_cast<size_t>(tokens * w));
     values_.resize(old + static_cast<size_t>(tokens * w));
     for (int64_t t = 0; t < tokens; ++t) {
@@ -26,7 +28,8 @@ void PagedKvStore::append(const float* k, const float* v, int64_t tokens) {
       for (int64_t h = 0; h < heads_; ++h) {
         uint8_t* p = pages_[static_cast<size_t>(index * heads_ + h)].data();
         const size_t off = static_cast<size_t>(t * w + h * hd);
-        formats::kv_encode_token(layout_, p, slot, formats::KvPart::K, std::span<const float>(k + off, hd));
+        formats::kv_encode_token(layout_, p, slot, formats::KvPart::K, std::span<const float>(k + off, hd),
+                                 key_anchor(h));
         formats::kv_encode_token(layout_, p, slot, formats::KvPart::V, std::span<const float>(v + off, hd));
         formats::kv_decode_token(layout_, p, slot, formats::KvPart::K, std::span<float>(&keys_[old + off], hd));
         formats::kv_decode_token(layout_, p, slot, formats::KvPart::V, std::span<float>(&values_[old + off], hd));
@@ -37,9 +40,29 @@ void PagedKvStore::append(const float* k, const float* v, int64_t tokens) {
     keys_.resize(old);
     values_.resize(old);
     pages_.resize(static_cast<size_t>((size_ + P - 1) / P * heads_));
+    if (size_ == 0) anchors_.clear();  // the next first append fixes the anchor again
     throw;
   }
   size_ += tokens;
+}
+
+void PagedKvStore::set_anchors(const float* k, int64_t tokens) {
+  const int64_t hd = layout_.head_dim, w = width();
+  std::vector<float> rotated(static_cast<size_t>(tokens * hd));
+  anchors_.clear();
+  for (int64_t h = 0; h < heads_; ++h) {
+    for (int64_t t = 0; t < tokens; ++t) std::copy_n(k + t * w + h * hd, hd, &rotated[static_cast<size_t>(t * hd)]);
+    formats::kv_rotate_query(layout_.format, hd, rotated);  // the keys' H (the same transform as the queries')
+    const std::vector<uint16_t> c = formats::kv_key_anchor(rotated, tokens, hd);
+    anchors_.insert(anchors_.end(), c.begin(), c.end());
+  }
+}
+
+std::span<const uint16_t> PagedKvStore::key_anchor(int64_t head) const {
+  check(head >= 0 && head < heads_, "KV store: key anchor of head ", head, " (", heads_, " heads)");
+  if (anchors_.empty()) return {};
+  const size_t hd = static_cast<size_t>(layout_.head_dim);
+  return std::span<const uint16_t>(anchors_).subspan(static_cast<size_t>(head) * hd, hd);
 }
 
 void PagedKvStore::read_keys(int64_t n, float* out) const {

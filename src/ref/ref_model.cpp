@@ -123,8 +123,9 @@ void RefModel::embed(std::span<const int32_t> tokens, float* x) const {
   }
 }
 
-// q: [rows, nh·hd] after RoPE, in the model's basis. For int4-hadamard the cache holds H·k and H·v, so each chunk's
-// queries are rotated (H·q · H·k = q · k) and the output, a weighted sum of H·v, is rotated back.
+// q: [rows, nh·hd] after RoPE, in the model's basis. For int4-hadamard the cache holds H·k − c (c: the key anchor)
+// and H·v, so each chunk's queries are rotated (H·q · (H·k − c) = q · k − H·q · c, the same shift for every key,
+// which softmax cancels) and the output, a weighted sum of H·v, is rotated back.
 void RefModel::attend(const float* q_in, int64_t qw, std::span<const SequenceRows> seqs, float* out) const {
   const int64_t hd = config_.head_dim, nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
   const int64_t kvw = nkv * hd;

@@ -3,6 +3,7 @@
 // values computed independently in fp64, and act-fp8 perturbs logits by a bounded amount.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "futransformer/dtype.h"
 #include "futransformer/error.h"
 #include "futransformer/formats/fp8.h"
 #include "futransformer/formats/hadamard.h"
@@ -62,15 +64,24 @@ TEST_P(PagedStore, ReadsAndPagesEqualEncodeThenDecode) {
   ASSERT_EQ(store.size(), total);
   ASSERT_EQ(store.pages_per_head(), 3);
 
-  // Independent pages: every token encoded into a fresh page per (head, page index).
+  // Independent pages: every token encoded into a fresh page per (head, page index). For int4-hadamard the keys
+  // carry the anchor of the first append, here one token: its rotated key rounded to fp16.
   const formats::KvPageLayout L = formats::kv_page_layout(f, hd);
   std::vector<float> want_k(static_cast<size_t>(total * w)), want_v(static_cast<size_t>(total * w));
   for (int64_t h = 0; h < heads; ++h) {
+    std::vector<uint16_t> anchor;
+    if (f == KvFormat::INT4_HADAMARD) {
+      std::vector<float> first(k.begin() + h * hd, k.begin() + (h + 1) * hd);
+      formats::hadamard_blocks(first.data(), hd, formats::hadamard_block_for(hd));
+      for (float x : first) anchor.push_back(f32_to_f16(x));
+    }
+    EXPECT_TRUE(std::equal(anchor.begin(), anchor.end(), store.key_anchor(h).begin(), store.key_anchor(h).end()))
+        << "head " << h;
     for (int64_t p = 0; p < 3; ++p) {
       std::vector<uint8_t> page(static_cast<size_t>(L.page_bytes), 0);
       for (int64_t s = 0; s < L.page_tokens && p * L.page_tokens + s < total; ++s) {
         const size_t off = static_cast<size_t>((p * L.page_tokens + s) * w + h * hd);
-        formats::kv_encode_token(L, page.data(), s, KvPart::K, std::span<const float>(&k[off], hd));
+        formats::kv_encode_token(L, page.data(), s, KvPart::K, std::span<const float>(&k[off], hd), anchor);
         formats::kv_encode_token(L, page.data(), s, KvPart::V, std::span<const float>(&v[off], hd));
         formats::kv_decode_token(L, page.data(), s, KvPart::K, std::span<float>(&want_k[off], hd));
         formats::kv_decode_token(L, page.data(), s, KvPart::V, std::span<float>(&want_v[off], hd));
@@ -137,7 +148,8 @@ TEST(PagedStoreFactory, Fp32WhenNoFormatAndClearErrorsForBadHeads) {
 // One decoder layer run by RefModel with a KV format; the hook captures the q/k/v input (xn) and the o input (the
 // attention output). The test recomputes q, k, v with the same fp32 projections and RoPE (bit-identical, so the KV
 // encoder sees the same values), then does attention its own way: keys and values decoded from independently
-// encoded pages, rotated back by H for int4-hadamard (instead of rotating q), softmax and sums in fp64.
+// encoded pages, rotated back by H for int4-hadamard (instead of rotating q) after adding back the key anchor
+// (computed here by hand from the one appended chunk), softmax and sums in fp64.
 struct LayerCapture {
   std::vector<float> xn, att;
 };
@@ -179,13 +191,31 @@ std::vector<double> attention_by_hand(const Model& m, std::optional<KvFormat> kv
     const formats::KvPageLayout L = formats::kv_page_layout(*kv, hd);
     std::vector<uint8_t> page(static_cast<size_t>(L.page_bytes));
     const int64_t block = formats::kv_hadamard_block(*kv, hd);
+    // int4-hadamard's key anchor: the whole prompt is the first chunk, so c = fp16(mean over it of H·k).
+    std::vector<std::vector<uint16_t>> anchor(static_cast<size_t>(nkv));
+    if (*kv == KvFormat::INT4_HADAMARD) {
+      for (int64_t g = 0; g < nkv; ++g) {
+        std::vector<double> sum(static_cast<size_t>(hd), 0.0);
+        for (int64_t t = 0; t < n; ++t) {
+          std::vector<float> r(&k[t * kvw + g * hd], &k[t * kvw + g * hd] + hd);
+          formats::hadamard_blocks(r.data(), hd, block);
+          for (int64_t j = 0; j < hd; ++j) sum[static_cast<size_t>(j)] += r[static_cast<size_t>(j)];
+        }
+        for (double s : sum) anchor[static_cast<size_t>(g)].push_back(f32_to_f16(static_cast<float>(s / double(n))));
+      }
+    }
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t g = 0; g < nkv; ++g) {
-        for (float* x : {&k[t * kvw + g * hd], &v[t * kvw + g * hd]}) {
-          formats::kv_encode_token(L, page.data(), 0, KvPart::K, std::span<const float>(x, hd));
-          formats::kv_decode_token(L, page.data(), 0, KvPart::K, std::span<float>(x, hd));
+        const std::vector<uint16_t>& c = anchor[static_cast<size_t>(g)];
+        float* key = &k[t * kvw + g * hd];
+        formats::kv_encode_token(L, page.data(), 0, KvPart::K, std::span<const float>(key, hd), c);
+        formats::kv_decode_token(L, page.data(), 0, KvPart::K, std::span<float>(key, hd));
+        for (size_t j = 0; j < c.size(); ++j) key[j] += f16_to_f32(c[j]);
+        float* value = &v[t * kvw + g * hd];
+        formats::kv_encode_token(L, page.data(), 0, KvPart::V, std::span<const float>(value, hd));
+        formats::kv_decode_token(L, page.data(), 0, KvPart::V, std::span<float>(value, hd));
+        for (float* x : {key, value})
           if (block > 0) formats::hadamard_blocks(x, hd, block);
-        }
       }
     }
   }
@@ -248,21 +278,27 @@ std::vector<float> logits_of(const Model& m, const ReferenceOptions& o, const st
 }
 
 TEST(RefPrecision, KvFormatsPrefillThenDecodeEqualsOnePass) {
-  // The cache holds what a prefill wrote; decoding token by token reads the same bytes back.
+  // The cache holds what a prefill wrote; decoding token by token reads the same bytes back as one 10-token chunk
+  // after the same prefill. (Both start with the same 60-token prefill because int4-hadamard's key anchor is fixed
+  // by the first chunk: a 70-token single pass would anchor, hence round, the keys differently.)
   const Model m = test::make_tiny_llama({}, 8);
   std::mt19937 rng(4);
   const std::vector<int32_t> tokens = test::random_token_ids(70, m.config.vocab_size, rng);
+  const SequenceChunk prefill{0, std::vector<int32_t>(tokens.begin(), tokens.begin() + 60)};
+  const SequenceChunk rest{0, std::vector<int32_t>(tokens.begin() + 60, tokens.end())};
   for (KvFormat f : kFormats) {
     ReferenceOptions o;
     o.kv = f;
-    const std::vector<float> all = logits_of(m, o, tokens);
+    auto chunked = make_reference_engine(m, o);
+    chunked->forward(std::span<const SequenceChunk>(&prefill, 1));
+    const std::vector<float> all = chunked->forward(std::span<const SequenceChunk>(&rest, 1), true)[0];
     auto engine = make_reference_engine(m, o);
-    SequenceChunk prefill{0, std::vector<int32_t>(tokens.begin(), tokens.begin() + 60)};
     engine->forward(std::span<const SequenceChunk>(&prefill, 1));
     for (size_t i = 60; i < tokens.size(); ++i) {
       const SequenceChunk step{0, {tokens[i]}};
       const std::vector<float> got = engine->forward(std::span<const SequenceChunk>(&step, 1))[0];
-      const std::vector<float> want(all.begin() + i * m.config.vocab_size, all.begin() + (i + 1) * m.config.vocab_size);
+      const size_t r = i - 60;
+      const std::vector<float> want(all.begin() + r * m.config.vocab_size, all.begin() + (r + 1) * m.config.vocab_size);
       // Different query block sizes take different attention code (BLAS blocks vs loops): fp32 rounding only.
       EXPECT_LT(test::relative_l2(got, want), 1e-5) << formats::kv_format_name(f) << " token " << i;
     }

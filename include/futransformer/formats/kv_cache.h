@@ -12,6 +12,11 @@
 //                  then stored as int4. The cache then holds H·k and H·v: attention must use H·q
 //                  (kv_rotate_query; q·k = Hq·Hk since H is orthogonal) and un-rotate its output
 //                  (kv_unrotate_output; the output is a weighted sum of H·v, and H is its own inverse).
+//                  Keys (not values) are stored relative to a key anchor c: head_dim fp16 values in the rotated
+//                  basis, one per (sequence, layer, KV head), fixed by the sequence's first appended chunk
+//                  (kv_key_anchor). The K slot holds int4 of y = H·k − c. Softmax is invariant to it: for one
+//                  query, q'·(H·k − c) = q·k − q'·c shifts every logit by the same constant. Real key outlier
+//                  channels carry a consistent offset across tokens; removing it shrinks every group's range.
 //
 // Paged layout: a page holds kKvPageTokens = 64 consecutive token slots of one (sequence, layer, KV head).
 // Inside a page, four regions, each starting at a multiple of 16 bytes:
@@ -25,6 +30,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace futransformer::formats {
 
@@ -66,11 +72,25 @@ KvPageLayout kv_page_layout(KvFormat format, int64_t head_dim, int64_t page_toke
 // Encode one token's K or V head vector (head_dim values) into slot `slot` of the page at `page`
 // (layout.page_bytes bytes). For int4-hadamard, x is rotated here (x itself is not modified).
 // Non-finite values are rejected for the quantised formats.
-void kv_encode_token(const KvPageLayout& layout, uint8_t* page, int64_t slot, KvPart part, std::span<const float> x);
+// key_anchor (fp16 bits, head_dim values, from kv_key_anchor): for int4-hadamard keys, the int4 rule is applied to
+// y_i = (H·x)_i − f16_to_f32(key_anchor_i) (fp32 subtraction). Empty = no anchor (y = H·x). A non-empty anchor for
+// another format or for part V, of the wrong length, or holding inf/nan, is an Error.
+void kv_encode_token(const KvPageLayout& layout, uint8_t* page, int64_t slot, KvPart part, std::span<const float> x,
+                     std::span<const uint16_t> key_anchor = {});
 // Decode slot `slot` into out (head_dim values) in the cache's domain: for int4-hadamard the values stay rotated
-// (apply kv_unrotate_output to get them back in the model's basis).
+// (apply kv_unrotate_output to get them back in the model's basis), and a K slot encoded with an anchor decodes to
+// the anchored value y ≈ H·k − c. Attention over y equals attention over H·k (see above); to get k back (tools,
+// tests), add f16_to_f32(c_i) to each y_i, then apply kv_unrotate_output.
 void kv_decode_token(const KvPageLayout& layout, const uint8_t* page, int64_t slot, KvPart part,
                      std::span<float> out);
+
+// The key anchor of int4-hadamard: c_i = fp16(mean over the `tokens` rows of rotated_keys ([tokens][head_dim],
+// already rotated with kv_rotate_query's H) of channel i), summed in fp64 in token order, rounded to fp32, then to
+// fp16 with round-to-nearest-even (f32_to_f16). A mean beyond fp16's range saturates to ±65504 (any c keeps
+// attention invariant; the finite value keeps y finite). The engine passes the sequence's first appended chunk
+// (one token for a decode-only start). tokens must be positive, head_dim positive, the values finite and
+// rotated_keys.size() == tokens · head_dim; anything else is an Error.
+std::vector<uint16_t> kv_key_anchor(std::span<const float> rotated_keys, int64_t tokens, int64_t head_dim);
 
 // The Hadamard block a format applies to a head (0 for the formats that do not rotate).
 int64_t kv_hadamard_block(KvFormat f, int64_t head_dim);

@@ -27,7 +27,7 @@ struct QuantizeArgs {
   int64_t sample_tokens = 512;
   uint64_t seed = 0;
   double damp = 0.01;
-  bool act_order = false;
+  bool act_order = true;
   bool quiet = false;
 };
 
@@ -106,7 +106,8 @@ Command add_quantize_command(CLI::App& app) {
   sub->add_option("--damp", args->damp, "GPTQ damping, a fraction of the mean Hessian diagonal")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
-  sub->add_flag("--act-order", args->act_order, "GPTQ: quantise columns by descending Hessian diagonal");
+  sub->add_flag("--act-order,!--no-act-order", args->act_order,
+                "GPTQ: quantise columns by descending Hessian diagonal, static groups (default on)");
   sub->add_flag("-q,--quiet", args->quiet, "No progress line on stderr");
   return {sub, [args, weights, group] { return run_quantize(*args, weights->count() > 0, group->count() > 0); }};
 }

@@ -16,7 +16,7 @@ void add_recipe_engine_options(CLI::App& sub, RecipeEngineArgs& a) {
       ->capture_default_str()
       ->check(CLI::Range(8, 1 << 16));
   sub.add_option("--calibration-seed", a.seed, "Seed for the calibration windows' offsets")->capture_default_str();
-  sub.add_flag("--act-order", a.act_order, "GPTQ with act-order (static groups)");
+  sub.add_flag("--act-order,!--no-act-order", a.act_order, "GPTQ with act-order, static groups (default on)");
   sub.add_flag("-q,--quiet", a.quiet, "No progress output");
 }
 

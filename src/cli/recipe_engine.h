@@ -21,7 +21,7 @@ struct RecipeEngineArgs {
   int64_t samples = 32;
   int64_t sample_tokens = 512;
   uint64_t seed = 0;
-  bool act_order = false;
+  bool act_order = true;
   bool quiet = false;
 };
 

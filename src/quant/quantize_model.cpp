@@ -3,7 +3,6 @@
 #include "futransformer/quant/quantize_model.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <random>
 
 #include "core/sha256.h"

@@ -12,6 +12,7 @@
 #include "futransformer/error.h"
 #include "futransformer/formats/fp8.h"
 #include "futransformer/formats/hadamard.h"
+#include "attention_fp64.h"
 #include "futransformer/formats/kv_cache.h"
 
 namespace futransformer::formats {
@@ -282,36 +283,10 @@ OutlierData outlier_data(uint32_t seed, float magnitude) {
 }
 
 std::vector<double> attention(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v) {
-  std::vector<double> out(static_cast<size_t>(kNq * kHd), 0.0), p(static_cast<size_t>(kT));
-  for (int64_t h = 0; h < kNq; ++h) {
-    double mx = -INFINITY, z = 0;
-    for (int64_t t = 0; t < kT; ++t) {
-      double s = 0;
-      for (int64_t i = 0; i < kHd; ++i) {
-        s += double(q[static_cast<size_t>(h * kHd + i)]) * k[static_cast<size_t>(t * kHd + i)];
-      }
-      p[static_cast<size_t>(t)] = s / std::sqrt(double(kHd));
-      mx = std::max(mx, p[static_cast<size_t>(t)]);
-    }
-    for (auto& e : p) z += (e = std::exp(e - mx));
-    for (int64_t t = 0; t < kT; ++t) {
-      for (int64_t i = 0; i < kHd; ++i) {
-        out[static_cast<size_t>(h * kHd + i)] += p[static_cast<size_t>(t)] / z * v[static_cast<size_t>(t * kHd + i)];
-      }
-    }
-  }
-  return out;
+  return test::attention_fp64(q, k, v, kNq, kHd);
 }
 
-template <typename A, typename B>
-double rel_l2(const A& got, const B& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    num += (double(got[i]) - double(want[i])) * (double(got[i]) - double(want[i]));
-    den += double(want[i]) * double(want[i]);
-  }
-  return std::sqrt(num / den);
-}
+using test::rel_l2;
 
 struct CachedErrors {
   double attention;  // relative L2 of the attention output vs fp64 attention on the fp32 inputs

@@ -16,6 +16,7 @@
 #include "futransformer/dtype.h"
 #include "futransformer/error.h"
 #include "futransformer/formats/hadamard.h"
+#include "attention_fp64.h"
 #include "futransformer/formats/kv_cache.h"
 
 namespace futransformer::formats {
@@ -148,39 +149,11 @@ TEST(KvAnchor, RejectedWhereItDoesNotApply) {
   EXPECT_THROW(kv_key_anchor(nan, 2, 64), Error);
 }
 
-// fp64 attention of kNq query heads over `tokens` keys of one KV head (the GQA group of one decode step).
 std::vector<double> attention(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v) {
-  const int64_t tokens = static_cast<int64_t>(k.size()) / kHd;
-  std::vector<double> out(static_cast<size_t>(kNq * kHd), 0.0), p(static_cast<size_t>(tokens));
-  for (int64_t h = 0; h < kNq; ++h) {
-    double mx = -INFINITY, z = 0;
-    for (int64_t t = 0; t < tokens; ++t) {
-      double s = 0;
-      for (int64_t i = 0; i < kHd; ++i) {
-        s += double(q[static_cast<size_t>(h * kHd + i)]) * k[static_cast<size_t>(t * kHd + i)];
-      }
-      p[static_cast<size_t>(t)] = s / std::sqrt(double(kHd));
-      mx = std::max(mx, p[static_cast<size_t>(t)]);
-    }
-    for (auto& e : p) z += (e = std::exp(e - mx));
-    for (int64_t t = 0; t < tokens; ++t) {
-      for (int64_t i = 0; i < kHd; ++i) {
-        out[static_cast<size_t>(h * kHd + i)] += p[static_cast<size_t>(t)] / z * v[static_cast<size_t>(t * kHd + i)];
-      }
-    }
-  }
-  return out;
+  return test::attention_fp64(q, k, v, kNq, kHd);
 }
 
-template <typename A, typename B>
-double rel_l2(const A& got, const B& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    num += (double(got[i]) - double(want[i])) * (double(got[i]) - double(want[i]));
-    den += double(want[i]) * double(want[i]);
-  }
-  return std::sqrt(num / den);
-}
+using test::rel_l2;
 
 struct Case {
   std::vector<float> q, k, v;

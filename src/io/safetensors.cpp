@@ -41,18 +41,6 @@ bool dtype_from_name(const std::string& s, DType* t) {
   return false;
 }
 
-const char* safetensors_dtype_name(DType t) {
-  switch (t) {
-    case DType::F32: return "F32";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
-    case DType::I8: return "I8";
-    case DType::I32: return "I32";
-    case DType::U8: return "U8";
-  }
-  return "?";
-}
-
 // A JSON value that must be a non-negative integer; `what` describes it for the message.
 uint64_t as_count(const json& v, const std::string& source, const std::string& tensor, const char* what) {
   if (v.is_number_unsigned()) return v.get<uint64_t>();
@@ -204,7 +192,8 @@ std::string make_header(const std::string& path, const std::vector<SafetensorsEn
     const uint64_t nbytes = checked_nbytes(e.shape, e.dtype, where);
     uint64_t end = 0;
     check(!__builtin_add_overflow(offset, nbytes, &end), where, ": data region exceeds 64 bits");
-    header[e.name] = {{"dtype", safetensors_dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, end}}};
+    // dtype_name spells every DType the way safetensors headers do ("F32", "BF16", ...).
+    header[e.name] = {{"dtype", dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, end}}};
     offset = end;
   }
   // Padding the header to a multiple of 8 keeps every tensor 8-byte aligned in the file (and in a mapping).

@@ -18,6 +18,7 @@
 #include "cuda/attention_decode_layout.h"
 #include "futransformer/dtype.h"
 #include "futransformer/error.h"
+#include "mma_m16n8k16_model.h"
 #include "paged_kv_case.h"
 
 namespace {
@@ -28,16 +29,7 @@ using formats::KvFormat;
 using test::PagedKvCase;
 
 // --- PTX ISA: mma.m16n8k16 fragments ((row, col) of each register half of a lane) and warp primitives. ---
-struct RC {
-  int r, c;
-};
-RC ptx_a(int lane, int reg, int half) { return {lane / 4 + 8 * (reg % 2), 2 * (lane % 4) + half + 8 * (reg / 2)}; }
-RC ptx_b(int lane, int reg, int half) { return {2 * (lane % 4) + half + 8 * reg, lane / 4}; }  // (k, n)
-RC ptx_c(int lane, int i) { return {lane / 4 + 8 * (i / 2), 2 * (lane % 4) + i % 2}; }
-
-float lo_f(uint32_t v) { return bf16_to_f32(static_cast<uint16_t>(v & 0xffff)); }
-float hi_f(uint32_t v) { return bf16_to_f32(static_cast<uint16_t>(v >> 16)); }
-uint32_t pack_bf16x2(float lo, float hi) { return f32_to_bf16(lo) | (static_cast<uint32_t>(f32_to_bf16(hi)) << 16); }
+using namespace test::mma;
 uint32_t sub_bf16x2(uint32_t a, uint32_t b) { return pack_bf16x2(lo_f(a) - lo_f(b), hi_f(a) - hi_f(b)); }
 uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   const uint64_t x = a | (static_cast<uint64_t>(b) << 32);

@@ -17,6 +17,7 @@
 #include "futransformer/dtype.h"
 #include "futransformer/error.h"
 #include "futransformer/formats/int4_mma.h"
+#include "mma_m16n8k16_model.h"
 
 namespace {
 
@@ -27,16 +28,7 @@ using formats::ScaleType;
 namespace w4 = futransformer::cuda::w4a16;
 
 // --- PTX ISA "Matrix Fragments for mma.m16n8k16" (.bf16): (row, col) of each register half of a lane. ---
-struct RC {
-  int r, c;
-};
-RC ptx_a(int lane, int reg, int half) { return {lane / 4 + 8 * (reg % 2), 2 * (lane % 4) + half + 8 * (reg / 2)}; }
-RC ptx_b(int lane, int reg, int half) { return {2 * (lane % 4) + half + 8 * reg, lane / 4}; }  // (k, n)
-RC ptx_c(int lane, int i) { return {lane / 4 + 8 * (i / 2), 2 * (lane % 4) + i % 2}; }
-
-float lo_f(uint32_t v) { return bf16_to_f32(static_cast<uint16_t>(v & 0xffff)); }
-float hi_f(uint32_t v) { return bf16_to_f32(static_cast<uint16_t>(v >> 16)); }
-uint32_t pack_bf16x2(float lo, float hi) { return f32_to_bf16(lo) | (static_cast<uint32_t>(f32_to_bf16(hi)) << 16); }
+using namespace test::mma;
 
 // The kernel's dequant_slot: lop3 (a & b) | c, then a bf16x2 subtract (exact for these small integers).
 uint32_t emu_dequant(uint32_t word, int shift) {

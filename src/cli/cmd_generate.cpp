@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/device_choice.h"
 #include "cli/progress.h"
+#include "futransformer/cuda_engine.h"
 #include "futransformer/engine.h"
 #include "futransformer/error.h"
 #include "futransformer/generate.h"
@@ -40,28 +41,28 @@ int run_generate(const GenerateArgs& a) {
   const Backend backend = choose_backend(a.device);
   const auto t_load = std::chrono::steady_clock::now();
   // A quantised checkpoint runs with the recipe it was made with; --recipe quantises a full model in memory.
-  Model model;
-  PrecisionRecipe recipe;
+  quant::QuantizedModel q;
   if (quant::is_quantized_checkpoint(a.model)) {
-    quant::QuantizedModel q = quant::load_quantized_checkpoint(a.model);
+    q = quant::load_quantized_checkpoint(a.model);
     check(a.recipe.empty(), a.model, ": is already quantised (recipe ", q.recipe.name(), "); --recipe needs a ",
           "full-precision model");
-    model = std::move(q.model);
-    recipe = q.recipe;
   } else {
-    model = load_model(a.model);
-    if (!a.recipe.empty()) recipe = PrecisionRecipe::parse(a.recipe);
+    q.model = load_model(a.model);
+    if (!a.recipe.empty()) q.recipe = PrecisionRecipe::parse(a.recipe);
   }
-  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer_for_model(model, a.tokenizer);
-  check(tokenizer->vocab_size() <= model.config.vocab_size, a.model, ": tokenizer has ", tokenizer->vocab_size(),
-        " tokens but the model's vocabulary has only ", model.config.vocab_size);
+  const PrecisionRecipe recipe = q.recipe;
+  // Recipe parts the GPU does not run are refused before any quantising.
+  const CudaEngineOptions cuda_options =
+      backend == Backend::Cuda ? cuda_engine_options(recipe) : CudaEngineOptions{};
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer_for_model(q.model, a.tokenizer);
+  check(tokenizer->vocab_size() <= q.model.config.vocab_size, a.model, ": tokenizer has ", tokenizer->vocab_size(),
+        " tokens but the model's vocabulary has only ", q.model.config.vocab_size);
   if (!a.recipe.empty() && recipe.weights != WeightFormat::Full) {
     quant::QuantizeOptions qopt;  // GPTQ with the default calibration text and settings
     qopt.recipe = recipe;
     ProgressLine progress(!a.quiet);
-    quant::QuantizedModel q = quant::quantize_model(model, *tokenizer, qopt, progress.callback());
+    q = quant::quantize_model(q.model, *tokenizer, qopt, progress.callback());
     progress.finish();
-    model = std::move(q.model);
   }
 
   std::vector<int32_t> prompt;
@@ -71,7 +72,15 @@ int run_generate(const GenerateArgs& a) {
   prompt.insert(prompt.end(), text_ids.begin(), text_ids.end());
   check(!prompt.empty(), "the prompt is empty and the tokenizer has no BOS token; give --prompt TEXT");
 
-  std::unique_ptr<Engine> engine = make_engine(backend, model, quant::reference_options(recipe));
+  std::unique_ptr<Engine> engine;
+  std::string engine_desc = backend_name(backend);
+  if (backend == Backend::Cuda) {
+    std::unique_ptr<CudaEngine> cuda_engine = make_cuda_engine(q, cuda_options);
+    engine_desc = "cuda: " + cuda_engine->description();
+    engine = std::move(cuda_engine);
+  } else {
+    engine = make_engine(backend, q.model, quant::reference_options(recipe));
+  }
   check(static_cast<int64_t>(prompt.size()) < engine->max_sequence_length(), "the prompt has ", prompt.size(),
         " tokens; this model's context is ", engine->max_sequence_length());
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
@@ -115,7 +124,7 @@ int run_generate(const GenerateArgs& a) {
     std::fprintf(stderr,
                  "\n[%s engine, %s] load %.2f s | prompt %zu tokens, first token after %.1f ms | %lld new tokens, "
                  "%.1f tok/s decode | seed %llu\n",
-                 backend_name(backend), recipe.name().c_str(), load_s, prompt.size(), prefill_s * 1e3, static_cast<long long>(produced),
+                 engine_desc.c_str(), recipe.name().c_str(), load_s, prompt.size(), prefill_s * 1e3, static_cast<long long>(produced),
                  produced > 1 ? static_cast<double>(produced - 1) / decode_s : 0.0,
                  static_cast<unsigned long long>(opt.sampling.seed));
   }

@@ -1,5 +1,6 @@
 #include "cli/device_choice.h"
 
+#include "futransformer/cuda_engine.h"
 #include "futransformer/device.h"
 #include "futransformer/error.h"
 #include "futransformer/reference_engine.h"
@@ -8,20 +9,26 @@ namespace futransformer::cli {
 
 Backend choose_backend(const std::string& device) {
   if (device == "cpu") return Backend::Cpu;
+  check(device == "cuda" || device == "auto", "--device: expected cpu, cuda or auto, got '", device, "'");
   const DeviceInfo info = query_device();
-  if (device == "auto") return Backend::Cpu;  // the CUDA engine is not built yet: see below
-  check(device == "cuda", "--device: expected cpu, cuda or auto, got '", device, "'");
+  if (device == "auto") return info.cuda_built && info.hopper ? Backend::Cuda : Backend::Cpu;
   check(info.cuda_built, "--device cuda: this futransformer was built without CUDA (no nvcc at configure time)");
   check(info.device_count > 0, "--device cuda: no CUDA device is available (", info.name, ")");
   check(info.hopper, "--device cuda: the kernels need a Hopper GPU (sm_90: H100/H200); device 0 is ", info.name);
-  fail("--device cuda: the CUDA engine is not built yet in this version (the INT4 decode and FP8 prefill kernels ",
-       "are in progress); use --device cpu");
+  return Backend::Cuda;
 }
 
 const char* backend_name(Backend b) { return b == Backend::Cuda ? "cuda" : "cpu reference"; }
 
 std::unique_ptr<Engine> make_engine(Backend b, const Model& model, const ReferenceOptions& options) {
-  check(b == Backend::Cpu, "internal: CUDA engine requested but not available");
+  if (b == Backend::Cuda) {
+    check(options.activations == ActivationFormat::Fp32, "--device cuda: act-fp8 feeds only FP8 GEMMs; the CUDA ",
+          "engine runs BF16 activations");
+    CudaEngineOptions o;
+    if (options.kv) o.kv = *options.kv;
+    o.max_sequence_length = options.max_sequence_length;
+    return make_cuda_engine(model, o);
+  }
   return make_reference_engine(model, options);
 }
 

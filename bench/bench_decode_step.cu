@@ -1,0 +1,158 @@
+// The whole decode step and one decoder block of the CUDA engine on synthetic Llama-3.1 shapes (weights made in
+// GPU memory): INT4 weights (group 128, W4A16) + a paged KV cache at a given context, batch 1/8/32, each step one
+// CUDA graph replay; a "block" row is a one-layer model with a 256-token vocabulary. Reports graph time (CUDA
+// events around the replay), host step time (forward_greedy wall clock: metadata upload + replay + id download),
+// tokens/s, and the memory roofline: bytes every step must read (INT4 weights + scales, BF16 LM head, norms, the
+// cache of every sequence) over the measured copy bandwidth.
+//   bench_decode_step [--json PATH] [--iters N] [--context C] [--kv bf16|int4|int4-hadamard] [--configs a,b]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "futransformer/cuda_engine.h"
+#include "futransformer/formats/kv_cache.h"
+#include "futransformer/io/synthetic.h"
+
+using namespace futransformer;
+
+namespace {
+
+struct Row {
+  std::string shape;  // "llama-3.1-8b step" / "llama-3.1-8b block"
+  int batch = 0, context = 0, layers = 0;
+  double graph_us = 0, graph_p90_us = 0, host_us = 0, bytes = 0, roofline_us = 0;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string t; std::getline(ss, t, ',');) out.push_back(t);
+  return out;
+}
+
+// Bytes one decode step must read: every projection's INT4 codes + F16 group scales, the BF16 LM head (vocab ×
+// hidden, read once), norms, one embedding row per sequence, and each sequence's whole cache (K and V, all layers).
+double step_bytes(const ModelConfig& c, int group, int batch, int context, formats::KvFormat kv, bool with_head) {
+  const double h = static_cast<double>(c.hidden_size), inter = static_cast<double>(c.intermediate_size);
+  const double q = static_cast<double>(c.num_attention_heads * c.head_dim);
+  const double kvw = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  const double params = h * (q + 2 * kvw) + q * h + h * 2 * inter + inter * h;
+  const double per_layer = params * 0.5 + params / group * 2 + 2 * h * 4;
+  const formats::KvPageLayout layout = formats::kv_page_layout(kv, c.head_dim);
+  const double cache = static_cast<double>(batch) * context * static_cast<double>(c.num_key_value_heads) *
+                       static_cast<double>(layout.bytes_per_token());
+  double b = static_cast<double>(c.num_hidden_layers) * (per_layer + cache);
+  if (with_head) b += static_cast<double>(c.vocab_size) * h * 2 + h * 4 + batch * h * 2;
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path, kv_name = "int4-hadamard", configs = "llama-3.1-8b,llama-3.1-70b", batches = "1,8,32";
+  int iters = 50, context = 1024;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    else if (a == "--iters" && i + 1 < argc) iters = std::max(5, std::atoi(argv[++i]));
+    else if (a == "--context" && i + 1 < argc) context = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--kv" && i + 1 < argc) kv_name = argv[++i];
+    else if (a == "--configs" && i + 1 < argc) configs = argv[++i];
+    else if (a == "--batches" && i + 1 < argc) batches = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--json PATH] [--iters N] [--context C] [--kv bf16|int4|int4-hadamard] "
+                           "[--configs llama-3.1-8b,llama-3.1-70b] [--batches 1,8,32]\n", argv[0]);
+      return 2;
+    }
+  }
+  constexpr int kGroup = 128;
+  try {
+    const formats::KvFormat kv = formats::parse_kv_format(kv_name);
+    const bench::DeviceInfo d = bench::query_device();
+    bench::print_device_summary(d);
+    cudaStream_t s0 = nullptr;
+    const double copy_tbps = bench::device_copy_tbps(s0);
+    std::printf(" | copy %.2f TB/s\n", copy_tbps);
+    std::vector<int> bs;
+    for (const std::string& b : split(batches)) bs.push_back(std::atoi(b.c_str()));
+    const int max_batch = *std::max_element(bs.begin(), bs.end());
+
+    std::vector<Row> rows;
+    for (const std::string& name : split(configs)) {
+      for (const bool block : {false, true}) {
+        ModelConfig c = synthetic_config(name);
+        // One decoder block: a single layer with a 256-token vocabulary, so the embedding and head add ~1 µs of
+        // their own instead of the real head's 1 GB (8B) read.
+        if (block) {
+          c.num_hidden_layers = 1;
+          c.vocab_size = 256;
+        }
+        CudaEngineOptions o;
+        o.kv = kv;
+        o.max_sequences = max_batch;
+        o.max_sequence_length = context + 8;
+        o.max_batch_tokens = 64;
+        std::unique_ptr<CudaEngine> e = make_synthetic_cuda_engine(c, kGroup, o);
+        std::printf("%s%s: %s | GPU memory %.2f GB\n", name.c_str(), block ? " (1 layer)" : "", e->description().c_str(),
+                    e->memory().total() / 1e9);
+        for (const int b : bs) {
+          std::vector<SequenceChunk> batch;
+          for (int i = 0; i < b; ++i) {
+            e->append_synthetic_context(i, context - 3);  // the two benchmark steps and the replayed one follow
+            batch.push_back({i, {i + 1}});
+          }
+          const CudaEngine::StepTiming t = e->benchmark_decode_step(batch, iters);
+          std::vector<float> host;
+          for (int i = 0; i < 5; ++i) {
+            const auto t0 = std::chrono::steady_clock::now();
+            e->forward_greedy(batch);
+            host.push_back(std::chrono::duration<float, std::micro>(std::chrono::steady_clock::now() - t0).count());
+            for (const SequenceChunk& sc : batch) e->reset(sc.seq_id), e->append_synthetic_context(sc.seq_id, context - 1);
+          }
+          for (const SequenceChunk& sc : batch) e->reset(sc.seq_id);
+          Row r;
+          r.shape = name + (block ? " block" : " step");
+          r.batch = b;
+          r.context = context;
+          r.layers = static_cast<int>(c.num_hidden_layers);
+          r.graph_us = t.median_us;
+          r.graph_p90_us = t.p90_us;
+          r.host_us = bench::median(host);
+          r.bytes = step_bytes(c, kGroup, b, context, kv, true);
+          r.roofline_us = r.bytes / (copy_tbps * 1e12) * 1e6;
+          rows.push_back(r);
+        }
+      }
+    }
+    std::printf("\n| shape | layers | batch | context | graph µs (median) | p90 | host step µs | tok/s | bytes (MB) | "
+                "roofline µs | × roofline |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const Row& r : rows)
+      std::printf("| %s | %d | %d | %d | %.1f | %.1f | %.1f | %.0f | %.1f | %.1f | %.2f |\n", r.shape.c_str(), r.layers,
+                  r.batch, r.context, r.graph_us, r.graph_p90_us, r.host_us, r.batch / (r.host_us * 1e-6),
+                  r.bytes / 1e6, r.roofline_us, r.graph_us / r.roofline_us);
+    const int sm_now = bench::report_sm_clock_after_runs(d.dev);
+    if (!json_path.empty()) {
+      auto extra = [&](FILE* f) {
+        std::fprintf(f, "  \"kv\": \"%s\",\n  \"int4_group\": %d,\n  \"iters\": %d,\n", kv_name.c_str(), kGroup, iters);
+      };
+      auto row = [&](FILE* f, size_t i) {
+        const Row& r = rows[i];
+        std::fprintf(f,
+                     "    {\"shape\": \"%s\", \"layers\": %d, \"batch\": %d, \"context\": %d, \"graph_us\": %.2f, "
+                     "\"graph_p90_us\": %.2f, \"host_step_us\": %.2f, \"bytes\": %.0f, \"roofline_us\": %.2f}",
+                     r.shape.c_str(), r.layers, r.batch, r.context, r.graph_us, r.graph_p90_us, r.host_us, r.bytes,
+                     r.roofline_us);
+      };
+      if (!bench::write_json(json_path, "decode_step", d, sm_now, copy_tbps, extra, rows.size(), row)) return 1;
+    }
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "bench_decode_step: %s\n", ex.what());
+    return 1;
+  }
+  return 0;
+}

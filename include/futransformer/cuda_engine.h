@@ -1,0 +1,84 @@
+// The CUDA engine: the Llama forward pass on a Hopper GPU, behind the same Engine interface as the CPU reference
+// engine so one test drives both. docs/design.md ("CUDA engine") describes the data flow.
+//
+// Weights: a recipe's INT4 projections run the W4A16 tensor-core GEMM (futransformer/cuda/gemm_w4a16.h; symmetric
+// groups, repacked once at upload); full-precision projections, the embedding and the LM head are BF16 (cuBLAS,
+// fp32 accumulation). q/k/v and gate/up are fused into one GEMM each. The residual stream stays fp32; every GEMM
+// reads and writes BF16. KV cache: the paged formats of formats/kv_cache.h (bf16, int4, int4-hadamard) written by
+// cuda/kv_append.h and read by the decode attention kernels; prompt tokens attend over the cache they have just
+// written, exactly as the reference engine does. A batch whose chunks are all single tokens of existing sequences
+// (a decode step) runs as one CUDA graph per (batch size, context bucket), captured on first use and replayed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "futransformer/engine.h"
+#include "futransformer/formats/kv_cache.h"
+#include "futransformer/model.h"
+#include "futransformer/recipe.h"
+
+namespace futransformer {
+namespace quant {
+struct QuantizedModel;
+}
+
+struct CudaEngineOptions {
+  int64_t max_sequence_length = 0;  // 0: min(config.max_position_embeddings, 4096)
+  int64_t max_sequences = 32;       // sequences cached at once (their ids are free)
+  int64_t max_batch_tokens = 1024;  // rows of one internal pass; longer prompts run as consecutive passes
+  int64_t kv_cache_tokens = 0;      // token slots of the page pool; 0: max_sequences · max_sequence_length
+  formats::KvFormat kv = formats::KvFormat::BF16;  // fp8 is not run by the GPU attention kernels
+  bool cuda_graphs = true;          // replay decode steps as CUDA graphs
+};
+
+// Bytes the engine holds on the GPU.
+struct CudaEngineMemory {
+  int64_t weights = 0;      // projections (packed INT4 + scales, or BF16), embedding, head, norms
+  int64_t kv_cache = 0;     // page pool of every layer (+ key anchors)
+  int64_t activations = 0;  // per-pass buffers, logits
+  int64_t workspace = 0;    // GEMM split-K / attention split / cuBLAS scratch
+  int64_t total() const { return weights + kv_cache + activations + workspace; }
+};
+
+class CudaEngine : public Engine {
+ public:
+  // Like forward, but the next token of each chunk is chosen on the GPU by greedy argmax (the same choice as
+  // sample() at temperature 0) and only the ids come back.
+  virtual std::vector<int32_t> forward_greedy(std::span<const SequenceChunk> batch) = 0;
+  virtual CudaEngineMemory memory() const = 0;
+  // Decode-step timing for benchmarks: runs forward_greedy(batch) twice (warm-up, then CUDA-graph capture; each
+  // advances every sequence by one token), then replays that step's graph `iters` times on the same inputs (the
+  // replays rewrite the same cache slots with the same values), each timed with CUDA events. Microseconds.
+  struct StepTiming {
+    double median_us = 0, p90_us = 0, min_us = 0;
+  };
+  // Synthetic engines only (Error otherwise): makes sequence seq_id (new or existing) `tokens` positions longer
+  // without running the model, its new cache slots holding the pool's fill pattern, so decode latency at a long
+  // context can be measured without a prefill.
+  virtual void append_synthetic_context(int32_t seq_id, int64_t tokens) = 0;
+  virtual StepTiming benchmark_decode_step(std::span<const SequenceChunk> batch, int iters) = 0;
+  virtual std::string description() const = 0;  // recipe and kernels, one line
+};
+
+// Uploads `model` with full-precision projections (BF16). Errors (before any GPU work where possible) for:
+// no usable Hopper GPU, a model the kernels cannot run, options out of range, too little GPU memory.
+std::unique_ptr<CudaEngine> make_cuda_engine(const Model& model, const CudaEngineOptions& options = {});
+// Uploads a quantised model: its INT4 projections as W4A16 weights (symmetric INT4 only), the rest as above.
+// FP8 weights and FP8 activations belong to the FP8 prefill path, which this engine does not run yet: an Error.
+std::unique_ptr<CudaEngine> make_cuda_engine(const quant::QuantizedModel& model, const CudaEngineOptions& options = {});
+
+// A synthetic model made directly in GPU memory (no file, no host copy of the weights): `config`'s shapes with
+// random INT4 projections (symmetric, group `int4_group`, F16 scales) or random BF16 projections when
+// int4_group == 0. For latency measurements only: its outputs mean nothing.
+std::unique_ptr<CudaEngine> make_synthetic_cuda_engine(const ModelConfig& config, int64_t int4_group,
+                                                       const CudaEngineOptions& options = {}, uint64_t seed = 1);
+
+// The engine options a recipe asks for: its KV format (fp32 → bf16, the narrowest the GPU keeps losslessly
+// enough; fp8 → Error). Throws Error naming the recipe for parts the CUDA engine does not run.
+CudaEngineOptions cuda_engine_options(const PrecisionRecipe& recipe, CudaEngineOptions base = {});
+
+}  // namespace futransformer

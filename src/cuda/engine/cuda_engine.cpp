@@ -1,0 +1,793 @@
+// The CUDA engine (include/futransformer/cuda_engine.h). Host code: weight upload, the paged cache's page and
+// slot bookkeeping, per-pass metadata, the layer loop of kernel launches, and the decode-step CUDA graphs.
+#include "futransformer/cuda_engine.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "cuda/engine/device_linear.h"
+#include "cuda/engine/device_memory.h"
+#include "cuda/engine/engine_kernels.h"
+#include "futransformer/cuda/attention_decode.h"
+#include "futransformer/cuda/attention_generic.h"
+#include "futransformer/cuda/decoder_ops.h"
+#include "futransformer/cuda/kv_append.h"
+#include "futransformer/dtype.h"
+#include "futransformer/error.h"
+#include "futransformer/formats/hadamard.h"
+#include "futransformer/quant/quantize_model.h"
+#include "ref/ops.h"
+
+namespace futransformer {
+namespace {
+
+using cuda::cuda_check;
+using cuda::DeviceArray;
+using cuda::DeviceLinear;
+
+constexpr int64_t kPageTokens = formats::kKvPageTokens;
+constexpr int64_t kDefaultMaxSequence = 4096;
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+struct DeviceLayer {
+  DeviceArray<float> attn_norm, mlp_norm;
+  DeviceLinear qkv, o, gate_up, down;
+};
+
+// Where the weights come from: a host model (+ its INT4 projections), or nothing (synthetic).
+struct WeightSource {
+  const Model* model = nullptr;
+  const std::map<std::string, formats::Int4Weight>* int4 = nullptr;
+  int64_t synthetic_group = -1;  // >= 0: synthetic (0 = BF16 projections)
+  uint64_t seed = 1;
+  std::string recipe_name = "full";
+};
+
+std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
+  return out;
+}
+
+// Offsets (in int32 elements) of the per-pass metadata block; they depend only on the pass's row count, so a
+// graph captured for a row count reads the same addresses every replay.
+struct MetaLayout {
+  int64_t tokens, positions, row_page, row_slot, row_anchor, seq_lens, new_first, new_count, new_anchor,
+      block_table, total;
+  MetaLayout(int64_t rows, int64_t max_seqs, int64_t pages_per_seq) {
+    tokens = 0;
+    positions = rows;
+    row_page = 2 * rows;
+    row_slot = 3 * rows;
+    row_anchor = 4 * rows;
+    seq_lens = 5 * rows;
+    new_first = 6 * rows;
+    new_count = new_first + max_seqs;
+    new_anchor = new_count + max_seqs;
+    block_table = (new_anchor + max_seqs + 3) / 4 * 4;  // 16-byte aligned
+    total = block_table + rows * pages_per_seq;
+  }
+};
+
+struct SeqState {
+  int32_t slot = 0;
+  int64_t length = 0;
+  std::vector<int32_t> pages;
+};
+
+// One pass: up to max_batch_tokens rows, each a (chunk, token) pair.
+struct PassRow {
+  size_t chunk;
+  int64_t index;  // token index inside the chunk
+};
+
+class CudaEngineImpl final : public CudaEngine {
+ public:
+  CudaEngineImpl(const ModelConfig& config, const WeightSource& src, const CudaEngineOptions& options);
+  ~CudaEngineImpl() override;
+
+  const ModelConfig& config() const override { return config_; }
+  std::vector<std::vector<float>> forward(std::span<const SequenceChunk> batch, bool all_logits) override {
+    return run(batch, all_logits, nullptr);
+  }
+  std::vector<int32_t> forward_greedy(std::span<const SequenceChunk> batch) override {
+    std::vector<int32_t> ids;
+    run(batch, false, &ids);
+    return ids;
+  }
+  int64_t sequence_length(int32_t seq_id) const override {
+    auto it = seqs_.find(seq_id);
+    return it == seqs_.end() ? 0 : it->second.length;
+  }
+  void reset(int32_t seq_id) override;
+  int64_t max_sequence_length() const override { return max_len_; }
+  CudaEngineMemory memory() const override { return memory_; }
+  StepTiming benchmark_decode_step(std::span<const SequenceChunk> batch, int iters) override;
+  void append_synthetic_context(int32_t seq_id, int64_t tokens) override;
+  std::string description() const override { return description_; }
+
+ private:
+  void upload_weights(const WeightSource& src);
+  void allocate_buffers();
+  void validate(std::span<const SequenceChunk> batch) const;
+  std::vector<std::vector<float>> run(std::span<const SequenceChunk> batch, bool all_logits, std::vector<int32_t>* ids);
+  // Enqueues the layers over `rows` rows whose metadata is uploaded; n_new sequences start in this pass.
+  void enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len);
+  // Final norm + LM head (+ argmax) of `rows` rows of `x_rows` (fp32 [rows, hidden]) into logits_ / ids_.
+  void enqueue_head(const float* x_rows, int64_t rows);
+  void ensure_attention_workspace(int64_t rows, int64_t max_len);
+  bool fast_attention(int64_t rows, int64_t max_len) const;
+  void clear_graphs();
+  void check_op(cudaError_t e, const char* op, const char* (*last_error)());
+
+  ModelConfig config_;
+  CudaEngineOptions opt_;
+  int64_t max_len_ = 0, pages_per_seq_ = 0, n_pages_ = 0, logit_rows_ = 0;
+  int64_t q_width_ = 0, kv_width_ = 0, qkv_width_ = 0;
+  int hadamard_block_ = 0;
+  bool synthetic_ = false;
+  formats::KvPageLayout layout_;
+  std::string description_;
+  CudaEngineMemory memory_;
+
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  DeviceArray<uint8_t> cublas_ws_;
+
+  DeviceArray<uint16_t> embedding_;  // BF16 [vocab, hidden]
+  std::vector<DeviceLayer> layers_;
+  DeviceArray<float> final_norm_;
+  DeviceLinear lm_head_;
+  DeviceArray<float> inv_freq_;
+
+  DeviceArray<uint8_t> kv_pool_;      // [layers][n_pages][n_kv_heads][page_bytes]
+  DeviceArray<uint16_t> anchors_;     // [layers][max_sequences][n_kv_heads][head_dim] fp16 (int4-hadamard)
+  DeviceArray<float> x_, x_gather_, logits_;
+  DeviceArray<uint16_t> xn_, qkv_, q_, att_, delta_, gate_up_, act_;
+  DeviceArray<int32_t> meta_, ids_;
+  int32_t* meta_host_ = nullptr;      // pinned mirror of meta_
+  DeviceArray<uint8_t> gemm_ws_, attn_ws_;
+
+  std::map<int32_t, SeqState> seqs_;
+  std::vector<int32_t> free_pages_, free_slots_;
+
+  // Decode-step graphs by (rows, context bucket); a key is captured the second time it is seen, so the first
+  // run warms up the launchers' per-shape caches outside a capture.
+  std::map<std::pair<int64_t, int64_t>, cudaGraphExec_t> graphs_;
+  std::set<std::pair<int64_t, int64_t>> seen_;
+  cudaGraphExec_t last_graph_ = nullptr;  // the graph the last decode pass replayed
+};
+
+__nv_bfloat16* bf(DeviceArray<uint16_t>& a) { return reinterpret_cast<__nv_bfloat16*>(a.get()); }
+const __nv_bfloat16* bf(const uint16_t* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
+
+CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& src, const CudaEngineOptions& options)
+    : config_(config), opt_(options) {
+  const ModelConfig& c = config_;
+  check(opt_.max_sequence_length >= 0, "CUDA engine: max_sequence_length must be >= 0, got ",
+        opt_.max_sequence_length);
+  max_len_ = opt_.max_sequence_length > 0 ? opt_.max_sequence_length
+                                          : std::min<int64_t>(c.max_position_embeddings, kDefaultMaxSequence);
+  check(max_len_ <= c.max_position_embeddings, "CUDA engine: max_sequence_length ", max_len_,
+        " exceeds the model's max_position_embeddings ", c.max_position_embeddings);
+  check(opt_.max_sequences >= 1 && opt_.max_sequences <= 4096, "CUDA engine: max_sequences must be in [1, 4096], got ",
+        opt_.max_sequences);
+  check(opt_.max_batch_tokens >= 1 && opt_.max_batch_tokens <= 16384,
+        "CUDA engine: max_batch_tokens must be in [1, 16384], got ", opt_.max_batch_tokens);
+  check(opt_.kv != formats::KvFormat::FP8, "CUDA engine: the GPU attention kernels do not read an fp8 KV cache; ",
+        "use kv-bf16, kv-int4 or kv-int4-hadamard");
+  pages_per_seq_ = (max_len_ + kPageTokens - 1) / kPageTokens;
+  const int64_t cache_tokens = opt_.kv_cache_tokens > 0 ? opt_.kv_cache_tokens : opt_.max_sequences * max_len_;
+  n_pages_ = std::max<int64_t>((cache_tokens + kPageTokens - 1) / kPageTokens, 1);
+  check(n_pages_ < (int64_t{1} << 31) / std::max<int64_t>(c.num_key_value_heads, 1),
+        "CUDA engine: kv_cache_tokens ", cache_tokens, " is too large");
+  logit_rows_ = std::max<int64_t>(opt_.max_sequences, 16);
+  q_width_ = c.num_attention_heads * c.head_dim;
+  kv_width_ = c.num_key_value_heads * c.head_dim;
+  qkv_width_ = q_width_ + 2 * kv_width_;
+  try {
+    layout_ = formats::kv_page_layout(opt_.kv, c.head_dim);
+  } catch (const Error& e) {
+    fail("CUDA engine: KV-cache format ", formats::kv_format_name(opt_.kv), " cannot hold this model's heads: ",
+         e.what());
+  }
+  hadamard_block_ = static_cast<int>(formats::kv_hadamard_block(opt_.kv, c.head_dim));
+
+  // Attention must run for every pass shape: the fast kernel, or the generic one, must accept the model.
+  std::string why_fast, why_generic;
+  const bool fast_ok = cuda::attention_decode_can_implement(opt_.kv, 1, static_cast<int>(c.num_attention_heads),
+                                                            static_cast<int>(c.num_key_value_heads),
+                                                            static_cast<int>(c.head_dim),
+                                                            static_cast<int>(pages_per_seq_),
+                                                            static_cast<int>(max_len_), &why_fast) == cudaSuccess;
+  const bool generic_ok = cuda::attention_generic_can_implement(
+                              opt_.kv, static_cast<int>(std::max(opt_.max_batch_tokens, opt_.max_sequences)),
+                              static_cast<int>(c.num_attention_heads), static_cast<int>(c.num_key_value_heads),
+                              static_cast<int>(c.head_dim), static_cast<int>(pages_per_seq_), &why_generic) ==
+                          cudaSuccess;
+  check(fast_ok || generic_ok, "CUDA engine: no attention kernel runs this model: ", why_fast, "; ", why_generic);
+
+  cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "create stream");
+  check(cublasCreate(&cublas_) == CUBLAS_STATUS_SUCCESS, "CUDA engine: cublasCreate failed");
+  cublas_ws_.allocate(kCublasWorkspaceBytes, "cuBLAS workspace");
+  check(cublasSetStream(cublas_, stream_) == CUBLAS_STATUS_SUCCESS &&
+            cublasSetWorkspace(cublas_, cublas_ws_.get(), cublas_ws_.bytes()) == CUBLAS_STATUS_SUCCESS,
+        "CUDA engine: cuBLAS setup failed");
+
+  synthetic_ = src.model == nullptr;
+  upload_weights(src);
+  allocate_buffers();
+  // A synthetic model's cache is never read before it is written except through append_synthetic_context: fill it
+  // with small finite values (0x11 bytes: int4 codes 1, fp16/bf16 scales and values near 1e-3 / 1e-28).
+  if (synthetic_) cuda_check(cudaMemsetAsync(kv_pool_.get(), 0x11, kv_pool_.bytes(), stream_), "cache fill");
+  for (int64_t p = n_pages_ - 1; p >= 0; --p) free_pages_.push_back(static_cast<int32_t>(p));
+  for (int64_t s = opt_.max_sequences - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));
+
+  std::ostringstream d;
+  d << src.recipe_name << " | projections "
+    << (layers_.empty() ? "-" : (layers_[0].qkv.kind() == DeviceLinear::Kind::Int4 ? "W4A16 INT4" : "BF16 cuBLAS"))
+    << " | KV " << formats::kv_format_name(opt_.kv) << " (" << (fast_ok ? "fast" : "generic") << " attention)"
+    << " | CUDA graphs " << (opt_.cuda_graphs ? "on" : "off");
+  description_ = d.str();
+}
+
+CudaEngineImpl::~CudaEngineImpl() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  clear_graphs();
+  if (meta_host_) cudaFreeHost(meta_host_);
+  if (cublas_) cublasDestroy(cublas_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaEngineImpl::clear_graphs() {
+  for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g);
+  graphs_.clear();
+  seen_.clear();
+  last_graph_ = nullptr;
+}
+
+void CudaEngineImpl::upload_weights(const WeightSource& src) {
+  const ModelConfig& c = config_;
+  const int64_t h = c.hidden_size, inter = c.intermediate_size, vocab = c.vocab_size;
+  int64_t bytes = 0;
+  auto norm = [&](const std::string& name) {
+    DeviceArray<float> a;
+    if (src.model) {
+      a.upload(src.model->get(name).to_f32(), name);
+    } else {
+      a.allocate(static_cast<size_t>(h), name);
+      cuda_check(cuda::fill_f32(a.get(), a.size(), 1.0f, stream_), name);
+    }
+    bytes += static_cast<int64_t>(a.bytes());
+    return a;
+  };
+  auto bf16_weight = [&](const std::string& name) { return to_bf16_bits(src.model->get(name).to_f32()); };
+  // Fused projections: rows of the parts one after another (q|k|v, gate|up), one GEMM per group.
+  auto fused = [&](int64_t li, std::initializer_list<const char*> parts, const std::string& label) {
+    const std::string p = "model.layers." + std::to_string(li) + ".";
+    std::vector<std::string> names;
+    for (const char* s : parts) names.push_back(p + s);
+    if (!src.model) {
+      int64_t n = 0;
+      for (const std::string& nm : names) {
+        if (nm.find("q_proj") != std::string::npos) n += q_width_;
+        else if (nm.find("k_proj") != std::string::npos || nm.find("v_proj") != std::string::npos) n += kv_width_;
+        else if (nm.find("o_proj") != std::string::npos || nm.find("down_proj") != std::string::npos) n += h;
+        else n += inter;
+      }
+      const int64_t k = names[0].find("o_proj") != std::string::npos ? q_width_
+                        : names[0].find("down_proj") != std::string::npos ? inter : h;
+      const uint64_t seed = src.seed * 1000003 + static_cast<uint64_t>(li) * 16 + names.size() * 4 + names[0].size();
+      return src.synthetic_group > 0 ? DeviceLinear::synthetic_int4(n, k, src.synthetic_group, seed, p + label)
+                                     : DeviceLinear::synthetic_bf16(n, k, seed, p + label);
+    }
+    if (src.int4 && src.int4->count(names[0])) {
+      std::vector<const formats::Int4Weight*> ws;
+      for (const std::string& nm : names) {
+        auto it = src.int4->find(nm);
+        check(it != src.int4->end(), nm, ": missing from the quantised model's INT4 weights");
+        ws.push_back(&it->second);
+      }
+      return DeviceLinear::from_int4(ws, p + label);
+    }
+    std::vector<uint16_t> w;
+    int64_t n = 0, k = 0;
+    for (const std::string& nm : names) {
+      const Tensor& t = src.model->get(nm);
+      check(t.shape.size() == 2, nm, ": expected a 2-D weight");
+      k = t.shape[1];
+      n += t.shape[0];
+      const std::vector<uint16_t> part = bf16_weight(nm);
+      w.insert(w.end(), part.begin(), part.end());
+    }
+    return DeviceLinear::from_bf16(w, n, k, p + label);
+  };
+
+  if (src.model) {
+    embedding_.upload(bf16_weight("model.embed_tokens.weight"), "model.embed_tokens.weight");
+  } else {
+    embedding_.allocate(static_cast<size_t>(vocab * h), "embedding");
+    cuda_check(cuda::fill_random_half_bits(embedding_.get(), embedding_.size(), -1.0f, 1.0f, true, src.seed, stream_),
+               "synthetic embedding");
+  }
+  bytes += static_cast<int64_t>(embedding_.bytes());
+  for (int64_t li = 0; li < c.num_hidden_layers; ++li) {
+    const std::string p = "model.layers." + std::to_string(li) + ".";
+    DeviceLayer l;
+    l.attn_norm = norm(p + "input_layernorm.weight");
+    l.mlp_norm = norm(p + "post_attention_layernorm.weight");
+    l.qkv = fused(li, {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}, "qkv");
+    l.o = fused(li, {"self_attn.o_proj.weight"}, "o_proj");
+    l.gate_up = fused(li, {"mlp.gate_proj.weight", "mlp.up_proj.weight"}, "gate_up");
+    l.down = fused(li, {"mlp.down_proj.weight"}, "down_proj");
+    check(l.qkv.out_features() == qkv_width_ && l.qkv.in_features() == h && l.o.out_features() == h &&
+              l.o.in_features() == q_width_ && l.gate_up.out_features() == 2 * inter &&
+              l.gate_up.in_features() == h && l.down.out_features() == h && l.down.in_features() == inter,
+          "CUDA engine: layer ", li, ": projection shapes do not match the config");
+    bytes += l.qkv.device_bytes() + l.o.device_bytes() + l.gate_up.device_bytes() + l.down.device_bytes();
+    layers_.push_back(std::move(l));
+  }
+  final_norm_ = norm("model.norm.weight");
+  if (c.tie_word_embeddings || !src.model) {
+    lm_head_ = DeviceLinear::borrow_bf16(embedding_.get(), vocab, h, "lm_head (tied)");
+  } else {
+    lm_head_ = DeviceLinear::from_bf16(bf16_weight("lm_head.weight"), vocab, h, "lm_head.weight");
+    bytes += lm_head_.device_bytes();
+  }
+  inv_freq_.upload(ref::rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling), "RoPE frequencies");
+  memory_.weights = bytes;
+  cuda_check(cudaStreamSynchronize(stream_), "weight upload");
+}
+
+void CudaEngineImpl::allocate_buffers() {
+  const ModelConfig& c = config_;
+  const int64_t R = opt_.max_batch_tokens, S = opt_.max_sequences, L = c.num_hidden_layers;
+  const int64_t h = c.hidden_size, inter = c.intermediate_size;
+  const size_t pool_bytes = static_cast<size_t>(L * n_pages_ * c.num_key_value_heads * layout_.page_bytes);
+  kv_pool_.allocate(pool_bytes, "KV-cache page pool");
+  if (opt_.kv == formats::KvFormat::INT4_HADAMARD)
+    anchors_.allocate(static_cast<size_t>(L * S * kv_width_), "KV key anchors");
+  if (anchors_.get()) cuda_check(cudaMemset(anchors_.get(), 0, anchors_.bytes()), "KV key anchors");
+  memory_.kv_cache = static_cast<int64_t>(kv_pool_.bytes() + anchors_.bytes());
+
+  x_.allocate(static_cast<size_t>(R * h), "residual stream");
+  x_gather_.allocate(static_cast<size_t>(logit_rows_ * h), "LM-head rows");
+  logits_.allocate(static_cast<size_t>(logit_rows_ * c.vocab_size), "logits");
+  xn_.allocate(static_cast<size_t>(std::max(R, logit_rows_) * h), "normalised rows");
+  qkv_.allocate(static_cast<size_t>(R * qkv_width_), "q|k|v");
+  q_.allocate(static_cast<size_t>(R * q_width_), "queries");
+  att_.allocate(static_cast<size_t>(R * q_width_), "attention output");
+  delta_.allocate(static_cast<size_t>(R * h), "projection output");
+  gate_up_.allocate(static_cast<size_t>(R * 2 * inter), "gate|up");
+  act_.allocate(static_cast<size_t>(R * inter), "SwiGLU output");
+  ids_.allocate(static_cast<size_t>(logit_rows_), "greedy ids");
+  const MetaLayout ml(R, S, pages_per_seq_);
+  meta_.allocate(static_cast<size_t>(ml.total), "pass metadata");
+  cuda_check(cudaMallocHost(reinterpret_cast<void**>(&meta_host_), static_cast<size_t>(ml.total) * sizeof(int32_t)),
+             "pinned metadata");
+  memory_.activations = static_cast<int64_t>(x_.bytes() + x_gather_.bytes() + logits_.bytes() + xn_.bytes() +
+                                             qkv_.bytes() + q_.bytes() + att_.bytes() + delta_.bytes() +
+                                             gate_up_.bytes() + act_.bytes() + ids_.bytes() + meta_.bytes());
+
+  size_t gemm_ws = 0;
+  for (const DeviceLayer& l : layers_) {
+    for (const DeviceLinear* lin : {&l.qkv, &l.o, &l.gate_up, &l.down}) gemm_ws = std::max(gemm_ws, lin->workspace_bytes(R));
+  }
+  gemm_ws_.allocate(gemm_ws, "W4A16 split-K workspace");
+  ensure_attention_workspace(std::max(R, S), max_len_);
+  ensure_attention_workspace(S, max_len_);
+}
+
+bool CudaEngineImpl::fast_attention(int64_t rows, int64_t max_len) const {
+  const ModelConfig& c = config_;
+  return cuda::attention_decode_can_implement(opt_.kv, static_cast<int>(rows), static_cast<int>(c.num_attention_heads),
+                                              static_cast<int>(c.num_key_value_heads), static_cast<int>(c.head_dim),
+                                              static_cast<int>(pages_per_seq_), static_cast<int>(max_len),
+                                              nullptr) == cudaSuccess;
+}
+
+void CudaEngineImpl::ensure_attention_workspace(int64_t rows, int64_t max_len) {
+  if (!fast_attention(rows, max_len)) return;
+  const ModelConfig& c = config_;
+  const size_t need = cuda::attention_decode_workspace_bytes(
+      opt_.kv, static_cast<int>(rows), static_cast<int>(c.num_attention_heads), static_cast<int>(c.num_key_value_heads),
+      static_cast<int>(c.head_dim), static_cast<int>(pages_per_seq_), static_cast<int>(max_len));
+  if (need <= attn_ws_.bytes()) return;
+  // Graphs captured so far point at the old buffer.
+  cuda_check(cudaStreamSynchronize(stream_), "attention workspace");
+  clear_graphs();
+  attn_ws_.allocate(need, "attention split workspace");
+  memory_.workspace = static_cast<int64_t>(gemm_ws_.bytes() + attn_ws_.bytes() + cublas_ws_.bytes());
+}
+
+void CudaEngineImpl::check_op(cudaError_t e, const char* op, const char* (*last_error)()) {
+  if (e == cudaSuccess) return;
+  fail("CUDA engine: ", op, ": ", e == cudaErrorInvalidValue && last_error ? last_error() : cudaGetErrorString(e));
+}
+
+void CudaEngineImpl::reset(int32_t seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return;
+  for (int32_t p : it->second.pages) free_pages_.push_back(p);
+  free_slots_.push_back(it->second.slot);
+  seqs_.erase(it);
+}
+
+void CudaEngineImpl::validate(std::span<const SequenceChunk> batch) const {
+  const int64_t vocab = config_.vocab_size;
+  std::set<int32_t> seen;
+  int64_t new_seqs = 0, new_pages = 0;
+  for (const SequenceChunk& c : batch) {
+    check(seen.insert(c.seq_id).second, "CUDA engine: sequence ", c.seq_id, " appears more than once in one batch");
+    check(!c.tokens.empty(), "CUDA engine: sequence ", c.seq_id, " has an empty chunk (no tokens to run)");
+    for (size_t i = 0; i < c.tokens.size(); ++i) {
+      check(c.tokens[i] >= 0 && c.tokens[i] < vocab, "CUDA engine: sequence ", c.seq_id, ": token id ", c.tokens[i],
+            " at chunk index ", i, " is outside the vocabulary [0, ", vocab, ")");
+    }
+    const int64_t cached = sequence_length(c.seq_id);
+    const int64_t added = static_cast<int64_t>(c.tokens.size());
+    check(added <= max_len_ - cached, "CUDA engine: sequence ", c.seq_id, " would hold ", cached, " + ", added,
+          " tokens, more than the maximum sequence length ", max_len_);
+    auto it = seqs_.find(c.seq_id);
+    const int64_t have = it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.pages.size());
+    if (it == seqs_.end()) ++new_seqs;
+    new_pages += (cached + added + kPageTokens - 1) / kPageTokens - have;
+  }
+  check(new_seqs <= static_cast<int64_t>(free_slots_.size()), "CUDA engine: ", new_seqs, " new sequences but only ",
+        free_slots_.size(), " of max_sequences ", opt_.max_sequences, " are free; reset finished sequences");
+  check(new_pages <= static_cast<int64_t>(free_pages_.size()), "CUDA engine: KV cache full: the batch needs ",
+        new_pages, " more pages of ", kPageTokens, " tokens, ", free_pages_.size(),
+        " are free; raise kv_cache_tokens or reset finished sequences");
+}
+
+void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len) {
+  const ModelConfig& c = config_;
+  const MetaLayout ml(rows, opt_.max_sequences, pages_per_seq_);
+  const int32_t* m = meta_.get();
+  const int nh = static_cast<int>(c.num_attention_heads), nkv = static_cast<int>(c.num_key_value_heads);
+  const int hd = static_cast<int>(c.head_dim), hh = static_cast<int>(c.hidden_size);
+  const int inter = static_cast<int>(c.intermediate_size), r = static_cast<int>(rows);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const cuda::GemmContext g{cublas_, gemm_ws_.get(), gemm_ws_.bytes(), stream_};
+  const bool fast = fast_attention(rows, max_len);
+  const size_t layer_pool = static_cast<size_t>(n_pages_ * nkv * layout_.page_bytes);
+  using cuda::decoder_ops_last_error;
+
+  check_op(cuda::embed_rows_bf16(bf(embedding_.get()), m + ml.tokens, x_.get(), r, hh, static_cast<int>(c.vocab_size),
+                                 stream_),
+           "embedding", decoder_ops_last_error);
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const DeviceLayer& l = layers_[li];
+    uint8_t* pool = kv_pool_.get() + li * layer_pool;
+    uint16_t* anchors = anchors_.get() ? anchors_.get() + li * static_cast<size_t>(opt_.max_sequences * kv_width_)
+                                       : nullptr;
+    check_op(cuda::rmsnorm_bf16(x_.get(), l.attn_norm.get(), bf(xn_), r, hh, eps, stream_), "attention RMSNorm",
+             decoder_ops_last_error);
+    l.qkv.forward(bf(xn_), rows, qkv_.get(), false, g);
+    check_op(cuda::rope_qk_bf16(bf(qkv_), m + ml.positions, inv_freq_.get(), r, nh, nkv, hd, stream_), "RoPE",
+             decoder_ops_last_error);
+    if (anchors && n_new > 0)
+      check_op(cuda::kv_key_anchor_compute(bf(qkv_), static_cast<int>(qkv_width_), static_cast<int>(q_width_), nkv, hd,
+                                           static_cast<int>(n_new), m + ml.new_first, m + ml.new_count,
+                                           m + ml.new_anchor, anchors, stream_),
+               "KV key anchors", cuda::kv_append_last_error);
+    check_op(cuda::kv_append(opt_.kv, bf(qkv_), static_cast<int>(qkv_width_), static_cast<int>(q_width_),
+                             static_cast<int>(q_width_ + kv_width_), r, nkv, hd, m + ml.row_page, m + ml.row_slot,
+                             anchors, anchors ? m + ml.row_anchor : nullptr, pool, stream_),
+             "KV append", cuda::kv_append_last_error);
+    cuda_check(cuda::rotate_heads_bf16(bf(qkv_), static_cast<int>(qkv_width_), bf(q_), r, nh, hd, hadamard_block_,
+                                       stream_),
+               "query rotation");
+    if (fast) {
+      const auto fn = layout_.format == formats::KvFormat::BF16 ? cuda::attention_decode_bf16
+                                                                : cuda::attention_decode_int4;
+      check_op(fn(bf(q_), pool, m + ml.block_table, m + ml.seq_lens, bf(att_), r, nh, nkv, hd,
+                  static_cast<int>(pages_per_seq_), static_cast<int>(max_len), attn_ws_.get(), attn_ws_.bytes(),
+                  stream_),
+               "decode attention", cuda::attention_decode_last_error);
+    } else {
+      check_op(cuda::attention_decode_generic(opt_.kv, bf(q_), pool, m + ml.block_table, m + ml.seq_lens, bf(att_), r,
+                                              nh, nkv, hd, static_cast<int>(pages_per_seq_), stream_),
+               "attention (generic)", cuda::attention_generic_last_error);
+    }
+    if (hadamard_block_ > 1)
+      cuda_check(cuda::rotate_heads_bf16(bf(att_), static_cast<int>(q_width_), bf(att_), r, nh, hd, hadamard_block_,
+                                         stream_),
+                 "attention output un-rotation");
+    l.o.forward(bf(att_), rows, delta_.get(), false, g);
+    check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
+    check_op(cuda::rmsnorm_bf16(x_.get(), l.mlp_norm.get(), bf(xn_), r, hh, eps, stream_), "MLP RMSNorm",
+             decoder_ops_last_error);
+    l.gate_up.forward(bf(xn_), rows, gate_up_.get(), false, g);
+    check_op(cuda::swiglu_bf16(bf(gate_up_), bf(act_), r, inter, stream_), "SwiGLU", decoder_ops_last_error);
+    l.down.forward(bf(act_), rows, delta_.get(), false, g);
+    check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
+  }
+}
+
+void CudaEngineImpl::enqueue_head(const float* x_rows, int64_t rows) {
+  const ModelConfig& c = config_;
+  const cuda::GemmContext g{cublas_, gemm_ws_.get(), gemm_ws_.bytes(), stream_};
+  check_op(cuda::rmsnorm_bf16(x_rows, final_norm_.get(), bf(xn_), static_cast<int>(rows),
+                              static_cast<int>(c.hidden_size), static_cast<float>(c.rms_norm_eps), stream_),
+           "final RMSNorm", cuda::decoder_ops_last_error);
+  lm_head_.forward(bf(xn_), rows, logits_.get(), true, g);
+  check_op(cuda::argmax_rows_f32(logits_.get(), ids_.get(), static_cast<int>(rows), static_cast<int>(c.vocab_size),
+                                 stream_),
+           "greedy argmax", cuda::decoder_ops_last_error);
+}
+
+std::vector<std::vector<float>> CudaEngineImpl::run(std::span<const SequenceChunk> batch, bool all_logits,
+                                                    std::vector<int32_t>* ids) {
+  validate(batch);
+  const int64_t vocab = config_.vocab_size, h = config_.hidden_size;
+  // Reserve slots and pages for the whole batch up front (validate checked there are enough).
+  std::vector<SeqState*> st(batch.size());
+  std::vector<int64_t> start(batch.size());
+  std::vector<bool> is_new(batch.size());
+  for (size_t ci = 0; ci < batch.size(); ++ci) {
+    auto [it, inserted] = seqs_.try_emplace(batch[ci].seq_id);
+    if (inserted) {
+      it->second.slot = free_slots_.back();
+      free_slots_.pop_back();
+    }
+    st[ci] = &it->second;
+    start[ci] = it->second.length;
+    is_new[ci] = inserted;
+    const int64_t end = start[ci] + static_cast<int64_t>(batch[ci].tokens.size());
+    while (static_cast<int64_t>(st[ci]->pages.size()) * kPageTokens < end) {
+      st[ci]->pages.push_back(free_pages_.back());
+      free_pages_.pop_back();
+    }
+  }
+
+  std::vector<std::vector<float>> out(batch.size());
+  if (ids) ids->assign(batch.size(), 0);
+  const bool decode_only = std::all_of(batch.begin(), batch.end(), [](const SequenceChunk& c) {
+    return c.tokens.size() == 1;
+  }) && std::none_of(is_new.begin(), is_new.end(), [](bool b) { return b; }) &&
+                           static_cast<int64_t>(batch.size()) <= logit_rows_;
+  try {
+    // Rows in chunk order, cut into passes of at most max_batch_tokens.
+    std::vector<PassRow> all;
+    for (size_t ci = 0; ci < batch.size(); ++ci)
+      for (int64_t i = 0; i < static_cast<int64_t>(batch[ci].tokens.size()); ++i) all.push_back({ci, i});
+    std::vector<bool> anchored(batch.size(), false);
+    for (size_t p0 = 0; p0 < all.size(); p0 += static_cast<size_t>(opt_.max_batch_tokens)) {
+      const int64_t rows = std::min<int64_t>(opt_.max_batch_tokens, static_cast<int64_t>(all.size() - p0));
+      const MetaLayout ml(rows, opt_.max_sequences, pages_per_seq_);
+      cuda_check(cudaStreamSynchronize(stream_), "previous pass");  // the pinned mirror is about to be rewritten
+      int32_t* mh = meta_host_;
+      std::fill(mh, mh + ml.total, 0);
+      int64_t max_len = 1, n_new = 0;
+      std::vector<int64_t> anchor_entry(batch.size(), -1);
+      for (int64_t r = 0; r < rows; ++r) {
+        const PassRow pr = all[p0 + static_cast<size_t>(r)];
+        const SeqState& s = *st[pr.chunk];
+        const int64_t pos = start[pr.chunk] + pr.index;
+        mh[ml.tokens + r] = batch[pr.chunk].tokens[static_cast<size_t>(pr.index)];
+        mh[ml.positions + r] = static_cast<int32_t>(pos);
+        mh[ml.row_page + r] = s.pages[static_cast<size_t>(pos / kPageTokens)];
+        mh[ml.row_slot + r] = static_cast<int32_t>(pos % kPageTokens);
+        mh[ml.row_anchor + r] = s.slot;
+        mh[ml.seq_lens + r] = static_cast<int32_t>(pos + 1);
+        max_len = std::max(max_len, pos + 1);
+        std::copy(s.pages.begin(), s.pages.end(), mh + ml.block_table + r * pages_per_seq_);
+        // A new sequence's key anchor comes from its rows in the first pass that holds it (consecutive rows).
+        if (is_new[pr.chunk] && !anchored[pr.chunk]) {
+          anchored[pr.chunk] = true;
+          anchor_entry[pr.chunk] = n_new;
+          mh[ml.new_first + n_new] = static_cast<int32_t>(r);
+          mh[ml.new_anchor + n_new] = s.slot;
+          ++n_new;
+        }
+        if (anchor_entry[pr.chunk] >= 0) ++mh[ml.new_count + anchor_entry[pr.chunk]];
+      }
+      // Decode steps replay graphs keyed by a power-of-two context bucket, so the split plan baked into the graph
+      // covers every length up to the bucket.
+      int64_t bucket = max_len;
+      if (decode_only && opt_.cuda_graphs) {
+        bucket = 256;
+        while (bucket < max_len) bucket *= 2;
+        bucket = std::min(bucket, max_len_);
+      }
+      ensure_attention_workspace(rows, bucket);
+      cuda_check(cudaMemcpyAsync(meta_.get(), mh, static_cast<size_t>(ml.total) * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, stream_),
+                 "metadata upload");
+
+      // Which rows produce logits: each chunk's last token, or all of them.
+      std::vector<int64_t> head_rows;
+      for (int64_t r = 0; r < rows; ++r) {
+        const PassRow pr = all[p0 + static_cast<size_t>(r)];
+        if (all_logits || pr.index + 1 == static_cast<int64_t>(batch[pr.chunk].tokens.size())) head_rows.push_back(r);
+      }
+      const bool head_is_all_rows = static_cast<int64_t>(head_rows.size()) == rows && rows <= logit_rows_;
+
+      if (decode_only && opt_.cuda_graphs) {
+        const std::pair<int64_t, int64_t> key{rows, bucket};
+        auto git = graphs_.find(key);
+        if (git == graphs_.end() && seen_.count(key)) {
+          cudaGraph_t graph = nullptr;
+          cuda_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
+          try {
+            enqueue_layers(rows, 0, bucket);
+            enqueue_head(x_.get(), rows);
+          } catch (...) {
+            cudaStreamEndCapture(stream_, &graph);
+            if (graph) cudaGraphDestroy(graph);
+            throw;
+          }
+          cuda_check(cudaStreamEndCapture(stream_, &graph), "graph capture");
+          cudaGraphExec_t exec = nullptr;
+          const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+          cudaGraphDestroy(graph);
+          cuda_check(e, "graph instantiate");
+          git = graphs_.emplace(key, exec).first;
+        }
+        if (git != graphs_.end()) {
+          cuda_check(cudaGraphLaunch(git->second, stream_), "graph launch");
+          last_graph_ = git->second;
+        } else {
+          seen_.insert(key);
+          enqueue_layers(rows, 0, bucket);
+          enqueue_head(x_.get(), rows);
+        }
+      } else {
+        enqueue_layers(rows, n_new, bucket);
+      }
+
+      // Logits (and greedy ids) of head_rows, logit_rows_ at a time.
+      const bool head_done = decode_only && opt_.cuda_graphs;
+      for (size_t h0 = 0; h0 < head_rows.size(); h0 += static_cast<size_t>(logit_rows_)) {
+        const int64_t n = std::min<int64_t>(logit_rows_, static_cast<int64_t>(head_rows.size() - h0));
+        if (!head_done) {
+          const float* src = x_.get();
+          if (!head_is_all_rows) {
+            for (int64_t i = 0; i < n; ++i)
+              cuda_check(cudaMemcpyAsync(x_gather_.get() + i * h, x_.get() + head_rows[h0 + static_cast<size_t>(i)] * h,
+                                         static_cast<size_t>(h) * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+                         "gather LM-head rows");
+            src = x_gather_.get();
+          }
+          enqueue_head(src, n);
+        }
+        std::vector<int32_t> id_host(static_cast<size_t>(n));
+        std::vector<float> lg;
+        if (ids) {
+          cuda_check(cudaMemcpyAsync(id_host.data(), ids_.get(), static_cast<size_t>(n) * sizeof(int32_t),
+                                     cudaMemcpyDeviceToHost, stream_),
+                     "download ids");
+        } else {
+          lg.resize(static_cast<size_t>(n * vocab));
+          cuda_check(cudaMemcpyAsync(lg.data(), logits_.get(), lg.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                     stream_),
+                     "download logits");
+        }
+        cuda_check(cudaStreamSynchronize(stream_), "forward pass");
+        for (int64_t i = 0; i < n; ++i) {
+          const size_t chunk = all[p0 + static_cast<size_t>(head_rows[h0 + static_cast<size_t>(i)])].chunk;
+          if (ids) {
+            (*ids)[chunk] = id_host[static_cast<size_t>(i)];
+          } else {
+            out[chunk].insert(out[chunk].end(), lg.begin() + i * vocab, lg.begin() + (i + 1) * vocab);
+          }
+        }
+      }
+    }
+    cuda_check(cudaStreamSynchronize(stream_), "forward");
+  } catch (...) {
+    // Some layers' caches may already hold the chunk: the batch's sequences cannot continue and are freed.
+    cudaStreamSynchronize(stream_);
+    for (const SequenceChunk& c : batch) reset(c.seq_id);
+    throw;
+  }
+  for (size_t ci = 0; ci < batch.size(); ++ci) st[ci]->length += static_cast<int64_t>(batch[ci].tokens.size());
+  return out;
+}
+
+void CudaEngineImpl::append_synthetic_context(int32_t seq_id, int64_t tokens) {
+  check(synthetic_, "append_synthetic_context: only synthetic engines may skip running the model");
+  check(tokens >= 0 && tokens <= max_len_ - sequence_length(seq_id), "append_synthetic_context: sequence ", seq_id,
+        " cannot grow by ", tokens, " tokens (maximum length ", max_len_, ")");
+  auto [it, inserted] = seqs_.try_emplace(seq_id);
+  if (inserted) {
+    check(!free_slots_.empty(), "append_synthetic_context: all max_sequences slots are in use");
+    it->second.slot = free_slots_.back();
+    free_slots_.pop_back();
+  }
+  SeqState& s = it->second;
+  const int64_t end = s.length + tokens;
+  while (static_cast<int64_t>(s.pages.size()) * kPageTokens < end) {
+    check(!free_pages_.empty(), "append_synthetic_context: KV cache full");
+    s.pages.push_back(free_pages_.back());
+    free_pages_.pop_back();
+  }
+  s.length = end;
+}
+
+CudaEngine::StepTiming CudaEngineImpl::benchmark_decode_step(std::span<const SequenceChunk> batch, int iters) {
+  check(opt_.cuda_graphs, "benchmark_decode_step: needs cuda_graphs on");
+  check(iters >= 1, "benchmark_decode_step: iters must be positive");
+  for (const SequenceChunk& c : batch)
+    check(c.tokens.size() == 1 && sequence_length(c.seq_id) > 0, "benchmark_decode_step: sequence ", c.seq_id,
+          " is not a decode step of an existing sequence");
+  last_graph_ = nullptr;
+  forward_greedy(batch);
+  forward_greedy(batch);
+  check(last_graph_ != nullptr, "benchmark_decode_step: the step did not run as a CUDA graph");
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  cuda_check(cudaEventCreate(&e0), "event");
+  cuda_check(cudaEventCreate(&e1), "event");
+  std::vector<double> us;
+  for (int i = 0; i < iters; ++i) {
+    cuda_check(cudaEventRecord(e0, stream_), "event");
+    cuda_check(cudaGraphLaunch(last_graph_, stream_), "graph launch");
+    cuda_check(cudaEventRecord(e1, stream_), "event");
+    cuda_check(cudaEventSynchronize(e1), "graph replay");
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, e0, e1), "event");
+    us.push_back(ms * 1e3);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(us.begin(), us.end());
+  StepTiming t;
+  t.min_us = us.front();
+  t.median_us = us.size() % 2 ? us[us.size() / 2] : 0.5 * (us[us.size() / 2 - 1] + us[us.size() / 2]);
+  t.p90_us = us[std::min(us.size() - 1, static_cast<size_t>(0.9 * static_cast<double>(us.size())))];
+  return t;
+}
+
+void check_hopper() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    fail("CUDA engine: no CUDA device is available");
+  }
+  cudaDeviceProp prop{};
+  cuda_check(cudaGetDeviceProperties(&prop, 0), "device properties");
+  check(prop.major == 9 && prop.minor == 0, "CUDA engine: the kernels need a Hopper GPU (sm_90: H100/H200); device 0 "
+        "is ", prop.name, " (sm_", prop.major, prop.minor, ")");
+}
+
+}  // namespace
+
+std::unique_ptr<CudaEngine> make_cuda_engine(const Model& model, const CudaEngineOptions& options) {
+  check_hopper();
+  model.validate();
+  WeightSource src;
+  src.model = &model;
+  return std::make_unique<CudaEngineImpl>(model.config, src, options);
+}
+
+std::unique_ptr<CudaEngine> make_cuda_engine(const quant::QuantizedModel& q, const CudaEngineOptions& options) {
+  check(q.recipe.weights != WeightFormat::Fp8, q.model.source, ": FP8 weights run only in the FP8 prefill path, ",
+        "which the CUDA engine does not have yet");
+  check_hopper();
+  q.model.validate();
+  WeightSource src;
+  src.model = &q.model;
+  src.int4 = &q.int4;
+  src.recipe_name = q.recipe.name();
+  return std::make_unique<CudaEngineImpl>(q.model.config, src, options);
+}
+
+std::unique_ptr<CudaEngine> make_synthetic_cuda_engine(const ModelConfig& config, int64_t int4_group,
+                                                       const CudaEngineOptions& options, uint64_t seed) {
+  check(int4_group >= 0, "synthetic CUDA engine: int4_group must be 0 (BF16) or a group size, got ", int4_group);
+  check_hopper();
+  WeightSource src;
+  src.synthetic_group = int4_group;
+  src.seed = seed;
+  src.recipe_name = int4_group > 0 ? "synthetic int4-g" + std::to_string(int4_group) : "synthetic bf16";
+  return std::make_unique<CudaEngineImpl>(config, src, options);
+}
+
+}  // namespace futransformer

@@ -1,0 +1,141 @@
+#include "cuda/engine/device_linear.h"
+
+#include <algorithm>
+
+#include "cuda/engine/engine_kernels.h"
+#include "futransformer/cuda/gemm_w4a16.h"
+#include "futransformer/error.h"
+#include "futransformer/formats/int4_mma.h"
+
+namespace futransformer::cuda {
+namespace {
+
+void check_w4a16_shape(int64_t N, int64_t K, int64_t group, formats::ScaleType st, const std::string& name) {
+  std::string why;
+  check(N <= kW4A16MaxDim && K <= kW4A16MaxDim, name, ": ", N, " x ", K, " is larger than the W4A16 GEMM takes");
+  if (gemm_w4a16_can_implement(1, static_cast<int>(N), static_cast<int>(K), static_cast<int>(group), st, &why) !=
+      cudaSuccess)
+    fail(name, ": the W4A16 GEMM cannot run this INT4 weight: ", why);
+}
+
+}  // namespace
+
+DeviceLinear DeviceLinear::from_int4(std::span<const formats::Int4Weight* const> parts, const std::string& name) {
+  check(!parts.empty(), name, ": no weights");
+  const formats::Int4Weight& first = *parts[0];
+  formats::Int4Weight fused;
+  fused.cols = first.cols;
+  fused.spec = first.spec;
+  fused.group = first.group;
+  for (const formats::Int4Weight* p : parts) {
+    check(p->spec.symmetric, name, ": the W4A16 GEMM runs symmetric INT4 only (zero-point 8); this weight is "
+          "asymmetric — quantise without -asym");
+    check(p->cols == first.cols && p->group == first.group && p->spec.scale_type == first.spec.scale_type, name,
+          ": fused parts differ in K, group size or scale type");
+    fused.rows += p->rows;
+    fused.qweight.insert(fused.qweight.end(), p->qweight.begin(), p->qweight.end());
+    fused.scales.insert(fused.scales.end(), p->scales.begin(), p->scales.end());
+  }
+  check_w4a16_shape(fused.rows, fused.cols, fused.group, fused.spec.scale_type, name);
+  formats::check_int4_mma_compatible(fused, name);
+  DeviceLinear l;
+  l.kind_ = Kind::Int4;
+  l.name_ = name;
+  l.N_ = fused.rows;
+  l.K_ = fused.cols;
+  l.group_ = fused.group;
+  l.scale_type_ = fused.spec.scale_type;
+  l.packed_.upload(formats::repack_int4_for_mma(fused), name + " (packed INT4)");
+  l.scales_.upload(formats::repack_int4_scales_for_mma(fused), name + " (scales)");
+  return l;
+}
+
+DeviceLinear DeviceLinear::from_bf16(const std::vector<uint16_t>& w, int64_t N, int64_t K, const std::string& name) {
+  check(N > 0 && K > 0 && static_cast<int64_t>(w.size()) == N * K, name, ": expected ", N, " x ", K,
+        " BF16 values, got ", w.size());
+  DeviceLinear l;
+  l.kind_ = Kind::Bf16;
+  l.name_ = name;
+  l.N_ = N;
+  l.K_ = K;
+  l.bf16_.upload(w, name + " (BF16)");
+  l.bf16_ptr_ = l.bf16_.get();
+  return l;
+}
+
+DeviceLinear DeviceLinear::borrow_bf16(const uint16_t* device_w, int64_t N, int64_t K, const std::string& name) {
+  DeviceLinear l;
+  l.kind_ = Kind::Bf16;
+  l.name_ = name;
+  l.N_ = N;
+  l.K_ = K;
+  l.bf16_ptr_ = device_w;
+  return l;
+}
+
+DeviceLinear DeviceLinear::synthetic_int4(int64_t N, int64_t K, int64_t group, uint64_t seed,
+                                          const std::string& name) {
+  check_w4a16_shape(N, K, group, formats::ScaleType::F16, name);
+  DeviceLinear l;
+  l.kind_ = Kind::Int4;
+  l.name_ = name;
+  l.N_ = N;
+  l.K_ = K;
+  l.group_ = group;
+  l.scale_type_ = formats::ScaleType::F16;
+  l.packed_.allocate(static_cast<size_t>(N * K / 8), name + " (packed INT4)");
+  l.scales_.allocate(static_cast<size_t>(N * (K / group)), name + " (scales)");
+  // Any nibbles are valid codes; scales near 1/(8·sqrt(K)) keep each output of unit-RMS inputs near unit size.
+  const float s = 0.35f / static_cast<float>(__builtin_sqrt(static_cast<double>(K)));
+  cuda_check(fill_random_u32(l.packed_.get(), l.packed_.size(), seed, nullptr), name + ": fill");
+  cuda_check(fill_random_half_bits(l.scales_.get(), l.scales_.size(), 0.5f * s, 1.5f * s, false, seed + 1, nullptr),
+             name + ": fill scales");
+  return l;
+}
+
+DeviceLinear DeviceLinear::synthetic_bf16(int64_t N, int64_t K, uint64_t seed, const std::string& name) {
+  DeviceLinear l;
+  l.kind_ = Kind::Bf16;
+  l.name_ = name;
+  l.N_ = N;
+  l.K_ = K;
+  l.bf16_.allocate(static_cast<size_t>(N * K), name + " (BF16)");
+  const float a = 1.7f / static_cast<float>(__builtin_sqrt(static_cast<double>(K)));
+  cuda_check(fill_random_half_bits(l.bf16_.get(), l.bf16_.size(), -a, a, true, seed, nullptr), name + ": fill");
+  l.bf16_ptr_ = l.bf16_.get();
+  return l;
+}
+
+size_t DeviceLinear::workspace_bytes(int64_t max_rows) const {
+  if (kind_ != Kind::Int4) return 0;
+  size_t need = 0;
+  for (int64_t m = 1; m <= std::min<int64_t>(max_rows, kW4A16MaxM); ++m)
+    need = std::max(need, gemm_w4a16_workspace_bytes(static_cast<int>(m), static_cast<int>(N_), static_cast<int>(K_)));
+  return need;
+}
+
+void DeviceLinear::forward(const __nv_bfloat16* x, int64_t M, void* y, bool y_f32, const GemmContext& ctx) const {
+  if (kind_ == Kind::Int4) {
+    check(!y_f32, name_, ": INT4 projections write BF16");
+    auto* out = static_cast<__nv_bfloat16*>(y);
+    for (int64_t m0 = 0; m0 < M; m0 += kW4A16MaxM) {
+      const int mc = static_cast<int>(std::min<int64_t>(kW4A16MaxM, M - m0));
+      const cudaError_t e =
+          gemm_w4a16(x + m0 * K_, packed_.get(), scales_.get(), out + m0 * N_, mc, static_cast<int>(N_),
+                     static_cast<int>(K_), static_cast<int>(group_), scale_type_, ctx.workspace, ctx.workspace_bytes,
+                     ctx.stream);
+      if (e != cudaSuccess) fail("CUDA engine: ", name_, ": W4A16 GEMM (M ", mc, "): ",
+                                 e == cudaErrorInvalidValue ? gemm_w4a16_last_error() : cudaGetErrorString(e));
+    }
+    return;
+  }
+  // Row-major y[M, N] = x[M, K] · W[N, K]ᵀ is column-major yᵀ[N, M] = W[N, K] (= colmajor K×N, transposed) · xᵀ.
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t st = cublasGemmEx(
+      ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N_), static_cast<int>(M), static_cast<int>(K_), &alpha,
+      bf16_ptr_, CUDA_R_16BF, static_cast<int>(K_), x, CUDA_R_16BF, static_cast<int>(K_), &beta, y,
+      y_f32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(N_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS) fail("CUDA engine: ", name_, ": cuBLAS BF16 GEMM (M ", M, "): status ", int(st));
+}
+
+}  // namespace futransformer::cuda

@@ -1,0 +1,110 @@
+#include "cuda/engine/engine_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace futransformer::cuda {
+namespace {
+
+constexpr int kMaxHeadDim = 1024;
+
+// One CTA per (row, head), one thread per element; the butterflies run in shared memory stage by stage (the head
+// is at most a few hundred values, so the barrier per stage is cheap next to the launch).
+__global__ void rotate_heads_kernel(const __nv_bfloat16* src, int src_row_stride, __nv_bfloat16* dst, int n_heads,
+                                    int head_dim, int block, float scale) {
+  __shared__ float v[kMaxHeadDim];
+  const int r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+  const __nv_bfloat16* s = src + static_cast<size_t>(r) * src_row_stride + static_cast<size_t>(h) * head_dim;
+  for (int j = threadIdx.x; j < head_dim; j += blockDim.x) v[j] = __bfloat162float(s[j]);
+  __syncthreads();
+  if (block > 1) {
+    for (int stride = 1; stride < block; stride *= 2) {
+      // Each thread owns pairs (j, j + stride) with (j / stride) even inside its block: head_dim / 2 pairs.
+      for (int p = threadIdx.x; p < head_dim / 2; p += blockDim.x) {
+        const int j = (p / stride) * 2 * stride + p % stride;
+        const float a = v[j], b = v[j + stride];
+        v[j] = __fadd_rn(a, b);
+        v[j + stride] = __fsub_rn(a, b);
+      }
+      __syncthreads();
+    }
+    for (int j = threadIdx.x; j < head_dim; j += blockDim.x) v[j] = __fmul_rn(v[j], scale);
+    __syncthreads();
+  }
+  __nv_bfloat16* d = dst + (static_cast<size_t>(r) * n_heads + h) * head_dim;
+  for (int j = threadIdx.x; j < head_dim; j += blockDim.x) d[j] = __float2bfloat16_rn(v[j]);
+}
+
+__device__ __forceinline__ uint32_t hash32(uint64_t seed, uint64_t i) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<uint32_t>((z ^ (z >> 31)) >> 16);
+}
+
+__global__ void fill_u32_kernel(uint32_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    p[i] = hash32(seed, i);
+}
+
+__global__ void fill_half_kernel(uint16_t* p, size_t n, float lo, float hi, bool bf16, uint64_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float u = static_cast<float>(hash32(seed, i) >> 8) * (1.0f / 16777216.0f);
+    const float x = lo + (hi - lo) * u;
+    p[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x)) : __half_as_ushort(__float2half_rn(x));
+  }
+}
+
+__global__ void fill_f32_kernel(float* p, size_t n, float value) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    p[i] = value;
+}
+
+int fill_blocks(size_t n) {
+  const size_t b = (n + 255) / 256;
+  return static_cast<int>(b < 65536 ? (b > 0 ? b : 1) : 65536);
+}
+
+}  // namespace
+
+cudaError_t rotate_heads_bf16(const __nv_bfloat16* src, int src_row_stride, __nv_bfloat16* dst, int rows,
+                              int n_heads, int head_dim, int hadamard_block, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (src == nullptr || dst == nullptr || rows < 0 || n_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
+      head_dim > kMaxHeadDim || src_row_stride < n_heads * head_dim ||
+      (hadamard_block > 1 && head_dim % hadamard_block != 0) ||
+      static_cast<int64_t>(rows) * n_heads > 0x7fffffff)
+    return cudaErrorInvalidValue;
+  if (src == dst && src_row_stride != n_heads * head_dim) return cudaErrorInvalidValue;
+  const int block = hadamard_block > 1 ? hadamard_block : 1;
+  float scale = 1.0f;
+  if (block > 1) scale = static_cast<float>(1.0 / __builtin_sqrt(static_cast<double>(block)));
+  const int threads = head_dim >= 256 ? 256 : (head_dim < 32 ? 32 : head_dim);
+  rotate_heads_kernel<<<rows * n_heads, threads, 0, stream>>>(src, src_row_stride, dst, n_heads, head_dim, block,
+                                                              scale);
+  return cudaGetLastError();
+}
+
+cudaError_t fill_random_u32(uint32_t* p, size_t n, uint64_t seed, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  fill_u32_kernel<<<fill_blocks(n), 256, 0, stream>>>(p, n, seed);
+  return cudaGetLastError();
+}
+
+cudaError_t fill_random_half_bits(uint16_t* p, size_t n, float lo, float hi, bool bf16, uint64_t seed,
+                                  cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  fill_half_kernel<<<fill_blocks(n), 256, 0, stream>>>(p, n, lo, hi, bf16, seed);
+  return cudaGetLastError();
+}
+
+cudaError_t fill_f32(float* p, size_t n, float value, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  fill_f32_kernel<<<fill_blocks(n), 256, 0, stream>>>(p, n, value);
+  return cudaGetLastError();
+}
+
+}  // namespace futransformer::cuda

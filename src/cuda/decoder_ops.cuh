@@ -19,6 +19,7 @@ constexpr int kEltThreads = 256;       // element-wise kernels (embed, residual,
 constexpr int kVecElems = 8;           // BF16 values in one 16-byte vector
 constexpr int kMaxBlockThreads = 1024; // rmsnorm (one CTA per row)
 constexpr int kArgmaxThreads = 1024;   // argmax: one CTA per row, as many loads in flight as a CTA can hold
+constexpr int kArgmaxUnroll = 4;       // 16-byte loads in flight per argmax thread
 constexpr int kRopeThreads = 128;
 constexpr int kRopeHeadsPerCta = 4;    // heads of one row per CTA; each CTA recomputes the row's cos/sin table
 constexpr int kRopeMaxHalf = 256;      // head_dim / 2 (kRopeMaxHeadDim / 2)
@@ -262,13 +263,25 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
     }
   };
   if constexpr (kVec) {  // vocab % 4 == 0, logits 16-byte aligned
+    // kArgmaxUnroll independent 16-byte loads are issued before any compare: one CTA streams a whole 128k-entry
+    // row (500 KB) alone, so its bandwidth is the loads in flight per SM divided by the memory latency.
     const float4* l4 = reinterpret_cast<const float4*>(lr);
-    for (int j = threadIdx.x; j < vocab / 4; j += kArgmaxThreads) {
-      const float4 v = __ldcs(l4 + j);
-      take(v.x, 4 * j);
-      take(v.y, 4 * j + 1);
-      take(v.z, 4 * j + 2);
-      take(v.w, 4 * j + 3);
+    const int n4 = vocab / 4;
+    for (int j0 = threadIdx.x; j0 < n4; j0 += kArgmaxUnroll * kArgmaxThreads) {
+      float4 v[kArgmaxUnroll];
+#pragma unroll
+      for (int k = 0; k < kArgmaxUnroll; ++k) {
+        const int j = j0 + k * kArgmaxThreads;
+        v[k] = j < n4 ? __ldcs(l4 + j) : make_float4(nan_f32(), nan_f32(), nan_f32(), nan_f32());
+      }
+#pragma unroll
+      for (int k = 0; k < kArgmaxUnroll; ++k) {  // a NaN filler (index >= vocab) loses to every real element
+        const int j = j0 + k * kArgmaxThreads;
+        take(v[k].x, 4 * j);
+        take(v[k].y, 4 * j + 1);
+        take(v[k].z, 4 * j + 2);
+        take(v[k].w, 4 * j + 3);
+      }
     }
   } else {
     for (int j = threadIdx.x; j < vocab; j += kArgmaxThreads) take(__ldcs(lr + j), j);

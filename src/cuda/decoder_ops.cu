@@ -45,7 +45,8 @@ cudaError_t null_pointer(const char* op, const char* names) {
 }
 
 template <typename... Args>
-cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, cudaStream_t stream, std::type_identity_t<Args>... args) {
+cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, cudaStream_t stream,
+                   std::type_identity_t<Args>... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -80,7 +81,8 @@ cudaError_t rmsnorm_bf16(const float* x, const float* weight, __nv_bfloat16* y, 
   const bool vec = hidden % 4 == 0 && aligned(x, 16) && aligned(weight, 16) && aligned(y, 8);
   // One thread per 16-byte vector (or element) up to a full CTA: a 4096-wide row is one float4 per thread.
   const int64_t units = vec ? hidden / 4 : hidden;
-  const int threads = static_cast<int>(std::min<int64_t>(ops::kMaxBlockThreads, ceil_div(units, ops::kWarp) * ops::kWarp));
+  const int threads =
+      static_cast<int>(std::min<int64_t>(ops::kMaxBlockThreads, ceil_div(units, ops::kWarp) * ops::kWarp));
   return launch(vec ? ops::rmsnorm_kernel<true> : ops::rmsnorm_kernel<false>, dim3(static_cast<unsigned>(rows)),
                 dim3(static_cast<unsigned>(threads)), stream, x, weight, y, hidden, eps);
 }
@@ -126,8 +128,8 @@ cudaError_t rope_qk_bf16(__nv_bfloat16* qkv, const int32_t* positions, const flo
       check_range(op, "n_kv_heads", n_kv_heads, 1, kDecoderOpsMaxRows))
     return cudaErrorInvalidValue;
   if (head_dim < 2 || head_dim > kRopeMaxHeadDim || head_dim % 2 != 0)
-    return reject(&g_last_error, std::string(op) + ": head_dim = " + to_string(head_dim) + ", expected an even value in 2.." +
-                                     to_string(kRopeMaxHeadDim));
+    return reject(&g_last_error, std::string(op) + ": head_dim = " + to_string(head_dim) +
+                                     ", expected an even value in 2.." + to_string(kRopeMaxHeadDim));
   const int rot_heads = n_heads + n_kv_heads;  // q heads then k heads, contiguous at the start of the row
   const int row_width = (n_heads + 2 * n_kv_heads) * head_dim;
   const dim3 grid(static_cast<unsigned>(ceil_div(rot_heads, ops::kRopeHeadsPerCta)), static_cast<unsigned>(rows));
@@ -141,8 +143,8 @@ cudaError_t argmax_rows_f32(const float* logits, int32_t* out, int rows, int voc
   if (!logits || !out) return null_pointer(op, "logits and out");
   if (check_rows(op, rows) || check_width(op, "vocab", vocab)) return cudaErrorInvalidValue;
   const bool vec = vocab % 4 == 0 && aligned(logits, 16);
-  return launch(vec ? ops::argmax_rows_kernel<true> : ops::argmax_rows_kernel<false>,
-                dim3(static_cast<unsigned>(rows)), dim3(ops::kArgmaxThreads), stream, logits, out, vocab);
+  return launch(vec ? ops::argmax_rows_kernel<true> : ops::argmax_rows_kernel<false>, dim3(static_cast<unsigned>(rows)),
+                dim3(ops::kArgmaxThreads), stream, logits, out, vocab);
 }
 
 const char* decoder_ops_last_error() { return g_last_error.c_str(); }

@@ -15,14 +15,14 @@
 
 namespace futransformer::cuda::ops {
 
-constexpr int kEltThreads = 256;       // element-wise kernels (embed, residual, swiglu)
-constexpr int kVecElems = 8;           // BF16 values in one 16-byte vector
-constexpr int kMaxBlockThreads = 1024; // rmsnorm (one CTA per row)
-constexpr int kArgmaxThreads = 1024;   // argmax: one CTA per row, as many loads in flight as a CTA can hold
-constexpr int kArgmaxUnroll = 4;       // 16-byte loads in flight per argmax thread
+constexpr int kEltThreads = 256;        // element-wise kernels (embed, residual, swiglu)
+constexpr int kVecElems = 8;            // BF16 values in one 16-byte vector
+constexpr int kMaxBlockThreads = 1024;  // rmsnorm (one CTA per row)
+constexpr int kArgmaxThreads = 1024;    // argmax: one CTA per row, as many loads in flight as a CTA can hold
+constexpr int kArgmaxUnroll = 4;        // 16-byte loads in flight per argmax thread
 constexpr int kRopeThreads = 128;
-constexpr int kRopeHeadsPerCta = 4;    // heads of one row per CTA; each CTA recomputes the row's cos/sin table
-constexpr int kRopeMaxHalf = 256;      // head_dim / 2 (kRopeMaxHeadDim / 2)
+constexpr int kRopeHeadsPerCta = 4;  // heads of one row per CTA; each CTA recomputes the row's cos/sin table
+constexpr int kRopeMaxHalf = 256;    // head_dim / 2 (kRopeMaxHeadDim / 2)
 constexpr int kWarp = 32;
 
 static_assert(kEltThreads % kWarp == 0 && kArgmaxThreads % kWarp == 0 && kRopeThreads % kWarp == 0,
@@ -287,8 +287,8 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
     for (int j = threadIdx.x; j < vocab; j += kArgmaxThreads) take(__ldcs(lr + j), j);
   }
 #pragma unroll
-  for (int off = kWarp / 2; off > 0; off >>= 1) take(__shfl_xor_sync(0xffffffffu, bv, off),
-                                                     __shfl_xor_sync(0xffffffffu, bi, off));
+  for (int off = kWarp / 2; off > 0; off >>= 1)
+    take(__shfl_xor_sync(0xffffffffu, bv, off), __shfl_xor_sync(0xffffffffu, bi, off));
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   if (lane == 0) {
     red_v[warp] = bv;
@@ -299,8 +299,8 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
   bv = red_v[lane];  // kArgmaxThreads == 32 warps: every lane holds one warp's winner
   bi = red_i[lane];
 #pragma unroll
-  for (int off = kWarp / 2; off > 0; off >>= 1) take(__shfl_xor_sync(0xffffffffu, bv, off),
-                                                     __shfl_xor_sync(0xffffffffu, bi, off));
+  for (int off = kWarp / 2; off > 0; off >>= 1)
+    take(__shfl_xor_sync(0xffffffffu, bv, off), __shfl_xor_sync(0xffffffffu, bi, off));
   if (lane == 0) out[blockIdx.x] = isnan(bv) ? 0 : bi;
 }
 static_assert(kArgmaxThreads == kWarp * kWarp, "argmax_rows_kernel's second level reads one winner per lane");

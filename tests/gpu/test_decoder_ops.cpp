@@ -75,7 +75,9 @@ template <typename T>
 struct OffsetBuffer {
   DeviceBuffer<T> buf;
   int offset;
-  OffsetBuffer(size_t n, int off) : buf(n + static_cast<size_t>(off)), offset(off) { EXPECT_EQ(buf.poison(), cudaSuccess); }
+  OffsetBuffer(size_t n, int off) : buf(n + static_cast<size_t>(off)), offset(off) {
+    EXPECT_EQ(buf.poison(), cudaSuccess);
+  }
   OffsetBuffer(const std::vector<T>& host, int off) : OffsetBuffer(host.size(), off) {
     EXPECT_EQ(cudaMemcpy(ptr(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
   }
@@ -152,7 +154,8 @@ TEST(DecoderOpsGpu, EmbedWritesNanRowsForOutOfRangeIds) {
     const OffsetBuffer<float> d_x(static_cast<size_t>(rows) * kHidden, off);
     // Fill x with finite values first, so a NaN below was written by the kernel, not left by the poison.
     ASSERT_EQ(cudaMemset(d_x.ptr(), 0, static_cast<size_t>(rows) * kHidden * sizeof(float)), cudaSuccess);
-    expect_launched(cuda::embed_rows_bf16(as_bf16(d_table.ptr()), d_tokens.p, d_x.ptr(), rows, kHidden, kVocab, nullptr));
+    expect_launched(
+        cuda::embed_rows_bf16(as_bf16(d_table.ptr()), d_tokens.p, d_x.ptr(), rows, kHidden, kVocab, nullptr));
     const std::vector<float> x = d_x.download();
     for (int r = 0; r < rows; ++r) {
       const bool valid = tokens[r] >= 0 && tokens[r] < kVocab;
@@ -162,7 +165,8 @@ TEST(DecoderOpsGpu, EmbedWritesNanRowsForOutOfRangeIds) {
           ASSERT_EQ(f32_bits(got), f32_bits(bf16_to_f32(table[static_cast<size_t>(tokens[r]) * kHidden + i])))
               << "row " << r << " column " << i << " offset " << off;
         } else {
-          ASSERT_TRUE(std::isnan(got)) << "row " << r << " (token " << tokens[r] << ") column " << i << " offset " << off;
+          ASSERT_TRUE(std::isnan(got)) << "row " << r << " (token " << tokens[r] << ") column " << i << " offset "
+                                       << off;
         }
       }
     }
@@ -306,7 +310,8 @@ RopeScaling llama3_scaling() {
 void check_rope(int rows, int n_heads, int n_kv_heads, int head_dim, const RopeScaling& scaling, double theta,
                 uint32_t seed) {
   SCOPED_TRACE(testing::Message() << "rows " << rows << " heads " << n_heads << "/" << n_kv_heads << " head_dim "
-                                  << head_dim << " scaling '" << scaling.type << "' theta " << theta << " seed " << seed);
+                                  << head_dim << " scaling '" << scaling.type << "' theta " << theta << " seed "
+                                  << seed);
   std::mt19937 rng(seed);
   const int width = (n_heads + 2 * n_kv_heads) * head_dim, rot = (n_heads + n_kv_heads) * head_dim;
   const std::vector<uint16_t> qkv = random_bf16(static_cast<size_t>(rows) * width, rng, -3.0f, 3.0f);
@@ -320,7 +325,8 @@ void check_rope(int rows, int n_heads, int n_kv_heads, int head_dim, const RopeS
   const DeviceBuffer<uint16_t> d_qkv(qkv);
   const DeviceBuffer<int32_t> d_pos(pos);
   const DeviceBuffer<float> d_freq(inv_freq);
-  expect_launched(cuda::rope_qk_bf16(as_bf16(d_qkv.p), d_pos.p, d_freq.p, rows, n_heads, n_kv_heads, head_dim, nullptr));
+  expect_launched(
+      cuda::rope_qk_bf16(as_bf16(d_qkv.p), d_pos.p, d_freq.p, rows, n_heads, n_kv_heads, head_dim, nullptr));
   const std::vector<uint16_t> got = d_qkv.download();
   std::vector<float> x(static_cast<size_t>(rot));
   int64_t changed = 0;
@@ -332,9 +338,11 @@ void check_rope(int rows, int n_heads, int n_kv_heads, int head_dim, const RopeS
       const uint16_t want = i < rot ? f32_to_bf16(x[static_cast<size_t>(i)]) : in[i];  // v passes through
       const uint16_t g = got[static_cast<size_t>(r) * width + i];
       ASSERT_EQ(g, want) << "row " << r << " (position " << pos[static_cast<size_t>(r)] << ") "
-                         << (i < n_heads * head_dim ? "q" : i < rot ? "k" : "v") << " value " << i << " (head "
-                         << i / head_dim << ", channel " << i % head_dim << "): got " << bf16_to_f32(g) << ", ref "
-                         << bf16_to_f32(want);
+                         << (i < n_heads * head_dim ? "q"
+                             : i < rot              ? "k"
+                                                    : "v")
+                         << " value " << i << " (head " << i / head_dim << ", channel " << i % head_dim << "): got "
+                         << bf16_to_f32(g) << ", ref " << bf16_to_f32(want);
       changed += g != in[i];
     }
   }
@@ -351,7 +359,7 @@ TEST(DecoderOpsGpu, RopeIsExactOnQAndKAndLeavesV) {
       check_rope(rows, 3, 1, head_dim, RopeScaling{}, 10000.0, ++seed);
     }
   }
-  check_rope(2, 9, 3, 64, RopeScaling{}, 10000.0, ++seed);     // 12 rotated heads: several CTAs per row
+  check_rope(2, 9, 3, 64, RopeScaling{}, 10000.0, ++seed);        // 12 rotated heads: several CTAs per row
   check_rope(1, 64, 8, 128, llama3_scaling(), 500000.0, ++seed);  // Llama-3-70B
   check_rope(3, 1, 1, 512, RopeScaling{}, 10000.0, ++seed);       // the largest head_dim
 }
@@ -437,7 +445,9 @@ TEST(DecoderOpsGpu, ArgmaxTiesInfinitiesAndNans) {
     // futransformer::argmax refuses NaNs; where there are none it must agree with the expectation.
     bool has_nan = false;
     for (int i = 0; i < kVocab; ++i) has_nan |= std::isnan(row[i]);
-    if (!has_nan) EXPECT_EQ(argmax(std::span<const float>(row, kVocab)), c.expected) << c.what;
+    if (!has_nan) {
+      EXPECT_EQ(argmax(std::span<const float>(row, kVocab)), c.expected) << c.what;
+    }
   }
   for (int off : {0, 1}) {
     SCOPED_TRACE(testing::Message() << "offset " << off);
@@ -570,11 +580,11 @@ TEST(DecoderOpsHost, RejectsBadSizesAndNullPointersWithAReason) {
 
 TEST(DecoderOpsHost, Bf16UlpDistanceCountsRepresentableSteps) {
   // The metric behind the rmsnorm and swiglu tolerances.
-  EXPECT_EQ(bf16_ulp_distance(0x3f80, 0x3f81), 1);        // 1.0 and the next BF16 up
-  EXPECT_EQ(bf16_ulp_distance(0x3f80, 0x3f7f), 1);        // across a binade boundary
-  EXPECT_EQ(bf16_ulp_distance(0x0000, 0x8000), 0);        // +0 and -0
-  EXPECT_EQ(bf16_ulp_distance(0x0001, 0x8001), 2);        // the two smallest subnormals of opposite sign
-  EXPECT_EQ(bf16_ulp_distance(0xbf80, 0xbf81), 1);        // -1.0 and the next one down
+  EXPECT_EQ(bf16_ulp_distance(0x3f80, 0x3f81), 1);  // 1.0 and the next BF16 up
+  EXPECT_EQ(bf16_ulp_distance(0x3f80, 0x3f7f), 1);  // across a binade boundary
+  EXPECT_EQ(bf16_ulp_distance(0x0000, 0x8000), 0);  // +0 and -0
+  EXPECT_EQ(bf16_ulp_distance(0x0001, 0x8001), 2);  // the two smallest subnormals of opposite sign
+  EXPECT_EQ(bf16_ulp_distance(0xbf80, 0xbf81), 1);  // -1.0 and the next one down
   EXPECT_EQ(bf16_ulp_distance(0x3f80, 0xbf80), 2 * 0x3f80);
   EXPECT_TRUE(bf16_is_nan(0xffff));
   EXPECT_TRUE(bf16_is_nan(0x7fc0));

@@ -18,9 +18,9 @@ struct __nv_bfloat16;  // cuda_bf16.h's type, used through pointers only
 
 namespace futransformer::cuda {
 
-constexpr int kDecoderOpsMaxRows = 65535;      // rows go on a grid dimension
-constexpr int kDecoderOpsMaxWidth = 1 << 24;   // hidden, inter, vocab (and vocab * hidden rows of a table fit easily)
-constexpr int kRopeMaxHeadDim = 512;           // head_dim / 2 cos/sin pairs are staged in shared memory
+constexpr int kDecoderOpsMaxRows = 65535;     // rows go on a grid dimension
+constexpr int kDecoderOpsMaxWidth = 1 << 24;  // hidden, inter, vocab (and vocab * hidden rows of a table fit easily)
+constexpr int kRopeMaxHeadDim = 512;          // head_dim / 2 cos/sin pairs are staged in shared memory
 
 // x[r, :] = float(table[tokens[r], :]) for r < rows (table BF16 [vocab, hidden], x fp32 [rows, hidden]).
 // Token ids are checked by the caller (host) to be < vocab; the kernel still writes a NaN row for an id outside
@@ -46,8 +46,8 @@ cudaError_t swiglu_bf16(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int ro
 // arithmetic: a = double(pos)·double(inv_freq[i]), c = float(cos a), s = float(sin a) (fp64), then
 // x'[i] = x[i]·c − x[i + d/2]·s and x'[i + d/2] = x[i + d/2]·c + x[i]·s in fp32 (each product and the sum
 // rounded separately, no FMA), rounded once to BF16. inv_freq: fp32 [head_dim / 2] (ref::rope_inv_freq).
-cudaError_t rope_qk_bf16(__nv_bfloat16* qkv, const int32_t* positions, const float* inv_freq, int rows,
-                         int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream);
+cudaError_t rope_qk_bf16(__nv_bfloat16* qkv, const int32_t* positions, const float* inv_freq, int rows, int n_heads,
+                         int n_kv_heads, int head_dim, cudaStream_t stream);
 
 // out[r] = index of the largest logit of row r (logits fp32 [rows, vocab]): the lowest index on ties (as
 // futransformer::argmax), NaNs never win; a row of NaNs only gives 0. One CTA per row.

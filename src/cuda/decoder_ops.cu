@@ -1,0 +1,152 @@
+// Host side of the small decoder ops: argument checks, the vector/scalar instance choice and the launch
+// configuration. Kernels: src/cuda/decoder_ops.cuh. Nothing here queries the device or allocates, so every launcher
+// can be captured in a CUDA graph.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "cuda/decoder_ops.cuh"
+#include "cuda/launch_status.h"
+#include "futransformer/cuda/decoder_ops.h"
+
+namespace futransformer::cuda {
+namespace {
+
+using std::to_string;
+
+thread_local std::string g_last_error;
+
+static_assert(kRopeMaxHeadDim / 2 == ops::kRopeMaxHalf, "the rope kernel's cos/sin table holds head_dim / 2 pairs");
+
+// A grid-stride kernel needs no more CTAs than this to fill the GPU several times over.
+constexpr int64_t kMaxStrideBlocks = 1 << 16;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+cudaError_t check_range(const char* op, const char* name, int64_t v, int64_t lo, int64_t hi) {
+  if (v >= lo && v <= hi) return cudaSuccess;
+  return reject(&g_last_error, std::string(op) + ": " + name + " = " + to_string(v) + ", expected " + to_string(lo) +
+                                   ".." + to_string(hi));
+}
+
+cudaError_t check_rows(const char* op, int rows) { return check_range(op, "rows", rows, 1, kDecoderOpsMaxRows); }
+
+cudaError_t check_width(const char* op, const char* name, int v) {
+  return check_range(op, name, v, 1, kDecoderOpsMaxWidth);
+}
+
+cudaError_t null_pointer(const char* op, const char* names) {
+  return reject(&g_last_error, std::string(op) + ": " + names + " must be non-null device pointers");
+}
+
+template <typename... Args>
+cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, cudaStream_t stream,
+                   std::type_identity_t<Args>... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = stream;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+}  // namespace
+
+cudaError_t embed_rows_bf16(const __nv_bfloat16* table, const int32_t* tokens, float* x, int rows, int hidden,
+                            int vocab, cudaStream_t stream) {
+  constexpr const char* op = "embed_rows_bf16";
+  g_last_error.clear();
+  if (!table || !tokens || !x) return null_pointer(op, "table, tokens and x");
+  if (check_rows(op, rows) || check_width(op, "hidden", hidden) || check_width(op, "vocab", vocab))
+    return cudaErrorInvalidValue;
+  const bool vec = hidden % ops::kVecElems == 0 && aligned(table, 16) && aligned(x, 16);
+  const int64_t per_block = int64_t{ops::kEltThreads} * (vec ? ops::kVecElems : 1);
+  const dim3 grid(static_cast<unsigned>(ceil_div(hidden, per_block)), static_cast<unsigned>(rows));
+  return launch(vec ? ops::embed_rows_kernel<true> : ops::embed_rows_kernel<false>, grid, dim3(ops::kEltThreads),
+                stream, table, tokens, x, hidden, vocab);
+}
+
+cudaError_t rmsnorm_bf16(const float* x, const float* weight, __nv_bfloat16* y, int rows, int hidden, float eps,
+                         cudaStream_t stream) {
+  constexpr const char* op = "rmsnorm_bf16";
+  g_last_error.clear();
+  if (!x || !weight || !y) return null_pointer(op, "x, weight and y");
+  if (check_rows(op, rows) || check_width(op, "hidden", hidden)) return cudaErrorInvalidValue;
+  if (!std::isfinite(eps) || eps < 0.0f)
+    return reject(&g_last_error, std::string(op) + ": eps = " + to_string(eps) + ", expected a finite value >= 0");
+  const bool vec = hidden % 4 == 0 && aligned(x, 16) && aligned(weight, 16) && aligned(y, 8);
+  // One thread per 16-byte vector (or element) up to a full CTA: a 4096-wide row is one float4 per thread.
+  const int64_t units = vec ? hidden / 4 : hidden;
+  const int threads =
+      static_cast<int>(std::min<int64_t>(ops::kMaxBlockThreads, ceil_div(units, ops::kWarp) * ops::kWarp));
+  return launch(vec ? ops::rmsnorm_kernel<true> : ops::rmsnorm_kernel<false>, dim3(static_cast<unsigned>(rows)),
+                dim3(static_cast<unsigned>(threads)), stream, x, weight, y, hidden, eps);
+}
+
+cudaError_t add_residual_bf16(float* x, const __nv_bfloat16* delta, int rows, int hidden, cudaStream_t stream) {
+  constexpr const char* op = "add_residual_bf16";
+  g_last_error.clear();
+  if (!x || !delta) return null_pointer(op, "x and delta");
+  if (check_rows(op, rows) || check_width(op, "hidden", hidden)) return cudaErrorInvalidValue;
+  const int64_t n = int64_t{rows} * hidden;
+  const bool vec = aligned(x, 16) && aligned(delta, 16);
+  const int64_t work = vec ? ceil_div(n, ops::kVecElems) : n;
+  const int64_t blocks = std::min(kMaxStrideBlocks, ceil_div(work, ops::kEltThreads));
+  return launch(vec ? ops::add_residual_kernel<true> : ops::add_residual_kernel<false>,
+                dim3(static_cast<unsigned>(blocks)), dim3(ops::kEltThreads), stream, x, delta, n);
+}
+
+cudaError_t swiglu_bf16(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int rows, int inter, cudaStream_t stream) {
+  constexpr const char* op = "swiglu_bf16";
+  g_last_error.clear();
+  if (!gate_up || !out) return null_pointer(op, "gate_up and out");
+  if (check_rows(op, rows) || check_width(op, "inter", inter)) return cudaErrorInvalidValue;
+  // A CTA may write its outputs before another has read the inputs they overwrite: refuse any overlap.
+  const auto in_begin = reinterpret_cast<uintptr_t>(gate_up);
+  const auto in_end = in_begin + static_cast<uintptr_t>(int64_t{rows} * 2 * inter) * sizeof(uint16_t);
+  const auto out_begin = reinterpret_cast<uintptr_t>(out);
+  const auto out_end = out_begin + static_cast<uintptr_t>(int64_t{rows} * inter) * sizeof(uint16_t);
+  if (out_begin < in_end && in_begin < out_end)
+    return reject(&g_last_error, std::string(op) + ": out overlaps gate_up; expected separate buffers");
+  const bool vec = inter % ops::kVecElems == 0 && aligned(gate_up, 16) && aligned(out, 16);
+  const int64_t per_block = int64_t{ops::kEltThreads} * (vec ? ops::kVecElems : 1);
+  const dim3 grid(static_cast<unsigned>(ceil_div(inter, per_block)), static_cast<unsigned>(rows));
+  return launch(vec ? ops::swiglu_kernel<true> : ops::swiglu_kernel<false>, grid, dim3(ops::kEltThreads), stream,
+                gate_up, out, inter);
+}
+
+cudaError_t rope_qk_bf16(__nv_bfloat16* qkv, const int32_t* positions, const float* inv_freq, int rows, int n_heads,
+                         int n_kv_heads, int head_dim, cudaStream_t stream) {
+  constexpr const char* op = "rope_qk_bf16";
+  g_last_error.clear();
+  if (!qkv || !positions || !inv_freq) return null_pointer(op, "qkv, positions and inv_freq");
+  if (check_rows(op, rows) || check_range(op, "n_heads", n_heads, 1, kDecoderOpsMaxRows) ||
+      check_range(op, "n_kv_heads", n_kv_heads, 1, kDecoderOpsMaxRows))
+    return cudaErrorInvalidValue;
+  if (head_dim < 2 || head_dim > kRopeMaxHeadDim || head_dim % 2 != 0)
+    return reject(&g_last_error, std::string(op) + ": head_dim = " + to_string(head_dim) +
+                                     ", expected an even value in 2.." + to_string(kRopeMaxHeadDim));
+  const int rot_heads = n_heads + n_kv_heads;  // q heads then k heads, contiguous at the start of the row
+  const int row_width = (n_heads + 2 * n_kv_heads) * head_dim;
+  const dim3 grid(static_cast<unsigned>(ceil_div(rot_heads, ops::kRopeHeadsPerCta)), static_cast<unsigned>(rows));
+  return launch(ops::rope_qk_kernel, grid, dim3(ops::kRopeThreads), stream, qkv, positions, inv_freq, rot_heads,
+                row_width, head_dim);
+}
+
+cudaError_t argmax_rows_f32(const float* logits, int32_t* out, int rows, int vocab, cudaStream_t stream) {
+  constexpr const char* op = "argmax_rows_f32";
+  g_last_error.clear();
+  if (!logits || !out) return null_pointer(op, "logits and out");
+  if (check_rows(op, rows) || check_width(op, "vocab", vocab)) return cudaErrorInvalidValue;
+  const bool vec = vocab % 4 == 0 && aligned(logits, 16);
+  return launch(vec ? ops::argmax_rows_kernel<true> : ops::argmax_rows_kernel<false>, dim3(static_cast<unsigned>(rows)),
+                dim3(ops::kArgmaxThreads), stream, logits, out, vocab);
+}
+
+const char* decoder_ops_last_error() { return g_last_error.c_str(); }
+
+}  // namespace futransformer::cuda

@@ -1,0 +1,308 @@
+// Kernels of the small decoder ops (launchers and the contract: include/futransformer/cuda/decoder_ops.h).
+//
+// All are memory bound and tiny at decode shapes (a few hundred KB per call), so the aim is only: 16-byte vector
+// accesses where the caller's pointers allow (a kVec template flag; the scalar instance handles any alignment),
+// enough CTAs to spread one row over several SMs where the op allows it, and arithmetic that mirrors the CPU twin
+// operation for operation (explicit _rn intrinsics where nvcc would otherwise contract a product and a sum into
+// one FMA and so round differently from the twin).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <climits>
+#include <cstdint>
+#include <cstring>
+
+namespace futransformer::cuda::ops {
+
+constexpr int kEltThreads = 256;        // element-wise kernels (embed, residual, swiglu)
+constexpr int kVecElems = 8;            // BF16 values in one 16-byte vector
+constexpr int kMaxBlockThreads = 1024;  // rmsnorm (one CTA per row)
+constexpr int kArgmaxThreads = 1024;    // argmax: one CTA per row, as many loads in flight as a CTA can hold
+constexpr int kArgmaxUnroll = 4;        // 16-byte loads in flight per argmax thread
+constexpr int kRopeThreads = 128;
+constexpr int kRopeHeadsPerCta = 4;  // heads of one row per CTA; each CTA recomputes the row's cos/sin table
+constexpr int kRopeMaxHalf = 256;    // head_dim / 2 (kRopeMaxHeadDim / 2)
+constexpr int kWarp = 32;
+
+static_assert(kEltThreads % kWarp == 0 && kArgmaxThreads % kWarp == 0 && kRopeThreads % kWarp == 0,
+              "block sizes must be whole warps (the reductions use full-warp shuffles)");
+static_assert(kArgmaxThreads <= kWarp * kWarp && kMaxBlockThreads <= kWarp * kWarp,
+              "the per-warp partials of a block reduction must fit in one warp's lanes");
+
+__device__ __forceinline__ float nan_f32() { return __int_as_float(0x7fc00000); }
+
+// 8 BF16 (one uint4) -> 8 fp32: exact (a BF16 is the top half of an fp32).
+__device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float* f) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    f[2 * k] = __uint_as_float(w[k] << 16);
+    f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+  }
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2_rn(float lo, float hi) {
+  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+  uint32_t r;
+  memcpy(&r, &p, 4);
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Embedding gather. grid = (column chunks, rows). The table row is read once per step and not reused: __ldg
+// (read-only path). An id outside [0, vocab) writes NaNs and reads nothing.
+template <bool kVec>
+__global__ void __launch_bounds__(kEltThreads)
+    embed_rows_kernel(const __nv_bfloat16* table, const int32_t* tokens, float* x, int hidden, int vocab) {
+  const int r = blockIdx.y;
+  const int32_t tok = tokens[r];
+  const bool ok = tok >= 0 && tok < vocab;
+  const __nv_bfloat16* er = table + static_cast<int64_t>(ok ? tok : 0) * hidden;
+  float* xr = x + static_cast<int64_t>(r) * hidden;
+  const int t = blockIdx.x * kEltThreads + threadIdx.x;
+  if constexpr (kVec) {
+    const int i = t * kVecElems;  // hidden % 8 == 0, table and x 16-byte aligned
+    if (i >= hidden) return;
+    float f[kVecElems];
+    if (ok) {
+      bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(er + i)), f);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVecElems; ++k) f[k] = nan_f32();
+    }
+    reinterpret_cast<float4*>(xr + i)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    reinterpret_cast<float4*>(xr + i)[1] = make_float4(f[4], f[5], f[6], f[7]);
+  } else {
+    if (t >= hidden) return;
+    xr[t] = ok ? __bfloat162float(er[t]) : nan_f32();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Sum of `v` over the block, identical in every thread. Fixed order: shuffle butterfly in each warp, then every
+// thread adds the warp partials 0, 1, ... in turn, so the result does not depend on scheduling. Once per kernel
+// (`red` is not re-synchronised for a second call).
+__device__ __forceinline__ float block_sum(float v, float* red /* [kWarp] shared */) {
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+  const int warps = blockDim.x / kWarp;
+  for (int w = 0; w < warps; ++w) total = __fadd_rn(total, red[w]);
+  return total;
+}
+
+// RMSNorm, one CTA per row (blockDim a multiple of 32, <= 1024). Pass 1 sums x² (each thread its strided elements
+// in index order); pass 2 re-reads the row, which the first pass left in L1 (64 KB for hidden 16384).
+// Output y = w · (s · x) in this order, as ref::rmsnorm.
+template <bool kVec>
+__global__ void __launch_bounds__(kMaxBlockThreads)
+    rmsnorm_kernel(const float* x, const float* weight, __nv_bfloat16* y, int hidden, float eps) {
+  __shared__ float red[kWarp];
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * hidden;
+  const float* xr = x + row;
+  __nv_bfloat16* yr = y + row;
+  float ss = 0.0f;
+  if constexpr (kVec) {  // hidden % 4 == 0; x, weight 16-byte and y 8-byte aligned
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    for (int j = threadIdx.x; j < hidden / 4; j += blockDim.x) {
+      const float4 v = x4[j];
+      ss += v.x * v.x;
+      ss += v.y * v.y;
+      ss += v.z * v.z;
+      ss += v.w * v.w;
+    }
+  } else {
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) ss += xr[j] * xr[j];
+  }
+  const float total = block_sum(ss, red);
+  // ref::rmsnorm: 1 / sqrt(sum / n + eps), each step correctly rounded (here in fp32, there in fp64).
+  const float s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, static_cast<float>(hidden)), eps)));
+  if constexpr (kVec) {
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    const float4* w4 = reinterpret_cast<const float4*>(weight);
+    for (int j = threadIdx.x; j < hidden / 4; j += blockDim.x) {
+      const float4 v = x4[j], w = __ldg(w4 + j);
+      uint2 o;
+      o.x = pack_bf16x2_rn(__fmul_rn(w.x, __fmul_rn(s, v.x)), __fmul_rn(w.y, __fmul_rn(s, v.y)));
+      o.y = pack_bf16x2_rn(__fmul_rn(w.z, __fmul_rn(s, v.z)), __fmul_rn(w.w, __fmul_rn(s, v.w)));
+      reinterpret_cast<uint2*>(yr)[j] = o;
+    }
+  } else {
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x)
+      yr[j] = __float2bfloat16_rn(__fmul_rn(weight[j], __fmul_rn(s, xr[j])));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// x += float(delta) over the flattened [rows * hidden] tensor, grid-stride. kVec: 8 elements per step (x and
+// delta 16-byte aligned), the last partial group element by element.
+template <bool kVec>
+__global__ void __launch_bounds__(kEltThreads) add_residual_kernel(float* x, const __nv_bfloat16* delta, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kEltThreads;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kEltThreads + threadIdx.x;
+  if constexpr (kVec) {
+    for (int64_t g = t0; g * kVecElems < n; g += stride) {
+      const int64_t i = g * kVecElems;
+      if (i + kVecElems <= n) {
+        float d[kVecElems];
+        bf16x8_to_f32(*reinterpret_cast<const uint4*>(delta + i), d);
+        float4* x4 = reinterpret_cast<float4*>(x + i);
+        float4 a = x4[0], b = x4[1];
+        a.x = __fadd_rn(a.x, d[0]);
+        a.y = __fadd_rn(a.y, d[1]);
+        a.z = __fadd_rn(a.z, d[2]);
+        a.w = __fadd_rn(a.w, d[3]);
+        b.x = __fadd_rn(b.x, d[4]);
+        b.y = __fadd_rn(b.y, d[5]);
+        b.z = __fadd_rn(b.z, d[6]);
+        b.w = __fadd_rn(b.w, d[7]);
+        x4[0] = a;
+        x4[1] = b;
+      } else {
+        for (int64_t k = i; k < n; ++k) x[k] = __fadd_rn(x[k], __bfloat162float(delta[k]));
+      }
+    }
+  } else {
+    for (int64_t i = t0; i < n; i += stride) x[i] = __fadd_rn(x[i], __bfloat162float(delta[i]));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// silu(g) · u exactly as ref::silu / ref::swiglu: g / (1 + exp(−g)), then the product; expf is the accurate
+// (not __expf) version, within 2 fp32 ulps of the C library's.
+__device__ __forceinline__ float silu_mul(float g, float u) {
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+// grid = (column chunks, rows). gate_up row r: [gate | up], each `inter` wide.
+template <bool kVec>
+__global__ void __launch_bounds__(kEltThreads)
+    swiglu_kernel(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int inter) {
+  const int r = blockIdx.y;
+  const __nv_bfloat16* g = gate_up + static_cast<int64_t>(r) * 2 * inter;
+  const __nv_bfloat16* u = g + inter;
+  __nv_bfloat16* o = out + static_cast<int64_t>(r) * inter;
+  const int t = blockIdx.x * kEltThreads + threadIdx.x;
+  if constexpr (kVec) {  // inter % 8 == 0; gate_up and out 16-byte aligned
+    const int i = t * kVecElems;
+    if (i >= inter) return;
+    float gf[kVecElems], uf[kVecElems];
+    bf16x8_to_f32(*reinterpret_cast<const uint4*>(g + i), gf);
+    bf16x8_to_f32(*reinterpret_cast<const uint4*>(u + i), uf);
+    uint4 v;
+    v.x = pack_bf16x2_rn(silu_mul(gf[0], uf[0]), silu_mul(gf[1], uf[1]));
+    v.y = pack_bf16x2_rn(silu_mul(gf[2], uf[2]), silu_mul(gf[3], uf[3]));
+    v.z = pack_bf16x2_rn(silu_mul(gf[4], uf[4]), silu_mul(gf[5], uf[5]));
+    v.w = pack_bf16x2_rn(silu_mul(gf[6], uf[6]), silu_mul(gf[7], uf[7]));
+    *reinterpret_cast<uint4*>(o + i) = v;
+  } else {
+    if (t >= inter) return;
+    o[t] = __float2bfloat16_rn(silu_mul(__bfloat162float(g[t]), __bfloat162float(u[t])));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// RoPE on the q and k heads of the fused QKV rows, in place. grid = (ceil(rot_heads / kRopeHeadsPerCta), rows),
+// kRopeThreads threads. The row's cos/sin table (head_dim / 2 pairs, fp64 sincos rounded to fp32 as
+// ref::apply_rope) is built in shared memory once per CTA: fp64 sincos costs ~100 instructions, so it is not
+// repeated per head. Then each thread rotates (head, i) pairs; consecutive threads touch consecutive channels.
+__global__ void __launch_bounds__(kRopeThreads)
+    rope_qk_kernel(__nv_bfloat16* qkv, const int32_t* positions, const float* inv_freq, int rot_heads, int row_width,
+                   int head_dim) {
+  __shared__ float2 cs[kRopeMaxHalf];
+  const int half = head_dim / 2;
+  const int r = blockIdx.y;
+  const double pos = static_cast<double>(positions[r]);
+  for (int i = threadIdx.x; i < half; i += kRopeThreads) {
+    double s, c;
+    sincos(__dmul_rn(pos, static_cast<double>(inv_freq[i])), &s, &c);
+    cs[i] = make_float2(__double2float_rn(c), __double2float_rn(s));
+  }
+  __syncthreads();
+  const int head0 = blockIdx.x * kRopeHeadsPerCta;
+  const int heads = min(kRopeHeadsPerCta, rot_heads - head0);
+  __nv_bfloat16* base = qkv + static_cast<int64_t>(r) * row_width + static_cast<int64_t>(head0) * head_dim;
+  for (int j = threadIdx.x; j < heads * half; j += kRopeThreads) {
+    const int h = j / half, i = j - h * half;
+    __nv_bfloat16* p = base + h * head_dim;
+    const float x0 = __bfloat162float(p[i]), x1 = __bfloat162float(p[i + half]);
+    const float2 a = cs[i];  // (cos, sin)
+    p[i] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x0, a.x), __fmul_rn(x1, a.y)));
+    p[i + half] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x1, a.x), __fmul_rn(x0, a.y)));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Argmax order: a number beats a NaN; a larger number wins; equal values (or two NaNs) go to the lower index. A
+// strict total order on (value, index) pairs, so the reduction tree's shape cannot change the answer.
+__device__ __forceinline__ bool argmax_better(float av, int ai, float bv, int bi) {
+  const bool an = isnan(av), bn = isnan(bv);
+  if (an != bn) return bn;
+  if (!an && av != bv) return av > bv;
+  return ai < bi;
+}
+
+// One CTA per row: each thread scans its strided elements in index order, then a shuffle butterfly per warp and
+// warp 0 over the warps' winners. Logits are read once: __ldcs (evict-first) keeps them from displacing weights
+// and activations in L2.
+template <bool kVec>
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* logits, int32_t* out, int vocab) {
+  __shared__ float red_v[kWarp];
+  __shared__ int red_i[kWarp];
+  const float* lr = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  float bv = nan_f32();
+  int bi = INT_MAX;
+  auto take = [&](float v, int i) {
+    if (argmax_better(v, i, bv, bi)) {
+      bv = v;
+      bi = i;
+    }
+  };
+  if constexpr (kVec) {  // vocab % 4 == 0, logits 16-byte aligned
+    // kArgmaxUnroll independent 16-byte loads are issued before any compare: one CTA streams a whole 128k-entry
+    // row (500 KB) alone, so its bandwidth is the loads in flight per SM divided by the memory latency.
+    const float4* l4 = reinterpret_cast<const float4*>(lr);
+    const int n4 = vocab / 4;
+    for (int j0 = threadIdx.x; j0 < n4; j0 += kArgmaxUnroll * kArgmaxThreads) {
+      float4 v[kArgmaxUnroll];
+#pragma unroll
+      for (int k = 0; k < kArgmaxUnroll; ++k) {
+        const int j = j0 + k * kArgmaxThreads;
+        v[k] = j < n4 ? __ldcs(l4 + j) : make_float4(nan_f32(), nan_f32(), nan_f32(), nan_f32());
+      }
+#pragma unroll
+      for (int k = 0; k < kArgmaxUnroll; ++k) {  // a NaN filler (index >= vocab) loses to every real element
+        const int j = j0 + k * kArgmaxThreads;
+        take(v[k].x, 4 * j);
+        take(v[k].y, 4 * j + 1);
+        take(v[k].z, 4 * j + 2);
+        take(v[k].w, 4 * j + 3);
+      }
+    }
+  } else {
+    for (int j = threadIdx.x; j < vocab; j += kArgmaxThreads) take(__ldcs(lr + j), j);
+  }
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off >>= 1)
+    take(__shfl_xor_sync(0xffffffffu, bv, off), __shfl_xor_sync(0xffffffffu, bi, off));
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (lane == 0) {
+    red_v[warp] = bv;
+    red_i[warp] = bi;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  bv = red_v[lane];  // kArgmaxThreads == 32 warps: every lane holds one warp's winner
+  bi = red_i[lane];
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off >>= 1)
+    take(__shfl_xor_sync(0xffffffffu, bv, off), __shfl_xor_sync(0xffffffffu, bi, off));
+  if (lane == 0) out[blockIdx.x] = isnan(bv) ? 0 : bi;
+}
+static_assert(kArgmaxThreads == kWarp * kWarp, "argmax_rows_kernel's second level reads one winner per lane");
+
+}  // namespace futransformer::cuda::ops

@@ -135,8 +135,8 @@ __device__ __forceinline__ uint16_t f32_to_f16_bits(float v) { return __half_as_
 __device__ __forceinline__ float f16_bits_to_f32(uint16_t b) { return __half2float(__ushort_as_half(b)); }
 
 // The int4 rule of int4.h with {group 32, asymmetric, F16 scales} (int4_group_params + int4_quantize_value) on
-// the warp's head vector y, written to slot `slot` of part `part`: code row, fp16 scales, u8 zero-points.
-// row: the slot's code row; scales, zeros: the slot's nv groups.
+// the warp's head vector y (nv groups): codes to the slot's code row `row`, fp16 scale bits and u8 zero-points to
+// the slot's `scales` and `zeros` (nv entries each).
 __device__ __forceinline__ void store_int4(const float (&y)[kMaxPerLane], int nv, uint8_t* row, uint16_t* scales,
                                            uint8_t* zeros, int lane) {
 #pragma unroll

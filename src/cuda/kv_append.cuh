@@ -1,0 +1,292 @@
+// Kernels of the KV-cache append (quantise new tokens' K and V into their page slots) and of the int4-hadamard
+// key anchor. Both reproduce the CPU quantiser (src/formats/kv_cache.cpp, hadamard.cpp, int4.cpp, fp8.cpp) bit for
+// bit, so every fp32 operation below is the CPU's operation in the CPU's order, written with the _rn intrinsics:
+// nvcc contracts a multiply followed by an add into one FMA (one rounding instead of two), which the x86 CPU code
+// never does (e.g. the Hadamard scale multiply followed by the anchor subtraction).
+//
+// Register layout: one warp owns one head vector; lane l holds channels c = 32 i + l (i < ceil(head_dim / 32)).
+// Loads are then 64-byte coalesced, an int4 group of 32 channels is register i across the warp (its min/max is
+// one shuffle reduction), and a Hadamard butterfly of stride h < 32 pairs lanes l and l ^ h while a stride 32 m
+// pairs registers i and i ^ m of one lane.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/ptx/cvt.cuh"
+#include "futransformer/cuda/kv_append.h"
+#include "futransformer/formats/kv_cache.h"
+
+namespace futransformer::cuda::kv {
+
+constexpr int kWarp = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kMaxPerLane = kKvAppendMaxHeadDim / kWarp;  // registers per lane for the largest head
+constexpr int kAppendWarps = 4;  // warps per CTA of kv_append_kernel, each one (row, KV head, K or V)
+constexpr int kAnchorWarps = 8;  // warps per CTA of kv_key_anchor_kernel, each rotating one token at a time
+constexpr int kPageTokens = static_cast<int>(formats::kKvPageTokens);
+constexpr int kInt4Group = static_cast<int>(formats::kKvInt4Group);
+constexpr float kInt4Levels = 15.0f;  // int4.cpp: 16 levels, 15 steps
+constexpr float kFp8Max = 448.0f;     // formats::kFp8E4M3Max
+constexpr float kF16Max = 65504.0f;   // kv_key_anchor's saturation bound (largest finite fp16, exact in fp32)
+constexpr uint16_t kF16One = 0x3C00;  // f32_to_f16(1.0f): the unit scale of an all-zero int4 group
+
+static_assert(kInt4Group == kWarp, "an int4 group must be one register across the warp");
+static_assert(kMaxPerLane == 8, "the Hadamard register stages below cover strides 32, 64 and 128");
+static_assert(kAnchorWarps * kWarp >= kKvAppendMaxHeadDim, "kv_key_anchor_kernel sums one channel per thread");
+
+// Byte offsets of one page's regions (formats::KvPageLayout, narrowed: a page is at most 64 KiB here).
+struct PageGeometry {
+  int64_t page_bytes;
+  int32_t code_row_bytes;
+  int32_t groups;
+  int32_t codes[2], scales[2], zeros[2];  // [0] = K, [1] = V
+};
+
+struct AppendArgs {
+  const __nv_bfloat16* qkv;
+  int64_t row_stride;
+  int32_t part_offset[2];  // k_offset, v_offset
+  int32_t rows, n_kv_heads, head_dim;
+  const int32_t* row_page;
+  const int32_t* row_slot;
+  const uint16_t* key_anchors;  // INT4_HADAMARD only
+  const int32_t* row_anchor;    // INT4_HADAMARD only
+  uint8_t* pool;
+  PageGeometry geo;
+  int32_t hadamard_block;  // formats::hadamard_block_for(head_dim) (INT4_HADAMARD)
+  float hadamard_scale;    // formats::hadamard_scale(hadamard_block), computed by the host's own function
+};
+
+struct AnchorArgs {
+  const __nv_bfloat16* qkv;
+  int64_t row_stride;
+  int32_t k_offset, n_kv_heads, head_dim;
+  const int32_t* first_row;
+  const int32_t* row_count;
+  const int32_t* anchor_index;
+  uint16_t* key_anchors;
+  int32_t hadamard_block;
+  float hadamard_scale;
+};
+
+// Lane l's channels 32 i + l of one head vector, widened to fp32 (exact); channels past head_dim read as 0 and
+// are never stored.
+__device__ __forceinline__ void load_head(const __nv_bfloat16* src, int head_dim, int lane, float (&x)[kMaxPerLane]) {
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int c = i * kWarp + lane;
+    x[i] = c < head_dim ? __bfloat162float(src[c]) : 0.0f;
+  }
+}
+
+// hadamard_blocks(x, head_dim, block) over the warp's head vector (head_dim a multiple of 32, block a power of two
+// in 32..128 dividing it), in formats/hadamard.h's order: butterfly strides 1, 2, ..., block / 2, each pair
+// (j, j + h) becoming (a + b, a - b) with a = x[j]; then one multiply by `scale` per element. An fp32 add is
+// commutative, so only the subtraction's operand order has to follow the CPU.
+__device__ __forceinline__ void hadamard_warp(float (&x)[kMaxPerLane], int nv, int block, float scale, int lane) {
+  for (int h = 1; h < kWarp && h < block; h *= 2) {
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      if (i < nv) {  // nv is warp-uniform: every lane takes part in the shuffle
+        const float other = __shfl_xor_sync(kFullMask, x[i], h);
+        // The lane with bit h clear holds x[j] (a), its partner x[j + h] (b).
+        x[i] = (lane & h) ? __fsub_rn(other, x[i]) : __fadd_rn(x[i], other);
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 1; m < kMaxPerLane; m *= 2) {  // stride h = 32 m, inside each lane (compile-time register indices)
+    if (kWarp * m < block) {
+#pragma unroll
+      for (int i = 0; i < kMaxPerLane; ++i) {
+        if ((i & m) == 0 && i < nv) {
+          const float a = x[i], b = x[i | m];
+          x[i] = __fadd_rn(a, b);
+          x[i | m] = __fsub_rn(a, b);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) x[i] = __fmul_rn(x[i], scale);
+}
+
+__device__ __forceinline__ float warp_min(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    const float w = __shfl_xor_sync(kFullMask, v, o);
+    v = w < v ? w : v;
+  }
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    const float w = __shfl_xor_sync(kFullMask, v, o);
+    v = v < w ? w : v;
+  }
+  return v;
+}
+
+__device__ __forceinline__ uint16_t f32_to_f16_bits(float v) { return __half_as_ushort(__float2half_rn(v)); }
+__device__ __forceinline__ float f16_bits_to_f32(uint16_t b) { return __half2float(__ushort_as_half(b)); }
+
+// The int4 rule of int4.h with {group 32, asymmetric, F16 scales} (int4_group_params + int4_quantize_value) on
+// the warp's head vector y (nv groups): codes to the slot's code row `row`, fp16 scale bits and u8 zero-points to
+// the slot's `scales` and `zeros` (nv entries each).
+__device__ __forceinline__ void store_int4(const float (&y)[kMaxPerLane], int nv, uint8_t* row, uint16_t* scales,
+                                           uint8_t* zeros, int lane) {
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    if (i >= nv) continue;  // warp-uniform
+    // The grid always contains 0: lo <= 0 <= hi. (The sign of a zero lo cannot change s or z below.)
+    const float lo = warp_min(y[i] < 0.0f ? y[i] : 0.0f);
+    const float hi = warp_max(0.0f < y[i] ? y[i] : 0.0f);
+    const float s = __fdiv_rn(__fsub_rn(hi, lo), kInt4Levels);
+    uint16_t scale_bits = f32_to_f16_bits(s);
+    float scale = f16_bits_to_f32(scale_bits);
+    if (!(scale > 0.0f)) {  // all-zero group, or a scale that underflows fp16: unit scale, as the CPU
+      scale_bits = kF16One;
+      scale = 1.0f;
+    }
+    const float zf = rintf(__fdiv_rn(-lo, scale));  // rintf: round half to even, as std::nearbyint
+    const int zero = static_cast<int>(fminf(fmaxf(zf, 0.0f), kInt4Levels));
+    const float q = __fadd_rn(rintf(__fdiv_rn(y[i], scale)), static_cast<float>(zero));
+    const uint32_t u = static_cast<uint32_t>(fminf(fmaxf(q, 0.0f), kInt4Levels));
+    // Channel 32 i + l: byte 16 i + l / 2, the even channel in the low nibble.
+    const uint32_t u_odd = __shfl_down_sync(kFullMask, u, 1);
+    if ((lane & 1) == 0) row[i * (kWarp / 2) + lane / 2] = static_cast<uint8_t>(u | (u_odd << 4));
+    if (lane == i) {
+      scales[i] = scale_bits;
+      zeros[i] = static_cast<uint8_t>(zero);
+    }
+  }
+}
+
+// fp8_quantize_per_token on the head vector: scale = amax / 448 (1 when that is 0), code = encode(x / scale).
+__device__ __forceinline__ void store_fp8(const float (&x)[kMaxPerLane], int head_dim, uint8_t* row, float* scale,
+                                          int lane) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const float a = fabsf(x[i]);  // channels past head_dim hold 0
+    amax = amax < a ? a : amax;
+  }
+  amax = warp_max(amax);
+  float s = __fdiv_rn(amax, kFp8Max);
+  if (!(s > 0.0f)) s = 1.0f;
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int c = i * kWarp + lane;
+    // IEEE division, never a reciprocal multiply (fp8.h).
+    if (c < head_dim) row[c] = static_cast<uint8_t>(ptx::cvt_rn_satfinite_e4m3x2_f32(__fdiv_rn(x[i], s), 0.0f));
+  }
+  if (lane == 0) *scale = s;
+}
+
+// BF16: the input is already bf16, and f32_to_bf16 of its (exact) fp32 widening gives the same bits back, except
+// that a signalling NaN comes back quiet (bit 6 set).
+__device__ __forceinline__ void store_bf16(const __nv_bfloat16* src, int head_dim, uint16_t* row, int lane) {
+  for (int c = lane; c < head_dim; c += kWarp) {
+    uint16_t b = __bfloat16_as_ushort(src[c]);
+    if ((b & 0x7fffu) > 0x7f80u) b = static_cast<uint16_t>(b | 0x40u);
+    row[c] = b;
+  }
+}
+
+// One warp per (row, KV head, part); the warp's item index is warp-uniform, so its early returns keep the
+// shuffles of the warps that continue full.
+template <formats::KvFormat F>
+__global__ void __launch_bounds__(kAppendWarps * kWarp) kv_append_kernel(const AppendArgs a) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kAppendWarps + threadIdx.x / kWarp;
+  const int part = static_cast<int>(item % 2);
+  const int64_t row_head = item / 2;
+  if (row_head >= static_cast<int64_t>(a.rows) * a.n_kv_heads) return;
+  const int h = static_cast<int>(row_head % a.n_kv_heads);
+  const int r = static_cast<int>(row_head / a.n_kv_heads);
+  const int page_id = a.row_page[r];
+  const int slot = a.row_slot[r];
+  if (page_id < 0 || slot < 0 || slot >= kPageTokens) return;  // padding row (or a slot no page has)
+  // Select K's or V's fields with a branch, not a runtime array index: indexing a kernel parameter array with a
+  // runtime value makes nvcc copy the whole argument struct to local memory.
+  const bool v = part == 1;
+  const int64_t part_offset = v ? a.part_offset[1] : a.part_offset[0];
+  uint8_t* page = a.pool + (static_cast<int64_t>(page_id) * a.n_kv_heads + h) * a.geo.page_bytes;
+  uint8_t* row = page + (v ? a.geo.codes[1] : a.geo.codes[0]) + slot * a.geo.code_row_bytes;
+  uint8_t* scales = page + (v ? a.geo.scales[1] : a.geo.scales[0]);
+  const __nv_bfloat16* src = a.qkv + r * a.row_stride + part_offset + static_cast<int64_t>(h) * a.head_dim;
+
+  if constexpr (F == formats::KvFormat::BF16) {
+    store_bf16(src, a.head_dim, reinterpret_cast<uint16_t*>(row), lane);
+  } else {
+    float x[kMaxPerLane];
+    load_head(src, a.head_dim, lane, x);
+    if constexpr (F == formats::KvFormat::FP8) {
+      store_fp8(x, a.head_dim, row, reinterpret_cast<float*>(scales) + slot, lane);
+    } else {
+      const int nv = a.head_dim / kWarp;
+      if constexpr (F == formats::KvFormat::INT4_HADAMARD) {
+        hadamard_warp(x, nv, a.hadamard_block, a.hadamard_scale, lane);
+        const int anchor = v ? -1 : a.row_anchor[r];
+        if (anchor >= 0) {
+          const uint16_t* c = a.key_anchors + (static_cast<int64_t>(anchor) * a.n_kv_heads + h) * a.head_dim;
+#pragma unroll
+          for (int i = 0; i < kMaxPerLane; ++i) {
+            if (i < nv) x[i] = __fsub_rn(x[i], f16_bits_to_f32(c[i * kWarp + lane]));
+          }
+        }
+      }
+      uint8_t* zeros = page + (v ? a.geo.zeros[1] : a.geo.zeros[0]) + slot * a.geo.groups;
+      store_int4(x, nv, row, reinterpret_cast<uint16_t*>(scales) + slot * a.geo.groups, zeros, lane);
+    }
+  }
+}
+
+// One CTA per (KV head, sequence). The chunk's tokens go through in tiles of kAnchorWarps: warp w rotates token
+// t0 + w into shared memory, then thread c adds channel c of the tile's tokens to its fp64 sum in token order,
+// which is the CPU's summation order (fp64 addition is not associative, so the order is part of the result).
+__global__ void __launch_bounds__(kAnchorWarps * kWarp) kv_key_anchor_kernel(const AnchorArgs a) {
+  __shared__ float tile[kAnchorWarps][kKvAppendMaxHeadDim];
+  const int h = static_cast<int>(blockIdx.x);
+  const int seq = static_cast<int>(blockIdx.y);
+  const int first = a.first_row[seq];
+  const int count = a.row_count[seq];
+  const int index = a.anchor_index[seq];
+  if (first < 0 || count <= 0 || index < 0) return;  // CTA-uniform: no __syncthreads is skipped by only some
+  const int warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int c = static_cast<int>(threadIdx.x);
+  const int nv = a.head_dim / kWarp;
+  double sum = 0.0;
+  for (int t0 = 0; t0 < count; t0 += kAnchorWarps) {
+    const int t = t0 + warp;
+    if (t < count) {
+      const __nv_bfloat16* src = a.qkv + (static_cast<int64_t>(first) + t) * a.row_stride + a.k_offset +
+                                 static_cast<int64_t>(h) * a.head_dim;
+      float x[kMaxPerLane];
+      load_head(src, a.head_dim, lane, x);
+      hadamard_warp(x, nv, a.hadamard_block, a.hadamard_scale, lane);
+#pragma unroll
+      for (int i = 0; i < kMaxPerLane; ++i) {
+        if (i < nv) tile[warp][i * kWarp + lane] = x[i];
+      }
+    }
+    __syncthreads();
+    if (c < a.head_dim) {
+      const int n = min(kAnchorWarps, count - t0);
+      for (int w = 0; w < n; ++w) sum = __dadd_rn(sum, static_cast<double>(tile[w][c]));
+    }
+    __syncthreads();  // the tile is rewritten by the next iteration
+  }
+  if (c < a.head_dim) {
+    const float mean = __double2float_rn(__ddiv_rn(sum, static_cast<double>(count)));
+    const float clamped = fminf(fmaxf(mean, -kF16Max), kF16Max);
+    a.key_anchors[(static_cast<int64_t>(index) * a.n_kv_heads + h) * a.head_dim + c] = f32_to_f16_bits(clamped);
+  }
+}
+
+}  // namespace futransformer::cuda::kv

@@ -3,7 +3,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -21,17 +20,6 @@ thread_local std::string g_last_error;
 
 bool is_int4(KvFormat f) { return f == KvFormat::INT4 || f == KvFormat::INT4_HADAMARD; }
 
-// CTAs per (sequence, query head). A long sequence alone on the GPU would otherwise stream through one SM, so it
-// is split across up to a cluster's worth of CTAs; once batch · n_heads clusters already fill the machine (about
-// two waves of an H200's 132 SMs), more splits only add empty CTAs. The split is by pages, so a sequence shorter
-// than max_pages_per_seq simply leaves the later ranks without work.
-constexpr int64_t kTargetCtas = 256;
-int choose_splits(int batch, int n_heads, int max_pages_per_seq) {
-  const int64_t heads = int64_t{batch} * n_heads;
-  const int64_t want = (kTargetCtas + heads - 1) / heads;
-  return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(attn_generic::kMaxSplits, max_pages_per_seq)));
-}
-
 }  // namespace
 
 cudaError_t attention_generic_can_implement(KvFormat format, int batch, int n_heads, int n_kv_heads, int head_dim,
@@ -45,17 +33,17 @@ cudaError_t attention_generic_can_implement(KvFormat format, int batch, int n_he
   const int multiple = is_int4(format) ? static_cast<int>(formats::kKvInt4Group) : 8;
   if (head_dim < multiple || head_dim > kAttentionGenericMaxHeadDim || head_dim % multiple != 0)
     return reject(why, "attention_generic: head_dim = " + to_string(head_dim) + " is not supported for " +
-                           formats::kv_format_name(format) + " (expected a multiple of " + to_string(multiple) +
-                           ", " + to_string(multiple) + ".." + to_string(kAttentionGenericMaxHeadDim) + ")");
+                           formats::kv_format_name(format) + " (expected a multiple of " + to_string(multiple) + ", " +
+                           to_string(multiple) + ".." + to_string(kAttentionGenericMaxHeadDim) + ")");
   if (batch < 1 || batch > kAttentionGenericMaxGrid)
-    return reject(why, "attention_generic: batch = " + to_string(batch) + ", expected 1.." +
-                           to_string(kAttentionGenericMaxGrid));
+    return reject(
+        why, "attention_generic: batch = " + to_string(batch) + ", expected 1.." + to_string(kAttentionGenericMaxGrid));
   if (n_kv_heads < 1)
     return reject(why, "attention_generic: n_kv_heads = " + to_string(n_kv_heads) + ", expected at least 1");
   if (n_heads < 1 || n_heads > kAttentionGenericMaxGrid || n_heads % n_kv_heads != 0)
-    return reject(why, "attention_generic: n_heads = " + to_string(n_heads) + " with n_kv_heads = " +
-                           to_string(n_kv_heads) + ", expected a multiple of n_kv_heads in 1.." +
-                           to_string(kAttentionGenericMaxGrid));
+    return reject(why, "attention_generic: n_heads = " + to_string(n_heads) +
+                           " with n_kv_heads = " + to_string(n_kv_heads) +
+                           ", expected a multiple of n_kv_heads in 1.." + to_string(kAttentionGenericMaxGrid));
   const int max_pages = kAttentionGenericMaxTokens / attn_generic::kPageTokens;
   if (max_pages_per_seq < 1 || max_pages_per_seq > max_pages)
     return reject(why, "attention_generic: max_pages_per_seq = " + to_string(max_pages_per_seq) + ", expected 1.." +
@@ -65,12 +53,12 @@ cudaError_t attention_generic_can_implement(KvFormat format, int batch, int n_he
 }
 
 cudaError_t attention_decode_generic(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_pool,
-                                     const int32_t* block_table, const int32_t* seq_lens, __nv_bfloat16* out,
-                                     int batch, int n_heads, int n_kv_heads, int head_dim, int max_pages_per_seq,
+                                     const int32_t* block_table, const int32_t* seq_lens, __nv_bfloat16* out, int batch,
+                                     int n_heads, int n_kv_heads, int head_dim, int max_pages_per_seq,
                                      cudaStream_t stream) {
   g_last_error.clear();
-  if (attention_generic_can_implement(format, batch, n_heads, n_kv_heads, head_dim, max_pages_per_seq,
-                                      &g_last_error) != cudaSuccess)
+  if (attention_generic_can_implement(format, batch, n_heads, n_kv_heads, head_dim, max_pages_per_seq, &g_last_error) !=
+      cudaSuccess)
     return cudaErrorInvalidValue;
   // kv_pool: 16-byte (uint4) code loads; q, out: BF16 elements; block_table, seq_lens: int32 elements.
   if (!q || !kv_pool || !block_table || !seq_lens || !out || !aligned(kv_pool, 16) || !aligned(q, 2) ||
@@ -92,16 +80,16 @@ cudaError_t attention_decode_generic(KvFormat format, const __nv_bfloat16* q, co
   args.head_dim = head_dim;
   args.max_pages = max_pages_per_seq;
   args.page_bytes = L.page_bytes;
-  args.row_bytes = static_cast<int>(L.code_row_bytes);
-  args.groups_per_token = static_cast<int>(L.groups);
-  for (int p = 0; p < 2; ++p) {
-    args.codes[p] = static_cast<int>(L.codes[p]);
-    args.scales[p] = static_cast<int>(L.scales[p]);
-    args.zeros[p] = static_cast<int>(L.zeros[p]);
+  args.geo.row_bytes = static_cast<int>(L.code_row_bytes);
+  args.geo.groups_per_token = static_cast<int>(L.groups);
+  for (int p = 0; p < 2; ++p) {  // page_bytes <= 128 KiB (BF16, head_dim 512): every offset fits an int
+    args.geo.codes[p] = static_cast<int>(L.codes[p]);
+    args.geo.scales[p] = static_cast<int>(L.scales[p]);
+    args.geo.zeros[p] = static_cast<int>(L.zeros[p]);
   }
   args.score_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
 
-  const int splits = choose_splits(batch, n_heads, max_pages_per_seq);
+  const int splits = attn_generic::splits_for(batch, n_heads, max_pages_per_seq);
   if (print_heuristics()) {
     std::fprintf(stderr, "attention_generic: %s head_dim %d, batch %d, heads %d/%d, max_pages %d: %d split(s)\n",
                  formats::kv_format_name(format), head_dim, batch, n_heads, n_kv_heads, max_pages_per_seq, splits);

@@ -22,14 +22,10 @@
 
 #include <cstdint>
 
+#include "cuda/attention_generic_layout.h"
+
 namespace futransformer::cuda::attn_generic {
 
-constexpr int kThreads = 128;
-constexpr int kPageTokens = 64;                           // formats::kKvPageTokens
-constexpr int kLanesPerToken = kThreads / kPageTokens;    // score phase: lanes 2t, 2t + 1 share token t
-constexpr int kChunkBytes = 16;                           // one uint4 load; every code row is a multiple of it
-constexpr int kMaxHeadDim = 512;
-constexpr int kMaxSplits = 8;                             // the portable cluster size
 static_assert(kLanesPerToken == 2, "the score phase joins a token's two lanes with one shfl.xor 1");
 
 struct GenericArgs {
@@ -40,46 +36,24 @@ struct GenericArgs {
   __nv_bfloat16* out;          // [batch, n_heads, head_dim]
   int n_heads, n_kv_heads, gqa, head_dim, max_pages;
   int64_t page_bytes;
-  int row_bytes;               // code bytes per token (formats::KvPageLayout::code_row_bytes)
-  int groups_per_token;        // INT4 scale groups per token (head_dim / 32); 0 for BF16
-  int codes[2], scales[2], zeros[2];  // region offsets inside a page, [0] = K, [1] = V (formats::kv_page_layout)
-  float score_scale;           // 1 / sqrt(head_dim), rounded to fp32 as the CPU twin does
+  PageGeometry geo;
+  float score_scale;  // 1 / sqrt(head_dim), rounded to fp32 as the CPU twin does
 };
 
+// One 16-byte chunk of token `slot`'s K (part 0) or V (part 1) row, decoded to fp32 (attention_generic_layout.h).
+// The pool is 16-byte aligned and every region and row a multiple of 16 bytes, so the uint4 load is aligned.
 template <bool kInt4>
-struct Format {
-  static constexpr int kChunkChannels = kInt4 ? 32 : 8;
-  // The group partials of the final reduction: groups · head_dim floats, groups = min(64, kThreads / chunks),
-  // chunks = head_dim / kChunkChannels, so at most kThreads · kChunkChannels (and 64 · 32 for one INT4 chunk).
-  static constexpr int kReduceFloats = kThreads * kChunkChannels;
-};
-
-// Channels chunk·C .. chunk·C + C − 1 of token `slot`'s K (part 0) or V (part 1) row, decoded to fp32 exactly as
-// formats::kv_decode_token does. BF16: word j holds channel 2j in its low half. INT4: a 16-byte chunk is one
-// scale group; byte j holds channel 2j in its low nibble; value = float(u − z) · s, exact in fp32 (a 5-bit
-// integer times an 11-bit significand), so no rounding or contraction can differ from the CPU.
-template <bool kInt4>
-__device__ __forceinline__ void decode_chunk(const GenericArgs& a, const uint8_t* page, int part, int slot, int chunk,
+__device__ __forceinline__ void decode_chunk(const PageGeometry& g, const uint8_t* page, int part, int slot, int chunk,
                                              float (&x)[Format<kInt4>::kChunkChannels]) {
-  const uint4 w = *reinterpret_cast<const uint4*>(page + a.codes[part] + slot * a.row_bytes + chunk * kChunkBytes);
-  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-  if constexpr (!kInt4) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      x[2 * j] = __uint_as_float(words[j] << 16);
-      x[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
-    }
-  } else {
-    const int g = slot * a.groups_per_token + chunk;
-    const float s = __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(page + a.scales[part] + g * 2)));
-    const int z = page[a.zeros[part] + g];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const uint32_t byte = (words[j / 4] >> (8 * (j % 4))) & 0xffu;
-      x[2 * j] = __fmul_rn(static_cast<float>(static_cast<int>(byte & 0xfu) - z), s);
-      x[2 * j + 1] = __fmul_rn(static_cast<float>(static_cast<int>(byte >> 4) - z), s);
-    }
+  const uint4 v = *reinterpret_cast<const uint4*>(page + chunk_offset(g, part, slot, chunk));
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  float s = 0.0f;
+  int z = 0;
+  if constexpr (kInt4) {
+    s = __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(page + scale_offset(g, part, slot, chunk))));
+    z = page[zero_offset(g, part, slot, chunk)];
   }
+  decode_chunk_words<kInt4>(w, s, z, x);
 }
 
 template <bool kInt4>
@@ -101,17 +75,15 @@ __global__ void __launch_bounds__(kThreads) attention_generic_kernel(const Gener
   const int kv_head = head / a.gqa;
 
   // Lengths beyond the block table are clamped (as the fast kernel does); negative ones count as empty.
-  const int len = min(max(a.seq_lens[b], 0), a.max_pages * kPageTokens);
+  const int len = clamped_len(a.seq_lens[b], a.max_pages);
   const int n_pages = (len + kPageTokens - 1) / kPageTokens;
-  const int per_split = (n_pages + splits - 1) / splits;
-  const int page_begin = min(n_pages, rank * per_split);
-  const int page_end = min(n_pages, page_begin + per_split);
+  const PageRange range = pages_of_rank(n_pages, splits, rank);
 
   const __nv_bfloat16* qh = a.q + (static_cast<int64_t>(b) * a.n_heads + head) * D;
   for (int c = tid; c < D; c += kThreads) q_s[c] = __bfloat162float(qh[c]);
 
   const int chunks = D / C;
-  const int groups = min(kPageTokens, kThreads / chunks);
+  const int groups = pv_groups(chunks);
   const int pv_chunk = tid % chunks, pv_group = tid / chunks;
   const bool pv_active = pv_group < groups;
   const int token = tid / kLanesPerToken, lane_half = tid % kLanesPerToken;
@@ -122,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) attention_generic_kernel(const Gener
   __syncthreads();
 
   const int32_t* bt = a.block_table + static_cast<int64_t>(b) * a.max_pages;
-  for (int pg = page_begin; pg < page_end; ++pg) {
+  for (int pg = range.begin; pg < range.end; ++pg) {
     const uint8_t* page = a.pool + (static_cast<int64_t>(bt[pg]) * a.n_kv_heads + kv_head) * a.page_bytes;
     const int valid = min(kPageTokens, len - pg * kPageTokens);  // >= 1: pg < n_pages
 
@@ -132,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) attention_generic_kernel(const Gener
 #pragma unroll 2
       for (int ch = lane_half; ch < chunks; ch += kLanesPerToken) {
         float x[C];
-        decode_chunk<kInt4>(a, page, 0, token, ch, x);
+        decode_chunk<kInt4>(a.geo, page, 0, token, ch, x);
 #pragma unroll
         for (int k = 0; k < C; ++k) dot = fmaf(x[k], q_s[ch * C + k], dot);
       }
@@ -161,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) attention_generic_kernel(const Gener
 #pragma unroll 2
       for (int i = pv_group; i < valid; i += groups) {
         float x[C];
-        decode_chunk<kInt4>(a, page, 1, i, pv_chunk, x);
+        decode_chunk<kInt4>(a.geo, page, 1, i, pv_chunk, x);
         const float p = p_s[i];
 #pragma unroll
         for (int k = 0; k < C; ++k) acc[k] = fmaf(p, x[k], acc[k]);

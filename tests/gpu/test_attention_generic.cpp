@@ -1,7 +1,7 @@
 // GPU tests of the generic paged decode attention (BF16 / INT4 / INT4-Hadamard caches, any head_dim and GQA
 // ratio) against its CPU twin ref::paged_decode_attention on the same pages, plus host-only checks of the shape
-// contract. Device tests report SKIPPED without an sm_90 device (the kernel merges its splits through a
-// thread-block cluster).
+// contract (tolerances and their derivation: tests/attention_generic_check.h). Device tests report SKIPPED
+// without an sm_90 device (the kernel merges its splits through a thread-block cluster).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_generic_check.h"
 #include "futransformer/cuda/attention_generic.h"
 #include "futransformer/dtype.h"
 #include "gpu_test_util.h"
@@ -22,18 +23,6 @@ using namespace futransformer;
 using formats::KvFormat;
 using test::DeviceBuffer;
 using test::PagedKvCase;
-
-// Tolerances against the CPU twin. The kernel computes in fp32 throughout and rounds once, to BF16, at the
-// output: 8 significant bits, at most 2^-8 relative. The remaining difference is fp32 against fp32 in other
-// orders: each score's dot product errs by at most head_dim · 2^-24 · Σ|q_i k_i| / sqrt(head_dim) in either
-// implementation (≈ 8e-5 at head_dim 256 for these inputs, q ~ 0.5·N(0,1), k ~ N(0,1) with four 4x channels),
-// a logit error δ moves the output by at most about 2δ · Σ_t p_t |v_t| (the twin's abs_out); expf and the
-// summations over up to 1000 tokens add a few 1e-5 of the same scale. Worst case ≈ 2.5e-4 · abs_out; the bound
-// 2^-10 · abs_out keeps a 4x margin and is still 8x tighter than the fast kernel's (which rounds P to BF16).
-// Whole-tensor relative L2: BF16 rounding alone gives about 1.3e-3.
-constexpr double kOutputRel = 1.0 / 256.0;
-constexpr double kFp32Rel = 1.0 / 1024.0;
-constexpr double kRelL2 = 3e-3;
 
 struct Uploaded {
   DeviceBuffer<uint8_t> pool;
@@ -70,23 +59,7 @@ void check_against_twin(KvFormat format, int head_dim, int n_heads, int n_kv, co
                                   << seed);
   std::vector<float> abs_ref;
   const std::vector<float> ref = ref::paged_decode_attention(c.cache(), c.seq_lens, c.q, n_heads, &abs_ref);
-  const std::vector<uint16_t> got = run(c);
-  ASSERT_EQ(got.size(), ref.size());
-  double err2 = 0.0, ref2 = 0.0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double v = bf16_to_f32(got[i]);
-    const size_t seq = i / (static_cast<size_t>(n_heads) * head_dim);
-    ASSERT_FALSE(std::isnan(v)) << "output " << i << " (sequence " << seq << ", head " << i / head_dim % n_heads
-                                << ") not written or NaN";
-    const double bound = kOutputRel * std::fabs(ref[i]) + kFp32Rel * abs_ref[i];
-    ASSERT_LE(std::fabs(v - ref[i]), bound)
-        << "sequence " << seq << " (length " << c.seq_lens[seq] << ") head " << i / head_dim % n_heads << " channel "
-        << i % head_dim << ": got " << v << ", ref " << ref[i] << ", abs_out " << abs_ref[i];
-    err2 += (v - ref[i]) * (v - ref[i]);
-    ref2 += static_cast<double>(ref[i]) * ref[i];
-  }
-  ASSERT_GT(ref2, 0.0);
-  EXPECT_LE(std::sqrt(err2 / ref2), kRelL2);
+  test::expect_close_to_twin(c, run(c), ref, abs_ref);
 }
 
 // Every call carries all the awkward lengths at once: empty, one token, a page minus one, exactly one page, a
@@ -208,8 +181,8 @@ TEST(AttentionGenericGpu, LongContextTakesMilliseconds) {
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
     std::sort(ms.begin(), ms.end());
-    std::printf("attention_generic %s, 32768 tokens, 32/8 heads of 128: median %.3f ms\n",
-                formats::kv_format_name(f), ms[ms.size() / 2]);
+    std::printf("attention_generic %s, 32768 tokens, 32/8 heads of 128: median %.3f ms\n", formats::kv_format_name(f),
+                ms[ms.size() / 2]);
     EXPECT_LT(ms[ms.size() / 2], kBudgetMs) << formats::kv_format_name(f);
   }
 }
@@ -253,8 +226,7 @@ TEST(AttentionGenericHost, CanImplementAcceptsWhatTheFastKernelRejects) {
       EXPECT_EQ(cuda::attention_generic_can_implement(f, 3, 64, 4, hd, 512, &why), cudaSuccess) << why;
     }
   }
-  EXPECT_EQ(cuda::attention_generic_can_implement(KvFormat::BF16, 65535, 65535, 65535, 128, 1 << 24, &why),
-            cudaSuccess)
+  EXPECT_EQ(cuda::attention_generic_can_implement(KvFormat::BF16, 65535, 65535, 65535, 128, 1 << 24, &why), cudaSuccess)
       << why;
   EXPECT_EQ(cuda::attention_generic_can_implement(KvFormat::BF16, 1, 64, 1, 128, 1, &why), cudaSuccess) << why;
   EXPECT_EQ(cuda::attention_generic_can_implement(KvFormat::BF16, 1, 8, 4, 128, 1, nullptr), cudaSuccess);
@@ -266,22 +238,17 @@ TEST(AttentionGenericHost, CanImplementNamesTheProblem) {
     int batch, n_heads, n_kv, hd, max_pages;
     const char* needle;
   };
-  for (const Bad& b : {Bad{KvFormat::FP8, 1, 8, 4, 128, 4, "fp8"},
-                       Bad{KvFormat::BF16, 1, 8, 4, 12, 4, "head_dim = 12"},
-                       Bad{KvFormat::BF16, 1, 8, 4, 0, 4, "head_dim = 0"},
-                       Bad{KvFormat::BF16, 1, 8, 4, 520, 4, "head_dim = 520"},
-                       Bad{KvFormat::INT4, 1, 8, 4, 16, 4, "head_dim = 16"},
-                       Bad{KvFormat::INT4_HADAMARD, 1, 8, 4, 80, 4, "head_dim = 80"},
-                       Bad{KvFormat::INT4, 1, 8, 4, 544, 4, "head_dim = 544"},
-                       Bad{KvFormat::BF16, 0, 8, 4, 64, 4, "batch = 0"},
-                       Bad{KvFormat::BF16, 65536, 8, 4, 64, 4, "batch = 65536"},
-                       Bad{KvFormat::BF16, 1, 8, 0, 64, 4, "n_kv_heads = 0"},
-                       Bad{KvFormat::BF16, 1, 8, -2, 64, 4, "n_kv_heads = -2"},
-                       Bad{KvFormat::BF16, 1, 0, 4, 64, 4, "n_heads = 0"},
-                       Bad{KvFormat::BF16, 1, 6, 4, 64, 4, "n_heads = 6"},
-                       Bad{KvFormat::BF16, 1, 65536, 1, 64, 4, "n_heads = 65536"},
-                       Bad{KvFormat::INT4, 1, 8, 4, 64, 0, "max_pages_per_seq = 0"},
-                       Bad{KvFormat::INT4, 1, 8, 4, 64, (1 << 24) + 1, "max_pages_per_seq = 16777217"}}) {
+  for (const Bad& b :
+       {Bad{KvFormat::FP8, 1, 8, 4, 128, 4, "fp8"}, Bad{KvFormat::BF16, 1, 8, 4, 12, 4, "head_dim = 12"},
+        Bad{KvFormat::BF16, 1, 8, 4, 0, 4, "head_dim = 0"}, Bad{KvFormat::BF16, 1, 8, 4, 520, 4, "head_dim = 520"},
+        Bad{KvFormat::INT4, 1, 8, 4, 16, 4, "head_dim = 16"},
+        Bad{KvFormat::INT4_HADAMARD, 1, 8, 4, 80, 4, "head_dim = 80"},
+        Bad{KvFormat::INT4, 1, 8, 4, 544, 4, "head_dim = 544"}, Bad{KvFormat::BF16, 0, 8, 4, 64, 4, "batch = 0"},
+        Bad{KvFormat::BF16, 65536, 8, 4, 64, 4, "batch = 65536"}, Bad{KvFormat::BF16, 1, 8, 0, 64, 4, "n_kv_heads = 0"},
+        Bad{KvFormat::BF16, 1, 8, -2, 64, 4, "n_kv_heads = -2"}, Bad{KvFormat::BF16, 1, 0, 4, 64, 4, "n_heads = 0"},
+        Bad{KvFormat::BF16, 1, 6, 4, 64, 4, "n_heads = 6"}, Bad{KvFormat::BF16, 1, 65536, 1, 64, 4, "n_heads = 65536"},
+        Bad{KvFormat::INT4, 1, 8, 4, 64, 0, "max_pages_per_seq = 0"},
+        Bad{KvFormat::INT4, 1, 8, 4, 64, (1 << 24) + 1, "max_pages_per_seq = 16777217"}}) {
     std::string why;
     EXPECT_EQ(cuda::attention_generic_can_implement(b.f, b.batch, b.n_heads, b.n_kv, b.hd, b.max_pages, &why),
               cudaErrorInvalidValue)

@@ -31,8 +31,8 @@ struct __nv_bfloat16;  // cuda_bf16.h's type, used through pointers only
 namespace futransformer::cuda {
 
 constexpr int kAttentionGenericMaxHeadDim = 512;
-constexpr int kAttentionGenericMaxGrid = 65535;         // batch and n_heads (grid z and y)
-constexpr int kAttentionGenericMaxTokens = 1 << 30;     // max_pages_per_seq * 64, as ref::paged_decode_attention
+constexpr int kAttentionGenericMaxGrid = 65535;      // batch and n_heads (grid z and y)
+constexpr int kAttentionGenericMaxTokens = 1 << 30;  // max_pages_per_seq * 64, as ref::paged_decode_attention
 
 // cudaSuccess when attention_decode_generic handles the shape: format BF16 (head_dim a multiple of 8, 8..512),
 // INT4 or INT4_HADAMARD (a multiple of 32, 32..512); FP8 is not supported. batch 1..65535, n_kv_heads >= 1,
@@ -46,8 +46,8 @@ cudaError_t attention_generic_can_implement(formats::KvFormat format, int batch,
 // attention_generic_last_error()) for rejected shapes and null or misaligned pointers, before touching the
 // device; otherwise the launch's error, if any.
 cudaError_t attention_decode_generic(formats::KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_pool,
-                                     const int32_t* block_table, const int32_t* seq_lens, __nv_bfloat16* out,
-                                     int batch, int n_heads, int n_kv_heads, int head_dim, int max_pages_per_seq,
+                                     const int32_t* block_table, const int32_t* seq_lens, __nv_bfloat16* out, int batch,
+                                     int n_heads, int n_kv_heads, int head_dim, int max_pages_per_seq,
                                      cudaStream_t stream);
 
 // Why the last attention_decode_generic call on this thread returned cudaErrorInvalidValue ("" after a success).

@@ -168,6 +168,33 @@ TEST(CudaEngine, BatchedSequencesMatchReference) {
   for (size_t i = 0; i < batch.size(); ++i) EXPECT_EQ(ids[i], argmax(lr[i])) << "sequence " << batch[i].seq_id;
 }
 
+// The same prompt as one prefill chunk and token by token gives the same logits on the GPU (the rows of a GEMM do
+// not interact; a BF16 cache holds the same bytes either way).
+TEST(CudaEngine, PromptChunkEqualsTokenByToken) {
+  FT_REQUIRE_HOPPER();
+  const std::string path = test::smollm2_gguf_path();
+  FT_REQUIRE_FILE(path);
+  const Model model = bf16_model(load_model(path));
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer_for_model(model, "");
+  for (const char* recipe : {"full+kv-bf16", "int4-rtn-g64+kv-bf16"}) {
+    SCOPED_TRACE(recipe);
+    quant::QuantizeOptions qo;
+    qo.recipe = PrecisionRecipe::parse(recipe);
+    const quant::QuantizedModel q = quant::quantize_model(model, quant::CalibrationSet{}, qo);
+    std::unique_ptr<CudaEngine> a = make_cuda_engine(q, cuda_engine_options(qo.recipe));
+    std::unique_ptr<CudaEngine> b = make_cuda_engine(q, cuda_engine_options(qo.recipe));
+    const std::vector<int32_t> prompt = encode_prompt(*tok, "The capital of France is");
+    const SequenceChunk whole{0, prompt};
+    const std::vector<float> la = a->forward(std::span(&whole, 1))[0];
+    std::vector<float> lb;
+    for (int32_t t : prompt) {
+      const SequenceChunk one{0, {t}};
+      lb = b->forward(std::span(&one, 1))[0];
+    }
+    EXPECT_LE(rel_l2(la, lb), 1e-3);
+  }
+}
+
 TEST(CudaEngine, AllLogitsMatchReference) {
   FT_REQUIRE_HOPPER();
   const std::string path = test::smollm2_gguf_path();

@@ -138,6 +138,19 @@ TEST(GemmW4A16Gpu, Groups64And32BothScaleTypes) {
   }
 }
 
+// Small-model shapes whose K holds an odd number of groups and whose N is not a multiple of 64 (SmolLM2-135M:
+// fused q|k|v 576→960, o 576→576, gate|up 576→3072, down 1536→576), at the prompt-sized M of a prefill.
+TEST(GemmW4A16Gpu, SmallModelShapesOddGroupCounts) {
+  FT_REQUIRE_CUDA_DEVICE();
+  uint32_t seed = 3000;
+  for (int group : {64, 32}) {
+    for (const NK& s : {NK{960, 576}, NK{576, 576}, NK{3072, 576}, NK{576, 1536}}) {
+      const UploadedWeight uw(random_weight(s.N, s.K, group, ScaleType::F16, ++seed));
+      for (int M : {1, 2, 3, 6, 7, 16, 40, 64}) check_against_twin(uw, M, ++seed);
+    }
+  }
+}
+
 TEST(GemmW4A16Gpu, DeterministicAcrossRuns) {
   FT_REQUIRE_CUDA_DEVICE();
   const UploadedWeight uw(random_weight(4096, 4096, 128, ScaleType::BF16, 77));

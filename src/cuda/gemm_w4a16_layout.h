@@ -187,5 +187,11 @@ FT_HD int swap_c_m(int lane, int e) { return 2 * (lane & 3) + (e & 1); }
 // t' = g / 2 they are the halves g % 2 of its four words (column 8 tile + 2t' + half).
 FT_HD int swap_scale_t(int lane) { return (lane >> 2) >> 1; }
 FT_HD int swap_scale_half(int lane) { return (lane >> 2) & 1; }
+// prmt.b32 selector (second source 0) that turns half `half` of a staged scale pair into what the flush needs:
+// an FP16 half in bits 0..15 with zeros above (then cvt.f32.f16), a BF16 half in bits 16..31 with zeros below
+// (which is its fp32 value).
+FT_HD uint32_t scale_prmt_selector(int half, bool f16) {
+  return f16 ? (half ? 0x4432u : 0x4410u) : (half ? 0x3244u : 0x1044u);
+}
 
 }  // namespace futransformer::cuda::w4a16

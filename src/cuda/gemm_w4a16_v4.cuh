@@ -182,10 +182,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_v
     const uint4 sv = *reinterpret_cast<const uint4*>(s_lane + gl * kScalesPerGroupBlock);
     if constexpr (kSwap) {
       // Tile j of the four 8-column tiles: column 8j + g, the scale of accumulator rows g (e < 2) or g + 8 of
-      // 16-row tile np = j / 2. It is half (g & 1) of word j of vector t' = g / 2; prmt moves an F16 half to
-      // bits 0..15 (then cvt), a BF16 half to bits 16..31 (which is its fp32).
-      const uint32_t half_sel =
-          swap_scale_half(lane) ? (kF16Scales ? 0x4432u : 0x3244u) : (kF16Scales ? 0x4410u : 0x1044u);
+      // 16-row tile np = j / 2. It is half (g & 1) of word j of vector t' = g / 2.
+      const uint32_t half_sel = scale_prmt_selector(swap_scale_half(lane), kF16Scales);
       const float s[kTilesPerBlock] = {scale_from_half<kF16Scales>(sv.x, half_sel),
                                        scale_from_half<kF16Scales>(sv.y, half_sel),
                                        scale_from_half<kF16Scales>(sv.z, half_sel),

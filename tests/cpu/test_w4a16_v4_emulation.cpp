@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "cpu/w4a16_emu.h"
@@ -130,6 +131,35 @@ TEST(W4A16V4Fragments, SwappedAccumulatorAndScaleMaps) {
     }
   }
   for (int s : seen) ASSERT_EQ(s, 1);
+}
+
+// prmt.b32 d, a, b, sel (PTX ISA, default mode): byte i of d is byte (sel >> 4i) & 7 of the 8-byte value {b, a}
+// (a = bytes 0..3); selector bit 3 of each nibble (sign replication) is not used by the kernel.
+uint32_t emu_prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  const uint64_t v = (static_cast<uint64_t>(b) << 32) | a;
+  uint32_t d = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t nib = (sel >> (4 * i)) & 0xF;
+    EXPECT_EQ(nib & 8u, 0u);
+    d |= static_cast<uint32_t>((v >> (8 * (nib & 7))) & 0xFF) << (8 * i);
+  }
+  return d;
+}
+
+TEST(W4A16V4Fragments, ScaleSelectorsGiveTheFp32OfEachHalf) {
+  const uint16_t lo_bf16 = f32_to_bf16(0.0123f), hi_bf16 = f32_to_bf16(-3.5f);
+  const uint16_t lo_f16 = f32_to_f16(0.0234f), hi_f16 = f32_to_f16(-65504.0f);
+  const uint32_t bf_pair = lo_bf16 | (static_cast<uint32_t>(hi_bf16) << 16);
+  const uint32_t f16_pair = lo_f16 | (static_cast<uint32_t>(hi_f16) << 16);
+  auto as_float = [](uint32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  };
+  EXPECT_EQ(as_float(emu_prmt(bf_pair, 0, w4::scale_prmt_selector(0, false))), bf16_to_f32(lo_bf16));
+  EXPECT_EQ(as_float(emu_prmt(bf_pair, 0, w4::scale_prmt_selector(1, false))), bf16_to_f32(hi_bf16));
+  EXPECT_EQ(emu_prmt(f16_pair, 0, w4::scale_prmt_selector(0, true)), lo_f16);
+  EXPECT_EQ(emu_prmt(f16_pair, 0, w4::scale_prmt_selector(1, true)), hi_f16);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -304,10 +334,20 @@ EmuResult emulate_v4(const std::vector<uint16_t>& x, int M, const Int4Weight& w,
           for (int lane = 0; lane < 32; ++lane) {
             if (swap) {
               const int64_t so = w4::s_frag_offset(wn, gl, sgm, w4::swap_scale_t(lane));
+              // As the kernel: word `tile` of the 16-byte vector, the lane's half picked by prmt.
+              const bool f16 = w.spec.scale_type == ScaleType::F16;
+              const uint32_t sel = w4::scale_prmt_selector(w4::swap_scale_half(lane), f16);
               float sc[4];
-              for (int tile = 0; tile < 4; ++tile)
-                sc[tile] = scale_value(s_s[static_cast<size_t>(so + 2 * tile + w4::swap_scale_half(lane))],
-                                       w.spec.scale_type);
+              for (int tile = 0; tile < 4; ++tile) {
+                const uint32_t pair = s_s[static_cast<size_t>(so + 2 * tile)] |
+                                      (static_cast<uint32_t>(s_s[static_cast<size_t>(so + 2 * tile + 1)]) << 16);
+                const uint32_t bits = emu_prmt(pair, 0, sel);
+                if (f16) {
+                  sc[tile] = f16_to_f32(static_cast<uint16_t>(bits));
+                } else {
+                  std::memcpy(&sc[tile], &bits, 4);
+                }
+              }
               for (int np = 0; np < 2; ++np)
                 for (int e = 0; e < 4; ++e) {
                   const float d = part[static_cast<size_t>((np * 32 + lane) * 4 + e)] -

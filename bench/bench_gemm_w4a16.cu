@@ -7,6 +7,10 @@
 // Weights rotate through enough copies (>= 4x the L2) that every launch reads them from DRAM. Effective
 // bandwidth counts the bytes each GEMM must read at least once: INT4 weights + group scales for W4A16,
 // BF16 weights for cuBLASLt (activations and outputs are tiny and left out).
+// Both kernel variants run on every row, on the same tiling (the library's choice for the shape), through the
+// internal per-tiling entry point: v2 (u - 8 operands, one block per iteration) and v4 (128 + u operands with the
+// offset removed per group, swapped MMA roles for M <= 8, two blocks per iteration). The "w4a16" columns and
+// JSON fields are the variant the library runs for that M (FT_W4A16_VARIANT, else v4 for M <= 16).
 // The git commit in the JSON comes from -DFT_GIT_COMMIT=... or the FT_GIT_COMMIT environment variable.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -20,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/gemm_w4a16_internal.h"
 #include "futransformer/cuda/gemm_w4a16.h"
 
 #define FT_BENCH_LAST_ERROR() futransformer::cuda::gemm_w4a16_last_error()
@@ -29,6 +34,7 @@ namespace {
 
 using futransformer::formats::ScaleType;
 using namespace futransformer::bench;
+namespace w4k = futransformer::cuda::w4a16;
 
 constexpr int kGroup = 128;
 constexpr double kNominalTBps = 4.2;  // achievable H200 DRAM bandwidth the targets are stated against
@@ -81,8 +87,11 @@ double time_graph_us(int iters, cudaStream_t stream, F launch) {
 struct Row {
   std::string shape;
   int M, K, N;
-  double w4_us, w4_tbps, bf16_us, bf16_tbps;  // graph timing
+  const char* variant;                        // the one the library runs for this M
+  double w4_us, w4_tbps, bf16_us, bf16_tbps;  // graph timing, library variant
   double w4_launch_us, bf16_launch_us;        // one event pair per launch
+  double v2_us, v4_us, v2_launch_us, v4_launch_us;
+  std::string tiling;
 };
 
 // cuBLASLt y[M, N] = x[M, K] * W[N, K]^T in column-major terms: D (N x M) = op_T(W as K x N) * x (K x M).
@@ -200,11 +209,18 @@ int main(int argc, char** argv) {
     run_probe(stream, iters);
     return 0;
   }
-  std::printf("graph-timed (%d GEMMs per graph); 'launch us' = one event pair per launch\n", kGraphLaunches);
-  std::printf("%-12s %3s %6s %6s | %9s %7s %6s %9s | %9s %7s %9s | %7s\n", "shape", "M", "K", "N", "w4a16 us", "TB/s",
-              "of4.2T", "launch us", "bf16 us", "TB/s", "launch us", "speedup");
+  std::printf("graph-timed (%d GEMMs per graph); 'launch' = one event pair per launch; lib = variant the library "
+              "runs; TB/s and speedup (vs cuBLASLt BF16) for lib\n",
+              kGraphLaunches);
+  std::printf("%-12s %3s %6s %6s | %8s %8s %6s | %8s %8s | %3s %7s %6s | %9s %9s | %7s\n", "shape", "M", "K", "N",
+              "v2 us", "v4 us", "v2/v4", "v2 lnch", "v4 lnch", "lib", "TB/s", "of4.2T", "bf16 us", "bf16 lnch",
+              "speedup");
 
   std::vector<Row> rows;
+  w4k::DeviceLimits limits;  // for the tiling description only
+  limits.sm_count = d.prop.multiProcessorCount;
+  limits.smem_per_sm = static_cast<int64_t>(d.prop.sharedMemPerMultiprocessor);
+  limits.smem_per_block = static_cast<int64_t>(d.prop.sharedMemPerBlockOptin);
   const int max_m = *std::max_element(std::begin(kMs), std::end(kMs));
   for (const Shape& s : kShapes) {
     const size_t w4_bytes = static_cast<size_t>(s.N) * s.K / 2;
@@ -247,27 +263,49 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 16)));
 
     for (int M : kMs) {
-      auto w4_launch = [&](int i) {
-        const int r = i % r4;
-        CHECK_CUDA(futransformer::cuda::gemm_w4a16(
-            x, reinterpret_cast<const uint32_t*>(w4 + r * w4_bytes),
-            reinterpret_cast<const uint16_t*>(reinterpret_cast<uint8_t*>(sc) + r * sc_bytes), y, M, s.N, s.K, kGroup,
-            ScaleType::BF16, ws, ws_bytes, stream));
-      };
-      const double w4_launch_us = time_median_us(iters, stream, w4_launch);
-      const double w4_us = time_graph_us(iters, stream, w4_launch);
+      w4k::Tiling t;
+      CHECK_CUDA(futransformer::cuda::gemm_w4a16_plan(M, s.N, s.K, kGroup, ScaleType::BF16, &t));
+      const w4k::Variant lib = t.variant;
+      double us[2] = {0, 0}, launch_us[2] = {0, 0};
+      for (w4k::Variant v : {w4k::Variant::v2, w4k::Variant::v4}) {
+        t.variant = v;
+        auto w4_launch = [&](int i) {
+          const int r = i % r4;
+          CHECK_CUDA(futransformer::cuda::gemm_w4a16_with_tiling(
+              t, x, reinterpret_cast<const uint32_t*>(w4 + r * w4_bytes),
+              reinterpret_cast<const uint16_t*>(reinterpret_cast<uint8_t*>(sc) + r * sc_bytes), y, M, s.N, s.K,
+              kGroup, ScaleType::BF16, ws, ws_bytes, stream));
+        };
+        const int vi = v == w4k::Variant::v4 ? 1 : 0;
+        launch_us[vi] = time_median_us(iters, stream, w4_launch);
+        us[vi] = time_graph_us(iters, stream, w4_launch);
+      }
+      t.variant = lib;
+      const int li = lib == w4k::Variant::v4 ? 1 : 0;
       LtGemm lg(lt, M, s.N, s.K, lt_ws);
       auto bf_launch = [&](int i) { lg.run(bf + (i % rb) * bf_bytes, x, y, stream); };
       const double bf_launch_us = time_median_us(iters, stream, bf_launch);
       const double bf_us = time_graph_us(iters, stream, bf_launch);
-      Row row{s.name, M,
-              s.K,    s.N,
-              w4_us,  (w4_bytes + sc_bytes) / (w4_us * 1e-6) / 1e12,
-              bf_us,  bf_bytes / (bf_us * 1e-6) / 1e12,
-              w4_launch_us, bf_launch_us};
-      std::printf("%-12s %3d %6d %6d | %9.2f %7.2f %5.0f%% %9.2f | %9.2f %7.2f %9.2f | %6.2fx\n", s.name, M, s.K, s.N,
-                  row.w4_us, row.w4_tbps, 100.0 * row.w4_tbps / kNominalTBps, row.w4_launch_us, row.bf16_us,
-                  row.bf16_tbps, row.bf16_launch_us, row.bf16_us / row.w4_us);
+      Row row{s.name,
+              M,
+              s.K,
+              s.N,
+              li ? "v4" : "v2",
+              us[li],
+              (w4_bytes + sc_bytes) / (us[li] * 1e-6) / 1e12,
+              bf_us,
+              bf_bytes / (bf_us * 1e-6) / 1e12,
+              launch_us[li],
+              bf_launch_us,
+              us[0],
+              us[1],
+              launch_us[0],
+              launch_us[1],
+              w4k::describe_tiling(t, M, s.N, s.K, kGroup, limits)};
+      std::printf("%-12s %3d %6d %6d | %8.2f %8.2f %5.2fx | %8.2f %8.2f | %3s %7.2f %5.0f%% | %9.2f %9.2f | %6.2fx\n",
+                  s.name, M, s.K, s.N, row.v2_us, row.v4_us, row.v2_us / row.v4_us, row.v2_launch_us,
+                  row.v4_launch_us, row.variant, row.w4_tbps, 100.0 * row.w4_tbps / kNominalTBps, row.bf16_us,
+                  row.bf16_launch_us, row.bf16_us / row.w4_us);
       rows.push_back(row);
     }
     CHECK_CUDA(cudaFree(ws));
@@ -290,11 +328,15 @@ int main(int argc, char** argv) {
     const auto row = [&](FILE* f, size_t i) {
       const Row& r = rows[i];
       std::fprintf(f,
-                   "    {\"shape\": \"%s\", \"M\": %d, \"K\": %d, \"N\": %d, \"w4a16_us\": %.3f, \"w4a16_tbps\": %.4f, "
+                   "    {\"shape\": \"%s\", \"M\": %d, \"K\": %d, \"N\": %d, \"variant\": \"%s\", "
+                   "\"w4a16_us\": %.3f, \"w4a16_tbps\": %.4f, "
                    "\"cublaslt_bf16_us\": %.3f, \"cublaslt_bf16_tbps\": %.4f, \"speedup\": %.3f, "
-                   "\"w4a16_launch_us\": %.3f, \"cublaslt_bf16_launch_us\": %.3f}",
-                   r.shape.c_str(), r.M, r.K, r.N, r.w4_us, r.w4_tbps, r.bf16_us, r.bf16_tbps, r.bf16_us / r.w4_us,
-                   r.w4_launch_us, r.bf16_launch_us);
+                   "\"w4a16_launch_us\": %.3f, \"cublaslt_bf16_launch_us\": %.3f, "
+                   "\"v2_us\": %.3f, \"v4_us\": %.3f, \"v2_launch_us\": %.3f, \"v4_launch_us\": %.3f, "
+                   "\"v4_speedup_over_v2\": %.3f, \"tiling\": \"%s\"}",
+                   r.shape.c_str(), r.M, r.K, r.N, r.variant, r.w4_us, r.w4_tbps, r.bf16_us, r.bf16_tbps,
+                   r.bf16_us / r.w4_us, r.w4_launch_us, r.bf16_launch_us, r.v2_us, r.v4_us, r.v2_launch_us,
+                   r.v4_launch_us, r.v2_us / r.v4_us, r.tiling.c_str());
     };
     if (!write_json(args.json_path, "gemm_w4a16", d, sm_mhz_now, copy_tbps, extra, rows.size(), row)) return 1;
   }

@@ -12,6 +12,8 @@
 
 #include "cuda/gemm_w4a16.cuh"
 #include "cuda/gemm_w4a16_heuristics.h"
+#include "cuda/gemm_w4a16_internal.h"
+#include "cuda/gemm_w4a16_v4.cuh"
 #include "cuda/launch_status.h"
 
 namespace futransformer::cuda {
@@ -96,6 +98,15 @@ using KernelFn = void (*)(KernelArgs);
 
 template <bool kF16>
 KernelFn pick_kernel(const Tiling& t) {
+  if (t.variant == w4a16::Variant::v4) {
+    if (t.rows8) return w4a16::gemm_w4a16_v4_kernel<1, true, kF16>;
+    switch (t.m_tiles) {
+      case 1: return w4a16::gemm_w4a16_v4_kernel<1, false, kF16>;
+      case 2: return w4a16::gemm_w4a16_v4_kernel<2, false, kF16>;
+      case 3: return w4a16::gemm_w4a16_v4_kernel<3, false, kF16>;
+      default: return w4a16::gemm_w4a16_v4_kernel<4, false, kF16>;
+    }
+  }
   if (t.rows8) return w4a16::gemm_w4a16_kernel<1, true, kF16>;
   switch (t.m_tiles) {
     case 1: return w4a16::gemm_w4a16_kernel<1, false, kF16>;
@@ -105,8 +116,82 @@ KernelFn pick_kernel(const Tiling& t) {
   }
 }
 
+// FT_W4A16_VARIANT, read once per process: the variant every gemm_w4a16 call runs (a bench or an experiment
+// switches kernels without a rebuild).
+enum class EnvVariant { unset, v2, v4 };
+EnvVariant env_variant() {
+  static const EnvVariant v = [] {
+    const char* e = std::getenv("FT_W4A16_VARIANT");
+    if (e == nullptr || e[0] == '\0') return EnvVariant::unset;
+    const std::string s(e);
+    if (s == "v2") return EnvVariant::v2;
+    if (s == "v4") return EnvVariant::v4;
+    std::fprintf(stderr, "FT_W4A16_VARIANT=%s ignored (expected v2 or v4)\n", e);
+    return EnvVariant::unset;
+  }();
+  return v;
+}
+
+// Pointer checks shared by both entry points.
+cudaError_t check_pointers(const void* x, const void* w_packed, const void* scales, const void* y) {
+  if (!x || !w_packed || !scales || !y || !aligned(x, 16) || !aligned(w_packed, 16) || !aligned(scales, 16) ||
+      !aligned(y, 4)) {
+    return reject(&g_last_error,
+                  "gemm_w4a16: x, w_packed and scales must be non-null and 16-byte aligned, y 4-byte aligned");
+  }
+  return cudaSuccess;
+}
+
+// Launches a tiling that fits the device (smem checked by the callers) after the workspace check.
+cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, const __nv_bfloat16* x,
+                   const uint32_t* w_packed, const uint16_t* scales, __nv_bfloat16* y, int M, int N, int K, int group,
+                   formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const int64_t smem = w4a16::smem_layout(t, K, group).total;
+  if (print_heuristics()) std::fprintf(stderr, "%s\n", w4a16::describe_tiling(t, M, N, K, group, d).c_str());
+  const int64_t need = w4a16::workspace_bytes_for(t, M, N);
+  if (const cudaError_t e = check_workspace("gemm_w4a16", need, workspace, workspace_bytes, &g_last_error);
+      e != cudaSuccess)
+    return e;
+
+  const KernelArgs args{x, reinterpret_cast<const uint4*>(w_packed), scales, y, static_cast<float*>(workspace),
+                        M, N, K, group, t};
+  const KernelFn kernel = scale_type == formats::ScaleType::F16 ? pick_kernel<true>(t) : pick_kernel<false>(t);
+  if (smem > 48 * 1024) {
+    if (const cudaError_t e = allow_smem(reinterpret_cast<const void*>(kernel), dev, d.smem_per_block);
+        e != cudaSuccess)
+      return e;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(N / (w4a16::kBlockN * t.warps_n)), static_cast<unsigned>(t.splits));
+  cfg.blockDim = dim3(w4a16::kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args); e != cudaSuccess) return e;
+  if (t.splits == 1) return cudaSuccess;
+
+  const int64_t count4 = static_cast<int64_t>(M) * N / 4;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t rcfg{};
+  rcfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>((count4 + 255) / 256, int64_t{d.sm_count} * 8)));
+  rcfg.blockDim = dim3(256);
+  rcfg.stream = stream;
+  rcfg.attrs = attr;
+  rcfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_kernel, static_cast<const float4*>(workspace), y, count4,
+                            t.splits);
+}
 
 }  // namespace
+
+w4a16::Variant gemm_w4a16_variant_for(int M) {
+  switch (env_variant()) {
+    case EnvVariant::v2: return w4a16::Variant::v2;
+    case EnvVariant::v4: return w4a16::Variant::v4;
+    default: return w4a16::choose_variant(M);
+  }
+}
 
 cudaError_t gemm_w4a16_can_implement(int M, int N, int K, int group, formats::ScaleType scale_type, std::string* why) {
   using std::to_string;
@@ -149,59 +234,47 @@ size_t gemm_w4a16_workspace_bytes(int M, int N, int K) {
 
 const char* gemm_w4a16_last_error() { return g_last_error.c_str(); }
 
+cudaError_t gemm_w4a16_plan(int M, int N, int K, int group, formats::ScaleType scale_type, Tiling* tiling) {
+  if (gemm_w4a16_can_implement(M, N, K, group, scale_type, nullptr) != cudaSuccess) return cudaErrorInvalidValue;
+  w4a16::DeviceLimits d;
+  if (const cudaError_t e = device_limits(&d); e != cudaSuccess) return e;
+  *tiling = cached_tiling(M, N, K, group, d);
+  tiling->variant = gemm_w4a16_variant_for(M);
+  return cudaSuccess;
+}
+
 cudaError_t gemm_w4a16(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales, __nv_bfloat16* y,
                        int M, int N, int K, int group, formats::ScaleType scale_type, void* workspace,
                        size_t workspace_bytes, cudaStream_t stream) {
   g_last_error.clear();
   if (gemm_w4a16_can_implement(M, N, K, group, scale_type, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
-  if (!x || !w_packed || !scales || !y || !aligned(x, 16) || !aligned(w_packed, 16) || !aligned(scales, 16) ||
-      !aligned(y, 4)) {
-    return reject(&g_last_error,
-                  "gemm_w4a16: x, w_packed and scales must be non-null and 16-byte aligned, y 4-byte aligned");
-  }
+  if (const cudaError_t e = check_pointers(x, w_packed, scales, y); e != cudaSuccess) return e;
   w4a16::DeviceLimits d;
   int dev = 0;
   if (const cudaError_t e = device_limits(&d, &dev); e != cudaSuccess) return e;
-  const Tiling t = cached_tiling(M, N, K, group, d);
+  Tiling t = cached_tiling(M, N, K, group, d);
+  t.variant = gemm_w4a16_variant_for(M);
   const int64_t smem = w4a16::smem_layout(t, K, group).total;
-  if (print_heuristics()) std::fprintf(stderr, "%s\n", w4a16::describe_tiling(t, M, N, K, group, d).c_str());
   if (smem > d.smem_per_block) {
     return reject(&g_last_error, "gemm_w4a16: the chosen tiling needs " + std::to_string(smem) +
                                      " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block));
   }
-  const int64_t need = w4a16::workspace_bytes_for(t, M, N);
-  if (const cudaError_t e = check_workspace("gemm_w4a16", need, workspace, workspace_bytes, &g_last_error);
-      e != cudaSuccess)
-    return e;
+  return launch(t, d, dev, x, w_packed, scales, y, M, N, K, group, scale_type, workspace, workspace_bytes, stream);
+}
 
-  const KernelArgs args{x, reinterpret_cast<const uint4*>(w_packed), scales, y, static_cast<float*>(workspace),
-                        M, N, K, group, t};
-  const KernelFn kernel = scale_type == formats::ScaleType::F16 ? pick_kernel<true>(t) : pick_kernel<false>(t);
-  if (smem > 48 * 1024) {
-    if (const cudaError_t e = allow_smem(reinterpret_cast<const void*>(kernel), dev, d.smem_per_block);
-        e != cudaSuccess)
-      return e;
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(N / (w4a16::kBlockN * t.warps_n)), static_cast<unsigned>(t.splits));
-  cfg.blockDim = dim3(w4a16::kThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args); e != cudaSuccess) return e;
-  if (t.splits == 1) return cudaSuccess;
-
-  const int64_t count4 = static_cast<int64_t>(M) * N / 4;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t rcfg{};
-  rcfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>((count4 + 255) / 256, int64_t{d.sm_count} * 8)));
-  rcfg.blockDim = dim3(256);
-  rcfg.stream = stream;
-  rcfg.attrs = attr;
-  rcfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_kernel, static_cast<const float4*>(workspace), y, count4,
-                            t.splits);
+cudaError_t gemm_w4a16_with_tiling(const Tiling& tiling, const __nv_bfloat16* x, const uint32_t* w_packed,
+                                   const uint16_t* scales, __nv_bfloat16* y, int M, int N, int K, int group,
+                                   formats::ScaleType scale_type, void* workspace, size_t workspace_bytes,
+                                   cudaStream_t stream) {
+  g_last_error.clear();
+  if (gemm_w4a16_can_implement(M, N, K, group, scale_type, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
+  if (const cudaError_t e = check_pointers(x, w_packed, scales, y); e != cudaSuccess) return e;
+  w4a16::DeviceLimits d;
+  int dev = 0;
+  if (const cudaError_t e = device_limits(&d, &dev); e != cudaSuccess) return e;
+  if (!w4a16::tiling_is_valid(tiling, M, N, K, group, d, &g_last_error)) return cudaErrorInvalidValue;
+  return launch(tiling, d, dev, x, w_packed, scales, y, M, N, K, group, scale_type, workspace, workspace_bytes,
+                stream);
 }
 
 }  // namespace futransformer::cuda

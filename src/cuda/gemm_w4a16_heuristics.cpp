@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <string>
 
 namespace futransformer::cuda::w4a16 {
 namespace {
@@ -94,13 +95,40 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d) {
   return best;
 }
 
+Variant choose_variant(int M) { return M <= kV4DefaultMaxM ? Variant::v4 : Variant::v2; }
+
+bool tiling_is_valid(const Tiling& t, int M, int N, int K, int group, const DeviceLimits& d, std::string* why) {
+  auto fail = [&](const std::string& m) {
+    if (why) *why = "gemm_w4a16 tiling: " + m;
+    return false;
+  };
+  using std::to_string;
+  if (t.m_tiles != (M + 15) / 16) return fail("m_tiles = " + to_string(t.m_tiles) + ", expected ceil(M / 16)");
+  if (t.rows != M) return fail("rows = " + to_string(t.rows) + ", expected M = " + to_string(M));
+  if (t.rows8 && M > 8) return fail("rows8 needs M <= 8, M = " + to_string(M));
+  if (t.warps_n != 1 && t.warps_n != 2 && t.warps_n != 4 && t.warps_n != 8)
+    return fail("warps_n = " + to_string(t.warps_n) + ", expected 1, 2, 4 or 8");
+  if (t.warps_n * t.warps_k != kWarps) return fail("warps_n * warps_k must be " + to_string(kWarps));
+  if (N % (kBlockN * t.warps_n) != 0) return fail("N = " + to_string(N) + " is not a multiple of 32 * warps_n");
+  const int64_t groups = K / group;
+  if (t.splits < 1 || t.splits > std::min<int64_t>(groups, kMaxSplits))
+    return fail("splits = " + to_string(t.splits) + ", expected 1 .. min(K / group, " + to_string(kMaxSplits) + ")");
+  const int64_t smem = smem_layout(t, K, group).total;
+  if (smem > d.smem_per_block)
+    return fail("needs " + to_string(smem) + " bytes of shared memory, the device allows " +
+                to_string(d.smem_per_block));
+  if (why) why->clear();
+  return true;
+}
+
 std::string describe_tiling(const Tiling& t, int M, int N, int K, int group, const DeviceLimits& d) {
   const int64_t smem = smem_layout(t, K, group).total;
   char buf[320];
   std::snprintf(buf, sizeof(buf),
-                "gemm_w4a16 M=%d N=%d K=%d group=%d: m_tiles=%d rows8=%d warps_n=%d warps_k=%d splits=%d "
+                "gemm_w4a16 M=%d N=%d K=%d group=%d: %s m_tiles=%d rows8=%d warps_n=%d warps_k=%d splits=%d "
                 "grid=%dx%d smem=%lld B workspace=%lld B (sm=%d)",
-                M, N, K, group, t.m_tiles, t.rows8 ? 1 : 0, t.warps_n, t.warps_k, t.splits,
+                M, N, K, group, t.variant == Variant::v4 ? "v4" : "v2", t.m_tiles, t.rows8 ? 1 : 0, t.warps_n,
+                t.warps_k, t.splits,
                 N / (kBlockN * t.warps_n), t.splits, static_cast<long long>(smem),
                 static_cast<long long>(workspace_bytes_for(t, M, N)), d.sm_count);
   return buf;

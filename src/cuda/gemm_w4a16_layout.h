@@ -100,6 +100,12 @@ FT_HD Range split_range(int64_t total, int64_t parts, int64_t i) {
   return Range{total * i / parts, total * (i + 1) / parts};
 }
 
+// Kernel variant (docs/notes/w4a16-tuning.md). v2: B operand u - 8 (lop3 + sub.bf16x2 per register), one block
+// per loop iteration. v4: B (or A) operand 128 + u straight from the lop3, the offset 136 * sum(x) removed per
+// group in fp32; for M <= 8 weights are the 16 x 16 A operand and activations the n = 8 B operand ("swapped");
+// two blocks per loop iteration. Both read the same packed weights and scales.
+enum class Variant : uint8_t { v2, v4 };
+
 // One launch configuration (chosen by gemm_w4a16_heuristics.cpp).
 struct Tiling {
   int m_tiles = 1;     // 16-row MMA tiles covering M (1..4)
@@ -108,6 +114,7 @@ struct Tiling {
   int warps_n = 8;     // warps side by side along N: a CTA covers 32 * warps_n output columns
   int warps_k = 1;     // warps sharing those columns, each on its own part of the CTA's K slice
   int splits = 1;      // K slices (grid.y); more than one needs the fp32 workspace and the reduce kernel
+  Variant variant = Variant::v2;  // v4 with rows8: the swapped (weights as A) path
 };
 
 // Register cap for __launch_bounds__: decode (one m tile) wants three CTAs per SM for bytes in flight; the
@@ -151,6 +158,40 @@ FT_HD int64_t a_frag_offset(int lane, int mt, int64_t k, int64_t pitch, bool row
 // Element offset in staged scales of lane t's eight scales for warp column wn, slice-local group gl.
 FT_HD int64_t s_frag_offset(int wn, int64_t gl, int64_t slice_groups, int t) {
   return (wn * slice_groups + gl) * kScalesPerGroupBlock + t * 8;
+}
+
+// --- v4 index maps ---------------------------------------------------------------------------------------
+// v4 commits one cp.async group per pair of blocks: the same 16-slot ring holds 8 pairs, 7 in flight (14 blocks,
+// 56 KB per CTA) while the eighth is consumed. Block i of a warp still lives in slot i % kStages.
+constexpr int kPairStages = kStages / 2;
+static_assert(kStages % 2 == 0, "v4 consumes the ring in pairs of blocks");
+
+// Register j (0..3) of the fragment built from one packed word comes from slot v4_slot(swap, j) (shift 4 * slot).
+// Not swapped, j = 0, 1 are the B registers of tile 2np and j = 2, 3 those of tile 2np + 1 (slot order). Swapped,
+// the word (ks, np) is the A fragment of the 16 x 16 weight tile (rows n = 16np .. 16np + 15, k = 16ks ..):
+// A register r holds row g + 8 (r & 1), columns 2t + 8 (r >> 1); slot p holds row 8 (p >> 1) + g, columns
+// 2t + 8 (p & 1), so register r is slot 2 (r & 1) + (r >> 1): {0, 2, 1, 3}.
+FT_HD int v4_slot(bool swap, int j) { return swap ? ((j & 1) << 1) | (j >> 1) : j; }
+
+// Swapped B operand (activations, k x m with m = 8): one ldmatrix.x4 per 32-column block; lane gives the address
+// of row (lane & 7) (clamped to the staged rows), columns 8 (lane >> 3) .. + 7. Register j then holds
+// x[g][8j + 2t, 8j + 2t + 1]: B registers {0, 1} of k16 step 0 and {2, 3} of step 1.
+FT_HD int64_t xb_frag_offset(int lane, int64_t k, int64_t pitch, int rows) {
+  const int r = lane & 7;
+  return (r < rows ? r : rows - 1) * pitch + k + (lane >> 3) * 8;
+}
+// Swapped accumulator element e (0..3) of 16-row tile np: output column n (within the 32-column block) and row m.
+FT_HD int swap_c_n(int lane, int np, int e) { return 16 * np + 8 * (e >> 1) + (lane >> 2); }
+FT_HD int swap_c_m(int lane, int e) { return 2 * (lane & 3) + (e & 1); }
+// Swapped lane g = lane / 4 needs the scales of columns 8 tile + g (tile 0..3): in the packed scale vector of
+// t' = g / 2 they are the halves g % 2 of its four words (column 8 tile + 2t' + half).
+FT_HD int swap_scale_t(int lane) { return (lane >> 2) >> 1; }
+FT_HD int swap_scale_half(int lane) { return (lane >> 2) & 1; }
+// prmt.b32 selector (second source 0) that turns half `half` of a staged scale pair into what the flush needs:
+// an FP16 half in bits 0..15 with zeros above (then cvt.f32.f16), a BF16 half in bits 16..31 with zeros below
+// (which is its fp32 value).
+FT_HD uint32_t scale_prmt_selector(int half, bool f16) {
+  return f16 ? (half ? 0x4432u : 0x4410u) : (half ? 0x3244u : 0x1044u);
 }
 
 }  // namespace futransformer::cuda::w4a16

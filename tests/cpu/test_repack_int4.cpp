@@ -18,6 +18,8 @@
 #include "futransformer/error.h"
 #include "futransformer/formats/int4_mma.h"
 #include "mma_m16n8k16_model.h"
+#include "cpu/w4a16_emu.h"
+#include "w4a16_cases.h"
 
 namespace {
 
@@ -29,75 +31,17 @@ namespace w4 = futransformer::cuda::w4a16;
 
 // --- PTX ISA "Matrix Fragments for mma.m16n8k16" (.bf16): (row, col) of each register half of a lane. ---
 using namespace test::mma;
+using test::w4a16::emu_ldmatrix;
+using test::w4a16::emu_mma;
+using test::w4a16::random_weight;
+using test::w4a16::random_x;
+using test::w4a16::scale_value;
 
 // The kernel's dequant_slot: lop3 (a & b) | c, then a bf16x2 subtract (exact for these small integers).
 uint32_t emu_dequant(uint32_t word, int shift) {
   const uint32_t biased = ((word >> shift) & w4::kMagicMask) | w4::kMagicBias;
   return pack_bf16x2(lo_f(biased) - lo_f(w4::kMagicSub), hi_f(biased) - hi_f(w4::kMagicSub));
 }
-
-// Warp-wide mma.m16n8k16: c[lane] += A * B with A, B gathered from the lanes' registers.
-void emu_mma(float (&c)[32][4], const uint32_t (&a)[32][4], const uint32_t (&b)[32][2]) {
-  float A[16][16], B[16][8];
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int reg = 0; reg < 4; ++reg) {
-      for (int h = 0; h < 2; ++h) {
-        const RC rc = ptx_a(lane, reg, h);
-        A[rc.r][rc.c] = h ? hi_f(a[lane][reg]) : lo_f(a[lane][reg]);
-      }
-    }
-    for (int reg = 0; reg < 2; ++reg) {
-      for (int h = 0; h < 2; ++h) {
-        const RC rc = ptx_b(lane, reg, h);
-        B[rc.r][rc.c] = h ? hi_f(b[lane][reg]) : lo_f(b[lane][reg]);
-      }
-    }
-  }
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int i = 0; i < 4; ++i) {
-      const RC rc = ptx_c(lane, i);
-      float s = 0.0f;
-      for (int k = 0; k < 16; ++k) s += A[rc.r][k] * B[k][rc.c];
-      c[lane][i] += s;
-    }
-  }
-}
-
-// ldmatrix.m8n8.b16 with `nmat` matrices: lane 8j + r gives the (element) address of row r of matrix j; lane l
-// receives row l / 4, columns 2 (l % 4) + {0, 1} of matrix j in register j.
-void emu_ldmatrix(const std::vector<uint16_t>& smem, const int64_t (&addr)[32], int nmat, uint32_t (&out)[32][4]) {
-  for (int j = 0; j < nmat; ++j) {
-    for (int lane = 0; lane < 32; ++lane) {
-      const int64_t base = addr[8 * j + lane / 4] + 2 * (lane % 4);
-      EXPECT_GE(base, 0);
-      EXPECT_LE(base + 1, static_cast<int64_t>(smem.size()) - 1);
-      out[lane][j] =
-          smem[static_cast<size_t>(base)] | (static_cast<uint32_t>(smem[static_cast<size_t>(base + 1)]) << 16);
-    }
-  }
-}
-
-Int4Weight random_weight(int64_t N, int64_t K, int64_t group, ScaleType st, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 0.02f);
-  std::vector<float> w(static_cast<size_t>(N * K));
-  for (float& v : w) v = dist(rng);
-  Int4Spec spec;
-  spec.group_size = group;
-  spec.symmetric = true;
-  spec.scale_type = st;
-  return formats::int4_quantize_rtn(w, N, K, spec, "test.weight");
-}
-
-std::vector<uint16_t> random_x(int64_t M, int64_t K, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<uint16_t> x(static_cast<size_t>(M * K));
-  for (auto& v : x) v = f32_to_bf16(dist(rng));
-  return x;
-}
-
-float scale_value(uint16_t bits, ScaleType st) { return st == ScaleType::F16 ? f16_to_f32(bits) : bf16_to_f32(bits); }
 
 // ---------------------------------------------------------------------------------------------------------
 // 1. Layout: the kernel's view of the repacked words is the PTX B fragment of the canonical weight.

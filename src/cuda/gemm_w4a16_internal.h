@@ -1,0 +1,33 @@
+// Library-internal entry points of the W4A16 GEMM beside the public launcher (futransformer/cuda/gemm_w4a16.h):
+// the GPU tests and the bench use them to run a given kernel variant or tiling, so that one process compares
+// v2 and v4 on the same grid. The engine calls only the public gemm_w4a16.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/gemm_w4a16_heuristics.h"
+#include "futransformer/formats/int4.h"
+
+struct __nv_bfloat16;
+
+namespace futransformer::cuda {
+
+// The variant gemm_w4a16 runs for M rows: FT_W4A16_VARIANT=v2 or v4 when set (read once per process; another
+// value is reported on stderr once and ignored), else w4a16::choose_variant(M).
+w4a16::Variant gemm_w4a16_variant_for(int M);
+
+// The tiling gemm_w4a16 uses for this shape on the current device (variant included). cudaErrorInvalidValue for
+// shapes gemm_w4a16_can_implement rejects.
+cudaError_t gemm_w4a16_plan(int M, int N, int K, int group, formats::ScaleType scale_type, w4a16::Tiling* tiling);
+
+// gemm_w4a16 with an explicit tiling: the same argument checks, plus w4a16::tiling_is_valid and the tiling's
+// workspace (w4a16::workspace_bytes_for); cudaErrorInvalidValue with gemm_w4a16_last_error() otherwise.
+cudaError_t gemm_w4a16_with_tiling(const w4a16::Tiling& tiling, const __nv_bfloat16* x, const uint32_t* w_packed,
+                                   const uint16_t* scales, __nv_bfloat16* y, int M, int N, int K, int group,
+                                   formats::ScaleType scale_type, void* workspace, size_t workspace_bytes,
+                                   cudaStream_t stream);
+
+}  // namespace futransformer::cuda

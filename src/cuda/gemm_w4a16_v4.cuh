@@ -1,0 +1,328 @@
+// W4A16 GEMM, variant v4: the v2 kernel (gemm_w4a16.cuh) with less work per weight byte inside the SM, which is
+// where v2 was limited (docs/notes/w4a16-tuning.md: the packed stream alone reaches 4.3 TB/s, v2 1.2-2.3 TB/s).
+// Same packed weights and scales, same staging, ring, cross-warp and split-K reductions; three changes:
+// 1. No sub.bf16x2: the MMA operand is the exact bf16 integer 128 + u of the lop3 (u - 8 + 136). The offset
+//    136 * sum_k x is removed in fp32 when a group is flushed. That sum comes from the same bf16 activation
+//    registers through one extra mma per k16 step whose other operand is the constant 136 (exact products), into
+//    its own accumulator restarted with the group's partial sums, so it covers exactly the k the partial sums
+//    cover, also for a warp whose range starts or ends inside a group.
+// 2. M <= 8 ("swapped"): the packed word (ks, np) is the A fragment of a 16 x 16 weight tile as it stands (see
+//    v4_slot), activations are the m = 8 B operand: 4 mma per block instead of 8, and no MMA row wasted.
+// 3. Two 512-byte blocks per loop iteration: one commit / wait and one loop test per pair, and two independent
+//    dequant chains for the scheduler.
+#pragma once
+
+#include "cuda/gemm_w4a16.cuh"
+
+namespace futransformer::cuda::w4a16 {
+
+// bf16x2 {128 + u_lo, 128 + u_hi} of slot kShift / 4 of a packed word: (a & b) | c, no subtract.
+template <int kShift>
+__device__ __forceinline__ uint32_t biased_slot(uint32_t word) {
+  return ptx::lop3<0xea>(word >> kShift, kMagicMask, kMagicBias);
+}
+
+// The four registers built from one packed word, in fragment order (v4_slot).
+template <bool kSwap>
+__device__ __forceinline__ void biased_word(uint32_t word, uint32_t* f) {
+  if constexpr (kSwap) {
+    f[0] = biased_slot<0>(word);
+    f[1] = biased_slot<8>(word);
+    f[2] = biased_slot<4>(word);
+    f[3] = biased_slot<12>(word);
+  } else {
+    f[0] = biased_slot<0>(word);
+    f[1] = biased_slot<4>(word);
+    f[2] = biased_slot<8>(word);
+    f[3] = biased_slot<12>(word);
+  }
+}
+
+// One scale as fp32 from half `sel` of a staged scale pair (prmt selectors, see the kernel).
+template <bool kF16Scales>
+__device__ __forceinline__ float scale_from_half(uint32_t pair, uint32_t sel) {
+  if constexpr (kF16Scales) {
+    const uint32_t bits = ptx::prmt(pair, 0u, sel);  // the half in bits 0..15, zeros above
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+  } else {
+    return __uint_as_float(ptx::prmt(pair, 0u, sel));  // the half in bits 16..31, zeros below: its fp32
+  }
+}
+
+template <int kMT, bool kSwap, bool kF16Scales>
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_v4_kernel(const KernelArgs args) {
+  static_assert(kMT >= 1 && kMT <= kMaxMTiles, "m tiles must cover 16..64 rows");
+  static_assert(!kSwap || kMT == 1, "the swapped path serves M <= 8 only");
+  // Accumulator tiles per lane: swapped, two 16 (n) x 8 (m) tiles per block; else kMT x four 16 (m) x 8 (n).
+  constexpr int kAccTiles = kSwap ? 2 : kMT * kTilesPerBlock;
+  constexpr int kCorrTiles = kSwap ? 1 : kMT;
+  ptx::griddepcontrol_launch_dependents();
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Tiling t = args.tiling;
+  const int M = args.M, K = args.K, group = args.group;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wn = warp % t.warps_n, wk = warp / t.warps_n;
+
+  const int group_shift = __ffs(group) - 1;  // group is 32, 64 or 128
+  const int64_t groups = K / group;
+  const Range gr = split_range(groups, t.splits, blockIdx.y);
+  const int64_t sgm = slice_groups_max(groups, t.splits);
+  const int64_t pitch = a_pitch(groups, group, t.splits);
+  const int64_t k0 = gr.begin * group;
+  const int slice_k = static_cast<int>((gr.end - gr.begin) * group);
+  const SmemLayout lay = smem_layout(t, K, group);
+  __nv_bfloat16* a_s = reinterpret_cast<__nv_bfloat16*>(smem);
+  uint16_t* s_s = reinterpret_cast<uint16_t*>(smem + lay.a_bytes);
+  unsigned char* ring = smem + lay.ring_offset;
+
+  // Staging: exactly as v2 (the M activation rows of the slice, the scales of the CTA's blocks).
+  const int rows = t.rows;
+  const int row_chunks = slice_k / 8;
+  for (int c = tid; c < rows * row_chunks; c += kThreads) {
+    const int r = c / row_chunks, cc = c % row_chunks;
+    ptx::cp_async_16(ptx::smem_addr(a_s + r * pitch + cc * 8), args.x + static_cast<int64_t>(r) * K + k0 + cc * 8);
+  }
+  const int64_t nb0 = static_cast<int64_t>(blockIdx.x) * t.warps_n;
+  const int chunks_per_block = static_cast<int>(gr.end - gr.begin) * (kScalesPerGroupBlock / 8);
+  for (int c = tid; c < t.warps_n * chunks_per_block; c += kThreads) {
+    const int b = c / chunks_per_block, cc = c % chunks_per_block;
+    const uint16_t* src = args.scales + packed_scale_index(nb0 + b, gr.begin, groups, 0, 0, 0) + cc * 8;
+    ptx::cp_async_16(ptx::smem_addr(s_s + b * sgm * kScalesPerGroupBlock + cc * 8), src);
+  }
+  ptx::cp_async_commit_group();
+
+  // This warp's blocks: n block nb, k blocks kb0 .. kb0 + n_steps - 1, consumed in pairs (2p, 2p + 1).
+  const int64_t nb = nb0 + wn;
+  const Range steps = split_range(slice_k / kBlockK, t.warps_k, wk);
+  const int n_steps = static_cast<int>(steps.end - steps.begin);
+  const int64_t kb0 = k0 / kBlockK + steps.begin;
+  const uint4* wsrc = args.w + (nb * (K / kBlockK) + kb0) * kWarpSize + lane;
+  const uint32_t ring_lane = ptx::smem_addr(ring + tid * 16);
+#pragma unroll
+  for (int p = 0; p < kPairStages - 1; ++p) {
+    if (2 * p < n_steps) ptx::cp_async_16(ring_lane + 2 * p * kThreads * 16, wsrc + 2 * p * kWarpSize);
+    if (2 * p + 1 < n_steps) ptx::cp_async_16(ring_lane + (2 * p + 1) * kThreads * 16, wsrc + (2 * p + 1) * kWarpSize);
+    ptx::cp_async_commit_group();  // empty groups keep the wait count below uniform
+  }
+  ptx::cp_async_wait_group<kPairStages - 1>();  // the staging group is older than the kPairStages - 1 pairs
+  __syncthreads();
+
+  float acc[kAccTiles][4] = {};
+  float part[kAccTiles][4] = {};   // this group's sums of x * (128 + u), since the last flush
+  float corr[kCorrTiles][4] = {};  // the same k's sums of x * 136
+  // Constant operand 136 (bf16x2), the offset the flush removes: x * 136 is exact like x * (128 + u).
+  const uint32_t k136[4] = {kMagicSub, kMagicSub, kMagicSub, kMagicSub};
+  uint32_t x_lane[kMT];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    const int64_t off = kSwap ? xb_frag_offset(lane, 0, pitch, rows) : a_frag_offset(lane, mt, 0, pitch, false, rows);
+    x_lane[mt] = ptx::smem_addr(a_s) + 2 * static_cast<uint32_t>(off);
+  }
+  // Loop invariants as 32-bit values (registers are the limit at one m tile, see the main loop).
+  const uint16_t* s_lane = s_s + s_frag_offset(wn, 0, sgm, kSwap ? swap_scale_t(lane) : (lane & 3));
+  const int kcol0 = static_cast<int>(kb0) * kBlockK;            // K < 2^18
+  const int group_base = static_cast<int>(gr.begin);
+  const uint32_t k_bytes0 = static_cast<uint32_t>(steps.begin) * kBlockK * 2;
+
+  // MMAs of warp-local block i from its 16 fragment registers f (word w = 2 ks + np gives f[4w .. 4w + 3]).
+  auto mma_block = [&](const uint4& q, int i) {
+    uint32_t f[16];
+    biased_word<kSwap>(q.x, f);
+    biased_word<kSwap>(q.y, f + 4);
+    biased_word<kSwap>(q.z, f + 8);
+    biased_word<kSwap>(q.w, f + 12);
+    const uint32_t k_bytes = k_bytes0 + static_cast<uint32_t>(i) * kBlockK * 2;
+    if constexpr (kSwap) {
+      uint32_t xb[4];
+      ptx::ldmatrix_x4(xb, x_lane[0] + k_bytes);
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        const uint32_t b[2] = {xb[2 * ks], xb[2 * ks + 1]};
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          const uint32_t a[4] = {f[(2 * ks + np) * 4], f[(2 * ks + np) * 4 + 1], f[(2 * ks + np) * 4 + 2],
+                                 f[(2 * ks + np) * 4 + 3]};
+          ptx::mma_m16n8k16_bf16(part[np], a, b);
+        }
+        ptx::mma_m16n8k16_bf16(corr[0], k136, b);
+      }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        uint32_t a[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) ptx::ldmatrix_x4(a[mt], x_lane[mt] + k_bytes + ks * 32);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          const uint32_t b136[2] = {kMagicSub, kMagicSub};
+          ptx::mma_m16n8k16_bf16(corr[mt], a[mt], b136);
+        }
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          const uint32_t* w = f + (2 * ks + np) * 4;
+          const uint32_t b_lo[2] = {w[0], w[1]};  // tile 2np
+          const uint32_t b_hi[2] = {w[2], w[3]};  // tile 2np + 1
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            ptx::mma_m16n8k16_bf16(part[mt * kTilesPerBlock + np * 2], a[mt], b_lo);
+            ptx::mma_m16n8k16_bf16(part[mt * kTilesPerBlock + np * 2 + 1], a[mt], b_hi);
+          }
+        }
+      }
+    }
+  };
+
+  // After warp-local block i: when its group ends (a group never straddles a block) or the warp's range ends,
+  // acc += scale * (part - corr) in fp32 and restart part and corr.
+  auto flush_after = [&](int i) {
+    const int kcol = kcol0 + i * kBlockK;
+    if (((kcol + kBlockK) & (group - 1)) != 0 && i != n_steps - 1) return;
+    const int gl = (kcol >> group_shift) - group_base;
+    const uint4 sv = *reinterpret_cast<const uint4*>(s_lane + gl * kScalesPerGroupBlock);
+    if constexpr (kSwap) {
+      // Tile j of the four 8-column tiles: column 8j + g, the scale of accumulator rows g (e < 2) or g + 8 of
+      // 16-row tile np = j / 2. It is half (g & 1) of word j of vector t' = g / 2.
+      const uint32_t half_sel = scale_prmt_selector(swap_scale_half(lane), kF16Scales);
+      const float s[kTilesPerBlock] = {scale_from_half<kF16Scales>(sv.x, half_sel),
+                                       scale_from_half<kF16Scales>(sv.y, half_sel),
+                                       scale_from_half<kF16Scales>(sv.z, half_sel),
+                                       scale_from_half<kF16Scales>(sv.w, half_sel)};
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          acc[np][e] = fmaf(part[np][e] - corr[0][e], s[2 * np + (e >> 1)], acc[np][e]);
+          part[np][e] = 0.0f;
+        }
+      }
+    } else {
+      const float2 s[kTilesPerBlock] = {unpack_scales<kF16Scales>(sv.x), unpack_scales<kF16Scales>(sv.y),
+                                        unpack_scales<kF16Scales>(sv.z), unpack_scales<kF16Scales>(sv.w)};
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int tile = 0; tile < kTilesPerBlock; ++tile) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float& p = part[mt * kTilesPerBlock + tile][e];
+            acc[mt * kTilesPerBlock + tile][e] =
+                fmaf(p - corr[mt][e], (e & 1) ? s[tile].y : s[tile].x, acc[mt * kTilesPerBlock + tile][e]);
+            p = 0.0f;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kCorrTiles; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) corr[c][e] = 0.0f;
+  };
+
+  // Block `fetch` (even) and fetch + 1 go to ring slots fetch % kStages and the next one; wnext points at block
+  // fetch of this lane. Unsigned masks, running pointers: the issue slots this loop spends on addresses are
+  // instructions the weight stream cannot use (docs/notes/w4a16-tuning.md).
+  int fetch = 2 * (kPairStages - 1);
+  const uint4* wnext = wsrc + fetch * kWarpSize;
+  for (int i0 = 0; i0 < n_steps; i0 += 2) {
+    const uint32_t fetch_slot = ring_lane + (static_cast<uint32_t>(fetch) & (kStages - 1)) * (kThreads * 16);
+    if (fetch < n_steps) ptx::cp_async_16(fetch_slot, wnext);
+    if (fetch + 1 < n_steps) ptx::cp_async_16(fetch_slot + kThreads * 16, wnext + kWarpSize);
+    ptx::cp_async_commit_group();
+    fetch += 2;
+    wnext += 2 * kWarpSize;
+    ptx::cp_async_wait_group<kPairStages - 1>();  // this thread's copies of blocks i0, i0 + 1 have landed
+    const bool has1 = i0 + 1 < n_steps;  // warp-uniform: only a warp's last pair can be a single block
+    const unsigned char* slot0 = ring + ((static_cast<uint32_t>(i0) & (kStages - 1)) * kThreads + tid) * 16;
+    const uint4 q0 = *reinterpret_cast<const uint4*>(slot0);
+    if constexpr (kSwap) {
+      // Both loads up front (the swapped path has registers to spare). Without a second block the slot holds
+      // an older block or was never written: its value is loaded but not used.
+      const uint4 q1 = *reinterpret_cast<const uint4*>(slot0 + kThreads * 16);
+      mma_block(q0, i0);
+      flush_after(i0);
+      if (has1) {
+        mma_block(q1, i0 + 1);
+        flush_after(i0 + 1);
+      }
+    } else {
+      // Second load after the first block: four registers fewer, which keeps one m tile within the 80 registers
+      // of three CTAs per SM.
+      mma_block(q0, i0);
+      flush_after(i0);
+      if (has1) {
+        mma_block(*reinterpret_cast<const uint4*>(slot0 + kThreads * 16), i0 + 1);
+        flush_after(i0 + 1);
+      }
+    }
+  }
+  ptx::cp_async_wait_group<0>();  // only empty groups can be left; leave none behind
+
+  if (t.warps_k > 1) {
+    // Warps wk > 0 hand their sums to warp wk == 0 of the same columns, which adds them in wk order.
+    constexpr int kAcc = kAccTiles * 4;
+    float* red = reinterpret_cast<float*>(smem);
+    static_assert(kAcc <= kMT * 16, "smem_layout sizes the reduction buffer for m_tiles * 16 floats per lane");
+    __syncthreads();  // every warp is done with the staged activations and scales that red overlaps
+    if (wk > 0) {
+#pragma unroll
+      for (int j = 0; j < kAccTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) red[(warp * kAcc + j * 4 + e) * kWarpSize + lane] = acc[j][e];
+    }
+    __syncthreads();
+    if (wk == 0) {
+      for (int w2 = 1; w2 < t.warps_k; ++w2) {
+        const float* src = red + (w2 * t.warps_n + wn) * kAcc * kWarpSize + lane;
+#pragma unroll
+        for (int j = 0; j < kAccTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[j][e] += src[(j * 4 + e) * kWarpSize];
+      }
+    }
+  }
+  if (wk != 0) return;
+
+  const int N = args.N;
+  if constexpr (kSwap) {
+    // Accumulator (np, e) is y[m][n]: m = 2t + (e & 1), n = 16np + 8 (e >> 1) + g; single 2-byte stores (the
+    // output is M x N with M <= 8: a few KB).
+#pragma unroll
+    for (int np = 0; np < 2; ++np) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = swap_c_m(lane, e);
+        if (m >= M) continue;
+        const int64_t n = nb * kBlockN + swap_c_n(lane, np, e);
+        if (t.splits == 1) {
+          args.y[static_cast<int64_t>(m) * N + n] = __float2bfloat16_rn(acc[np][e]);
+        } else {
+          args.partial[(static_cast<int64_t>(blockIdx.y) * M + m) * N + n] = acc[np][e];
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int tile = 0; tile < kTilesPerBlock; ++tile) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = mt * 16 + c_frag_row(lane, 2 * r);
+          if (row >= M) continue;
+          const int64_t col = nb * kBlockN + tile * 8 + c_frag_col(lane, 0);
+          const float lo = acc[mt * kTilesPerBlock + tile][2 * r], hi = acc[mt * kTilesPerBlock + tile][2 * r + 1];
+          if (t.splits == 1) {
+            *reinterpret_cast<__nv_bfloat162*>(args.y + static_cast<int64_t>(row) * N + col) =
+                __floats2bfloat162_rn(lo, hi);
+          } else {
+            *reinterpret_cast<float2*>(args.partial + (static_cast<int64_t>(blockIdx.y) * M + row) * N + col) =
+                make_float2(lo, hi);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace futransformer::cuda::w4a16

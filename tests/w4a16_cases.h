@@ -1,0 +1,127 @@
+// Shared by the CPU emulation (tests/cpu/test_w4a16_v4_emulation.cpp) and the GPU tests
+// (tests/gpu/test_gemm_w4a16.cpp) of the W4A16 GEMM: random inputs, the scale of each output's rounding errors,
+// the tolerances derived from the number formats, and a table of explicit tilings that reach the awkward paths
+// (warp ranges starting inside a group, single-block last pairs, idle warps, ring wrap-around, split-K).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "cuda/gemm_w4a16_layout.h"
+#include "futransformer/dtype.h"
+#include "futransformer/formats/int4.h"
+
+namespace futransformer::test::w4a16 {
+
+namespace w4 = futransformer::cuda::w4a16;
+
+// y is rounded once to BF16: at most 2^-8 relative.
+constexpr double kBf16Rounding = 1.0 / 256.0;
+// fp32 accumulation with exact products: per mma the hardware sum errs by at most 2^-22 of the magnitudes it adds
+// (truncating alignment and normalisation); over K <= 16384 (1024 k16 steps), group flushes and warp/split sums
+// this stays below 2^-12 of sum |x w| even added linearly. (v2 and v4.)
+constexpr double kAccumulationRel = 1.0 / 4096.0;
+// v4 only: per group it accumulates x (128 + u) and x 136 (each at most 143 |x|) in two fp32 chains of at most
+// group / 16 <= 8 mma and subtracts them at the flush. With the same per-mma model a chain errs by at most
+// 2^-22 (8 + 1) 143 sum_g |x|, both together by 2^-10.7 sum_g |x|; scaled by s_g and summed over the groups:
+// at most 2^-10 of offset_dot = sum_k s(k) |x_k|. (sum |x w| is about 2 to 3 times offset_dot for RTN weights,
+// so this roughly doubles the accumulation term; the BF16 output rounding still dominates on typical data.)
+constexpr double kOffsetRel = 1.0 / 1024.0;
+// Whole-tensor relative L2 error; BF16 output rounding alone gives about 2e-3.
+constexpr double kRelL2Tol = 1e-2;
+
+inline formats::Int4Weight random_weight(int64_t N, int64_t K, int64_t group, formats::ScaleType st, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  std::vector<float> w(static_cast<size_t>(N * K));
+  for (float& v : w) v = dist(rng);
+  formats::Int4Spec spec;
+  spec.group_size = group;
+  spec.symmetric = true;
+  spec.scale_type = st;
+  return formats::int4_quantize_rtn(w, N, K, spec, "test.weight");
+}
+
+inline std::vector<uint16_t> random_x(int64_t M, int64_t K, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<uint16_t> x(static_cast<size_t>(M * K));
+  for (auto& v : x) v = f32_to_bf16(dist(rng));
+  return x;
+}
+
+inline float scale_value(uint16_t bits, formats::ScaleType st) {
+  return st == formats::ScaleType::F16 ? f16_to_f32(bits) : bf16_to_f32(bits);
+}
+
+// offset_dot[m * N + n] = sum_k |x[m, k]| * |scale(n, k / group)|: the scale of v4's offset-cancellation error.
+inline std::vector<double> offset_dot(const std::vector<uint16_t>& x, int64_t M, const formats::Int4Weight& w) {
+  const int64_t N = w.rows, K = w.cols, groups = K / w.group;
+  std::vector<double> xg(static_cast<size_t>(M * groups), 0.0);  // sum of |x| per (row, group)
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k)
+      xg[static_cast<size_t>(m * groups + k / w.group)] += std::fabs(bf16_to_f32(x[static_cast<size_t>(m * K + k)]));
+  std::vector<double> out(static_cast<size_t>(M * N), 0.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0.0;
+      for (int64_t g = 0; g < groups; ++g)
+        s += xg[static_cast<size_t>(m * groups + g)] *
+             std::fabs(scale_value(w.scales[static_cast<size_t>(n * groups + g)], w.spec.scale_type));
+      out[static_cast<size_t>(m * N + n)] = s;
+    }
+  return out;
+}
+
+// Per-element bound of |y - ref| for a variant.
+inline double error_bound(w4::Variant v, double ref, double abs_dot, double off_dot) {
+  return kBf16Rounding * std::fabs(ref) + kAccumulationRel * abs_dot + (v == w4::Variant::v4 ? kOffsetRel * off_dot : 0);
+}
+
+struct TilingCase {
+  int M, N, K, group;
+  formats::ScaleType st;
+  w4::Tiling t;
+  const char* why;
+};
+
+inline w4::Tiling make_tiling(int M, int warps_n, int splits, bool rows8) {
+  w4::Tiling t;
+  t.m_tiles = (M + 15) / 16;
+  t.rows8 = rows8;
+  t.rows = M;
+  t.warps_n = warps_n;
+  t.warps_k = w4::kWarps / warps_n;
+  t.splits = splits;
+  return t;
+}
+
+// Explicit tilings (variant left at v2; callers set it). rows8 = M <= 8 unless the case says otherwise.
+inline std::vector<TilingCase> tiling_cases() {
+  using formats::ScaleType;
+  auto c = [](int M, int N, int K, int group, ScaleType st, int warps_n, int splits, const char* why,
+              bool rows8 = true) {
+    return TilingCase{M, N, K, group, st, make_tiling(M, warps_n, splits, rows8 && M <= 8), why};
+  };
+  return {
+      c(1, 256, 256, 128, ScaleType::BF16, 8, 1, "decode: 8-row / swapped path, one slice"),
+      c(5, 256, 640, 128, ScaleType::F16, 8, 3, "uneven split-K slices (5 groups / 3)"),
+      c(8, 128, 640, 64, ScaleType::BF16, 4, 2, "warps_k = 2, 5 blocks each: odd pairs, warp 1 starts mid-group"),
+      c(3, 64, 640, 32, ScaleType::F16, 2, 3, "warps_k = 4, group 32 flushes every block"),
+      c(2, 32, 384, 128, ScaleType::BF16, 1, 2, "warps_k = 8 over 4 and 8 blocks: idle and one-block warps"),
+      c(7, 32, 128, 128, ScaleType::BF16, 1, 1, "more K warps than blocks"),
+      c(1, 256, 1120, 32, ScaleType::BF16, 8, 1, "35 blocks per warp: ring wrap-around, single last block"),
+      c(4, 256, 2176, 64, ScaleType::F16, 8, 1, "68 blocks per warp, FP16 scales"),
+      c(6, 64, 1408, 128, ScaleType::BF16, 2, 1, "11 blocks per warp (44 / 4): ranges start inside groups"),
+      c(3, 64, 256, 128, ScaleType::BF16, 2, 1, "M <= 8 through the 16-row path (rows8 off)", false),
+      c(9, 64, 256, 64, ScaleType::BF16, 2, 1, "one m tile, rows 9..15 clamped"),
+      c(16, 32, 384, 128, ScaleType::BF16, 1, 2, "warps_k = 8, some warps with one block"),
+      c(17, 64, 256, 64, ScaleType::BF16, 2, 1, "two m tiles, rows 17..31 clamped to row 16"),
+      c(33, 128, 256, 128, ScaleType::F16, 4, 2, "three m tiles"),
+      c(64, 256, 512, 32, ScaleType::BF16, 8, 4, "four m tiles, group 32"),
+  };
+}
+
+}  // namespace futransformer::test::w4a16

@@ -50,7 +50,9 @@ void print_quantization(const quant::QuantizedModel& q) {
   std::printf("recipe:                   %s\n", q.recipe.name().c_str());
   if (j.contains("weights")) std::printf("weights:                  %s\n", j["weights"].dump().c_str());
   std::printf("activations / KV cache:   %s / %s\n",
-              q.recipe.activations == ActivationFormat::Fp8PerToken ? "fp8 per token" : "fp32",
+              q.recipe.activations == ActivationFormat::Fp8PerToken ? "fp8 per token"
+              : q.recipe.activations == ActivationFormat::Bf16     ? "bf16"
+                                                                   : "fp32",
               q.recipe.kv ? formats::kv_format_name(*q.recipe.kv) : "fp32");
   const auto gptq = j.find("gptq");
   if (gptq != j.end() && gptq->is_object()) {

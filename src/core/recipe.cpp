@@ -15,7 +15,7 @@ constexpr const char* kWeightChoices = "full, fp8, int4-rtn-g<G>, int4-gptq-g<G>
 constexpr const char* kGroupChoices = "g32, g64, g128 or gch (per-channel)";
 constexpr const char* kPartChoices =
     "weights: full | fp8 | int4-rtn-g<G>[-asym][-bf16] | int4-gptq-g<G>[-asym][-bf16] (G: 32, 64, 128, ch); "
-    "activations: act-fp8; KV cache: kv-bf16 | kv-fp8 | kv-int4 | kv-int4-hadamard";
+    "activations: act-fp8 | act-bf16; KV cache: kv-bf16 | kv-fp8 | kv-int4 | kv-int4-hadamard";
 
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
@@ -81,6 +81,7 @@ std::string PrecisionRecipe::name() const {
     if (int4.scale_type == formats::ScaleType::BF16) s += "-bf16";
   }
   if (activations == ActivationFormat::Fp8PerToken) s += "+act-fp8";
+  if (activations == ActivationFormat::Bf16) s += "+act-bf16";
   if (kv) s += std::string("+kv-") + formats::kv_format_name(*kv);
   return s;
 }
@@ -116,6 +117,9 @@ PrecisionRecipe PrecisionRecipe::parse(std::string_view text) {
     } else if (part == "act-fp8") {
       once(act_part, "activation");
       r.activations = ActivationFormat::Fp8PerToken;
+    } else if (part == "act-bf16") {
+      once(act_part, "activation");
+      r.activations = ActivationFormat::Bf16;
     } else if (starts_with(part, "kv-")) {
       once(kv_part, "KV-cache");
       try {

@@ -68,7 +68,9 @@ json base_recipe_json(const Model& model, const QuantizeOptions& o) {
       {"version", 1},
       {"recipe", r.name()},
       {"weights", w},
-      {"activations", r.activations == ActivationFormat::Fp8PerToken ? "fp8-e4m3-per-token" : "fp32"},
+      {"activations", r.activations == ActivationFormat::Fp8PerToken ? "fp8-e4m3-per-token"
+                     : r.activations == ActivationFormat::Bf16      ? "bf16"
+                                                                    : "fp32"},
       {"kv_cache", r.kv ? formats::kv_format_name(*r.kv) : "fp32"},
       {"source", {{"path", model.source}, {"format", model.format}}},
       {"quantised_tensors", "every model.layers.{i}.self_attn.{q,k,v,o}_proj.weight and mlp.{gate,up,down}_proj.weight"},

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 
+#include "futransformer/dtype.h"
 #include "futransformer/error.h"
 #include "futransformer/formats/fp8.h"
 #include "ref/ops.h"
@@ -47,6 +48,16 @@ std::span<const Projection> projections_of(ProjectionInput g) {
   return {};
 }
 
+namespace {
+
+void bf16_round(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+}
+
+void bf16_round_rows(float* x, int64_t rows, int64_t cols) { bf16_round(x, rows * cols); }
+
+}  // namespace
+
 void fp8_round_rows(float* x, int64_t rows, int64_t cols) {
   const formats::Fp8Matrix q =
       formats::fp8_quantize_per_token(std::span<const float>(x, static_cast<size_t>(rows * cols)), rows, cols,
@@ -80,6 +91,7 @@ RefModel::RefModel(const Model& model, const RefModelOptions& options) : config_
     for (int j = 0; j < kNumProjections; ++j) {
       l.proj[j] = RefLinear::from_tensor(model.get(projection_tensor_name(i, static_cast<Projection>(j))));
       if (options_.activations == ActivationFormat::Fp8PerToken) l.proj[j].set_input_quantizer(fp8_round_rows);
+      if (options_.activations == ActivationFormat::Bf16) l.proj[j].set_input_quantizer(bf16_round_rows);
     }
     layers_.push_back(std::move(l));
   }
@@ -112,6 +124,7 @@ void RefModel::set_projection_weights(int64_t layer, Projection p, std::vector<f
   RefLinear replaced(l.name(), l.out_features(), l.in_features(),
                      std::make_shared<const std::vector<float>>(std::move(weights)));
   if (options_.activations == ActivationFormat::Fp8PerToken) replaced.set_input_quantizer(fp8_round_rows);
+  if (options_.activations == ActivationFormat::Bf16) replaced.set_input_quantizer(bf16_round_rows);
   l = std::move(replaced);
 }
 
@@ -157,6 +170,11 @@ void RefModel::run_layer(int64_t index, float* x, int64_t rows, std::span<const 
     if (hook) hook(index, g, in, rows, cols);
   };
   auto proj = [&](Projection p) -> const RefLinear& { return l.proj[idx(p)]; };
+  // act-bf16: the GPU's GEMMs write BF16 and RoPE rounds q and k again (inputs are rounded by the quantiser).
+  const bool bf16 = options_.activations == ActivationFormat::Bf16;
+  auto round_out = [&](std::vector<float>& v) {
+    if (bf16) bf16_round(v.data(), static_cast<int64_t>(v.size()));
+  };
 
   std::vector<float> xn(static_cast<size_t>(rows * h));
   for (int64_t r = 0; r < rows; ++r) rmsnorm(&x[r * h], l.attn_norm.data(), &xn[r * h], h, eps);
@@ -166,6 +184,9 @@ void RefModel::run_layer(int64_t index, float* x, int64_t rows, std::span<const 
   proj(Projection::Q).forward(xn.data(), rows, q.data());
   proj(Projection::K).forward(xn.data(), rows, k.data());
   proj(Projection::V).forward(xn.data(), rows, v.data());
+  round_out(q);
+  round_out(k);
+  round_out(v);
 
   for (const SequenceRows& s : seqs) {
     for (int64_t i = 0; i < s.count; ++i) {
@@ -173,14 +194,17 @@ void RefModel::run_layer(int64_t index, float* x, int64_t rows, std::span<const 
       apply_rope(&q[r * qw], nh, hd, s.first_pos + i, inv_freq_.data());
       apply_rope(&k[r * kvw], nkv, hd, s.first_pos + i, inv_freq_.data());
     }
-    s.kv->append(&k[s.first_row * kvw], &v[s.first_row * kvw], s.count);
   }
+  round_out(q);
+  round_out(k);
+  for (const SequenceRows& s : seqs) s.kv->append(&k[s.first_row * kvw], &v[s.first_row * kvw], s.count);
   std::vector<float> att(static_cast<size_t>(rows * qw));
   attend(q.data(), qw, seqs, att.data());
 
   observe(ProjectionInput::O, att.data(), qw);
   std::vector<float> delta(static_cast<size_t>(rows * h));
   proj(Projection::O).forward(att.data(), rows, delta.data());
+  round_out(delta);
   for (int64_t i = 0; i < rows * h; ++i) x[i] += delta[static_cast<size_t>(i)];
 
   for (int64_t r = 0; r < rows; ++r) rmsnorm(&x[r * h], l.mlp_norm.data(), &xn[r * h], h, eps);
@@ -188,9 +212,12 @@ void RefModel::run_layer(int64_t index, float* x, int64_t rows, std::span<const 
   std::vector<float> gate(static_cast<size_t>(rows * inter)), up(static_cast<size_t>(rows * inter));
   proj(Projection::Gate).forward(xn.data(), rows, gate.data());
   proj(Projection::Up).forward(xn.data(), rows, up.data());
+  round_out(gate);
+  round_out(up);
   swiglu(gate.data(), up.data(), gate.data(), rows * inter);
   observe(ProjectionInput::Down, gate.data(), inter);
   proj(Projection::Down).forward(gate.data(), rows, delta.data());
+  round_out(delta);
   for (int64_t i = 0; i < rows * h; ++i) x[i] += delta[static_cast<size_t>(i)];
 }
 
@@ -199,6 +226,7 @@ void RefModel::final_logits(const float* x, int64_t rows, float* logits) const {
   const float eps = static_cast<float>(config_.rms_norm_eps);
   std::vector<float> xn(static_cast<size_t>(rows * h));
   for (int64_t r = 0; r < rows; ++r) rmsnorm(&x[r * h], final_norm_.data(), &xn[r * h], h, eps);
+  if (options_.activations == ActivationFormat::Bf16) bf16_round(xn.data(), rows * h);
   lm_head_.forward(xn.data(), rows, logits);
 }
 

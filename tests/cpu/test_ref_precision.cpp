@@ -359,5 +359,38 @@ TEST(RefPrecision, ActFp8RoundsEveryProjectionInput) {
   EXPECT_EQ(got, want);
 }
 
+// act-bf16 (the CUDA engine's activations): every projection input is BF16-representable, the logits move by
+// about the BF16 rounding (2^-9 relative per element, accumulated over the layers) and no more.
+TEST(RefPrecision, ActBf16RoundsProjectionInputsAndOutputs) {
+  const Model m = test::make_tiny_llama({}, 5);
+  std::mt19937 rng(7);
+  const std::vector<int32_t> tokens = test::random_token_ids(24, m.config.vocab_size, rng);
+  ReferenceOptions o;
+  o.activations = ActivationFormat::Bf16;
+  const double change = test::relative_l2(logits_of(m, o, tokens), logits_of(m, {}, tokens));
+  EXPECT_GT(change, 1e-5);  // it does round
+  EXPECT_LT(change, 5e-2);  // and only that much
+  ref::RefModelOptions ro;
+  ro.activations = ActivationFormat::Bf16;
+  ref::RefModel rm(m, ro);
+  const int64_t n = static_cast<int64_t>(tokens.size()), h = m.config.hidden_size;
+  std::vector<float> x(static_cast<size_t>(n * h));
+  rm.embed(tokens, x.data());
+  auto store = rm.make_kv_store();
+  const ref::SequenceRows seq{0, n, 0, store.get()};
+  std::vector<float> o_in;
+  rm.run_layer(0, x.data(), n, std::span<const ref::SequenceRows>(&seq, 1),
+               [&](int64_t, ref::ProjectionInput g, const float* in, int64_t rows, int64_t cols) {
+                 if (g == ref::ProjectionInput::O) o_in.assign(in, in + rows * cols);
+               });
+  // The attention output the O projection reads is made of the BF16-rounded values the GPU would pass.
+  std::vector<float> got(static_cast<size_t>(n * h)), want(got.size()), rounded = o_in;
+  for (float& v : rounded) v = bf16_to_f32(f32_to_bf16(v));
+  rm.projection(0, ref::Projection::O).forward(o_in.data(), n, got.data());
+  ref::RefModel plain(m, {});
+  plain.projection(0, ref::Projection::O).forward(rounded.data(), n, want.data());
+  EXPECT_EQ(got, want);
+}
+
 }  // namespace
 }  // namespace futransformer

@@ -33,6 +33,7 @@ struct CudaEngineOptions {
   int64_t kv_cache_tokens = 0;      // token slots of the page pool; 0: max_sequences · max_sequence_length
   formats::KvFormat kv = formats::KvFormat::BF16;  // fp8 is not run by the GPU attention kernels
   bool cuda_graphs = true;          // replay decode steps as CUDA graphs
+  bool generic_attention = false;   // always use the generic attention kernel (comparisons, diagnosis)
 };
 
 // Bytes the engine holds on the GPU.

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -176,6 +177,36 @@ TEST(CudaEngine, BatchedSequencesMatchReference) {
   const std::vector<int32_t> ids = gpu->forward_greedy(batch);
   const std::vector<std::vector<float>> lr = ref->forward(batch);
   for (size_t i = 0; i < batch.size(); ++i) EXPECT_EQ(ids[i], argmax(lr[i])) << "sequence " << batch[i].seq_id;
+}
+
+// Diagnosis of the GPU–reference gap: the same recipe with the fast and the generic attention kernel (printed,
+// and the two GPU runs must agree with each other to BF16-output precision).
+TEST(CudaEngine, FastAndGenericAttentionAgree) {
+  FT_REQUIRE_HOPPER();
+  const std::string path = test::smollm2_gguf_path();
+  FT_REQUIRE_FILE(path);
+  const Model model = bf16_model(load_model(path));
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer_for_model(model, "");
+  for (const char* recipe : {"full+kv-bf16", "int4-rtn-g64+kv-int4"}) {
+    quant::QuantizeOptions qo;
+    qo.recipe = PrecisionRecipe::parse(recipe);
+    const quant::QuantizedModel q = quant::quantize_model(model, quant::CalibrationSet{}, qo);
+    CudaEngineOptions co = cuda_engine_options(qo.recipe);
+    std::unique_ptr<CudaEngine> fast = make_cuda_engine(q, co);
+    co.generic_attention = true;
+    std::unique_ptr<CudaEngine> generic = make_cuda_engine(q, co);
+    std::unique_ptr<Engine> ref = reference_like_gpu(q);
+    PrecisionRecipe r32 = q.recipe;
+    if (!r32.kv) r32.kv = formats::KvFormat::BF16;
+    std::unique_ptr<Engine> ref32 = make_reference_engine(q.model, quant::reference_options(r32));
+    const SequenceChunk c{0, encode_prompt(*tok, "The capital of France is")};
+    const std::vector<float> lf = fast->forward(std::span(&c, 1))[0], lg = generic->forward(std::span(&c, 1))[0];
+    const std::vector<float> lr = ref->forward(std::span(&c, 1))[0], lr32 = ref32->forward(std::span(&c, 1))[0];
+    std::printf("%s: fast-vs-ref %.5f generic-vs-ref %.5f fast-vs-generic %.5f ref(bf16)-vs-ref(fp32) %.5f "
+                "fast-vs-ref(fp32) %.5f\n",
+                recipe, rel_l2(lf, lr), rel_l2(lg, lr), rel_l2(lf, lg), rel_l2(lr, lr32), rel_l2(lf, lr32));
+    EXPECT_LE(rel_l2(lf, lg), kMaxLogitsRelL2) << recipe;
+  }
 }
 
 // The same prompt as one prefill chunk and token by token gives the same logits on the GPU (the rows of a GEMM do

@@ -201,7 +201,7 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
 
   // Attention must run for every pass shape: the fast kernel, or the generic one, must accept the model.
   std::string why_fast, why_generic;
-  const bool fast_ok = cuda::attention_decode_can_implement(opt_.kv, 1, static_cast<int>(c.num_attention_heads),
+  const bool fast_ok = !opt_.generic_attention && cuda::attention_decode_can_implement(opt_.kv, 1, static_cast<int>(c.num_attention_heads),
                                                             static_cast<int>(c.num_key_value_heads),
                                                             static_cast<int>(c.head_dim),
                                                             static_cast<int>(pages_per_seq_),
@@ -386,7 +386,8 @@ void CudaEngineImpl::allocate_buffers() {
 
 bool CudaEngineImpl::fast_attention(int64_t rows, int64_t max_len) const {
   const ModelConfig& c = config_;
-  return cuda::attention_decode_can_implement(opt_.kv, static_cast<int>(rows), static_cast<int>(c.num_attention_heads),
+  return !opt_.generic_attention &&
+         cuda::attention_decode_can_implement(opt_.kv, static_cast<int>(rows), static_cast<int>(c.num_attention_heads),
                                               static_cast<int>(c.num_key_value_heads), static_cast<int>(c.head_dim),
                                               static_cast<int>(pages_per_seq_), static_cast<int>(max_len),
                                               nullptr) == cudaSuccess;

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cuda/ptx/griddep.cuh"
+
 namespace futransformer::cuda::ops {
 
 constexpr int kEltThreads = 256;        // element-wise kernels (embed, residual, swiglu)
@@ -29,6 +31,16 @@ static_assert(kEltThreads % kWarp == 0 && kArgmaxThreads % kWarp == 0 && kRopeTh
               "block sizes must be whole warps (the reductions use full-warp shuffles)");
 static_assert(kArgmaxThreads <= kWarp * kWarp && kMaxBlockThreads <= kWarp * kWarp,
               "the per-warp partials of a block reduction must fit in one warp's lanes");
+
+// First statement of every kernel here and in fused_ops.cuh. Under FT_PDL=1 the launchers start a kernel as a
+// programmatic dependent of the previous one on the stream: it must wait until that grid has completed and its
+// writes are visible before reading anything. Then it lets its own dependent launch, so that kernel's launch
+// latency overlaps this one's work (the dependent waits for this grid's completion in turn). Without the launch
+// attribute both instructions do nothing.
+__device__ __forceinline__ void pdl_prologue() {
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
+}
 
 __device__ __forceinline__ float nan_f32() { return __int_as_float(0x7fc00000); }
 
@@ -55,6 +67,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2_rn(float lo, float hi) {
 template <bool kVec>
 __global__ void __launch_bounds__(kEltThreads)
     embed_rows_kernel(const __nv_bfloat16* table, const int32_t* tokens, float* x, int hidden, int vocab) {
+  pdl_prologue();
   const int r = blockIdx.y;
   const int32_t tok = tokens[r];
   const bool ok = tok >= 0 && tok < vocab;
@@ -151,6 +164,7 @@ inline int rmsnorm_threads(int hidden, bool vec) {
 template <bool kVec>
 __global__ void __launch_bounds__(kMaxBlockThreads)
     rmsnorm_kernel(const float* x, const float* weight, __nv_bfloat16* y, int hidden, float eps) {
+  pdl_prologue();
   __shared__ float red[kWarp];
   const int64_t row = static_cast<int64_t>(blockIdx.x) * hidden;
   const float* xr = x + row;
@@ -170,6 +184,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
 // delta 16-byte aligned), the last partial group element by element.
 template <bool kVec>
 __global__ void __launch_bounds__(kEltThreads) add_residual_kernel(float* x, const __nv_bfloat16* delta, int64_t n) {
+  pdl_prologue();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kEltThreads;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kEltThreads + threadIdx.x;
   if constexpr (kVec) {
@@ -210,6 +225,7 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
 template <bool kVec>
 __global__ void __launch_bounds__(kEltThreads)
     swiglu_kernel(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int inter) {
+  pdl_prologue();
   const int r = blockIdx.y;
   const __nv_bfloat16* g = gate_up + static_cast<int64_t>(r) * 2 * inter;
   const __nv_bfloat16* u = g + inter;
@@ -258,6 +274,7 @@ __device__ __forceinline__ float rope_hi(float x0, float x1, float2 cs) {  // ne
 static __global__ void __launch_bounds__(kRopeThreads)
     rope_qk_kernel(__nv_bfloat16* qkv, const int32_t* positions, const float* inv_freq, int rot_heads, int row_width,
                    int head_dim) {
+  pdl_prologue();
   __shared__ float2 cs[kRopeMaxHalf];
   const int half = head_dim / 2;
   const int r = blockIdx.y;
@@ -291,6 +308,7 @@ __device__ __forceinline__ bool argmax_better(float av, int ai, float bv, int bi
 // and activations in L2.
 template <bool kVec>
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* logits, int32_t* out, int vocab) {
+  pdl_prologue();
   __shared__ float red_v[kWarp];
   __shared__ int red_i[kWarp];
   const float* lr = logits + static_cast<int64_t>(blockIdx.x) * vocab;

@@ -50,6 +50,14 @@ cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, cudaStream_t 
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.stream = stream;
+  // FT_PDL=1: may start while the previous kernel on the stream runs; the kernel's pdl_prologue waits for it.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (programmatic_launch()) {
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 

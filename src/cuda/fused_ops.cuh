@@ -32,6 +32,7 @@ template <bool kVec, bool kDeltaVec>
 __global__ void __launch_bounds__(ops::kMaxBlockThreads)
     add_residual_rmsnorm_kernel(float* x, const __nv_bfloat16* delta, const float* weight, __nv_bfloat16* y,
                                 int hidden, float eps) {
+  ops::pdl_prologue();
   __shared__ float red[kWarp];
   const int64_t row = static_cast<int64_t>(blockIdx.x) * hidden;
   float* xr = x + row;
@@ -102,6 +103,7 @@ struct QkvArgs {
 // from its write-back (lanes of a warp are not in lock step since Volta).
 template <formats::KvFormat F, bool kRope>
 __global__ void __launch_bounds__(kQkvWarps * kWarp) qkv_rope_kv_append_kernel(const QkvArgs a) {
+  ops::pdl_prologue();
   __shared__ float2 cs[kRope ? kMaxHalf : 1];
   const int r = static_cast<int>(blockIdx.y);
   const int half = a.head_dim / 2;

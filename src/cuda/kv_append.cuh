@@ -225,8 +225,8 @@ struct SlotDst {
 __device__ __forceinline__ SlotDst slot_dst(uint8_t* pool, const PageGeometry& geo, int page_id, int n_kv_heads, int h,
                                             int slot, bool v) {
   uint8_t* page = pool + (static_cast<int64_t>(page_id) * n_kv_heads + h) * geo.page_bytes;
-  return {page + (v ? geo.codes[1] : geo.codes[0]) + slot * geo.code_row_bytes, page + (v ? geo.scales[1] : geo.scales[0]),
-          page + (v ? geo.zeros[1] : geo.zeros[0])};
+  return {page + (v ? geo.codes[1] : geo.codes[0]) + slot * geo.code_row_bytes,
+          page + (v ? geo.scales[1] : geo.scales[0]), page + (v ? geo.zeros[1] : geo.zeros[0])};
 }
 
 // The quantised formats' encoding of the warp's head vector x (lane layout above, channels past head_dim 0) into

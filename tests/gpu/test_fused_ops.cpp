@@ -69,9 +69,9 @@ std::string mismatch_text(const std::vector<T>& got, const std::vector<T>& want,
 }
 
 // Bitwise comparison that prints the first difference, not both arrays.
-#define EXPECT_SAME_BITS(got, want, what)                                                      \
-  do {                                                                                         \
-    const int64_t at_ = first_mismatch(got, want);                                             \
+#define EXPECT_SAME_BITS(got, want, what)                                                           \
+  do {                                                                                              \
+    const int64_t at_ = first_mismatch(got, want);                                                  \
     EXPECT_EQ(at_, -1) << what << " differs at " << (at_ >= 0 ? mismatch_text(got, want, at_) : ""); \
   } while (0)
 
@@ -204,7 +204,8 @@ QkvInputs make_inputs(const QkvCase& c, uint32_t seed) {
   const int k_offset = c.n_heads * c.head_dim, v_offset = k_offset + c.n_kv * c.head_dim;
   for (int r = 0; r < c.rows; ++r) {
     uint16_t* row = in.qkv.data() + static_cast<size_t>(r) * in.row_width;
-    for (int h = 0; h < c.n_kv; ++h) row[k_offset + h * c.head_dim + 3 % c.head_dim] = f32_to_bf16(kOutlierGain * (2.0f + nd(rng)));
+    for (int h = 0; h < c.n_kv; ++h)
+      row[k_offset + h * c.head_dim + 3 % c.head_dim] = f32_to_bf16(kOutlierGain * (2.0f + nd(rng)));
     if (r % 7 == 3) {
       std::fill_n(row + k_offset, c.head_dim, uint16_t{0});
       std::fill_n(row + v_offset + (c.n_kv - 1) * c.head_dim, c.head_dim, uint16_t{0x8000});
@@ -493,7 +494,8 @@ TEST(FusedOpsHost, QkvLaunchersRefuseBadPointersBeforeTouchingTheDevice) {
   EXPECT_EQ(rope(KvFormat::INT4_HADAMARD, qkv, ints, freq, pool, nullptr, ints, q), cudaErrorInvalidValue);
   EXPECT_NE(message().find("key_anchors"), std::string::npos) << message();
   // q_out inside qkv's row.
-  EXPECT_EQ(rope(KvFormat::INT4, qkv, ints, freq, pool, nullptr, nullptr, reinterpret_cast<__nv_bfloat16*>(qkv_bits + 100)),
+  EXPECT_EQ(rope(KvFormat::INT4, qkv, ints, freq, pool, nullptr, nullptr,
+                 reinterpret_cast<__nv_bfloat16*>(qkv_bits + 100)),
             cudaErrorInvalidValue);
   EXPECT_NE(message().find("overlaps"), std::string::npos) << message();
   EXPECT_EQ(cuda::qkv_rope_kv_append(KvFormat::INT4, qkv, 1, 2, 1, 100, ints, freq, ints, ints, nullptr, nullptr,

@@ -51,6 +51,14 @@ cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, cudaStream_t 
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.stream = stream;
+  // FT_PDL=1: may start while the previous kernel on the stream runs; the kernel's pdl_prologue waits for it.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (programmatic_launch()) {
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
@@ -78,11 +86,8 @@ cudaError_t rmsnorm_bf16(const float* x, const float* weight, __nv_bfloat16* y, 
   if (check_rows(op, rows) || check_width(op, "hidden", hidden)) return cudaErrorInvalidValue;
   if (!std::isfinite(eps) || eps < 0.0f)
     return reject(&g_last_error, std::string(op) + ": eps = " + to_string(eps) + ", expected a finite value >= 0");
-  const bool vec = hidden % 4 == 0 && aligned(x, 16) && aligned(weight, 16) && aligned(y, 8);
-  // One thread per 16-byte vector (or element) up to a full CTA: a 4096-wide row is one float4 per thread.
-  const int64_t units = vec ? hidden / 4 : hidden;
-  const int threads =
-      static_cast<int>(std::min<int64_t>(ops::kMaxBlockThreads, ceil_div(units, ops::kWarp) * ops::kWarp));
+  const bool vec = ops::rmsnorm_vec(x, weight, y, hidden);
+  const int threads = ops::rmsnorm_threads(hidden, vec);
   return launch(vec ? ops::rmsnorm_kernel<true> : ops::rmsnorm_kernel<false>, dim3(static_cast<unsigned>(rows)),
                 dim3(static_cast<unsigned>(threads)), stream, x, weight, y, hidden, eps);
 }

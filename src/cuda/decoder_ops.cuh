@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cuda/ptx/griddep.cuh"
+
 namespace futransformer::cuda::ops {
 
 constexpr int kEltThreads = 256;        // element-wise kernels (embed, residual, swiglu)
@@ -29,6 +31,16 @@ static_assert(kEltThreads % kWarp == 0 && kArgmaxThreads % kWarp == 0 && kRopeTh
               "block sizes must be whole warps (the reductions use full-warp shuffles)");
 static_assert(kArgmaxThreads <= kWarp * kWarp && kMaxBlockThreads <= kWarp * kWarp,
               "the per-warp partials of a block reduction must fit in one warp's lanes");
+
+// First statement of every kernel here and in fused_ops.cuh. Under FT_PDL=1 the launchers start a kernel as a
+// programmatic dependent of the previous one on the stream: it must wait until that grid has completed and its
+// writes are visible before reading anything. Then it lets its own dependent launch, so that kernel's launch
+// latency overlaps this one's work (the dependent waits for this grid's completion in turn). Without the launch
+// attribute both instructions do nothing.
+__device__ __forceinline__ void pdl_prologue() {
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
+}
 
 __device__ __forceinline__ float nan_f32() { return __int_as_float(0x7fc00000); }
 
@@ -55,6 +67,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2_rn(float lo, float hi) {
 template <bool kVec>
 __global__ void __launch_bounds__(kEltThreads)
     embed_rows_kernel(const __nv_bfloat16* table, const int32_t* tokens, float* x, int hidden, int vocab) {
+  pdl_prologue();
   const int r = blockIdx.y;
   const int32_t tok = tokens[r];
   const bool ok = tok >= 0 && tok < vocab;
@@ -95,32 +108,28 @@ __device__ __forceinline__ float block_sum(float v, float* red /* [kWarp] shared
   return total;
 }
 
-// RMSNorm, one CTA per row (blockDim a multiple of 32, <= 1024). Pass 1 sums x² (each thread its strided elements
-// in index order); pass 2 re-reads the row, which the first pass left in L1 (64 KB for hidden 16384).
-// Output y = w · (s · x) in this order, as ref::rmsnorm.
+// The pieces of RMSNorm that the fused residual-add + RMSNorm (src/cuda/fused_ops.cuh) shares, so both produce the
+// same bits. The sum of squares is one fused multiply-add per element (x * x + ss, rounded once), written out
+// rather than left to nvcc's contraction of `ss += x * x`, which it performed the same way.
+__device__ __forceinline__ float sum_squares_add(float ss, float v) { return __fmaf_rn(v, v, ss); }
+__device__ __forceinline__ float sum_squares_add(float ss, const float4& v) {
+  ss = __fmaf_rn(v.x, v.x, ss);
+  ss = __fmaf_rn(v.y, v.y, ss);
+  ss = __fmaf_rn(v.z, v.z, ss);
+  return __fmaf_rn(v.w, v.w, ss);
+}
+
+// ref::rmsnorm: 1 / sqrt(sum / n + eps), each step correctly rounded (here in fp32, there in fp64).
+__device__ __forceinline__ float rms_scale(float total, int hidden, float eps) {
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, static_cast<float>(hidden)), eps)));
+}
+
+// Pass 2 of RMSNorm over one row: y = bf16(w · (s · x)) in this order, as ref::rmsnorm. Thread t handles the
+// same elements (float4 or scalar units t, t + blockDim.x, ...) as in pass 1. kVec: hidden % 4 == 0; x, weight
+// 16-byte and y 8-byte aligned.
 template <bool kVec>
-__global__ void __launch_bounds__(kMaxBlockThreads)
-    rmsnorm_kernel(const float* x, const float* weight, __nv_bfloat16* y, int hidden, float eps) {
-  __shared__ float red[kWarp];
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * hidden;
-  const float* xr = x + row;
-  __nv_bfloat16* yr = y + row;
-  float ss = 0.0f;
-  if constexpr (kVec) {  // hidden % 4 == 0; x, weight 16-byte and y 8-byte aligned
-    const float4* x4 = reinterpret_cast<const float4*>(xr);
-    for (int j = threadIdx.x; j < hidden / 4; j += blockDim.x) {
-      const float4 v = x4[j];
-      ss += v.x * v.x;
-      ss += v.y * v.y;
-      ss += v.z * v.z;
-      ss += v.w * v.w;
-    }
-  } else {
-    for (int j = threadIdx.x; j < hidden; j += blockDim.x) ss += xr[j] * xr[j];
-  }
-  const float total = block_sum(ss, red);
-  // ref::rmsnorm: 1 / sqrt(sum / n + eps), each step correctly rounded (here in fp32, there in fp64).
-  const float s = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, static_cast<float>(hidden)), eps)));
+__device__ __forceinline__ void rmsnorm_store_row(const float* xr, const float* weight, __nv_bfloat16* yr, int hidden,
+                                                  float s) {
   if constexpr (kVec) {
     const float4* x4 = reinterpret_cast<const float4*>(xr);
     const float4* w4 = reinterpret_cast<const float4*>(weight);
@@ -137,11 +146,45 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
   }
 }
 
+// Launch shape of an RMSNorm row (host side, shared with the fused launcher so both sum in the same order): the
+// float4 instance when the row and pointers allow it, and one thread per 16-byte vector (or element) up to a full
+// CTA: a 4096-wide row is one float4 per thread.
+inline bool rmsnorm_vec(const void* x, const void* weight, const void* y, int hidden) {
+  const auto al = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  return hidden % 4 == 0 && al(x, 16) && al(weight, 16) && al(y, 8);
+}
+inline int rmsnorm_threads(int hidden, bool vec) {
+  const int64_t units = vec ? hidden / 4 : hidden;
+  const int64_t threads = (units + kWarp - 1) / kWarp * kWarp;
+  return static_cast<int>(threads < kMaxBlockThreads ? threads : kMaxBlockThreads);
+}
+
+// RMSNorm, one CTA per row (blockDim a multiple of 32, <= 1024). Pass 1 sums x² (each thread its strided elements
+// in index order); pass 2 re-reads the row, which the first pass left in L1 (64 KB for hidden 16384).
+template <bool kVec>
+__global__ void __launch_bounds__(kMaxBlockThreads)
+    rmsnorm_kernel(const float* x, const float* weight, __nv_bfloat16* y, int hidden, float eps) {
+  pdl_prologue();
+  __shared__ float red[kWarp];
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * hidden;
+  const float* xr = x + row;
+  float ss = 0.0f;
+  if constexpr (kVec) {
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    for (int j = threadIdx.x; j < hidden / 4; j += blockDim.x) ss = sum_squares_add(ss, x4[j]);
+  } else {
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) ss = sum_squares_add(ss, xr[j]);
+  }
+  const float s = rms_scale(block_sum(ss, red), hidden, eps);
+  rmsnorm_store_row<kVec>(xr, weight, y + row, hidden, s);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // x += float(delta) over the flattened [rows * hidden] tensor, grid-stride. kVec: 8 elements per step (x and
 // delta 16-byte aligned), the last partial group element by element.
 template <bool kVec>
 __global__ void __launch_bounds__(kEltThreads) add_residual_kernel(float* x, const __nv_bfloat16* delta, int64_t n) {
+  pdl_prologue();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kEltThreads;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kEltThreads + threadIdx.x;
   if constexpr (kVec) {
@@ -182,6 +225,7 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
 template <bool kVec>
 __global__ void __launch_bounds__(kEltThreads)
     swiglu_kernel(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int inter) {
+  pdl_prologue();
   const int r = blockIdx.y;
   const __nv_bfloat16* g = gate_up + static_cast<int64_t>(r) * 2 * inter;
   const __nv_bfloat16* u = g + inter;
@@ -206,22 +250,36 @@ __global__ void __launch_bounds__(kEltThreads)
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// RoPE arithmetic of ref::apply_rope, shared with the fused QKV kernel (src/cuda/fused_ops.cuh): the (cos, sin)
+// of angle pos · inv_freq evaluated in fp64 and rounded to fp32, then the rotate-half pair (x0 = x[i],
+// x1 = x[i + d/2]) with each product and the sum rounded separately.
+__device__ __forceinline__ float2 rope_cos_sin(double pos, float inv_freq) {
+  double s, c;
+  sincos(__dmul_rn(pos, static_cast<double>(inv_freq)), &s, &c);
+  return make_float2(__double2float_rn(c), __double2float_rn(s));
+}
+__device__ __forceinline__ float rope_lo(float x0, float x1, float2 cs) {  // new x[i]
+  return __fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y));
+}
+__device__ __forceinline__ float rope_hi(float x0, float x1, float2 cs) {  // new x[i + d/2]
+  return __fadd_rn(__fmul_rn(x1, cs.x), __fmul_rn(x0, cs.y));
+}
+
 // RoPE on the q and k heads of the fused QKV rows, in place. grid = (ceil(rot_heads / kRopeHeadsPerCta), rows),
 // kRopeThreads threads. The row's cos/sin table (head_dim / 2 pairs, fp64 sincos rounded to fp32 as
 // ref::apply_rope) is built in shared memory once per CTA: fp64 sincos costs ~100 instructions, so it is not
 // repeated per head. Then each thread rotates (head, i) pairs; consecutive threads touch consecutive channels.
-__global__ void __launch_bounds__(kRopeThreads)
+// static: this header is included by more than one .cu file (fused_ops.cu reuses its device functions), and a
+// non-template kernel with external linkage would be defined in each of them.
+static __global__ void __launch_bounds__(kRopeThreads)
     rope_qk_kernel(__nv_bfloat16* qkv, const int32_t* positions, const float* inv_freq, int rot_heads, int row_width,
                    int head_dim) {
+  pdl_prologue();
   __shared__ float2 cs[kRopeMaxHalf];
   const int half = head_dim / 2;
   const int r = blockIdx.y;
   const double pos = static_cast<double>(positions[r]);
-  for (int i = threadIdx.x; i < half; i += kRopeThreads) {
-    double s, c;
-    sincos(__dmul_rn(pos, static_cast<double>(inv_freq[i])), &s, &c);
-    cs[i] = make_float2(__double2float_rn(c), __double2float_rn(s));
-  }
+  for (int i = threadIdx.x; i < half; i += kRopeThreads) cs[i] = rope_cos_sin(pos, inv_freq[i]);
   __syncthreads();
   const int head0 = blockIdx.x * kRopeHeadsPerCta;
   const int heads = min(kRopeHeadsPerCta, rot_heads - head0);
@@ -230,9 +288,8 @@ __global__ void __launch_bounds__(kRopeThreads)
     const int h = j / half, i = j - h * half;
     __nv_bfloat16* p = base + h * head_dim;
     const float x0 = __bfloat162float(p[i]), x1 = __bfloat162float(p[i + half]);
-    const float2 a = cs[i];  // (cos, sin)
-    p[i] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x0, a.x), __fmul_rn(x1, a.y)));
-    p[i + half] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x1, a.x), __fmul_rn(x0, a.y)));
+    p[i] = __float2bfloat16_rn(rope_lo(x0, x1, cs[i]));
+    p[i + half] = __float2bfloat16_rn(rope_hi(x0, x1, cs[i]));
   }
 }
 
@@ -251,6 +308,7 @@ __device__ __forceinline__ bool argmax_better(float av, int ai, float bv, int bi
 // and activations in L2.
 template <bool kVec>
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* logits, int32_t* out, int vocab) {
+  pdl_prologue();
   __shared__ float red_v[kWarp];
   __shared__ int red_i[kWarp];
   const float* lr = logits + static_cast<int64_t>(blockIdx.x) * vocab;

@@ -38,20 +38,6 @@ cudaError_t check_slice(const char* op, const char* name, int offset, int n_kv_h
   return cudaSuccess;
 }
 
-kv::PageGeometry page_geometry(KvFormat format, int head_dim) {
-  const formats::KvPageLayout L = formats::kv_page_layout(format, head_dim);
-  kv::PageGeometry g{};
-  g.page_bytes = L.page_bytes;
-  g.code_row_bytes = static_cast<int32_t>(L.code_row_bytes);
-  g.groups = static_cast<int32_t>(L.groups);
-  for (int p = 0; p < 2; ++p) {
-    g.codes[p] = static_cast<int32_t>(L.codes[p]);
-    g.scales[p] = static_cast<int32_t>(L.scales[p]);
-    g.zeros[p] = static_cast<int32_t>(L.zeros[p]);
-  }
-  return g;
-}
-
 template <KvFormat F>
 cudaError_t launch_append(const kv::AppendArgs& args, int64_t blocks, cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
@@ -123,7 +109,7 @@ cudaError_t kv_append(KvFormat format, const __nv_bfloat16* qkv, int row_stride,
   args.key_anchors = hadamard ? key_anchors : nullptr;
   args.row_anchor = hadamard ? row_anchor : nullptr;
   args.pool = kv_pool;
-  args.geo = page_geometry(format, head_dim);
+  args.geo = kv::page_geometry(format, head_dim);
   if (hadamard) {
     // The host's own function supplies the constant, so the device multiplies by exactly the CPU's value.
     args.hadamard_block = static_cast<int32_t>(formats::kv_hadamard_block(format, head_dim));

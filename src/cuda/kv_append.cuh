@@ -45,6 +45,22 @@ struct PageGeometry {
   int32_t codes[2], scales[2], zeros[2];  // [0] = K, [1] = V
 };
 
+// Host side: the narrowed geometry of formats::kv_page_layout(format, head_dim) (which throws for a head_dim the
+// format cannot hold: callers check the shape first).
+inline PageGeometry page_geometry(formats::KvFormat format, int head_dim) {
+  const formats::KvPageLayout L = formats::kv_page_layout(format, head_dim);
+  PageGeometry g{};
+  g.page_bytes = L.page_bytes;
+  g.code_row_bytes = static_cast<int32_t>(L.code_row_bytes);
+  g.groups = static_cast<int32_t>(L.groups);
+  for (int p = 0; p < 2; ++p) {
+    g.codes[p] = static_cast<int32_t>(L.codes[p]);
+    g.scales[p] = static_cast<int32_t>(L.scales[p]);
+    g.zeros[p] = static_cast<int32_t>(L.zeros[p]);
+  }
+  return g;
+}
+
 struct AppendArgs {
   const __nv_bfloat16* qkv;
   int64_t row_stride;
@@ -189,11 +205,53 @@ __device__ __forceinline__ void store_fp8(const float (&x)[kMaxPerLane], int hea
 
 // BF16: the input is already bf16, and f32_to_bf16 of its (exact) fp32 widening gives the same bits back, except
 // that a signalling NaN comes back quiet (bit 6 set).
+__device__ __forceinline__ uint16_t quiet_bf16_nan(uint16_t b) {
+  return (b & 0x7fffu) > 0x7f80u ? static_cast<uint16_t>(b | 0x40u) : b;
+}
 __device__ __forceinline__ void store_bf16(const __nv_bfloat16* src, int head_dim, uint16_t* row, int lane) {
-  for (int c = lane; c < head_dim; c += kWarp) {
-    uint16_t b = __bfloat16_as_ushort(src[c]);
-    if ((b & 0x7fffu) > 0x7f80u) b = static_cast<uint16_t>(b | 0x40u);
-    row[c] = b;
+  for (int c = lane; c < head_dim; c += kWarp) row[c] = quiet_bf16_nan(__bfloat16_as_ushort(src[c]));
+}
+
+// Where one (page id, KV head, part) slot's bytes go: its code row and the part's scale and zero regions (the slot's
+// entries inside them are indexed by the store functions).
+struct SlotDst {
+  uint8_t* row;
+  uint8_t* scales;
+  uint8_t* zeros;
+};
+
+// Select K's or V's fields with a branch, not a runtime array index: indexing a kernel parameter array with a
+// runtime value makes nvcc copy the whole argument struct to local memory.
+__device__ __forceinline__ SlotDst slot_dst(uint8_t* pool, const PageGeometry& geo, int page_id, int n_kv_heads, int h,
+                                            int slot, bool v) {
+  uint8_t* page = pool + (static_cast<int64_t>(page_id) * n_kv_heads + h) * geo.page_bytes;
+  return {page + (v ? geo.codes[1] : geo.codes[0]) + slot * geo.code_row_bytes,
+          page + (v ? geo.scales[1] : geo.scales[0]), page + (v ? geo.zeros[1] : geo.zeros[0])};
+}
+
+// The quantised formats' encoding of the warp's head vector x (lane layout above, channels past head_dim 0) into
+// slot `slot`: FP8 per token; INT4 per 32-channel group; INT4_HADAMARD rotates x first (hadamard_block/scale of
+// the format) and subtracts `anchor` (fp16 bits, head_dim values; nullptr: none) before the INT4 rule. x is
+// modified.
+template <formats::KvFormat F>
+__device__ __forceinline__ void encode_quantized(float (&x)[kMaxPerLane], int head_dim, const SlotDst& d, int slot,
+                                                 int groups, const uint16_t* anchor, int hadamard_block,
+                                                 float hadamard_scale, int lane) {
+  static_assert(F != formats::KvFormat::BF16, "BF16 stores the input bits (store_bf16)");
+  if constexpr (F == formats::KvFormat::FP8) {
+    store_fp8(x, head_dim, d.row, reinterpret_cast<float*>(d.scales) + slot, lane);
+  } else {
+    const int nv = head_dim / kWarp;
+    if constexpr (F == formats::KvFormat::INT4_HADAMARD) {
+      hadamard_warp(x, nv, hadamard_block, hadamard_scale, lane);
+      if (anchor != nullptr) {
+#pragma unroll
+        for (int i = 0; i < kMaxPerLane; ++i) {
+          if (i < nv) x[i] = __fsub_rn(x[i], f16_bits_to_f32(anchor[i * kWarp + lane]));
+        }
+      }
+    }
+    store_int4(x, nv, d.row, reinterpret_cast<uint16_t*>(d.scales) + slot * groups, d.zeros + slot * groups, lane);
   }
 }
 
@@ -211,45 +269,30 @@ __global__ void __launch_bounds__(kAppendWarps * kWarp) kv_append_kernel(const A
   const int page_id = a.row_page[r];
   const int slot = a.row_slot[r];
   if (page_id < 0 || slot < 0 || slot >= kPageTokens) return;  // padding row (or a slot no page has)
-  // Select K's or V's fields with a branch, not a runtime array index: indexing a kernel parameter array with a
-  // runtime value makes nvcc copy the whole argument struct to local memory.
   const bool v = part == 1;
   const int64_t part_offset = v ? a.part_offset[1] : a.part_offset[0];
-  uint8_t* page = a.pool + (static_cast<int64_t>(page_id) * a.n_kv_heads + h) * a.geo.page_bytes;
-  uint8_t* row = page + (v ? a.geo.codes[1] : a.geo.codes[0]) + slot * a.geo.code_row_bytes;
-  uint8_t* scales = page + (v ? a.geo.scales[1] : a.geo.scales[0]);
+  const SlotDst d = slot_dst(a.pool, a.geo, page_id, a.n_kv_heads, h, slot, v);
   const __nv_bfloat16* src = a.qkv + r * a.row_stride + part_offset + static_cast<int64_t>(h) * a.head_dim;
 
   if constexpr (F == formats::KvFormat::BF16) {
-    store_bf16(src, a.head_dim, reinterpret_cast<uint16_t*>(row), lane);
+    store_bf16(src, a.head_dim, reinterpret_cast<uint16_t*>(d.row), lane);
   } else {
     float x[kMaxPerLane];
     load_head(src, a.head_dim, lane, x);
-    if constexpr (F == formats::KvFormat::FP8) {
-      store_fp8(x, a.head_dim, row, reinterpret_cast<float*>(scales) + slot, lane);
-    } else {
-      const int nv = a.head_dim / kWarp;
-      if constexpr (F == formats::KvFormat::INT4_HADAMARD) {
-        hadamard_warp(x, nv, a.hadamard_block, a.hadamard_scale, lane);
-        const int anchor = v ? -1 : a.row_anchor[r];
-        if (anchor >= 0) {
-          const uint16_t* c = a.key_anchors + (static_cast<int64_t>(anchor) * a.n_kv_heads + h) * a.head_dim;
-#pragma unroll
-          for (int i = 0; i < kMaxPerLane; ++i) {
-            if (i < nv) x[i] = __fsub_rn(x[i], f16_bits_to_f32(c[i * kWarp + lane]));
-          }
-        }
-      }
-      uint8_t* zeros = page + (v ? a.geo.zeros[1] : a.geo.zeros[0]) + slot * a.geo.groups;
-      store_int4(x, nv, row, reinterpret_cast<uint16_t*>(scales) + slot * a.geo.groups, zeros, lane);
+    const uint16_t* anchor = nullptr;
+    if constexpr (F == formats::KvFormat::INT4_HADAMARD) {
+      const int ai = v ? -1 : a.row_anchor[r];
+      if (ai >= 0) anchor = a.key_anchors + (static_cast<int64_t>(ai) * a.n_kv_heads + h) * a.head_dim;
     }
+    encode_quantized<F>(x, a.head_dim, d, slot, a.geo.groups, anchor, a.hadamard_block, a.hadamard_scale, lane);
   }
 }
 
 // One CTA per (KV head, sequence). The chunk's tokens go through in tiles of kAnchorWarps: warp w rotates token
 // t0 + w into shared memory, then thread c adds channel c of the tile's tokens to its fp64 sum in token order,
 // which is the CPU's summation order (fp64 addition is not associative, so the order is part of the result).
-__global__ void __launch_bounds__(kAnchorWarps * kWarp) kv_key_anchor_kernel(const AnchorArgs a) {
+// static: this header is included by more than one .cu file (fused_ops.cu reuses its device functions).
+static __global__ void __launch_bounds__(kAnchorWarps * kWarp) kv_key_anchor_kernel(const AnchorArgs a) {
   __shared__ float tile[kAnchorWarps][kKvAppendMaxHeadDim];
   const int h = static_cast<int>(blockIdx.x);
   const int seq = static_cast<int>(blockIdx.y);

@@ -27,6 +27,17 @@ inline bool print_heuristics() {
   return on;
 }
 
+// FT_PDL=1: the small decoder ops and the fused ops (decoder_ops.cu, fused_ops.cu) are launched with programmatic
+// stream serialization, so each may be scheduled while the kernel before it on the stream still runs; their kernels
+// begin with griddepcontrol.wait (a no-op without the attribute). Read once per process.
+inline bool programmatic_launch() {
+  static const bool on = [] {
+    const char* v = std::getenv("FT_PDL");
+    return v != nullptr && v[0] == '1';
+  }();
+  return on;
+}
+
 // A launcher whose plan needs `need` bytes of scratch refuses a missing, misaligned or short workspace.
 inline cudaError_t check_workspace(const char* op, int64_t need, const void* workspace, size_t workspace_bytes,
                                    std::string* why) {

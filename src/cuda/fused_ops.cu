@@ -1,0 +1,205 @@
+// Host side of the fused decoder ops: argument checks, instance choice, launch. Kernels: src/cuda/fused_ops.cuh.
+// Nothing here queries the device or allocates, so every launcher can be captured in a CUDA graph.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "cuda/fused_ops.cuh"
+#include "cuda/launch_status.h"
+#include "futransformer/cuda/decoder_ops.h"
+#include "futransformer/cuda/fused_ops.h"
+#include "futransformer/cuda/kv_append.h"
+#include "futransformer/formats/hadamard.h"
+
+namespace futransformer::cuda {
+namespace {
+
+using formats::KvFormat;
+using std::to_string;
+
+thread_local std::string g_last_error;
+
+constexpr int kMaxGridY = 65535;
+
+cudaError_t check_range(const char* op, const char* name, int64_t v, int64_t lo, int64_t hi, std::string* why) {
+  if (v >= lo && v <= hi) return cudaSuccess;
+  return reject(why, std::string(op) + ": " + name + " = " + to_string(v) + ", expected " + to_string(lo) + ".." +
+                         to_string(hi));
+}
+
+// [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool overlap(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
+  const auto a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
+  return a0 < b0 + static_cast<uintptr_t>(b_bytes) && b0 < a0 + static_cast<uintptr_t>(a_bytes);
+}
+
+int head_dim_multiple(KvFormat f) {
+  return f == KvFormat::BF16 ? 8 : f == KvFormat::FP8 ? 16 : static_cast<int>(formats::kKvInt4Group);
+}
+
+bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+template <typename... Args>
+cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, cudaStream_t stream,
+                   std::type_identity_t<Args>... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = stream;
+  // FT_PDL=1: may start while the previous kernel on the stream runs; the kernel's pdl_prologue waits for it.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (programmatic_launch()) {
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+template <KvFormat F>
+auto qkv_kernel(bool rope) {
+  return rope ? fused::qkv_rope_kv_append_kernel<F, true> : fused::qkv_rope_kv_append_kernel<F, false>;
+}
+
+// Shared by qkv_rope_kv_append (rope) and kv_append_rotate_q (!rope): checks, then the launch.
+cudaError_t qkv_append(const char* op, bool rope, KvFormat format, __nv_bfloat16* qkv, int rows, int n_heads,
+                       int n_kv_heads, int head_dim, const int32_t* positions, const float* inv_freq,
+                       const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors,
+                       const int32_t* row_anchor, uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out,
+                       cudaStream_t stream) {
+  g_last_error.clear();
+  std::string why;
+  if (qkv_rope_kv_append_can_implement(format, rows, n_heads, n_kv_heads, head_dim, hadamard_block, &why) !=
+      cudaSuccess)
+    return reject(&g_last_error, std::string(op) + why.substr(why.find(':')));
+  if (!qkv || !row_page || !row_slot || !kv_pool || !q_out || !aligned(qkv, 2) || !aligned(q_out, 2) ||
+      !aligned(row_page, 4) || !aligned(row_slot, 4) || !aligned(kv_pool, 16))
+    return reject(&g_last_error, std::string(op) +
+                                     ": qkv, row_page, row_slot, kv_pool and q_out must be non-null; qkv and q_out "
+                                     "2-byte aligned, row_page and row_slot 4-byte aligned, kv_pool 16-byte aligned");
+  if (rope && (!positions || !inv_freq || !aligned(positions, 4) || !aligned(inv_freq, 4)))
+    return reject(&g_last_error,
+                  std::string(op) + ": positions and inv_freq must be non-null and 4-byte aligned");
+  const bool hadamard = format == KvFormat::INT4_HADAMARD;
+  if (hadamard && (!key_anchors || !row_anchor || !aligned(key_anchors, 2) || !aligned(row_anchor, 4)))
+    return reject(&g_last_error, std::string(op) +
+                                     ": int4-hadamard needs key_anchors (non-null, 2-byte aligned) and row_anchor "
+                                     "(non-null, 4-byte aligned)");
+  const int items = n_heads + 2 * n_kv_heads;
+  const int row_width = items * head_dim;  // <= 3 * 65535 * 256: fits int32
+  // Warps write q_out while others still read qkv: the buffers must be distinct.
+  if (overlap(qkv, int64_t{rows} * row_width * 2, q_out, int64_t{rows} * n_heads * head_dim * 2))
+    return reject(&g_last_error, std::string(op) + ": q_out overlaps qkv; expected separate buffers");
+
+  fused::QkvArgs a{};
+  a.qkv = qkv;
+  a.row_width = row_width;
+  a.n_heads = n_heads;
+  a.n_kv_heads = n_kv_heads;
+  a.head_dim = head_dim;
+  a.positions = rope ? positions : nullptr;
+  a.inv_freq = rope ? inv_freq : nullptr;
+  a.row_page = row_page;
+  a.row_slot = row_slot;
+  a.key_anchors = hadamard ? key_anchors : nullptr;
+  a.row_anchor = hadamard ? row_anchor : nullptr;
+  a.pool = kv_pool;
+  a.geo = kv::page_geometry(format, head_dim);
+  if (hadamard) {
+    // The host's own function supplies the constant, so the device multiplies by exactly the CPU's value.
+    a.kv_hadamard_block = static_cast<int32_t>(formats::kv_hadamard_block(format, head_dim));
+    a.kv_hadamard_scale = formats::hadamard_scale(a.kv_hadamard_block);
+  }
+  // rotate_heads_bf16's scale is static_cast<float>(1.0 / sqrt(double(block))): formats::hadamard_scale's formula.
+  a.q_hadamard_block = hadamard_block > 1 ? hadamard_block : 1;
+  a.q_hadamard_scale = hadamard_block > 1 ? formats::hadamard_scale(hadamard_block) : 1.0f;
+  a.q_out = q_out;
+  const dim3 grid(static_cast<unsigned>((items + fused::kQkvWarps - 1) / fused::kQkvWarps),
+                  static_cast<unsigned>(rows));
+  const dim3 block(fused::kQkvWarps * fused::kWarp);
+  switch (format) {
+    case KvFormat::BF16: return launch(qkv_kernel<KvFormat::BF16>(rope), grid, block, stream, a);
+    case KvFormat::FP8: return launch(qkv_kernel<KvFormat::FP8>(rope), grid, block, stream, a);
+    case KvFormat::INT4: return launch(qkv_kernel<KvFormat::INT4>(rope), grid, block, stream, a);
+    case KvFormat::INT4_HADAMARD: return launch(qkv_kernel<KvFormat::INT4_HADAMARD>(rope), grid, block, stream, a);
+  }
+  return reject(&g_last_error, std::string(op) + ": unknown KV format");  // unreachable: checked above
+}
+
+}  // namespace
+
+cudaError_t add_residual_rmsnorm_bf16(float* x, const __nv_bfloat16* delta, const float* weight, __nv_bfloat16* y,
+                                      int rows, int hidden, float eps, cudaStream_t stream) {
+  constexpr const char* op = "add_residual_rmsnorm_bf16";
+  g_last_error.clear();
+  if (!x || !delta || !weight || !y)
+    return reject(&g_last_error, std::string(op) + ": x, delta, weight and y must be non-null device pointers");
+  if (check_range(op, "rows", rows, 1, kDecoderOpsMaxRows, &g_last_error) ||
+      check_range(op, "hidden", hidden, 1, kDecoderOpsMaxWidth, &g_last_error))
+    return cudaErrorInvalidValue;
+  if (!std::isfinite(eps) || eps < 0.0f)
+    return reject(&g_last_error, std::string(op) + ": eps = " + to_string(eps) + ", expected a finite value >= 0");
+  // One CTA's stores of x and y could otherwise land in another CTA's x or delta before that CTA has read them.
+  const int64_t n = int64_t{rows} * hidden;
+  if (overlap(x, n * 4, delta, n * 2) || overlap(x, n * 4, y, n * 2) || overlap(delta, n * 2, y, n * 2))
+    return reject(&g_last_error, std::string(op) + ": x, delta and y overlap; expected separate buffers");
+  // rmsnorm_bf16's own choice of instance and block size, so the sum of squares runs in its order.
+  const bool vec = ops::rmsnorm_vec(x, weight, y, hidden);
+  const int threads = ops::rmsnorm_threads(hidden, vec);
+  const bool delta_vec = aligned(delta, 8);
+  auto kernel = !vec        ? fused::add_residual_rmsnorm_kernel<false, false>
+                : delta_vec ? fused::add_residual_rmsnorm_kernel<true, true>
+                            : fused::add_residual_rmsnorm_kernel<true, false>;
+  return launch(kernel, dim3(static_cast<unsigned>(rows)), dim3(static_cast<unsigned>(threads)), stream, x, delta,
+                weight, y, hidden, eps);
+}
+
+cudaError_t qkv_rope_kv_append_can_implement(KvFormat format, int rows, int n_heads, int n_kv_heads, int head_dim,
+                                             int hadamard_block, std::string* why) {
+  constexpr const char* op = "qkv_rope_kv_append";
+  if (format > KvFormat::INT4_HADAMARD)
+    return reject(why, std::string(op) + ": unknown KV format " + to_string(static_cast<int>(format)) +
+                           " (expected bf16, fp8, int4 or int4-hadamard)");
+  if (check_range(op, "rows", rows, 1, kMaxGridY, why) || check_range(op, "n_heads", n_heads, 1, kMaxGridY, why) ||
+      check_range(op, "n_kv_heads", n_kv_heads, 1, kMaxGridY, why))
+    return cudaErrorInvalidValue;
+  const int multiple = head_dim_multiple(format);
+  if (head_dim < multiple || head_dim > kKvAppendMaxHeadDim || head_dim % multiple != 0)
+    return reject(why, std::string(op) + ": head_dim = " + to_string(head_dim) + " is not supported for " +
+                           formats::kv_format_name(format) + " (expected a positive multiple of " +
+                           to_string(multiple) + ", at most " + to_string(kKvAppendMaxHeadDim) + ")");
+  // The q rotation runs kv_append's warp butterfly: lanes for strides < 32, registers for 32..128.
+  if (hadamard_block < 0 || (hadamard_block > 1 && (!is_pow2(hadamard_block) || head_dim % hadamard_block != 0)))
+    return reject(why, std::string(op) + ": hadamard_block = " + to_string(hadamard_block) +
+                           ", expected 0, 1 or a power of two dividing head_dim = " + to_string(head_dim));
+  if (why) why->clear();
+  return cudaSuccess;
+}
+
+cudaError_t qkv_rope_kv_append(KvFormat format, __nv_bfloat16* qkv, int rows, int n_heads, int n_kv_heads,
+                               int head_dim, const int32_t* positions, const float* inv_freq,
+                               const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors,
+                               const int32_t* row_anchor, uint8_t* kv_pool, int hadamard_block,
+                               __nv_bfloat16* q_out, cudaStream_t stream) {
+  return qkv_append("qkv_rope_kv_append", true, format, qkv, rows, n_heads, n_kv_heads, head_dim, positions,
+                    inv_freq, row_page, row_slot, key_anchors, row_anchor, kv_pool, hadamard_block, q_out, stream);
+}
+
+cudaError_t kv_append_rotate_q(KvFormat format, const __nv_bfloat16* qkv, int rows, int n_heads, int n_kv_heads,
+                               int head_dim, const int32_t* row_page, const int32_t* row_slot,
+                               const uint16_t* key_anchors, const int32_t* row_anchor, uint8_t* kv_pool,
+                               int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream) {
+  // The !rope kernel never writes qkv.
+  return qkv_append("kv_append_rotate_q", false, format, const_cast<__nv_bfloat16*>(qkv), rows, n_heads, n_kv_heads,
+                    head_dim, nullptr, nullptr, row_page, row_slot, key_anchors, row_anchor, kv_pool, hadamard_block,
+                    q_out, stream);
+}
+
+const char* fused_ops_last_error() { return g_last_error.c_str(); }
+
+}  // namespace futransformer::cuda

@@ -1,0 +1,190 @@
+// Kernels of the fused decoder ops (launchers and contract: include/futransformer/cuda/fused_ops.h). They are built
+// from the unfused kernels' own device functions (decoder_ops.cuh: RMSNorm pieces and RoPE arithmetic;
+// kv_append.cuh: head vector layout, Hadamard butterfly, slot encoders), so every floating-point operation is the
+// unfused one in the unfused order, and the results are the same bits.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/decoder_ops.cuh"
+#include "cuda/kv_append.cuh"
+#include "futransformer/formats/kv_cache.h"
+
+namespace futransformer::cuda::fused {
+
+constexpr int kWarp = 32;
+constexpr int kQkvWarps = 4;  // warps per CTA of qkv_rope_kv_append_kernel, each one head of one row
+constexpr int kMaxPerLane = kv::kMaxPerLane;
+constexpr int kMaxHalf = kKvAppendMaxHeadDim / 2;  // RoPE cos/sin pairs per row
+
+static_assert(kQkvWarps * kWarp >= kMaxHalf, "the cos/sin table is filled in one pass, one pair per thread");
+
+// ---------------------------------------------------------------------------------------------------------------
+// x += float(delta), then RMSNorm of the row into y. One CTA per row with rmsnorm_bf16's block size and thread
+// mapping (thread t owns the float4 units, or elements, t, t + blockDim.x, ...), so the sum of squares adds the
+// same values in the same order as rmsnorm_kernel does after add_residual_kernel. The residual add is element-wise
+// and exact-twin, so which thread does it does not matter; here the owner does it in pass 1 and re-reads its own
+// stores in pass 2 (program order: no barrier needed). kVec: rmsnorm_vec's condition; kDeltaVec: delta 8-byte
+// aligned (4 BF16 in one load), only meaningful with kVec.
+template <bool kVec, bool kDeltaVec>
+__global__ void __launch_bounds__(ops::kMaxBlockThreads)
+    add_residual_rmsnorm_kernel(float* x, const __nv_bfloat16* delta, const float* weight, __nv_bfloat16* y,
+                                int hidden, float eps) {
+  ops::pdl_prologue();
+  __shared__ float red[kWarp];
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * hidden;
+  float* xr = x + row;
+  const __nv_bfloat16* dr = delta + row;
+  float ss = 0.0f;
+  if constexpr (kVec) {
+    float4* x4 = reinterpret_cast<float4*>(xr);
+    for (int j = threadIdx.x; j < hidden / 4; j += blockDim.x) {
+      float d[4];
+      if constexpr (kDeltaVec) {
+        const uint2 u = reinterpret_cast<const uint2*>(dr)[j];
+        d[0] = __uint_as_float(u.x << 16);  // a BF16 is the top half of an fp32: exact widening
+        d[1] = __uint_as_float(u.x & 0xffff0000u);
+        d[2] = __uint_as_float(u.y << 16);
+        d[3] = __uint_as_float(u.y & 0xffff0000u);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) d[k] = __bfloat162float(dr[4 * j + k]);
+      }
+      float4 v = x4[j];
+      v.x = __fadd_rn(v.x, d[0]);
+      v.y = __fadd_rn(v.y, d[1]);
+      v.z = __fadd_rn(v.z, d[2]);
+      v.w = __fadd_rn(v.w, d[3]);
+      x4[j] = v;
+      ss = ops::sum_squares_add(ss, v);
+    }
+  } else {
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
+      const float v = __fadd_rn(xr[j], __bfloat162float(dr[j]));
+      xr[j] = v;
+      ss = ops::sum_squares_add(ss, v);
+    }
+  }
+  const float s = ops::rms_scale(ops::block_sum(ss, red), hidden, eps);
+  ops::rmsnorm_store_row<kVec>(xr, weight, y + row, hidden, s);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+struct QkvArgs {
+  __nv_bfloat16* qkv;  // written (RoPE'd q and k) only by the kRope instances
+  int32_t row_width;   // (n_heads + 2 n_kv_heads) * head_dim
+  int32_t n_heads, n_kv_heads, head_dim;
+  const int32_t* positions;
+  const float* inv_freq;
+  const int32_t* row_page;
+  const int32_t* row_slot;
+  const uint16_t* key_anchors;  // INT4_HADAMARD only
+  const int32_t* row_anchor;    // INT4_HADAMARD only
+  uint8_t* pool;
+  kv::PageGeometry geo;
+  int32_t kv_hadamard_block;  // formats::kv_hadamard_block(format, head_dim) (INT4_HADAMARD)
+  float kv_hadamard_scale;
+  int32_t q_hadamard_block;  // the caller's hadamard_block; <= 1: q_out is a copy
+  float q_hadamard_scale;
+  __nv_bfloat16* q_out;  // [rows, n_heads, head_dim]
+};
+
+// grid = (ceil((n_heads + 2 n_kv_heads) / kQkvWarps), rows). Warp w of CTA (bx, r) owns head item
+// i = bx * kQkvWarps + w of row r, in row order: q heads, then k heads, then v heads (the item's slice of the row
+// starts at i * head_dim). Its channels are kv_append's register layout (lane l holds c = 32 k + l), so the
+// slot encoders and the Hadamard butterfly of kv_append.cuh apply unchanged. Steps of one item:
+//   q, k (kRope): RoPE from the row's cos/sin table, rounded to BF16, written back into qkv (as rope_qk_bf16);
+//   q: Hadamard with the caller's block (rotate_heads_bf16: same butterfly order, same scale), BF16 into q_out;
+//   k, v: the slot encoding of kv_append_kernel (skipped for padding rows).
+// The channel pairs (i, i + d/2) of a RoPE'd head sit in other lanes when head_dim / 2 is not a multiple of 32, so
+// each lane reads both members of its pairs from memory, and a __syncwarp separates the warp's reads of the head
+// from its write-back (lanes of a warp are not in lock step since Volta).
+template <formats::KvFormat F, bool kRope>
+__global__ void __launch_bounds__(kQkvWarps * kWarp) qkv_rope_kv_append_kernel(const QkvArgs a) {
+  ops::pdl_prologue();
+  __shared__ float2 cs[kRope ? kMaxHalf : 1];
+  const int r = static_cast<int>(blockIdx.y);
+  const int half = a.head_dim / 2;
+  if constexpr (kRope) {
+    const double pos = static_cast<double>(a.positions[r]);
+    for (int i = static_cast<int>(threadIdx.x); i < half; i += kQkvWarps * kWarp)
+      cs[i] = ops::rope_cos_sin(pos, a.inv_freq[i]);
+    __syncthreads();  // the only barrier: the early return below is after it
+  }
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int item = static_cast<int>(blockIdx.x) * kQkvWarps + static_cast<int>(threadIdx.x) / kWarp;
+  if (item >= a.n_heads + 2 * a.n_kv_heads) return;  // warp-uniform
+  const bool is_q = item < a.n_heads;
+  const bool is_v = item >= a.n_heads + a.n_kv_heads;
+  const int hd = a.head_dim;
+  __nv_bfloat16* head = a.qkv + static_cast<int64_t>(r) * a.row_width + static_cast<int64_t>(item) * hd;
+
+  // The head's BF16 bits after this step's RoPE (the values kv_append and rotate_heads_bf16 would read).
+  uint16_t bits[kMaxPerLane];
+  if (kRope && !is_v) {
+#pragma unroll
+    for (int k = 0; k < kMaxPerLane; ++k) {
+      const int c = k * kWarp + lane;
+      bits[k] = 0;
+      if (c < hd) {
+        const int i = c < half ? c : c - half;  // the pair (i, i + half) that channel c belongs to
+        const float x0 = __bfloat162float(head[i]), x1 = __bfloat162float(head[i + half]);
+        const float y = c < half ? ops::rope_lo(x0, x1, cs[i]) : ops::rope_hi(x0, x1, cs[i]);
+        bits[k] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+      }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < kMaxPerLane; ++k) {
+      const int c = k * kWarp + lane;
+      if (c < hd) head[c] = __ushort_as_bfloat16(bits[k]);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kMaxPerLane; ++k) {
+      const int c = k * kWarp + lane;
+      bits[k] = c < hd ? __bfloat16_as_ushort(head[c]) : 0;
+    }
+  }
+  // Widened to fp32 (exact), channels past head_dim 0: what kv::load_head gives for the same bits.
+  float x[kMaxPerLane];
+#pragma unroll
+  for (int k = 0; k < kMaxPerLane; ++k) x[k] = __uint_as_float(static_cast<uint32_t>(bits[k]) << 16);
+
+  if (is_q) {
+    if (a.q_hadamard_block > 1)
+      kv::hadamard_warp(x, (hd + kWarp - 1) / kWarp, a.q_hadamard_block, a.q_hadamard_scale, lane);
+    __nv_bfloat16* dst = a.q_out + (static_cast<int64_t>(r) * a.n_heads + item) * hd;
+#pragma unroll
+    for (int k = 0; k < kMaxPerLane; ++k) {
+      const int c = k * kWarp + lane;
+      if (c < hd) dst[c] = __float2bfloat16_rn(x[k]);
+    }
+    return;
+  }
+
+  const int page_id = a.row_page[r];
+  const int slot = a.row_slot[r];
+  if (page_id < 0 || slot < 0 || slot >= kv::kPageTokens) return;  // padding row (or a slot no page has)
+  const int h = is_v ? item - a.n_heads - a.n_kv_heads : item - a.n_heads;
+  const kv::SlotDst d = kv::slot_dst(a.pool, a.geo, page_id, a.n_kv_heads, h, slot, is_v);
+  if constexpr (F == formats::KvFormat::BF16) {
+    uint16_t* row = reinterpret_cast<uint16_t*>(d.row);
+#pragma unroll
+    for (int k = 0; k < kMaxPerLane; ++k) {
+      const int c = k * kWarp + lane;
+      if (c < hd) row[c] = kv::quiet_bf16_nan(bits[k]);
+    }
+  } else {
+    const uint16_t* anchor = nullptr;
+    if constexpr (F == formats::KvFormat::INT4_HADAMARD) {
+      const int ai = is_v ? -1 : a.row_anchor[r];
+      if (ai >= 0) anchor = a.key_anchors + (static_cast<int64_t>(ai) * a.n_kv_heads + h) * hd;
+    }
+    kv::encode_quantized<F>(x, hd, d, slot, a.geo.groups, anchor, a.kv_hadamard_block, a.kv_hadamard_scale, lane);
+  }
+}
+
+}  // namespace futransformer::cuda::fused

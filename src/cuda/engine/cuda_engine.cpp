@@ -17,6 +17,7 @@
 #include "futransformer/cuda/attention_decode.h"
 #include "futransformer/cuda/attention_generic.h"
 #include "futransformer/cuda/decoder_ops.h"
+#include "futransformer/cuda/fused_ops.h"
 #include "futransformer/cuda/kv_append.h"
 #include "futransformer/dtype.h"
 #include "futransformer/error.h"
@@ -132,6 +133,7 @@ class CudaEngineImpl final : public CudaEngine {
   int64_t q_width_ = 0, kv_width_ = 0, qkv_width_ = 0;
   int hadamard_block_ = 0;
   bool synthetic_ = false;
+  bool fused_qkv_ = false;  // qkv_rope_kv_append takes this head shape
   formats::KvPageLayout layout_;
   std::string description_;
   CudaEngineMemory memory_;
@@ -198,6 +200,11 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
          e.what());
   }
   hadamard_block_ = static_cast<int>(formats::kv_hadamard_block(opt_.kv, c.head_dim));
+  fused_qkv_ = cuda::qkv_rope_kv_append_can_implement(opt_.kv, static_cast<int>(opt_.max_batch_tokens),
+                                                      static_cast<int>(c.num_attention_heads),
+                                                      static_cast<int>(c.num_key_value_heads),
+                                                      static_cast<int>(c.head_dim), hadamard_block_,
+                                                      nullptr) == cudaSuccess;
 
   // Attention must run for every pass shape: the fast kernel, or the generic one, must accept the model.
   std::string why_fast, why_generic;
@@ -463,28 +470,46 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
   check_op(cuda::embed_rows_bf16(bf(embedding_.get()), m + ml.tokens, x_.get(), r, hh, static_cast<int>(c.vocab_size),
                                  stream_),
            "embedding", decoder_ops_last_error);
+  // Each layer's attention RMSNorm is fused into the previous layer's last residual add; the first one runs here.
+  if (!layers_.empty())
+    check_op(cuda::rmsnorm_bf16(x_.get(), layers_[0].attn_norm.get(), bf(xn_), r, hh, eps, stream_),
+             "attention RMSNorm", decoder_ops_last_error);
   for (size_t li = 0; li < layers_.size(); ++li) {
     const DeviceLayer& l = layers_[li];
     uint8_t* pool = kv_pool_.get() + li * layer_pool;
     uint16_t* anchors = anchors_.get() ? anchors_.get() + li * static_cast<size_t>(opt_.max_sequences * kv_width_)
                                        : nullptr;
-    check_op(cuda::rmsnorm_bf16(x_.get(), l.attn_norm.get(), bf(xn_), r, hh, eps, stream_), "attention RMSNorm",
-             decoder_ops_last_error);
+    const int32_t* row_anchor = anchors ? m + ml.row_anchor : nullptr;
     l.qkv.forward(bf(xn_), rows, qkv_.get(), false, g);
-    check_op(cuda::rope_qk_bf16(bf(qkv_), m + ml.positions, inv_freq_.get(), r, nh, nkv, hd, stream_), "RoPE",
-             decoder_ops_last_error);
-    if (anchors && n_new > 0)
-      check_op(cuda::kv_key_anchor_compute(bf(qkv_), static_cast<int>(qkv_width_), static_cast<int>(q_width_), nkv, hd,
-                                           static_cast<int>(n_new), m + ml.new_first, m + ml.new_count,
-                                           m + ml.new_anchor, anchors, stream_),
-               "KV key anchors", cuda::kv_append_last_error);
-    check_op(cuda::kv_append(opt_.kv, bf(qkv_), static_cast<int>(qkv_width_), static_cast<int>(q_width_),
-                             static_cast<int>(q_width_ + kv_width_), r, nkv, hd, m + ml.row_page, m + ml.row_slot,
-                             anchors, anchors ? m + ml.row_anchor : nullptr, pool, stream_),
-             "KV append", cuda::kv_append_last_error);
-    cuda_check(cuda::rotate_heads_bf16(bf(qkv_), static_cast<int>(qkv_width_), bf(q_), r, nh, hd, hadamard_block_,
-                                       stream_),
-               "query rotation");
+    if (fused_qkv_ && !(anchors && n_new > 0)) {
+      // Decode steps and passes without new int4-hadamard sequences: RoPE, cache append and the query gather in one.
+      check_op(cuda::qkv_rope_kv_append(opt_.kv, bf(qkv_), r, nh, nkv, hd, m + ml.positions, inv_freq_.get(),
+                                        m + ml.row_page, m + ml.row_slot, anchors, row_anchor, pool, hadamard_block_,
+                                        bf(q_), stream_),
+               "RoPE + KV append + q rotation", cuda::fused_ops_last_error);
+    } else {
+      check_op(cuda::rope_qk_bf16(bf(qkv_), m + ml.positions, inv_freq_.get(), r, nh, nkv, hd, stream_), "RoPE",
+               decoder_ops_last_error);
+      // A new sequence's key anchor is a mean over its chunk's RoPE'd keys: computed before any of them is stored.
+      if (anchors && n_new > 0)
+        check_op(cuda::kv_key_anchor_compute(bf(qkv_), static_cast<int>(qkv_width_), static_cast<int>(q_width_), nkv,
+                                             hd, static_cast<int>(n_new), m + ml.new_first, m + ml.new_count,
+                                             m + ml.new_anchor, anchors, stream_),
+                 "KV key anchors", cuda::kv_append_last_error);
+      if (fused_qkv_) {
+        check_op(cuda::kv_append_rotate_q(opt_.kv, bf(qkv_), r, nh, nkv, hd, m + ml.row_page, m + ml.row_slot, anchors,
+                                          row_anchor, pool, hadamard_block_, bf(q_), stream_),
+                 "KV append + q rotation", cuda::fused_ops_last_error);
+      } else {
+        check_op(cuda::kv_append(opt_.kv, bf(qkv_), static_cast<int>(qkv_width_), static_cast<int>(q_width_),
+                                 static_cast<int>(q_width_ + kv_width_), r, nkv, hd, m + ml.row_page, m + ml.row_slot,
+                                 anchors, row_anchor, pool, stream_),
+                 "KV append", cuda::kv_append_last_error);
+        cuda_check(cuda::rotate_heads_bf16(bf(qkv_), static_cast<int>(qkv_width_), bf(q_), r, nh, hd, hadamard_block_,
+                                           stream_),
+                   "query rotation");
+      }
+    }
     if (fast) {
       const auto fn = layout_.format == formats::KvFormat::BF16 ? cuda::attention_decode_bf16
                                                                 : cuda::attention_decode_int4;
@@ -502,13 +527,18 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                                          stream_),
                  "attention output un-rotation");
     l.o.forward(bf(att_), rows, delta_.get(), false, g);
-    check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
-    check_op(cuda::rmsnorm_bf16(x_.get(), l.mlp_norm.get(), bf(xn_), r, hh, eps, stream_), "MLP RMSNorm",
-             decoder_ops_last_error);
+    check_op(cuda::add_residual_rmsnorm_bf16(x_.get(), bf(delta_), l.mlp_norm.get(), bf(xn_), r, hh, eps, stream_),
+             "residual + MLP RMSNorm", cuda::fused_ops_last_error);
     l.gate_up.forward(bf(xn_), rows, gate_up_.get(), false, g);
     check_op(cuda::swiglu_bf16(bf(gate_up_), bf(act_), r, inter, stream_), "SwiGLU", decoder_ops_last_error);
     l.down.forward(bf(act_), rows, delta_.get(), false, g);
-    check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
+    // The last layer keeps a plain add: the head normalises only the rows it needs (possibly gathered).
+    if (li + 1 < layers_.size())
+      check_op(cuda::add_residual_rmsnorm_bf16(x_.get(), bf(delta_), layers_[li + 1].attn_norm.get(), bf(xn_), r, hh,
+                                               eps, stream_),
+               "residual + attention RMSNorm", cuda::fused_ops_last_error);
+    else
+      check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
   }
 }
 

@@ -265,7 +265,9 @@ TEST(CudaEngine, FastAndGenericAttentionAgree) {
   FT_REQUIRE_FILE(path);
   const Model model = bf16_model(load_model(path));
   const std::unique_ptr<Tokenizer> tok = load_tokenizer_for_model(model, "");
-  for (const char* recipe : {"full+kv-bf16", "int4-rtn-g64+kv-int4-hadamard"}) {
+  // A BF16 cache: with INT4 caches the comparison is dominated by cache codes that rounding differences flip in
+  // later layers (covered against the reference by SmolLM2Recipe), not by the attention kernels.
+  for (const char* recipe : {"full+kv-bf16", "int4-rtn-g64+kv-bf16"}) {
     quant::QuantizeOptions qo;
     qo.recipe = PrecisionRecipe::parse(recipe);
     const quant::QuantizedModel q = quant::quantize_model(model, quant::CalibrationSet{}, qo);

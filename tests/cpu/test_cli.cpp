@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cli_runner.h"
+#include "futransformer/device.h"
 #include "test_paths.h"
 
 namespace futransformer {
@@ -20,7 +21,7 @@ TEST(Cli, GenerateStories260KReproducesGolden) {
   FT_REQUIRE_FILE(dir + "golden-once-upon-a-time.txt");
   // 200 run.c steps = the prompt's 4 tokens after BOS + 196 new tokens.
   const Result r = run_cli("generate --model " + quote(dir + "stories260K.bin") + " --tokenizer " +
-                           quote(dir + "tok512.bin") + " --prompt 'Once upon a time' --temperature 0 -n 196");
+                           quote(dir + "tok512.bin") + " --prompt 'Once upon a time' --temperature 0 -n 196 --device cpu");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, slurp(dir + "golden-once-upon-a-time.txt"));
   EXPECT_NE(r.err.find("tok/s"), std::string::npos);
@@ -40,7 +41,7 @@ TEST(Cli, InfoSmolLM2ShowsConfig) {
 TEST(Cli, SmolLM2GreedyAnswersInEnglish) {
   FT_REQUIRE_FILE(test::smollm2_gguf_path());
   const Result r = run_cli("generate --model " + quote(test::smollm2_gguf_path()) +
-                           " --prompt 'The capital of France is' --temperature 0 -n 12");
+                           " --prompt 'The capital of France is' --temperature 0 -n 12 --device cpu");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.rfind("The capital of France is", 0), 0u) << r.out;
   EXPECT_NE(r.out.find("Paris"), std::string::npos) << r.out;
@@ -65,6 +66,26 @@ TEST(Cli, BadInputsGiveOneClearError) {
     EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << "\nstderr: " << r.err;
     EXPECT_EQ(r.err.find("terminate called"), std::string::npos) << r.err;
   }
+}
+
+// Without a Hopper GPU, --device cuda is one clear error before any model work (and auto falls back to the CPU).
+TEST(Cli, DeviceCudaWithoutGpuSaysWhy) {
+  const DeviceInfo info = query_device();
+  if (info.hopper) GTEST_SKIP() << "a Hopper GPU is present: --device cuda runs (tests/gpu cover it)";
+  const std::string dir = test::shared_path("models/stories260K/");
+  FT_REQUIRE_FILE(dir + "stories260K.bin");
+  const Result r = run_cli("generate --model " + quote(dir + "stories260K.bin") + " --tokenizer " +
+                           quote(dir + "tok512.bin") + " --prompt 'Once' -n 2 --device cuda");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--device cuda"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.err.find("no CUDA device") != std::string::npos || r.err.find("built without CUDA") != std::string::npos ||
+              r.err.find("Hopper") != std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out, "");
+  const Result a = run_cli("generate --model " + quote(dir + "stories260K.bin") + " --tokenizer " +
+                           quote(dir + "tok512.bin") + " --prompt 'Once' -n 2 --temperature 0 --device auto");
+  EXPECT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_NE(a.err.find("cpu reference engine"), std::string::npos) << a.err;
 }
 
 TEST(Cli, Llama2cWithoutTokenizerSaysWhatToPass) {

@@ -60,19 +60,19 @@ TEST_F(CliQuantize, GptqPerChannelThenGenerateAndInfo) {
   EXPECT_NE(info.out.find("format:                   quantized"), std::string::npos) << info.out;
   EXPECT_NE(info.out.find("tokenizer:                512 tokens"), std::string::npos) << info.out;
 
-  const Result g = run_cli("generate --model " + out + " --prompt 'Once upon a time' --temperature 0 -n 30");
+  const Result g = run_cli("generate --device cpu --model " + out + " --prompt 'Once upon a time' --temperature 0 -n 30");
   ASSERT_EQ(g.exit_code, 0) << g.err;
   EXPECT_EQ(g.out.rfind("Once upon a time", 0), 0u) << g.out;
   EXPECT_GT(g.out.size(), 40u) << g.out;
   EXPECT_NE(g.err.find("int4-gptq-gch"), std::string::npos) << g.err;
 
-  const Result twice = run_cli("generate --model " + out + " --prompt hi --recipe fp8");
+  const Result twice = run_cli("generate --device cpu --model " + out + " --prompt hi --recipe fp8");
   EXPECT_EQ(twice.exit_code, 1);
   EXPECT_NE(twice.err.find("already quantised"), std::string::npos) << twice.err;
 }
 
 TEST_F(CliQuantize, GenerateWithRecipeQuantisesInMemory) {
-  const Result r = run_cli("generate --model " + model() +
+  const Result r = run_cli("generate --device cpu --model " + model() +
                            " --prompt 'Once upon a time' --temperature 0 -n 20 --recipe fp8+act-fp8+kv-bf16");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.rfind("Once upon a time", 0), 0u) << r.out;
@@ -86,7 +86,7 @@ TEST_F(CliQuantize, GenerateWithRecipeQuantisesInMemory) {
       {"--recipe int4-rtn-g32+int4-rtn-g64", "two weight formats"},
   };
   for (const auto& e : errors) {
-    const Result bad = run_cli("generate --model " + model() + " --prompt hi " + e.args);
+    const Result bad = run_cli("generate --device cpu --model " + model() + " --prompt hi " + e.args);
     EXPECT_EQ(bad.exit_code, 1) << e.args;
     EXPECT_NE(bad.err.find(e.message), std::string::npos) << e.args << ": " << bad.err;
   }
@@ -97,7 +97,7 @@ TEST_F(CliQuantize, Fp8AndArgumentErrors) {
   const Result r = run_cli("quantize -q --model " + model() + " --out " + out + " --weights fp8");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err, "");  // -q: no progress line
-  const Result g = run_cli("generate --model " + out + " --prompt 'Once upon a time' --temperature 0 -n 10");
+  const Result g = run_cli("generate --device cpu --model " + out + " --prompt 'Once upon a time' --temperature 0 -n 10");
   EXPECT_EQ(g.exit_code, 0) << g.err;
 
   const Result both = run_cli("quantize --model " + model() + " --out " + out + " --recipe fp8 --weights int4-rtn");

@@ -39,7 +39,8 @@ bool overlap(const Extent& a, const Extent& b) {
 
 // A CTA may write its codes before another CTA has read the inputs they would overwrite, and pass 2 re-reads the
 // row after other threads' pass-1 debug writes: every output must be disjoint from every input and other output.
-cudaError_t check_disjoint(const char* op, std::initializer_list<Extent> inputs, std::initializer_list<Extent> outputs) {
+cudaError_t check_disjoint(const char* op, std::initializer_list<Extent> inputs,
+                           std::initializer_list<Extent> outputs) {
   for (auto o = outputs.begin(); o != outputs.end(); ++o) {
     for (const Extent& i : inputs) {
       if (overlap(*o, i))
@@ -117,8 +118,8 @@ cudaError_t rmsnorm_fp8(const float* x, const float* weight, uint8_t* codes, flo
                 weight, codes, scales, y_debug, hidden, eps);
 }
 
-cudaError_t quantize_rows_fp8(const __nv_bfloat16* x, int row_stride, uint8_t* codes, float* scales, int rows,
-                              int cols, cudaStream_t stream) {
+cudaError_t quantize_rows_fp8(const __nv_bfloat16* x, int row_stride, uint8_t* codes, float* scales, int rows, int cols,
+                              cudaStream_t stream) {
   constexpr const char* op = "quantize_rows_fp8";
   g_last_error.clear();
   if (!x || !codes || !scales) return null_pointer(op, "x, codes and scales");
@@ -130,8 +131,8 @@ cudaError_t quantize_rows_fp8(const __nv_bfloat16* x, int row_stride, uint8_t* c
   if (check_disjoint(op, {{"x", x, in_elems * 2}},
                      {{"codes", codes, int64_t{rows} * cols}, {"scales", scales, int64_t{rows} * 4}}))
     return cudaErrorInvalidValue;
-  const bool vec = cols % fp8p::kBf16Vec == 0 && row_stride % fp8p::kBf16Vec == 0 && aligned(x, 16) &&
-                   aligned(codes, 8);
+  const bool vec =
+      cols % fp8p::kBf16Vec == 0 && row_stride % fp8p::kBf16Vec == 0 && aligned(x, 16) && aligned(codes, 8);
   const int threads = row_threads(vec ? cols / fp8p::kBf16Vec : cols);
   return launch(vec ? fp8p::quantize_rows_fp8_kernel<true> : fp8p::quantize_rows_fp8_kernel<false>, rows, threads,
                 stream, x, int64_t{row_stride}, codes, scales, cols);

@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
     const float4* x4 = reinterpret_cast<const float4*>(xr);
     const float4* w4 = reinterpret_cast<const float4*>(weight);
     // The weight is shared by every row: __ldg keeps it on the read-only path, as rmsnorm_store_row does.
-    const auto gen = [&](int j, float (&y)[kRmsnormVec]) {
+    const auto gen = [&](int j, float(&y)[kRmsnormVec]) {
       const float4 v = x4[j], w = __ldg(w4 + j);
       y[0] = __fmul_rn(w.x, __fmul_rn(s, v.x));
       y[1] = __fmul_rn(w.y, __fmul_rn(s, v.y));
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
     };
     quantize_row<kRmsnormVec>(gen, hidden / kRmsnormVec, codes + row, scales + blockIdx.x, yd, red_max);
   } else {
-    const auto gen = [&](int j, float (&y)[1]) { y[0] = __fmul_rn(weight[j], __fmul_rn(s, xr[j])); };
+    const auto gen = [&](int j, float(&y)[1]) { y[0] = __fmul_rn(weight[j], __fmul_rn(s, xr[j])); };
     quantize_row<1>(gen, hidden, codes + row, scales + blockIdx.x, yd, red_max);
   }
 }
@@ -143,10 +143,10 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
   uint8_t* cr = codes + static_cast<int64_t>(blockIdx.x) * cols;
   if constexpr (kVec) {
     const uint4* x8 = reinterpret_cast<const uint4*>(xr);
-    const auto gen = [&](int j, float (&y)[kBf16Vec]) { ops::bf16x8_to_f32(x8[j], y); };
+    const auto gen = [&](int j, float(&y)[kBf16Vec]) { ops::bf16x8_to_f32(x8[j], y); };
     quantize_row<kBf16Vec>(gen, cols / kBf16Vec, cr, scales + blockIdx.x, nullptr, red_max);
   } else {
-    const auto gen = [&](int j, float (&y)[1]) { y[0] = __bfloat162float(xr[j]); };
+    const auto gen = [&](int j, float(&y)[1]) { y[0] = __bfloat162float(xr[j]); };
     quantize_row<1>(gen, cols, cr, scales + blockIdx.x, nullptr, red_max);
   }
 }
@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
   if constexpr (kVec) {
     const uint4* g8 = reinterpret_cast<const uint4*>(g);
     const uint4* u8 = reinterpret_cast<const uint4*>(u);
-    const auto gen = [&](int j, float (&y)[kBf16Vec]) {
+    const auto gen = [&](int j, float(&y)[kBf16Vec]) {
       float gf[kBf16Vec], uf[kBf16Vec];
       ops::bf16x8_to_f32(g8[j], gf);
       ops::bf16x8_to_f32(u8[j], uf);
@@ -175,9 +175,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
     };
     quantize_row<kBf16Vec>(gen, inter / kBf16Vec, codes + row, scales + blockIdx.x, yd, red_max);
   } else {
-    const auto gen = [&](int j, float (&y)[1]) {
-      y[0] = ops::silu_mul(__bfloat162float(g[j]), __bfloat162float(u[j]));
-    };
+    const auto gen = [&](int j, float(&y)[1]) { y[0] = ops::silu_mul(__bfloat162float(g[j]), __bfloat162float(u[j])); };
     quantize_row<1>(gen, inter, codes + row, scales + blockIdx.x, yd, red_max);
   }
 }

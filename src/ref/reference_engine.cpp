@@ -142,10 +142,13 @@ std::vector<std::vector<float>> ReferenceEngine::forward(std::span<const Sequenc
   validate_batch(batch);
   std::vector<std::vector<float>> out(batch.size());
   std::vector<size_t> prompts, steps;
-  for (size_t ci = 0; ci < batch.size(); ++ci) (decode_ && batch[ci].tokens.size() == 1 ? steps : prompts).push_back(ci);
+  for (size_t ci = 0; ci < batch.size(); ++ci) {
+    (decode_ && batch[ci].tokens.size() == 1 ? steps : prompts).push_back(ci);
+  }
   try {
     // The two groups share no sequence (ids are unique in a batch) and rows never interact outside attention, so
-    // running them one after the other is the same as one batch.
+    // running them one after the other is the same math as one batch (with BLAS a row's rounding may depend on
+    // how many rows share the sgemm call).
     if (!prompts.empty()) run(model_, batch, prompts, all_logits, out);
     if (!steps.empty()) run(*decode_, batch, steps, all_logits, out);
   } catch (...) {

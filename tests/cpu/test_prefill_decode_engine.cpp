@@ -86,11 +86,11 @@ std::vector<Step> script(int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   auto toks = [&](size_t n) { return test::random_token_ids(n, vocab, rng); };
   return {
-      {{{1, toks(7)}, {2, toks(12)}}, true},          // two prompts
-      {{{1, toks(1)}, {2, toks(1)}}, false},          // decode step
-      {{{2, toks(1)}}, true},                         // decode step, all logits
+      {{{1, toks(7)}, {2, toks(12)}}, true},               // two prompts
+      {{{1, toks(1)}, {2, toks(1)}}, false},               // decode step
+      {{{2, toks(1)}}, true},                              // decode step, all logits
       {{{1, toks(3)}, {2, toks(1)}, {5, toks(1)}}, true},  // continuation + step + one-token prompt
-      {{{5, toks(4)}, {1, toks(1)}}, false},          // continuation + step
+      {{{5, toks(4)}, {1, toks(1)}}, false},               // continuation + step
       {{{1, toks(1)}, {2, toks(1)}, {5, toks(1)}}, false},
   };
 }

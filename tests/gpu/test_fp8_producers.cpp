@@ -172,8 +172,8 @@ void check_rmsnorm_fp8(int rows, int hidden, int off, uint32_t seed) {
   OffsetBuffer<float> d_scales(static_cast<size_t>(rows), off), d_y(n, off);
   const OffsetBuffer<uint16_t> d_bf16(n, off);
 
-  expect_launched(cuda::rmsnorm_fp8(d_x.ptr(), d_w.ptr(), d_codes.ptr(), d_scales.ptr(), rows, hidden, kEps, nullptr,
-                                    d_y.ptr()));
+  expect_launched(
+      cuda::rmsnorm_fp8(d_x.ptr(), d_w.ptr(), d_codes.ptr(), d_scales.ptr(), rows, hidden, kEps, nullptr, d_y.ptr()));
   const std::vector<float> y = d_y.download(), scales = d_scales.download();
   const std::vector<uint8_t> codes = d_codes.download();
   expect_exact_quantisation(y, codes, scales, rows, hidden);
@@ -233,7 +233,8 @@ void check_quantize_rows(int rows, int cols, int stride, int off, uint32_t seed)
       cuda::quantize_rows_fp8(as_bf16(d_x.ptr()), stride, d_codes.ptr(), d_scales.ptr(), rows, cols, nullptr));
   std::vector<float> y(static_cast<size_t>(rows) * cols);
   for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < cols; ++c) y[static_cast<size_t>(r) * cols + c] = bf16_to_f32(x[static_cast<size_t>(r) * stride + c]);
+    for (int c = 0; c < cols; ++c)
+      y[static_cast<size_t>(r) * cols + c] = bf16_to_f32(x[static_cast<size_t>(r) * stride + c]);
   }
   expect_exact_quantisation(y, d_codes.download(), d_scales.download(), rows, cols);
 }
@@ -408,8 +409,8 @@ TEST(Fp8ProducersGpu, LaunchersCaptureIntoAGraphAndReplayIdentically) {
     EXPECT_EQ(c1.download(), want_c1);
     EXPECT_EQ(c2.download(), want_c2);
     EXPECT_EQ(c3.download(), want_c3);
-    for (auto [got, want] : {std::pair{s1.download(), want_s1}, std::pair{s2.download(), want_s2},
-                             std::pair{s3.download(), want_s3}}) {
+    for (auto [got, want] :
+         {std::pair{s1.download(), want_s1}, std::pair{s2.download(), want_s2}, std::pair{s3.download(), want_s3}}) {
       ASSERT_EQ(got.size(), want.size());
       for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(f32_bits(got[i]), f32_bits(want[i])) << "replay " << replay;
     }
@@ -439,8 +440,7 @@ TEST(Fp8ProducersHost, RmsnormFp8RejectsBadArguments) {
   expect_rejected(cuda::rmsnorm_fp8(nullptr, w, codes, scales, 2, 64, 1e-5f, nullptr), "non-null");
   expect_rejected(cuda::rmsnorm_fp8(x, w, codes, nullptr, 2, 64, 1e-5f, nullptr), "non-null");
   expect_rejected(cuda::rmsnorm_fp8(x, w, codes, scales, 0, 64, 1e-5f, nullptr), "rows = 0");
-  expect_rejected(cuda::rmsnorm_fp8(x, w, codes, scales, cuda::kFp8ProducersMaxRows + 1, 64, 1e-5f, nullptr),
-                  "rows =");
+  expect_rejected(cuda::rmsnorm_fp8(x, w, codes, scales, cuda::kFp8ProducersMaxRows + 1, 64, 1e-5f, nullptr), "rows =");
   expect_rejected(cuda::rmsnorm_fp8(x, w, codes, scales, 2, 0, 1e-5f, nullptr), "hidden = 0");
   expect_rejected(cuda::rmsnorm_fp8(x, w, codes, scales, 2, 64, -1.0f, nullptr), "eps");
   expect_rejected(cuda::rmsnorm_fp8(x, w, codes, scales, 2, 64, std::nanf(""), nullptr), "eps");
@@ -478,7 +478,8 @@ TEST(Fp8ProducersHost, SwigluFp8RejectsBadArguments) {
   expect_rejected(cuda::swiglu_fp8(gu, codes, scales, 2, 0, nullptr), "inter = 0");
   expect_rejected(cuda::swiglu_fp8(gu, codes, scales, 2, cuda::kFp8ProducersMaxWidth + 1, nullptr), "inter =");
   // gate_up: 2 rows · 2 · 64 BF16 = 512 bytes.
-  expect_rejected(cuda::swiglu_fp8(gu, fake<uint8_t>(0x100000 + 510), scales, 2, 64, nullptr), "codes overlaps gate_up");
+  expect_rejected(cuda::swiglu_fp8(gu, fake<uint8_t>(0x100000 + 510), scales, 2, 64, nullptr),
+                  "codes overlaps gate_up");
   expect_rejected(cuda::swiglu_fp8(gu, codes, scales, 2, 64, nullptr, fake<float>(0x100000 - 4)),
                   "y_debug overlaps gate_up");
 }

@@ -46,8 +46,8 @@ cudaError_t rmsnorm_fp8(const float* x, const float* weight, uint8_t* codes, flo
 // Per-token FP8 of BF16 rows: row r is x[r · row_stride + c] for c < cols (row_stride >= cols, in elements: the
 // attention output may sit inside a wider buffer). y = the BF16 values widened (exact). codes [rows, cols] (stride
 // cols), scales [rows].
-cudaError_t quantize_rows_fp8(const __nv_bfloat16* x, int row_stride, uint8_t* codes, float* scales, int rows,
-                              int cols, cudaStream_t stream);
+cudaError_t quantize_rows_fp8(const __nv_bfloat16* x, int row_stride, uint8_t* codes, float* scales, int rows, int cols,
+                              cudaStream_t stream);
 
 // gate_up row r holds [gate (inter values) | up (inter values)] BF16; y[r, i] = silu(g) · u in fp32 with
 // swiglu_bf16's arithmetic (so bf16(y) is bit for bit swiglu_bf16's output), then per-token FP8 of y.

@@ -31,4 +31,18 @@ struct ReferenceOptions {
 // head_dim (e.g. int4 needs a multiple of 32).
 std::unique_ptr<Engine> make_reference_engine(const Model& model, const ReferenceOptions& options = {});
 
+// Two models over one KV cache per sequence — what the CUDA engine does with FP8 prefill (docs/design.md): every
+// chunk of more than one token (a prompt, or a prompt's continuation) runs through `prefill_model` with
+// `prefill_options`' activation format, every single-token chunk (a decode step; also a one-token prompt) through
+// `decode_model` with `decode_options`', and both append to and attend over the same per-sequence caches. The
+// routing is per chunk, so one batch may mix both kinds. Each model's own embedding, norms and LM head serve its
+// chunks (quantisations of one checkpoint share them).
+// With identical models and options it computes exactly what make_reference_engine does for the same batches.
+// Throws Error (besides make_reference_engine's reasons) when the two configs differ in anything the forward pass
+// reads (naming the field), the KV-cache formats differ, or the two options allow different sequence lengths.
+std::unique_ptr<Engine> make_prefill_decode_reference_engine(const Model& prefill_model,
+                                                             const ReferenceOptions& prefill_options,
+                                                             const Model& decode_model,
+                                                             const ReferenceOptions& decode_options);
+
 }  // namespace futransformer

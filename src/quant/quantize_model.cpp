@@ -311,6 +311,14 @@ std::unique_ptr<Engine> make_reference_engine(const QuantizedModel& q, int64_t m
   return make_reference_engine(q.model, reference_options(q.recipe, max_sequence_length));
 }
 
+std::unique_ptr<Engine> make_prefill_decode_reference_engine(const QuantizedModel& prefill,
+                                                             const QuantizedModel& decode,
+                                                             int64_t max_sequence_length) {
+  return futransformer::make_prefill_decode_reference_engine(
+      prefill.model, reference_options(prefill.recipe, max_sequence_length), decode.model,
+      reference_options(decode.recipe, max_sequence_length));
+}
+
 std::unique_ptr<Engine> make_reference_engine_for_recipe(const Model& model, const Tokenizer& tokenizer,
                                                          const PrecisionRecipe& recipe,
                                                          const QuantizeOptions& calibration,

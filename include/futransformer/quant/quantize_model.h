@@ -85,6 +85,12 @@ QuantizedModel quantize_model(const Model& model, const CalibrationSet& calibrat
 ReferenceOptions reference_options(const PrecisionRecipe& recipe, int64_t max_sequence_length = 0);
 // A reference engine running the quantised model with its recipe's activation and KV formats.
 std::unique_ptr<Engine> make_reference_engine(const QuantizedModel& quantized, int64_t max_sequence_length = 0);
+// make_prefill_decode_reference_engine with each quantised model's recipe options (reference_options): prompts run
+// `prefill` (e.g. fp8+act-fp8), single-token steps `decode` (e.g. int4-gptq-g128), over one cache. The two recipes'
+// KV formats must agree.
+std::unique_ptr<Engine> make_prefill_decode_reference_engine(const QuantizedModel& prefill,
+                                                             const QuantizedModel& decode,
+                                                             int64_t max_sequence_length = 0);
 // Quantises `model` to `recipe` (calibration.recipe is ignored; its other fields drive GPTQ) and returns a
 // reference engine for it. A recipe with full weights skips quantisation.
 std::unique_ptr<Engine> make_reference_engine_for_recipe(const Model& model, const Tokenizer& tokenizer,

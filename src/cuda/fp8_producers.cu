@@ -1,0 +1,159 @@
+// Host side of the FP8 prefill producers: argument checks, the vector/scalar instance choice and the launch
+// configuration. Kernels: src/cuda/fp8_producers.cuh. Nothing here queries the device or allocates, so every
+// launcher can be captured in a CUDA graph.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+
+#include "cuda/decoder_ops.cuh"
+#include "cuda/fp8_producers.cuh"
+#include "cuda/launch_status.h"
+#include "futransformer/cuda/fp8_producers.h"
+
+namespace futransformer::cuda {
+namespace {
+
+using std::to_string;
+
+thread_local std::string g_last_error;
+
+static_assert(kFp8ProducersMaxRows <= 0x7fffffff, "rows go on grid.x");
+
+// A byte range of one argument, for the overlap checks.
+struct Extent {
+  const char* name;
+  const void* p;
+  int64_t bytes;
+};
+
+bool overlap(const Extent& a, const Extent& b) {
+  if (a.p == nullptr || b.p == nullptr || a.bytes == 0 || b.bytes == 0) return false;
+  const auto a0 = reinterpret_cast<uintptr_t>(a.p), b0 = reinterpret_cast<uintptr_t>(b.p);
+  return a0 < b0 + static_cast<uintptr_t>(b.bytes) && b0 < a0 + static_cast<uintptr_t>(a.bytes);
+}
+
+// A CTA may write its codes before another CTA has read the inputs they would overwrite, and pass 2 re-reads the
+// row after other threads' pass-1 debug writes: every output must be disjoint from every input and other output.
+cudaError_t check_disjoint(const char* op, std::initializer_list<Extent> inputs,
+                           std::initializer_list<Extent> outputs) {
+  for (auto o = outputs.begin(); o != outputs.end(); ++o) {
+    for (const Extent& i : inputs) {
+      if (overlap(*o, i))
+        return reject(&g_last_error,
+                      std::string(op) + ": " + o->name + " overlaps " + i.name + "; expected separate buffers");
+    }
+    for (auto o2 = o + 1; o2 != outputs.end(); ++o2) {
+      if (overlap(*o, *o2))
+        return reject(&g_last_error,
+                      std::string(op) + ": " + o->name + " overlaps " + o2->name + "; expected separate buffers");
+    }
+  }
+  return cudaSuccess;
+}
+
+cudaError_t check_range(const char* op, const char* name, int64_t v, int64_t lo, int64_t hi) {
+  if (v >= lo && v <= hi) return cudaSuccess;
+  return reject(&g_last_error, std::string(op) + ": " + name + " = " + to_string(v) + ", expected " + to_string(lo) +
+                                   ".." + to_string(hi));
+}
+
+cudaError_t check_rows(const char* op, int rows) { return check_range(op, "rows", rows, 1, kFp8ProducersMaxRows); }
+
+cudaError_t check_width(const char* op, const char* name, int v) {
+  return check_range(op, name, v, 1, kFp8ProducersMaxWidth);
+}
+
+cudaError_t null_pointer(const char* op, const char* names) {
+  return reject(&g_last_error, std::string(op) + ": " + names + " must be non-null device pointers");
+}
+
+// One thread per unit (vector or element) of the row, whole warps, at most one full CTA.
+int row_threads(int64_t units) {
+  const int64_t threads = (units + fp8p::kWarp - 1) / fp8p::kWarp * fp8p::kWarp;
+  return static_cast<int>(threads < fp8p::kMaxBlockThreads ? threads : fp8p::kMaxBlockThreads);
+}
+
+template <typename... Args>
+cudaError_t launch(void (*kernel)(Args...), int rows, int threads, cudaStream_t stream,
+                   std::type_identity_t<Args>... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(rows));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.stream = stream;
+  // FT_PDL=1: may start while the previous kernel on the stream runs; the kernel's pdl_prologue waits for it.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (programmatic_launch()) {
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+}  // namespace
+
+cudaError_t rmsnorm_fp8(const float* x, const float* weight, uint8_t* codes, float* scales, int rows, int hidden,
+                        float eps, cudaStream_t stream, float* y_debug) {
+  constexpr const char* op = "rmsnorm_fp8";
+  g_last_error.clear();
+  if (!x || !weight || !codes || !scales) return null_pointer(op, "x, weight, codes and scales");
+  if (check_rows(op, rows) || check_width(op, "hidden", hidden)) return cudaErrorInvalidValue;
+  if (!std::isfinite(eps) || eps < 0.0f)
+    return reject(&g_last_error, std::string(op) + ": eps = " + to_string(eps) + ", expected a finite value >= 0");
+  const int64_t n = int64_t{rows} * hidden;
+  if (check_disjoint(op, {{"x", x, n * 4}, {"weight", weight, int64_t{hidden} * 4}},
+                     {{"codes", codes, n}, {"scales", scales, int64_t{rows} * 4}, {"y_debug", y_debug, n * 4}}))
+    return cudaErrorInvalidValue;
+  // rmsnorm_bf16's choice for the same x and weight (its y alignment becomes the codes' 4-byte one), so both sum
+  // the squares in the same order.
+  const bool vec = hidden % fp8p::kRmsnormVec == 0 && aligned(x, 16) && aligned(weight, 16) && aligned(codes, 4);
+  const int threads = ops::rmsnorm_threads(hidden, vec);
+  return launch(vec ? fp8p::rmsnorm_fp8_kernel<true> : fp8p::rmsnorm_fp8_kernel<false>, rows, threads, stream, x,
+                weight, codes, scales, y_debug, hidden, eps);
+}
+
+cudaError_t quantize_rows_fp8(const __nv_bfloat16* x, int row_stride, uint8_t* codes, float* scales, int rows, int cols,
+                              cudaStream_t stream) {
+  constexpr const char* op = "quantize_rows_fp8";
+  g_last_error.clear();
+  if (!x || !codes || !scales) return null_pointer(op, "x, codes and scales");
+  if (check_rows(op, rows) || check_width(op, "cols", cols)) return cudaErrorInvalidValue;
+  if (row_stride < cols)
+    return reject(&g_last_error, std::string(op) + ": row_stride = " + to_string(row_stride) +
+                                     ", expected at least cols = " + to_string(cols));
+  const int64_t in_elems = int64_t{rows - 1} * row_stride + cols;
+  if (check_disjoint(op, {{"x", x, in_elems * 2}},
+                     {{"codes", codes, int64_t{rows} * cols}, {"scales", scales, int64_t{rows} * 4}}))
+    return cudaErrorInvalidValue;
+  const bool vec =
+      cols % fp8p::kBf16Vec == 0 && row_stride % fp8p::kBf16Vec == 0 && aligned(x, 16) && aligned(codes, 8);
+  const int threads = row_threads(vec ? cols / fp8p::kBf16Vec : cols);
+  return launch(vec ? fp8p::quantize_rows_fp8_kernel<true> : fp8p::quantize_rows_fp8_kernel<false>, rows, threads,
+                stream, x, int64_t{row_stride}, codes, scales, cols);
+}
+
+cudaError_t swiglu_fp8(const __nv_bfloat16* gate_up, uint8_t* codes, float* scales, int rows, int inter,
+                       cudaStream_t stream, float* y_debug) {
+  constexpr const char* op = "swiglu_fp8";
+  g_last_error.clear();
+  if (!gate_up || !codes || !scales) return null_pointer(op, "gate_up, codes and scales");
+  if (check_rows(op, rows) || check_width(op, "inter", inter)) return cudaErrorInvalidValue;
+  const int64_t n = int64_t{rows} * inter;
+  if (check_disjoint(op, {{"gate_up", gate_up, 2 * n * 2}},
+                     {{"codes", codes, n}, {"scales", scales, int64_t{rows} * 4}, {"y_debug", y_debug, n * 4}}))
+    return cudaErrorInvalidValue;
+  const bool vec = inter % fp8p::kBf16Vec == 0 && aligned(gate_up, 16) && aligned(codes, 8);
+  const int threads = row_threads(vec ? inter / fp8p::kBf16Vec : inter);
+  return launch(vec ? fp8p::swiglu_fp8_kernel<true> : fp8p::swiglu_fp8_kernel<false>, rows, threads, stream, gate_up,
+                codes, scales, y_debug, inter);
+}
+
+const char* fp8_producers_last_error() { return g_last_error.c_str(); }
+
+}  // namespace futransformer::cuda

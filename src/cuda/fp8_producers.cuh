@@ -1,0 +1,183 @@
+// Kernels of the FP8 prefill producers (launchers and the contract: include/futransformer/cuda/fp8_producers.h).
+//
+// One CTA per row. A row's scale needs the whole row's amax before its first code can be written, so each kernel
+// makes two passes over the row: pass 1 computes y, its amax and whether it is all finite; pass 2 computes y again
+// (the same instructions on the same inputs give the same bits) and writes the codes. Recomputing instead of
+// staging y keeps shared memory free for any width (a 28672-wide fp32 row would need 112 KB) and costs only L1/L2
+// re-reads: the row was just read by pass 1. y itself is computed by decoder_ops.cuh's device functions, so it is
+// bit for bit the value the BF16 ops would round.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/decoder_ops.cuh"
+#include "cuda/ptx/cvt.cuh"
+
+namespace futransformer::cuda::fp8p {
+
+using ops::kMaxBlockThreads;
+using ops::kWarp;
+
+constexpr float kFp8Max = 448.0f;  // formats::kFp8E4M3Max
+constexpr int kRmsnormVec = 4;     // fp32 values per 16-byte load of x (rmsnorm_bf16's float4 units)
+constexpr int kBf16Vec = 8;        // BF16 values per 16-byte load
+
+// Maximum of v over the block, identical in every thread. max is exact and commutative, so unlike block_sum the
+// order does not matter. Once per kernel (`red` is not re-synchronised for a second call).
+__device__ __forceinline__ float block_max(float v, float* red /* [kWarp] shared */) {
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float m = 0.0f;
+  const int warps = blockDim.x / kWarp;
+  for (int w = 0; w < warps; ++w) m = fmaxf(m, red[w]);
+  return m;
+}
+
+// V codes of consecutive values in memory order (byte 0 = y[0]); the E4M3 conversion works on pairs.
+template <int V>
+__device__ __forceinline__ void store_codes(uint8_t* dst, const float (&q)[V]) {
+  if constexpr (V == 1) {
+    *dst = static_cast<uint8_t>(ptx::cvt_rn_satfinite_e4m3x2_f32(q[0], 0.0f));
+  } else if constexpr (V == 4) {
+    const uint32_t lo = ptx::cvt_rn_satfinite_e4m3x2_f32(q[0], q[1]), hi = ptx::cvt_rn_satfinite_e4m3x2_f32(q[2], q[3]);
+    *reinterpret_cast<uint32_t*>(dst) = lo | (hi << 16);  // dst 4-byte aligned (launcher)
+  } else {
+    static_assert(V == 8, "units are 1, 4 or 8 values");
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = ptx::cvt_rn_satfinite_e4m3x2_f32(q[2 * k], q[2 * k + 1]);
+    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));  // dst 8-byte aligned
+  }
+}
+
+// Per-token FP8 of one row of `units` × V values, where gen(u, y) computes the V values of unit u (thread t handles
+// units t, t + blockDim.x, ... in both passes). codes: the row's codes; scale: where its scale goes; y_debug: the
+// row's fp32 y, or null. Every thread of the block must call this (it synchronises).
+template <int V, class Gen>
+__device__ __forceinline__ void quantize_row(const Gen& gen, int units, uint8_t* codes, float* scale, float* y_debug,
+                                             float* red /* [kWarp] shared */) {
+  float amax = 0.0f;
+  int finite = 1;
+  for (int u = threadIdx.x; u < units; u += blockDim.x) {
+    float y[V];
+    gen(u, y);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      finite &= isfinite(y[k]) ? 1 : 0;
+      amax = fmaxf(amax, fabsf(y[k]));
+      if (y_debug) y_debug[u * V + k] = y[k];
+    }
+  }
+  // fmaxf drops NaNs, so a non-finite y is tracked apart; the CPU quantiser refuses such a row (throws), here it
+  // becomes a NaN scale, which makes every code below NaN (y / NaN) and the GEMM's output row NaN.
+  const bool all_finite = __syncthreads_and(finite) != 0;
+  amax = block_max(amax, red);
+  // formats::fp8_scale_for_amax: IEEE division (not a reciprocal multiply), unit scale when amax / 448 is 0.
+  float s = __fdiv_rn(amax, kFp8Max);
+  if (!(s > 0.0f)) s = 1.0f;
+  if (!all_finite) s = ops::nan_f32();
+  if (threadIdx.x == 0) *scale = s;
+  for (int u = threadIdx.x; u < units; u += blockDim.x) {
+    float y[V];
+    gen(u, y);
+#pragma unroll
+    for (int k = 0; k < V; ++k) y[k] = __fdiv_rn(y[k], s);
+    store_codes<V>(codes + u * V, y);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// RMSNorm → FP8. The sum of squares is rmsnorm_kernel's, element for element and in the same thread/warp order
+// (the launcher picks the same vector flag and block size as rmsnorm_bf16 does for the same x, weight and
+// alignment), so s and y = w · (s · x) are the bits rmsnorm_bf16 rounds to BF16. kVec: hidden % 4 == 0, x and
+// weight 16-byte aligned, codes 4-byte aligned.
+template <bool kVec>
+__global__ void __launch_bounds__(kMaxBlockThreads)
+    rmsnorm_fp8_kernel(const float* x, const float* weight, uint8_t* codes, float* scales, float* y_debug, int hidden,
+                       float eps) {
+  ops::pdl_prologue();
+  __shared__ float red_sum[kWarp], red_max[kWarp];
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * hidden;
+  const float* xr = x + row;
+  float* yd = y_debug ? y_debug + row : nullptr;
+  float ss = 0.0f;
+  if constexpr (kVec) {
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    for (int j = threadIdx.x; j < hidden / kRmsnormVec; j += blockDim.x) ss = ops::sum_squares_add(ss, x4[j]);
+  } else {
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) ss = ops::sum_squares_add(ss, xr[j]);
+  }
+  const float s = ops::rms_scale(ops::block_sum(ss, red_sum), hidden, eps);
+  if constexpr (kVec) {
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    const float4* w4 = reinterpret_cast<const float4*>(weight);
+    // The weight is shared by every row: __ldg keeps it on the read-only path, as rmsnorm_store_row does.
+    const auto gen = [&](int j, float(&y)[kRmsnormVec]) {
+      const float4 v = x4[j], w = __ldg(w4 + j);
+      y[0] = __fmul_rn(w.x, __fmul_rn(s, v.x));
+      y[1] = __fmul_rn(w.y, __fmul_rn(s, v.y));
+      y[2] = __fmul_rn(w.z, __fmul_rn(s, v.z));
+      y[3] = __fmul_rn(w.w, __fmul_rn(s, v.w));
+    };
+    quantize_row<kRmsnormVec>(gen, hidden / kRmsnormVec, codes + row, scales + blockIdx.x, yd, red_max);
+  } else {
+    const auto gen = [&](int j, float(&y)[1]) { y[0] = __fmul_rn(weight[j], __fmul_rn(s, xr[j])); };
+    quantize_row<1>(gen, hidden, codes + row, scales + blockIdx.x, yd, red_max);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// BF16 rows → FP8 (the widening is exact). kVec: cols % 8 == 0, row_stride % 8 == 0, x 16-byte aligned, codes
+// 8-byte aligned.
+template <bool kVec>
+__global__ void __launch_bounds__(kMaxBlockThreads)
+    quantize_rows_fp8_kernel(const __nv_bfloat16* x, int64_t row_stride, uint8_t* codes, float* scales, int cols) {
+  ops::pdl_prologue();
+  __shared__ float red_max[kWarp];
+  const __nv_bfloat16* xr = x + static_cast<int64_t>(blockIdx.x) * row_stride;
+  uint8_t* cr = codes + static_cast<int64_t>(blockIdx.x) * cols;
+  if constexpr (kVec) {
+    const uint4* x8 = reinterpret_cast<const uint4*>(xr);
+    const auto gen = [&](int j, float(&y)[kBf16Vec]) { ops::bf16x8_to_f32(x8[j], y); };
+    quantize_row<kBf16Vec>(gen, cols / kBf16Vec, cr, scales + blockIdx.x, nullptr, red_max);
+  } else {
+    const auto gen = [&](int j, float(&y)[1]) { y[0] = __bfloat162float(xr[j]); };
+    quantize_row<1>(gen, cols, cr, scales + blockIdx.x, nullptr, red_max);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// SwiGLU → FP8: y = ops::silu_mul(g, u), swiglu_kernel's expression. kVec: inter % 8 == 0, gate_up 16-byte
+// aligned, codes 8-byte aligned.
+template <bool kVec>
+__global__ void __launch_bounds__(kMaxBlockThreads)
+    swiglu_fp8_kernel(const __nv_bfloat16* gate_up, uint8_t* codes, float* scales, float* y_debug, int inter) {
+  ops::pdl_prologue();
+  __shared__ float red_max[kWarp];
+  const __nv_bfloat16* g = gate_up + static_cast<int64_t>(blockIdx.x) * 2 * inter;
+  const __nv_bfloat16* u = g + inter;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * inter;
+  float* yd = y_debug ? y_debug + row : nullptr;
+  if constexpr (kVec) {
+    const uint4* g8 = reinterpret_cast<const uint4*>(g);
+    const uint4* u8 = reinterpret_cast<const uint4*>(u);
+    const auto gen = [&](int j, float(&y)[kBf16Vec]) {
+      float gf[kBf16Vec], uf[kBf16Vec];
+      ops::bf16x8_to_f32(g8[j], gf);
+      ops::bf16x8_to_f32(u8[j], uf);
+#pragma unroll
+      for (int k = 0; k < kBf16Vec; ++k) y[k] = ops::silu_mul(gf[k], uf[k]);
+    };
+    quantize_row<kBf16Vec>(gen, inter / kBf16Vec, codes + row, scales + blockIdx.x, yd, red_max);
+  } else {
+    const auto gen = [&](int j, float(&y)[1]) { y[0] = ops::silu_mul(__bfloat162float(g[j]), __bfloat162float(u[j])); };
+    quantize_row<1>(gen, inter, codes + row, scales + blockIdx.x, yd, red_max);
+  }
+}
+
+}  // namespace futransformer::cuda::fp8p

@@ -96,8 +96,13 @@ std::string utc_now() {
 
 std::string git_commit() {
   if (const char* env = std::getenv("FT_GIT_COMMIT"); env && *env) return env;
+  // The tree the executable was built in (build/ sits inside it), whatever the working directory.
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::string dir = ec ? std::string(".") : exe.parent_path().string();
+  if (dir.find('\'') != std::string::npos) return "unknown";
   std::string out;
-  if (std::FILE* p = popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
+  if (std::FILE* p = popen(("git -C '" + dir + "' rev-parse --short HEAD 2>/dev/null").c_str(), "r")) {
     char buf[64];
     while (std::fgets(buf, sizeof buf, p)) out += buf;
     pclose(p);

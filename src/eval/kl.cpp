@@ -22,6 +22,8 @@ RowStats row_stats(std::span<const float> x) {
   for (float v : x) s.mx = std::max(s.mx, static_cast<double>(v));
   check(std::isfinite(s.mx), "distribution comparison: logits are not finite");
   for (float v : x) s.sum += std::exp(static_cast<double>(v) - s.mx);
+  // A NaN logit passes the max (comparisons with NaN are false) but not the sum.
+  check(std::isfinite(s.sum), "distribution comparison: logits are not finite");
   return s;
 }
 

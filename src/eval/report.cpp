@@ -237,8 +237,13 @@ std::string report_markdown(const Report& r) {
          << " | " << fmt(d.p90_ms, 3) << " | " << fmt(d.tokens_per_s, 1) << " |\n";
   }
 
-  md << "\n## Memory\n\n| configuration | GPU memory held (GiB) | weights | KV cache | activations | workspace |\n"
-        "|---|---|---|---|---|---|\n";
+  bool any_gpu = false;
+  for (const ReportRow& row : r.rows) any_gpu = any_gpu || row.gpu_memory_bytes.has_value();
+  md << "\n## Memory\n\n";
+  if (!any_gpu) md << "GPU memory: n/a (no configuration ran on the GPU).\n";
+  else
+    md << "| configuration | GPU memory held (GiB) | weights | KV cache | activations | workspace |\n"
+          "|---|---|---|---|---|---|\n";
   for (const ReportRow& row : r.rows) {
     if (!row.gpu_memory_bytes) continue;
     const nlohmann::json& d = row.gpu_memory_detail;

@@ -113,12 +113,16 @@ std::string svg_scatter_plot(const std::vector<PlotPoint>& points, const std::st
   for (double t : xt) {
     s << "<line x1=\"" << num(px(t)) << "\" y1=\"" << y0 << "\" x2=\"" << num(px(t)) << "\" y2=\"" << y1
       << "\" stroke=\"#e5e5e5\"/>\n"
+      << "<line x1=\"" << num(px(t)) << "\" y1=\"" << y0 << "\" x2=\"" << num(px(t)) << "\" y2=\"" << y0 + 5
+      << "\" stroke=\"black\"/>\n"
       << "<text x=\"" << num(px(t)) << "\" y=\"" << y0 + 18 << "\" text-anchor=\"middle\">" << tick_label(t, xs)
       << "</text>\n";
   }
   for (double t : yt) {
     s << "<line x1=\"" << x0 << "\" y1=\"" << num(py(t)) << "\" x2=\"" << x1 << "\" y2=\"" << num(py(t))
       << "\" stroke=\"#e5e5e5\"/>\n"
+      << "<line x1=\"" << x0 - 5 << "\" y1=\"" << num(py(t)) << "\" x2=\"" << x0 << "\" y2=\"" << num(py(t))
+      << "\" stroke=\"black\"/>\n"
       << "<text x=\"" << x0 - 8 << "\" y=\"" << num(py(t) + 4) << "\" text-anchor=\"end\">" << tick_label(t, ys)
       << "</text>\n";
   }

@@ -1,13 +1,13 @@
 // `futransformer report`: for each precision configuration, prefill and decode latency and (with --data) perplexity,
 // KL divergence from full precision and top-1 agreement over the same text; writes report.json, report.md and
 // report.svg. Every flag, file and fit check runs before any weights are quantised or uploaded.
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -153,7 +153,9 @@ std::vector<std::string> default_configs(int64_t group) {
           "int4-gptq-" + g + "+kv-int4-hadamard"};
 }
 
-bool int4(const PrecisionRecipe& r) { return r.weights == WeightFormat::Int4Rtn || r.weights == WeightFormat::Int4Gptq; }
+bool int4(const PrecisionRecipe& r) {
+  return r.weights == WeightFormat::Int4Rtn || r.weights == WeightFormat::Int4Gptq;
+}
 
 struct Built {
   std::unique_ptr<Engine> engine;
@@ -170,7 +172,7 @@ struct Plan {
 
 class ReportRun {
  public:
-  ReportRun(const ReportArgs& a) : a_(a) {}
+  explicit ReportRun(const ReportArgs& a) : a_(a) {}
   int run();
 
  private:
@@ -261,6 +263,7 @@ void ReportRun::validate_and_plan() {
     check(mismatch.empty() || default_list, "--configs: ", recipes[i].name(), ": ", mismatch);
     if (!mismatch.empty()) p.row->not_run = "not run on this model: " + mismatch;
     if (synthetic) p.row->quality_note = "n/a (synthetic weights)";
+    else if (text.empty()) p.row->quality_note = "n/a (no --data)";
     if (p.row->not_run.empty() && backend_ == Backend::Cuda) {
       try {
         cuda_engine_options(recipes[i]);

@@ -31,8 +31,8 @@ double nll(std::span<const float> x, const RowStats& s, int32_t target) {
   return std::log(s.sum) + s.mx - static_cast<double>(x[static_cast<size_t>(target)]);
 }
 
-// KL(P || Q) from P's log-probabilities (lp) and probabilities (p) and Q's logits. log q_i = (y_i − max_y) − log Σ;
-// each term is p_i (lp_i − lq_i), so identical rows give exactly 0 and rows differing by a constant too.
+// KL(P || Q) from P's log-probabilities (lp) and probabilities (p) and Q's logits: log q_i = (y_i − max_y) − log Σ,
+// each term p_i (lp_i − lq_i), so identical rows give exactly 0, and so do rows that differ by an exact constant.
 double kl_from_base(std::span<const double> lp, std::span<const double> p, std::span<const float> y,
                     const RowStats& ys) {
   const double log_sum = std::log(ys.sum);
@@ -135,21 +135,21 @@ std::vector<DistributionComparison> compare_distributions(Engine& base, std::spa
         for (int64_t i = 0; i < rows; ++i) {
           // An exception must not leave an OpenMP region: the first one is kept and rethrown after it.
           try {
-          const int32_t target = win[start + i + 1];
-          check(target >= 0 && target < vocab, "distribution comparison: token ", target, " outside the vocabulary");
-          const std::span<const float> x(bl.data() + i * vocab, static_cast<size_t>(vocab));
-          const RowStats bs = row_stats(x);
-          row_base_nll[static_cast<size_t>(i)] = nll(x, bs, target);
-          base_log_probs(x, bs, lp, p);
-          const int64_t top = argmax(x);
-          for (size_t k = 0; k < n_other; ++k) {
-            const std::span<const float> y(ol[k].data() + i * vocab, static_cast<size_t>(vocab));
-            const RowStats ys = row_stats(y);
-            const size_t slot = static_cast<size_t>(i) * n_other + k;
-            row_nll[slot] = nll(y, ys, target);
-            row_kl[slot] = kl_from_base(lp, p, y, ys);
-            row_agree[slot] = argmax(y) == top;
-          }
+            const int32_t target = win[start + i + 1];
+            check(target >= 0 && target < vocab, "distribution comparison: token ", target, " outside the vocabulary");
+            const std::span<const float> x(bl.data() + i * vocab, static_cast<size_t>(vocab));
+            const RowStats bs = row_stats(x);
+            row_base_nll[static_cast<size_t>(i)] = nll(x, bs, target);
+            base_log_probs(x, bs, lp, p);
+            const int64_t top = argmax(x);
+            for (size_t k = 0; k < n_other; ++k) {
+              const std::span<const float> y(ol[k].data() + i * vocab, static_cast<size_t>(vocab));
+              const RowStats ys = row_stats(y);
+              const size_t slot = static_cast<size_t>(i) * n_other + k;
+              row_nll[slot] = nll(y, ys, target);
+              row_kl[slot] = kl_from_base(lp, p, y, ys);
+              row_agree[slot] = argmax(y) == top;
+            }
           } catch (...) {
 #ifdef _OPENMP
 #pragma omp critical(ft_compare_error)

@@ -322,7 +322,8 @@ Report sample_report() {
     LatencyResult l;
     l.prefill_ms = {prefill};
     l.prefill_median_ms = prefill;
-    l.decode = {{1, 4, 2050, d1, d1 * 1.1, d1 * 0.9, 1e3 / d1, {d1}}, {8, 4, 2050, d8, d8 * 1.1, d8 * 0.9, 8e3 / d8, {d8}}};
+    l.decode = {{1, 4, 2050, d1, d1 * 1.1, d1 * 0.9, 1e3 / d1, {d1}},
+                {8, 4, 2050, d8, d8 * 1.1, d8 * 0.9, 8e3 / d8, {d8}}};
     return l;
   };
   ReportRow full;

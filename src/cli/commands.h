@@ -17,5 +17,6 @@ Command add_info_command(CLI::App& app);
 Command add_make_model_command(CLI::App& app);
 Command add_quantize_command(CLI::App& app);
 Command add_ppl_command(CLI::App& app);
+Command add_report_command(CLI::App& app);
 
 }  // namespace futransformer::cli

@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   const std::vector<cli::Command> commands = {cli::add_generate_command(app), cli::add_info_command(app),
                                               cli::add_make_model_command(app), cli::add_quantize_command(app),
-                                              cli::add_ppl_command(app)};
+                                              cli::add_ppl_command(app), cli::add_report_command(app)};
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     std::string names;

@@ -41,6 +41,11 @@ nlohmann::json recipe_engine_args_json(const RecipeEngineArgs& a) {
 std::unique_ptr<Engine> RecipeEngineFactory::make(const PrecisionRecipe& recipe, int64_t max_sequence_length) {
   if (recipe.weights == WeightFormat::Full)
     return make_reference_engine(model_, quant::reference_options(recipe, max_sequence_length));
+  return make_reference_engine(quantised(recipe).model, quant::reference_options(recipe, max_sequence_length));
+}
+
+const quant::QuantizedModel& RecipeEngineFactory::quantised(const PrecisionRecipe& recipe) {
+  check(recipe.weights != WeightFormat::Full, "recipe ", recipe.name(), ": full-precision weights are not quantised");
   PrecisionRecipe weights_only = recipe;
   weights_only.activations = ActivationFormat::Fp32;
   weights_only.kv.reset();
@@ -58,7 +63,7 @@ std::unique_ptr<Engine> RecipeEngineFactory::make(const PrecisionRecipe& recipe,
     it = quantised_.emplace(key, quant::quantize_model(model_, tokenizer_, q, progress.callback())).first;
     progress.finish();
   }
-  return make_reference_engine(it->second.model, quant::reference_options(recipe, max_sequence_length));
+  return it->second;
 }
 
 nlohmann::json RecipeEngineFactory::quantisation_records() const {

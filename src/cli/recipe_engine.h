@@ -35,6 +35,9 @@ class RecipeEngineFactory {
   RecipeEngineFactory(const Model& model, const Tokenizer& tokenizer, const RecipeEngineArgs& args)
       : model_(model), tokenizer_(tokenizer), args_(args) {}
   std::unique_ptr<Engine> make(const PrecisionRecipe& recipe, int64_t max_sequence_length);
+  // The recipe's weights quantised (once per weight format; its activation and KV parts are ignored), e.g. for a
+  // CUDA engine. Error for full-precision weights (there is nothing to quantise).
+  const quant::QuantizedModel& quantised(const PrecisionRecipe& recipe);
   // What quantising recorded (GPTQ losses, calibration hash) per weight format, for reports.
   nlohmann::json quantisation_records() const;
 

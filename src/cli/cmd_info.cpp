@@ -8,6 +8,8 @@
 
 #include "cli/commands.h"
 #include "futransformer/error.h"
+#include "futransformer/eval/report.h"
+#include "futransformer/recipe.h"
 #include "futransformer/model.h"
 #include "futransformer/quant/quantize_model.h"
 #include "futransformer/tokenizer.h"
@@ -63,6 +65,36 @@ void print_quantization(const quant::QuantizedModel& q) {
   }
 }
 
+// What the CUDA engine would hold on the GPU for one sequence at its default context (eval::estimate_gpu_memory, the
+// arithmetic the report's fit check uses), and the extra FP8 weight copy that FP8 prefill keeps beside the INT4 one.
+void print_cuda_memory(const ModelConfig& c) {
+  const int64_t ctx = std::min<int64_t>(c.max_position_embeddings, 4096);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  std::printf("CUDA engine GPU memory (1 sequence of %lld tokens; weights + KV cache + buffers):\n",
+              static_cast<long long>(ctx));
+  const int64_t group = eval::int4_group_for(c);
+  std::vector<std::string> recipes = {"full+kv-bf16"};
+  if (group > 0) recipes.push_back("int4-gptq-g" + std::to_string(group) + "+kv-int4-hadamard");
+  for (const std::string& name : recipes) {
+    const PrecisionRecipe r = PrecisionRecipe::parse(name);
+    const std::string why = eval::recipe_model_mismatch(c, r);
+    if (!why.empty()) {
+      std::printf("  %-36s n/a: %s\n", name.c_str(), why.c_str());
+      continue;
+    }
+    const eval::GpuMemoryEstimate m = eval::estimate_gpu_memory(c, r, 1, ctx);
+    std::printf("  %-36s %.2f GiB (weights %.2f, KV %.2f)\n", name.c_str(), m.total() / gib, m.weights / gib,
+                m.kv_cache / gib);
+  }
+  const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  const int64_t per_layer = h * (q + 2 * kv) + q * h + 3 * h * c.intermediate_size;
+  const int64_t rows = (q + 2 * kv) + h + 2 * c.intermediate_size + h;  // output channels: one fp32 scale each
+  const int64_t fp8_bytes = c.num_hidden_layers * (per_layer + 4 * rows);
+  const bool fp8_ok = h % 128 == 0 && q % 128 == 0 && c.intermediate_size % 128 == 0;
+  std::printf("  %-36s %.2f GiB%s\n", "+ FP8 prefill weight copy", fp8_bytes / gib,
+              fp8_ok ? "" : " (the FP8 GEMM needs every K a multiple of 128: this model would prefill on INT4)");
+}
+
 int run_info(const InfoArgs& a) {
   std::optional<quant::QuantizedModel> quantized;
   if (quant::is_quantized_checkpoint(a.model)) quantized = quant::load_quantized_checkpoint(a.model);
@@ -95,6 +127,7 @@ int run_info(const InfoArgs& a) {
   std::printf("fp32 reference engine:    %.1f MiB of weights\n", params * 4.0 / (1 << 20));
   const int64_t kv_bytes_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4;
   std::printf("fp32 KV cache:            %.1f KiB per token\n", kv_bytes_per_token / 1024.0);
+  print_cuda_memory(c);
   try {
     const std::unique_ptr<Tokenizer> tok = load_tokenizer_for_model(model, a.tokenizer);
     std::printf("tokenizer:                %d tokens, bos %d, eos %d\n", tok->vocab_size(), tok->bos_id(),

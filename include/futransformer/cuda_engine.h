@@ -34,6 +34,7 @@ struct CudaEngineOptions {
   formats::KvFormat kv = formats::KvFormat::BF16;  // fp8 is not run by the GPU attention kernels
   bool cuda_graphs = true;          // replay decode steps as CUDA graphs
   bool generic_attention = false;   // always use the generic attention kernel (comparisons, diagnosis)
+  bool synthetic_fp8_prefill = false;  // make_synthetic_cuda_engine: also random FP8 prefill weights (FP8 prefill)
 };
 
 // Bytes the engine holds on the GPU.
@@ -69,12 +70,22 @@ class CudaEngine : public Engine {
 // no usable Hopper GPU, a model the kernels cannot run, options out of range, too little GPU memory.
 std::unique_ptr<CudaEngine> make_cuda_engine(const Model& model, const CudaEngineOptions& options = {});
 // Uploads a quantised model: its INT4 projections as W4A16 weights (symmetric INT4 only), the rest as above.
-// FP8 weights and FP8 activations belong to the FP8 prefill path, which this engine does not run yet: an Error.
+// FP8 weights belong to the FP8 prefill path (the overload below): an Error here.
 std::unique_ptr<CudaEngine> make_cuda_engine(const quant::QuantizedModel& model, const CudaEngineOptions& options = {});
+// FP8 prefill (docs/design.md "FP8 prefill"): `decode` is uploaded as above and runs every chunk of one token;
+// `prefill` (an fp8-weights recipe of the same checkpoint) adds FP8 copies of the projections, and every chunk of
+// more than one token runs its projections as FP8 × FP8 GEMMs with per-token FP8 inputs and BF16 outputs — the
+// reference twin is make_prefill_decode_reference_engine with prefill activations act-fp8-bf16 (whatever activation
+// format `prefill`'s recipe names). Embedding, norms and LM head come from `decode`. Errors, before any GPU work: a
+// prefill recipe without fp8 weights, configs or recipe KV formats that differ, or a projection group the FP8 GEMM
+// cannot run (K % 128, N % 8; the message names it) — FP8 prefill is all or nothing.
+std::unique_ptr<CudaEngine> make_cuda_engine(const quant::QuantizedModel& decode, const quant::QuantizedModel& prefill,
+                                             const CudaEngineOptions& options = {});
 
 // A synthetic model made directly in GPU memory (no file, no host copy of the weights): `config`'s shapes with
 // random INT4 projections (symmetric, group `int4_group`, F16 scales) or random BF16 projections when
-// int4_group == 0. For latency measurements only: its outputs mean nothing.
+// int4_group == 0; with options.synthetic_fp8_prefill also random FP8 prefill copies (prompt chunks run FP8). For
+// latency measurements only: its outputs mean nothing.
 std::unique_ptr<CudaEngine> make_synthetic_cuda_engine(const ModelConfig& config, int64_t int4_group,
                                                        const CudaEngineOptions& options = {}, uint64_t seed = 1);
 

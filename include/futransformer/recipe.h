@@ -6,11 +6,14 @@
 //   weights:      full | fp8 | int4-rtn-g<G> | int4-gptq-g<G>       (G: 32, 64, 128 or "ch" for per-channel;
 //                 optional suffixes "-asym" (asymmetric groups) then "-bf16" (BF16 scales); default symmetric F16)
 //                                                                    (optional; "full" otherwise)
-//   activations:  act-fp8 | act-bf16                                 (optional; fp32 otherwise)
+//   activations:  act-fp8 | act-bf16 | act-fp8-bf16                  (optional; fp32 otherwise)
 //                 act-fp8: every projection's input quantised to FP8 per token (the FP8 prefill GEMMs' operand).
 //                 act-bf16: every projection's input and output, q and k after RoPE, and the LM head's input rounded
 //                 to BF16 — what the CUDA engine's kernels exchange (its residual stream stays fp32), so the CPU
 //                 reference can run exactly the GPU's recipe and measure what BF16 activations cost.
+//                 act-fp8-bf16: act-bf16's rounding points, but every projection's input is quantised to FP8 per token
+//                 instead (of its fp32 value; o_proj's of the BF16-rounded attention output) — exactly what the CUDA
+//                 engine's FP8 prefill passes compute (docs/design.md "FP8 prefill").
 //   KV cache:     kv-bf16 | kv-fp8 | kv-int4 | kv-int4-hadamard      (optional; fp32 otherwise)
 // e.g. "full", "fp8+act-fp8", "int4-gptq-g128+kv-int4-hadamard". name() writes weights, activations, KV in this
 // order and always names the weights. Parse errors name the part and list the choices.
@@ -32,7 +35,7 @@
 namespace futransformer {
 
 enum class WeightFormat : uint8_t { Full, Fp8, Int4Rtn, Int4Gptq };
-enum class ActivationFormat : uint8_t { Fp32, Fp8PerToken, Bf16 };
+enum class ActivationFormat : uint8_t { Fp32, Fp8PerToken, Bf16, Fp8OverBf16 };
 
 struct PrecisionRecipe {
   WeightFormat weights = WeightFormat::Full;

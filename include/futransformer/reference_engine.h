@@ -20,6 +20,8 @@ struct ReferenceOptions {
   // Fp8PerToken: the input of every q/k/v/o/gate/up/down projection is quantised to FP8 E4M3 per token and
   // dequantised before the product (the LM head keeps fp32 inputs). Bf16: every projection's input and output,
   // q and k after RoPE and the LM head's input are rounded to BF16, as the CUDA engine's kernels exchange them.
+  // Fp8OverBf16 (the CUDA engine's FP8 prefill): Bf16's output rounding, and every projection's input quantised to
+  // FP8 per token as Fp8PerToken does — o_proj's after rounding the attention output to BF16.
   ActivationFormat activations = ActivationFormat::Fp32;
   // The KV-cache format (nullopt: fp32). Keys and values are stored as the canonical paged bytes and attention
   // reads their decoded values; for int4-hadamard queries are rotated and outputs un-rotated (formats/kv_cache.h).

@@ -54,6 +54,7 @@ void print_quantization(const quant::QuantizedModel& q) {
   std::printf("activations / KV cache:   %s / %s\n",
               q.recipe.activations == ActivationFormat::Fp8PerToken ? "fp8 per token"
               : q.recipe.activations == ActivationFormat::Bf16     ? "bf16"
+              : q.recipe.activations == ActivationFormat::Fp8OverBf16 ? "fp8 per token over bf16"
                                                                    : "fp32",
               q.recipe.kv ? formats::kv_format_name(*q.recipe.kv) : "fp32");
   const auto gptq = j.find("gptq");

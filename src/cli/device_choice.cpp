@@ -22,8 +22,8 @@ const char* backend_name(Backend b) { return b == Backend::Cuda ? "cuda" : "cpu 
 
 std::unique_ptr<Engine> make_engine(Backend b, const Model& model, const ReferenceOptions& options) {
   if (b == Backend::Cuda) {
-    check(options.activations != ActivationFormat::Fp8PerToken, "--device cuda: act-fp8 feeds only FP8 GEMMs; the ",
-          "CUDA engine runs BF16 activations (act-bf16)");
+    check(options.activations != ActivationFormat::Fp8PerToken && options.activations != ActivationFormat::Fp8OverBf16,
+          "--device cuda: FP8 activations feed only FP8 GEMMs; the CUDA engine runs BF16 activations (act-bf16)");
     CudaEngineOptions o;
     if (options.kv) o.kv = *options.kv;
     o.max_sequence_length = options.max_sequence_length;

@@ -12,6 +12,10 @@ namespace {
 
 std::unique_ptr<CudaEngine> make_cuda_engine(const Model&, const CudaEngineOptions&) { no_cuda(); }
 std::unique_ptr<CudaEngine> make_cuda_engine(const quant::QuantizedModel&, const CudaEngineOptions&) { no_cuda(); }
+std::unique_ptr<CudaEngine> make_cuda_engine(const quant::QuantizedModel&, const quant::QuantizedModel&,
+                                             const CudaEngineOptions&) {
+  no_cuda();
+}
 std::unique_ptr<CudaEngine> make_synthetic_cuda_engine(const ModelConfig&, int64_t, const CudaEngineOptions&,
                                                        uint64_t) {
   no_cuda();

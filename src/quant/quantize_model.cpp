@@ -70,6 +70,7 @@ json base_recipe_json(const Model& model, const QuantizeOptions& o) {
       {"weights", w},
       {"activations", r.activations == ActivationFormat::Fp8PerToken ? "fp8-e4m3-per-token"
                      : r.activations == ActivationFormat::Bf16      ? "bf16"
+                     : r.activations == ActivationFormat::Fp8OverBf16 ? "fp8-e4m3-per-token-over-bf16"
                                                                     : "fp32"},
       {"kv_cache", r.kv ? formats::kv_format_name(*r.kv) : "fp32"},
       {"source", {{"path", model.source}, {"format", model.format}}},

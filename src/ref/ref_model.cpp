@@ -56,6 +56,26 @@ void bf16_round(float* x, int64_t n) {
 
 void bf16_round_rows(float* x, int64_t rows, int64_t cols) { bf16_round(x, rows * cols); }
 
+// act-fp8-bf16's o_proj input: the GPU's attention kernel writes BF16, which quantize_rows_fp8 then quantises.
+void bf16_then_fp8_round_rows(float* x, int64_t rows, int64_t cols) {
+  bf16_round(x, rows * cols);
+  fp8_round_rows(x, rows, cols);
+}
+
+// The rounding an activation format applies to projection p's input (empty: none).
+RefLinear::InputQuantizer input_quantizer(ActivationFormat a, Projection p) {
+  switch (a) {
+    case ActivationFormat::Fp32: return {};
+    case ActivationFormat::Fp8PerToken: return fp8_round_rows;
+    case ActivationFormat::Bf16: return bf16_round_rows;
+    case ActivationFormat::Fp8OverBf16: return p == Projection::O ? bf16_then_fp8_round_rows : fp8_round_rows;
+  }
+  return {};
+}
+
+// Formats whose projection outputs, RoPE'd q/k and LM-head input are BF16, as the CUDA engine's kernels write them.
+bool bf16_exchange(ActivationFormat a) { return a == ActivationFormat::Bf16 || a == ActivationFormat::Fp8OverBf16; }
+
 }  // namespace
 
 void fp8_round_rows(float* x, int64_t rows, int64_t cols) {
@@ -90,8 +110,7 @@ RefModel::RefModel(const Model& model, const RefModelOptions& options) : config_
     l.mlp_norm = model.get(p + "post_attention_layernorm.weight").to_f32();
     for (int j = 0; j < kNumProjections; ++j) {
       l.proj[j] = RefLinear::from_tensor(model.get(projection_tensor_name(i, static_cast<Projection>(j))));
-      if (options_.activations == ActivationFormat::Fp8PerToken) l.proj[j].set_input_quantizer(fp8_round_rows);
-      if (options_.activations == ActivationFormat::Bf16) l.proj[j].set_input_quantizer(bf16_round_rows);
+      l.proj[j].set_input_quantizer(input_quantizer(options_.activations, static_cast<Projection>(j)));
     }
     layers_.push_back(std::move(l));
   }
@@ -123,8 +142,7 @@ void RefModel::set_projection_weights(int64_t layer, Projection p, std::vector<f
   RefLinear& l = linear(layer, p);
   RefLinear replaced(l.name(), l.out_features(), l.in_features(),
                      std::make_shared<const std::vector<float>>(std::move(weights)));
-  if (options_.activations == ActivationFormat::Fp8PerToken) replaced.set_input_quantizer(fp8_round_rows);
-  if (options_.activations == ActivationFormat::Bf16) replaced.set_input_quantizer(bf16_round_rows);
+  replaced.set_input_quantizer(input_quantizer(options_.activations, p));
   l = std::move(replaced);
 }
 
@@ -170,8 +188,9 @@ void RefModel::run_layer(int64_t index, float* x, int64_t rows, std::span<const 
     if (hook) hook(index, g, in, rows, cols);
   };
   auto proj = [&](Projection p) -> const RefLinear& { return l.proj[idx(p)]; };
-  // act-bf16: the GPU's GEMMs write BF16 and RoPE rounds q and k again (inputs are rounded by the quantiser).
-  const bool bf16 = options_.activations == ActivationFormat::Bf16;
+  // act-bf16 / act-fp8-bf16: the GPU's GEMMs write BF16 and RoPE rounds q and k again (inputs are rounded by the
+  // quantiser).
+  const bool bf16 = bf16_exchange(options_.activations);
   auto round_out = [&](std::vector<float>& v) {
     if (bf16) bf16_round(v.data(), static_cast<int64_t>(v.size()));
   };
@@ -226,7 +245,7 @@ void RefModel::final_logits(const float* x, int64_t rows, float* logits) const {
   const float eps = static_cast<float>(config_.rms_norm_eps);
   std::vector<float> xn(static_cast<size_t>(rows * h));
   for (int64_t r = 0; r < rows; ++r) rmsnorm(&x[r * h], final_norm_.data(), &xn[r * h], h, eps);
-  if (options_.activations == ActivationFormat::Bf16) bf16_round(xn.data(), rows * h);
+  if (bf16_exchange(options_.activations)) bf16_round(xn.data(), rows * h);
   lm_head_.forward(xn.data(), rows, logits);
 }
 

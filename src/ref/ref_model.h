@@ -33,7 +33,7 @@ const char* projection_input_name(ProjectionInput g);
 std::span<const Projection> projections_of(ProjectionInput g);
 
 struct RefModelOptions {
-  ActivationFormat activations = ActivationFormat::Fp32;  // act-fp8: per-token fp8 on every projection's input
+  ActivationFormat activations = ActivationFormat::Fp32;  // see ReferenceOptions::activations
   std::optional<formats::KvFormat> kv;                    // nullopt: fp32 cache
 };
 

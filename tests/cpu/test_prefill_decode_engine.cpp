@@ -97,7 +97,8 @@ std::vector<Step> script(int64_t vocab, uint32_t seed) {
 
 TEST(PrefillDecodeEngine, IdenticalModelsGiveThePlainEngineBitForBit) {
   const Model m = test::make_tiny_llama({}, 61);
-  for (const std::string recipe : {"full", "full+act-fp8+kv-int4-hadamard", "full+act-bf16+kv-fp8"}) {
+  for (const std::string recipe :
+       {"full", "full+act-fp8+kv-int4-hadamard", "full+act-bf16+kv-fp8", "full+act-fp8-bf16+kv-int4"}) {
     SCOPED_TRACE(recipe);
     const ReferenceOptions o = quant::reference_options(PrecisionRecipe::parse(recipe));
     auto dual = make_prefill_decode_reference_engine(m, o, m, o);

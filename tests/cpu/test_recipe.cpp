@@ -27,7 +27,7 @@ TEST(Recipe, EveryValidCombinationRoundTrips) {
       for (const char* opt : {"", "-asym", "-bf16", "-asym-bf16"}) weights.push_back(std::string(q) + "-" + g + opt);
   int checked = 0;
   for (const std::string& w : weights) {
-    for (const std::string act : {"", "+act-fp8", "+act-bf16"}) {
+    for (const std::string act : {"", "+act-fp8", "+act-bf16", "+act-fp8-bf16"}) {
       for (const std::string kv : {"", "+kv-bf16", "+kv-fp8", "+kv-int4", "+kv-int4-hadamard"}) {
         const std::string text = w + act + kv;
         const PrecisionRecipe r = PrecisionRecipe::parse(text);
@@ -43,7 +43,7 @@ TEST(Recipe, EveryValidCombinationRoundTrips) {
       }
     }
   }
-  EXPECT_EQ(checked, (2 + 2 * 4 * 4) * 3 * 5);  // every weight format x {fp32, fp8, bf16} activations x 5 caches
+  EXPECT_EQ(checked, (2 + 2 * 4 * 4) * 4 * 5);  // every weight format x {fp32, fp8, bf16, fp8-bf16} activations x 5 caches
 }
 
 TEST(Recipe, FieldsAreParsed) {
@@ -84,6 +84,7 @@ TEST(Recipe, MistakesGiveClearErrors) {
       {"full+full", {"two weight formats"}},
       {"fp8+act-fp8+act-fp8", {"two activation formats"}},
       {"act-fp8+act-bf16", {"two activation formats"}},
+      {"act-fp8-bf16+act-fp8", {"two activation formats"}},
       {"kv-fp8+kv-int4", {"two KV-cache formats", "'kv-fp8'", "'kv-int4'"}},
       {"kv-int8", {"'kv-int8'", "bf16, fp8, int4, int4-hadamard"}},
       {"", {"empty precision recipe"}},

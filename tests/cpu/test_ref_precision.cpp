@@ -392,5 +392,77 @@ TEST(RefPrecision, ActBf16RoundsProjectionInputsAndOutputs) {
   EXPECT_EQ(got, want);
 }
 
+// act-fp8-bf16 (the CUDA engine's FP8 prefill): projection inputs are FP8 per token — of the fp32 RMSNorm / SwiGLU
+// values, and of the BF16-rounded attention output for o_proj — and projection outputs are BF16, so SwiGLU reads
+// BF16 gate/up values. Each rule is checked exactly against the plain fp32 projection on hand-rounded inputs.
+TEST(RefPrecision, ActFp8OverBf16RoundsAsTheFp8PrefillPasses) {
+  const Model m = test::make_tiny_llama({}, 5);
+  std::mt19937 rng(8);
+  const std::vector<int32_t> tokens = test::random_token_ids(24, m.config.vocab_size, rng);
+  ReferenceOptions o;
+  o.activations = ActivationFormat::Fp8OverBf16;
+  const std::vector<float> full = logits_of(m, {}, tokens), fp8_bf16 = logits_of(m, o, tokens);
+  const double change = test::relative_l2(fp8_bf16, full);
+  EXPECT_GT(change, kActFp8MinChange);
+  EXPECT_LT(change, kActFp8MaxChange);
+  ReferenceOptions fp8_only;
+  fp8_only.activations = ActivationFormat::Fp8PerToken;
+  EXPECT_NE(fp8_bf16, logits_of(m, fp8_only, tokens));  // the BF16 rounding points do change something
+
+  ref::RefModelOptions ro;
+  ro.activations = ActivationFormat::Fp8OverBf16;
+  ref::RefModel rm(m, ro);
+  const int64_t n = static_cast<int64_t>(tokens.size()), h = m.config.hidden_size;
+  const int64_t inter = m.config.intermediate_size, qw = m.config.num_attention_heads * m.config.head_dim;
+  std::vector<float> x(static_cast<size_t>(n * h));
+  rm.embed(tokens, x.data());
+  auto store = rm.make_kv_store();
+  const ref::SequenceRows seq{0, n, 0, store.get()};
+  std::vector<float> qkv_in, o_in, gate_up_in, down_in;
+  rm.run_layer(0, x.data(), n, std::span<const ref::SequenceRows>(&seq, 1),
+               [&](int64_t, ref::ProjectionInput g, const float* in, int64_t rows, int64_t cols) {
+                 std::vector<float> v(in, in + rows * cols);
+                 if (g == ref::ProjectionInput::Qkv) qkv_in = v;
+                 if (g == ref::ProjectionInput::O) o_in = v;
+                 if (g == ref::ProjectionInput::GateUp) gate_up_in = v;
+                 if (g == ref::ProjectionInput::Down) down_in = v;
+               });
+  ASSERT_EQ(qkv_in.size(), static_cast<size_t>(n * h));
+  ASSERT_EQ(o_in.size(), static_cast<size_t>(n * qw));
+  ASSERT_EQ(down_in.size(), static_cast<size_t>(n * inter));
+  auto fp8 = [](std::vector<float> v, int64_t rows, int64_t cols) {
+    ref::fp8_round_rows(v.data(), rows, cols);
+    return v;
+  };
+  auto bf16 = [](std::vector<float> v) {
+    for (float& e : v) e = bf16_to_f32(f32_to_bf16(e));
+    return v;
+  };
+  ref::RefModel plain(m, {});
+  auto expect_projection = [&](ref::Projection p, const std::vector<float>& in, const std::vector<float>& rounded,
+                               int64_t out) {
+    std::vector<float> got(static_cast<size_t>(n * out)), want(got.size());
+    rm.projection(0, p).forward(in.data(), n, got.data());
+    plain.projection(0, p).forward(rounded.data(), n, want.data());
+    EXPECT_EQ(got, want) << "projection " << static_cast<int>(p);
+  };
+  // q/k/v and gate/up: FP8 of the fp32 RMSNorm output (rmsnorm_fp8 never rounds it to BF16).
+  expect_projection(ref::Projection::Q, qkv_in, fp8(qkv_in, n, h), qw);
+  expect_projection(ref::Projection::Up, gate_up_in, fp8(gate_up_in, n, h), inter);
+  // o: FP8 of the BF16 attention output (quantize_rows_fp8 reads the BF16 the attention kernel wrote).
+  const std::vector<float> o_rounded = fp8(bf16(o_in), n, qw);
+  EXPECT_NE(o_rounded, fp8(o_in, n, qw));  // the BF16 step is not a no-op on these values
+  expect_projection(ref::Projection::O, o_in, o_rounded, h);
+  // down: FP8 of SwiGLU computed in fp32 from the BF16 gate/up outputs (swiglu_fp8).
+  std::vector<float> gate(static_cast<size_t>(n * inter)), up(gate.size()), act(gate.size());
+  rm.projection(0, ref::Projection::Gate).forward(gate_up_in.data(), n, gate.data());
+  rm.projection(0, ref::Projection::Up).forward(gate_up_in.data(), n, up.data());
+  gate = bf16(gate);
+  up = bf16(up);
+  ref::swiglu(gate.data(), up.data(), act.data(), n * inter);
+  EXPECT_EQ(down_in, act);
+  expect_projection(ref::Projection::Down, down_in, fp8(down_in, n, inter), h);
+}
+
 }  // namespace
 }  // namespace futransformer

@@ -17,7 +17,9 @@
 #include "futransformer/cuda/attention_decode.h"
 #include "futransformer/cuda/attention_generic.h"
 #include "futransformer/cuda/decoder_ops.h"
+#include "futransformer/cuda/fp8_producers.h"
 #include "futransformer/cuda/fused_ops.h"
+#include "futransformer/cuda/gemm_fp8.h"
 #include "futransformer/cuda/kv_append.h"
 #include "futransformer/dtype.h"
 #include "futransformer/error.h"
@@ -39,16 +41,40 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 struct DeviceLayer {
   DeviceArray<float> attn_norm, mlp_norm;
   DeviceLinear qkv, o, gate_up, down;
+  DeviceLinear qkv8, o8, gate_up8, down8;  // FP8 prefill copies (empty without FP8 prefill)
 };
 
-// Where the weights come from: a host model (+ its INT4 projections), or nothing (synthetic).
+// Where the weights come from: a host model (+ its INT4 projections), or nothing (synthetic); FP8 prefill copies
+// from a second (fp8-recipe) quantisation, or random ones for a synthetic engine.
 struct WeightSource {
   const Model* model = nullptr;
   const std::map<std::string, formats::Int4Weight>* int4 = nullptr;
+  const std::map<std::string, formats::Fp8Matrix>* fp8 = nullptr;
+  bool synthetic_fp8 = false;
   int64_t synthetic_group = -1;  // >= 0: synthetic (0 = BF16 projections)
   uint64_t seed = 1;
   std::string recipe_name = "full";
+  std::string prefill_recipe_name;  // non-empty: FP8 prefill
 };
+
+// FP8 prefill runs every projection group through gemm_fp8; a group it cannot run makes the whole engine an Error
+// before any GPU work (a per-group mix of FP8 and decode-path GEMMs would have no reference twin).
+void check_fp8_prefill_shapes(const ModelConfig& c) {
+  const int64_t h = c.hidden_size, inter = c.intermediate_size;
+  const int64_t qw = c.num_attention_heads * c.head_dim, kvw = c.num_key_value_heads * c.head_dim;
+  struct Group {
+    const char* name;
+    int64_t n, k;
+  };
+  for (const Group& g : {Group{"self_attn.q_proj|k_proj|v_proj (fused q|k|v)", qw + 2 * kvw, h},
+                         Group{"self_attn.o_proj", h, qw}, Group{"mlp.gate_proj|up_proj (fused gate|up)", 2 * inter, h},
+                         Group{"mlp.down_proj", h, inter}}) {
+    const std::string why = DeviceLinear::fp8_shape_problem(g.n, g.k);
+    check(why.empty(), "CUDA engine: FP8 prefill needs every projection group to fit the FP8 GEMM (K a multiple of ",
+          cuda::kFp8GemmKMultiple, ", N of ", cuda::kFp8GemmNMultiple, "); model.layers.*.", g.name, " is ", g.n,
+          " x ", g.k, " (N x K): ", why, ". Run this model without a prefill model (the decode path serves prompts)");
+  }
+}
 
 std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
   std::vector<uint16_t> out(v.size());
@@ -119,7 +145,8 @@ class CudaEngineImpl final : public CudaEngine {
   void validate(std::span<const SequenceChunk> batch) const;
   std::vector<std::vector<float>> run(std::span<const SequenceChunk> batch, bool all_logits, std::vector<int32_t>* ids);
   // Enqueues the layers over `rows` rows whose metadata is uploaded; n_new sequences start in this pass.
-  void enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len);
+  // fp8: the FP8 prefill pass (every row belongs to a prompt chunk; docs/design.md "FP8 prefill").
+  void enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len, bool fp8 = false);
   // Final norm + LM head (+ argmax) of `rows` rows of `x_rows` (fp32 [rows, hidden]) into logits_ / ids_.
   void enqueue_head(const float* x_rows, int64_t rows);
   void ensure_attention_workspace(int64_t rows, int64_t max_len);
@@ -134,6 +161,7 @@ class CudaEngineImpl final : public CudaEngine {
   int hadamard_block_ = 0;
   bool synthetic_ = false;
   bool fused_qkv_ = false;  // qkv_rope_kv_append takes this head shape
+  bool fp8_prefill_ = false;  // prompt passes run the FP8 GEMMs
   formats::KvPageLayout layout_;
   std::string description_;
   CudaEngineMemory memory_;
@@ -152,6 +180,8 @@ class CudaEngineImpl final : public CudaEngine {
   DeviceArray<uint16_t> anchors_;     // [layers][max_sequences][n_kv_heads][head_dim] fp16 (int4-hadamard)
   DeviceArray<float> x_, x_gather_, logits_;
   DeviceArray<uint16_t> xn_, qkv_, q_, att_, delta_, gate_up_, act_;
+  DeviceArray<uint8_t> fp8_codes_;  // FP8 prefill: per-token E4M3 GEMM input [rows, max K]
+  DeviceArray<float> fp8_scales_;   // and its scales [rows]
   DeviceArray<int32_t> meta_, ids_;
   int32_t* meta_host_ = nullptr;      // pinned mirror of meta_
   DeviceArray<uint8_t> gemm_ws_, attn_ws_;
@@ -228,6 +258,8 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
         "CUDA engine: cuBLAS setup failed");
 
   synthetic_ = src.model == nullptr;
+  fp8_prefill_ = src.fp8 != nullptr || src.synthetic_fp8;
+  if (fp8_prefill_) check_fp8_prefill_shapes(c);
   upload_weights(src);
   allocate_buffers();
   // A synthetic model's cache is never read before it is written except through append_synthetic_context: fill it
@@ -241,6 +273,7 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
     << (layers_.empty() ? "-" : (layers_[0].qkv.kind() == DeviceLinear::Kind::Int4 ? "W4A16 INT4" : "BF16 cuBLAS"))
     << " | KV " << formats::kv_format_name(opt_.kv) << " (" << (fast_ok ? "fast" : "generic") << " attention)"
     << " | CUDA graphs " << (opt_.cuda_graphs ? "on" : "off");
+  if (fp8_prefill_) d << " | FP8 prefill (" << src.prefill_recipe_name << ", FP8 E4M3 GEMMs for prompt chunks)";
   description_ = d.str();
 }
 
@@ -338,6 +371,32 @@ void CudaEngineImpl::upload_weights(const WeightSource& src) {
               l.gate_up.in_features() == h && l.down.out_features() == h && l.down.in_features() == inter,
           "CUDA engine: layer ", li, ": projection shapes do not match the config");
     bytes += l.qkv.device_bytes() + l.o.device_bytes() + l.gate_up.device_bytes() + l.down.device_bytes();
+    if (fp8_prefill_) {
+      // Same fusion as the decode copy: one FP8 GEMM per group.
+      auto fused8 = [&](std::initializer_list<const char*> parts, const std::string& label, int64_t n, int64_t k) {
+        if (!src.fp8) {
+          const uint64_t seed = src.seed * 2000003 + static_cast<uint64_t>(li) * 16 + label.size();
+          return DeviceLinear::synthetic_fp8(n, k, seed, p + label + " (FP8)");
+        }
+        std::vector<const formats::Fp8Matrix*> ws;
+        for (const char* part : parts) {
+          auto it = src.fp8->find(p + part);
+          check(it != src.fp8->end(), p + part, ": missing from the prefill model's FP8 weights");
+          ws.push_back(&it->second);
+        }
+        return DeviceLinear::from_fp8(ws, p + label + " (FP8)");
+      };
+      l.qkv8 = fused8({"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}, "qkv",
+                      qkv_width_, h);
+      l.o8 = fused8({"self_attn.o_proj.weight"}, "o_proj", h, q_width_);
+      l.gate_up8 = fused8({"mlp.gate_proj.weight", "mlp.up_proj.weight"}, "gate_up", 2 * inter, h);
+      l.down8 = fused8({"mlp.down_proj.weight"}, "down_proj", h, inter);
+      check(l.qkv8.out_features() == qkv_width_ && l.qkv8.in_features() == h && l.o8.out_features() == h &&
+                l.o8.in_features() == q_width_ && l.gate_up8.out_features() == 2 * inter &&
+                l.gate_up8.in_features() == h && l.down8.out_features() == h && l.down8.in_features() == inter,
+            "CUDA engine: layer ", li, ": FP8 prefill projection shapes do not match the config");
+      bytes += l.qkv8.device_bytes() + l.o8.device_bytes() + l.gate_up8.device_bytes() + l.down8.device_bytes();
+    }
     layers_.push_back(std::move(l));
   }
   final_norm_ = norm("model.norm.weight");
@@ -374,13 +433,18 @@ void CudaEngineImpl::allocate_buffers() {
   gate_up_.allocate(static_cast<size_t>(R * 2 * inter), "gate|up");
   act_.allocate(static_cast<size_t>(R * inter), "SwiGLU output");
   ids_.allocate(static_cast<size_t>(logit_rows_), "greedy ids");
+  if (fp8_prefill_) {
+    fp8_codes_.allocate(static_cast<size_t>(R * std::max({h, q_width_, inter})), "FP8 GEMM input codes");
+    fp8_scales_.allocate(static_cast<size_t>(R), "FP8 GEMM input scales");
+  }
   const MetaLayout ml(R, S, pages_per_seq_);
   meta_.allocate(static_cast<size_t>(ml.total), "pass metadata");
   cuda_check(cudaMallocHost(reinterpret_cast<void**>(&meta_host_), static_cast<size_t>(ml.total) * sizeof(int32_t)),
              "pinned metadata");
   memory_.activations = static_cast<int64_t>(x_.bytes() + x_gather_.bytes() + logits_.bytes() + xn_.bytes() +
                                              qkv_.bytes() + q_.bytes() + att_.bytes() + delta_.bytes() +
-                                             gate_up_.bytes() + act_.bytes() + ids_.bytes() + meta_.bytes());
+                                             gate_up_.bytes() + act_.bytes() + ids_.bytes() + meta_.bytes() +
+                                             fp8_codes_.bytes() + fp8_scales_.bytes());
 
   size_t gemm_ws = 0;
   for (const DeviceLayer& l : layers_) {
@@ -454,7 +518,7 @@ void CudaEngineImpl::validate(std::span<const SequenceChunk> batch) const {
         " are free; raise kv_cache_tokens or reset finished sequences");
 }
 
-void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len) {
+void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len, bool fp8) {
   const ModelConfig& c = config_;
   const MetaLayout ml(rows, opt_.max_sequences, pages_per_seq_);
   const int32_t* m = meta_.get();
@@ -470,17 +534,34 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
   check_op(cuda::embed_rows_bf16(bf(embedding_.get()), m + ml.tokens, x_.get(), r, hh, static_cast<int>(c.vocab_size),
                                  stream_),
            "embedding", decoder_ops_last_error);
-  // Each layer's attention RMSNorm is fused into the previous layer's last residual add; the first one runs here.
-  if (!layers_.empty())
-    check_op(cuda::rmsnorm_bf16(x_.get(), layers_[0].attn_norm.get(), bf(xn_), r, hh, eps, stream_),
-             "attention RMSNorm", decoder_ops_last_error);
+  check(!fp8 || fp8_prefill_, "CUDA engine: an FP8 pass needs the FP8 prefill weights");
+  // FP8 passes (docs/design.md "FP8 prefill"): each projection reads per-token FP8 codes written by the op before
+  // it (rmsnorm_fp8 / quantize_rows_fp8 / swiglu_fp8) and writes BF16, so everything between the GEMMs — RoPE, the
+  // cache append, attention, SwiGLU's inputs, the residual adds — is the decode path's code on the same BF16 values.
+  uint8_t* const codes = fp8_codes_.get();
+  float* const scales = fp8_scales_.get();
+  auto rmsnorm_to_fp8 = [&](const float* w, const char* what) {
+    check_op(cuda::rmsnorm_fp8(x_.get(), w, codes, scales, r, hh, eps, stream_), what, cuda::fp8_producers_last_error);
+  };
+  // Each layer's attention RMSNorm is fused into the previous layer's last residual add (BF16 passes); the first
+  // one runs here.
+  if (!layers_.empty()) {
+    if (fp8)
+      rmsnorm_to_fp8(layers_[0].attn_norm.get(), "attention RMSNorm (FP8)");
+    else
+      check_op(cuda::rmsnorm_bf16(x_.get(), layers_[0].attn_norm.get(), bf(xn_), r, hh, eps, stream_),
+               "attention RMSNorm", decoder_ops_last_error);
+  }
   for (size_t li = 0; li < layers_.size(); ++li) {
     const DeviceLayer& l = layers_[li];
     uint8_t* pool = kv_pool_.get() + li * layer_pool;
     uint16_t* anchors = anchors_.get() ? anchors_.get() + li * static_cast<size_t>(opt_.max_sequences * kv_width_)
                                        : nullptr;
     const int32_t* row_anchor = anchors ? m + ml.row_anchor : nullptr;
-    l.qkv.forward(bf(xn_), rows, qkv_.get(), false, g);
+    if (fp8)
+      l.qkv8.forward_fp8(codes, scales, rows, bf(qkv_), g);
+    else
+      l.qkv.forward(bf(xn_), rows, qkv_.get(), false, g);
     if (fused_qkv_ && !(anchors && n_new > 0)) {
       // Decode steps and passes without new int4-hadamard sequences: RoPE, cache append and the query gather in one.
       check_op(cuda::qkv_rope_kv_append(opt_.kv, bf(qkv_), r, nh, nkv, hd, m + ml.positions, inv_freq_.get(),
@@ -526,6 +607,23 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       cuda_check(cuda::rotate_heads_bf16(bf(att_), static_cast<int>(q_width_), bf(att_), r, nh, hd, hadamard_block_,
                                          stream_),
                  "attention output un-rotation");
+    if (fp8) {
+      // The o GEMM's input is the FP8 of the BF16 attention output (act-fp8-bf16's o_proj rule). The residual add and
+      // the RMSNorm stay unfused here: the fused op writes BF16, and the FP8 GEMM wants the fp32 norm quantised.
+      check_op(cuda::quantize_rows_fp8(bf(att_), static_cast<int>(q_width_), codes, scales, r,
+                                       static_cast<int>(q_width_), stream_),
+               "attention output to FP8", cuda::fp8_producers_last_error);
+      l.o8.forward_fp8(codes, scales, rows, bf(delta_), g);
+      check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
+      rmsnorm_to_fp8(l.mlp_norm.get(), "MLP RMSNorm (FP8)");
+      l.gate_up8.forward_fp8(codes, scales, rows, bf(gate_up_), g);
+      check_op(cuda::swiglu_fp8(bf(gate_up_), codes, scales, r, inter, stream_), "SwiGLU (FP8)",
+               cuda::fp8_producers_last_error);
+      l.down8.forward_fp8(codes, scales, rows, bf(delta_), g);
+      check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
+      if (li + 1 < layers_.size()) rmsnorm_to_fp8(layers_[li + 1].attn_norm.get(), "attention RMSNorm (FP8)");
+      continue;
+    }
     l.o.forward(bf(att_), rows, delta_.get(), false, g);
     check_op(cuda::add_residual_rmsnorm_bf16(x_.get(), bf(delta_), l.mlp_norm.get(), bf(xn_), r, hh, eps, stream_),
              "residual + MLP RMSNorm", cuda::fused_ops_last_error);
@@ -589,9 +687,22 @@ std::vector<std::vector<float>> CudaEngineImpl::run(std::span<const SequenceChun
     std::vector<PassRow> all;
     for (size_t ci = 0; ci < batch.size(); ++ci)
       for (int64_t i = 0; i < static_cast<int64_t>(batch[ci].tokens.size()); ++i) all.push_back({ci, i});
+    // With FP8 prefill a pass is also cut where the rows change kind, so that every row of a prompt chunk (more
+    // than one token) runs the FP8 GEMMs and every other row the decode path — the per-chunk routing of
+    // make_prefill_decode_reference_engine. A chunk is one kind, so only max_batch_tokens ever splits one.
+    auto fp8_row = [&](const PassRow& pr) { return fp8_prefill_ && batch[pr.chunk].tokens.size() > 1; };
+    std::vector<std::pair<size_t, int64_t>> passes;  // (first row, rows)
+    for (size_t p0 = 0; p0 < all.size();) {
+      size_t end = p0 + 1;
+      while (end < all.size() && static_cast<int64_t>(end - p0) < opt_.max_batch_tokens &&
+             fp8_row(all[end]) == fp8_row(all[p0]))
+        ++end;
+      passes.emplace_back(p0, static_cast<int64_t>(end - p0));
+      p0 = end;
+    }
     std::vector<bool> anchored(batch.size(), false);
-    for (size_t p0 = 0; p0 < all.size(); p0 += static_cast<size_t>(opt_.max_batch_tokens)) {
-      const int64_t rows = std::min<int64_t>(opt_.max_batch_tokens, static_cast<int64_t>(all.size() - p0));
+    for (const auto& [p0, rows] : passes) {
+      const bool fp8_pass = fp8_row(all[p0]);
       const MetaLayout ml(rows, opt_.max_sequences, pages_per_seq_);
       cuda_check(cudaStreamSynchronize(stream_), "previous pass");  // the pinned mirror is about to be rewritten
       int32_t* mh = meta_host_;
@@ -671,7 +782,7 @@ std::vector<std::vector<float>> CudaEngineImpl::run(std::span<const SequenceChun
           enqueue_head(x_.get(), rows);
         }
       } else {
-        enqueue_layers(rows, n_new, bucket);
+        enqueue_layers(rows, n_new, bucket, fp8_pass);
       }
 
       // Logits (and greedy ids) of head_rows, logit_rows_ at a time.
@@ -799,8 +910,8 @@ std::unique_ptr<CudaEngine> make_cuda_engine(const Model& model, const CudaEngin
 }
 
 std::unique_ptr<CudaEngine> make_cuda_engine(const quant::QuantizedModel& q, const CudaEngineOptions& options) {
-  check(q.recipe.weights != WeightFormat::Fp8, q.model.source, ": FP8 weights run only in the FP8 prefill path, ",
-        "which the CUDA engine does not have yet");
+  check(q.recipe.weights != WeightFormat::Fp8, q.model.source, ": FP8 weights run only in the FP8 prefill path: ",
+        "make_cuda_engine(decode model, FP8 prefill model)");
   check_hopper();
   q.model.validate();
   WeightSource src;
@@ -810,13 +921,45 @@ std::unique_ptr<CudaEngine> make_cuda_engine(const quant::QuantizedModel& q, con
   return std::make_unique<CudaEngineImpl>(q.model.config, src, options);
 }
 
+std::unique_ptr<CudaEngine> make_cuda_engine(const quant::QuantizedModel& decode, const quant::QuantizedModel& prefill,
+                                             const CudaEngineOptions& options) {
+  check(prefill.recipe.weights == WeightFormat::Fp8, prefill.model.source, ": the prefill model's recipe ",
+        prefill.recipe.name(), " has no FP8 weights; FP8 prefill needs an fp8 recipe (e.g. fp8+act-fp8)");
+  check(decode.recipe.weights != WeightFormat::Fp8, decode.model.source, ": the decode model's recipe ",
+        decode.recipe.name(), " has FP8 weights, which only the prefill path runs; decode with full or int4 weights");
+  const ModelConfig& a = decode.model.config;
+  const ModelConfig& b = prefill.model.config;
+  check(a.hidden_size == b.hidden_size && a.intermediate_size == b.intermediate_size &&
+            a.num_hidden_layers == b.num_hidden_layers && a.num_attention_heads == b.num_attention_heads &&
+            a.num_key_value_heads == b.num_key_value_heads && a.head_dim == b.head_dim &&
+            a.vocab_size == b.vocab_size && a.rope_theta == b.rope_theta && a.rms_norm_eps == b.rms_norm_eps,
+        "CUDA engine: the decode model (", decode.model.source, ") and the prefill model (", prefill.model.source,
+        ") have different configs; both must be quantisations of one model");
+  check(decode.recipe.kv == prefill.recipe.kv, "CUDA engine: the decode recipe ", decode.recipe.name(),
+        " and the prefill recipe ", prefill.recipe.name(), " name different KV-cache formats; both share one cache");
+  check(!prefill.fp8.empty(), prefill.model.source, ": the prefill model holds no packed FP8 weights");
+  check_fp8_prefill_shapes(a);
+  check_hopper();
+  decode.model.validate();
+  WeightSource src;
+  src.model = &decode.model;
+  src.int4 = &decode.int4;
+  src.fp8 = &prefill.fp8;
+  src.recipe_name = decode.recipe.name();
+  src.prefill_recipe_name = prefill.recipe.name();
+  return std::make_unique<CudaEngineImpl>(a, src, options);
+}
+
 std::unique_ptr<CudaEngine> make_synthetic_cuda_engine(const ModelConfig& config, int64_t int4_group,
                                                        const CudaEngineOptions& options, uint64_t seed) {
   check(int4_group >= 0, "synthetic CUDA engine: int4_group must be 0 (BF16) or a group size, got ", int4_group);
+  if (options.synthetic_fp8_prefill) check_fp8_prefill_shapes(config);
   check_hopper();
   WeightSource src;
   src.synthetic_group = int4_group;
   src.seed = seed;
+  src.synthetic_fp8 = options.synthetic_fp8_prefill;
+  src.prefill_recipe_name = "synthetic fp8";
   src.recipe_name = int4_group > 0 ? "synthetic int4-g" + std::to_string(int4_group) : "synthetic bf16";
   return std::make_unique<CudaEngineImpl>(config, src, options);
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cuda/engine/engine_kernels.h"
+#include "futransformer/cuda/gemm_fp8.h"
 #include "futransformer/cuda/gemm_w4a16.h"
 #include "futransformer/error.h"
 #include "futransformer/formats/int4_mma.h"
@@ -106,6 +107,64 @@ DeviceLinear DeviceLinear::synthetic_bf16(int64_t N, int64_t K, uint64_t seed, c
   return l;
 }
 
+std::string DeviceLinear::fp8_shape_problem(int64_t N, int64_t K) {
+  if (N > kFp8GemmMaxDim || K > kFp8GemmMaxDim)
+    return "gemm_fp8: " + std::to_string(N) + " x " + std::to_string(K) + " is larger than the FP8 GEMM takes";
+  std::string why;
+  if (gemm_fp8_can_implement(1, static_cast<int>(N), static_cast<int>(K), &why) != cudaSuccess) return why;
+  return {};
+}
+
+DeviceLinear DeviceLinear::from_fp8(std::span<const formats::Fp8Matrix* const> parts, const std::string& name) {
+  check(!parts.empty(), name, ": no weights");
+  const int64_t K = parts[0]->cols;
+  int64_t N = 0;
+  for (const formats::Fp8Matrix* p : parts) {
+    check(p->cols == K, name, ": fused FP8 parts differ in K (", p->cols, " vs ", K, ")");
+    check(p->block == p->cols && static_cast<int64_t>(p->scales.size()) == p->rows &&
+              static_cast<int64_t>(p->codes.size()) == p->rows * p->cols,
+          name, ": gemm_fp8 takes per-channel FP8 weights (one scale per output row); this part has blocks of ",
+          p->block, " columns");
+    N += p->rows;
+  }
+  const std::string why = fp8_shape_problem(N, K);
+  check(why.empty(), name, ": the FP8 GEMM cannot run this ", N, " x ", K, " weight: ", why);
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  codes.reserve(static_cast<size_t>(N * K));
+  scales.reserve(static_cast<size_t>(N));
+  for (const formats::Fp8Matrix* p : parts) {
+    codes.insert(codes.end(), p->codes.begin(), p->codes.end());
+    scales.insert(scales.end(), p->scales.begin(), p->scales.end());
+  }
+  DeviceLinear l;
+  l.kind_ = Kind::Fp8;
+  l.name_ = name;
+  l.N_ = N;
+  l.K_ = K;
+  l.fp8_codes_.upload(codes, name + " (FP8 codes)");
+  l.fp8_scales_.upload(scales, name + " (FP8 scales)");
+  return l;
+}
+
+DeviceLinear DeviceLinear::synthetic_fp8(int64_t N, int64_t K, uint64_t seed, const std::string& name) {
+  const std::string why = fp8_shape_problem(N, K);
+  check(why.empty(), name, ": the FP8 GEMM cannot run this ", N, " x ", K, " weight: ", why);
+  DeviceLinear l;
+  l.kind_ = Kind::Fp8;
+  l.name_ = name;
+  l.N_ = N;
+  l.K_ = K;
+  l.fp8_codes_.allocate(static_cast<size_t>(N * K), name + " (FP8 codes)");
+  l.fp8_scales_.allocate(static_cast<size_t>(N), name + " (FP8 scales)");
+  // Codes of magnitude <= 1.875 (RMS about 0.7); a scale of 1/sqrt(K) keeps outputs of unit-RMS inputs near unit.
+  cuda_check(fill_random_fp8_e4m3(l.fp8_codes_.get(), l.fp8_codes_.size(), seed, nullptr), name + ": fill");
+  cuda_check(fill_f32(l.fp8_scales_.get(), l.fp8_scales_.size(),
+                      static_cast<float>(1.0 / __builtin_sqrt(static_cast<double>(K))), nullptr),
+             name + ": fill scales");
+  return l;
+}
+
 size_t DeviceLinear::workspace_bytes(int64_t max_rows) const {
   if (kind_ != Kind::Int4) return 0;
   size_t need = 0;
@@ -114,7 +173,17 @@ size_t DeviceLinear::workspace_bytes(int64_t max_rows) const {
   return need;
 }
 
+void DeviceLinear::forward_fp8(const uint8_t* a_codes, const float* a_scales, int64_t M, __nv_bfloat16* y,
+                               const GemmContext& ctx) const {
+  check(kind_ == Kind::Fp8, name_, ": forward_fp8 needs FP8 weights");
+  const cudaError_t e = gemm_fp8(a_codes, fp8_codes_.get(), a_scales, fp8_scales_.get(), y, static_cast<int>(M),
+                                 static_cast<int>(N_), static_cast<int>(K_), ctx.stream);
+  if (e != cudaSuccess) fail("CUDA engine: ", name_, ": FP8 GEMM (M ", M, "): ",
+                             e == cudaErrorInvalidValue ? gemm_fp8_last_error() : cudaGetErrorString(e));
+}
+
 void DeviceLinear::forward(const __nv_bfloat16* x, int64_t M, void* y, bool y_f32, const GemmContext& ctx) const {
+  check(kind_ != Kind::Fp8, name_, ": FP8 weights run through forward_fp8");
   if (kind_ == Kind::Int4) {
     check(!y_f32, name_, ": INT4 projections write BF16");
     auto* out = static_cast<__nv_bfloat16*>(y);

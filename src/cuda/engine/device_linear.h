@@ -1,5 +1,6 @@
 // One projection (or several fused along N) held on the GPU in the layout its GEMM reads: INT4 repacked for the
-// W4A16 kernel, or BF16 row-major [N, K] for cuBLAS. y[M, N] = x[M, K] · Wᵀ with BF16 x.
+// W4A16 kernel, or BF16 row-major [N, K] for cuBLAS — y[M, N] = x[M, K] · Wᵀ with BF16 x (forward) — or FP8 E4M3
+// codes [N, K] with one fp32 scale per output channel for gemm_fp8, whose input is per-token FP8 (forward_fp8).
 #pragma once
 
 #include <cublas_v2.h>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "cuda/engine/device_memory.h"
+#include "futransformer/formats/fp8.h"
 #include "futransformer/formats/int4.h"
 
 struct __nv_bfloat16;
@@ -26,7 +28,7 @@ struct GemmContext {
 
 class DeviceLinear {
  public:
-  enum class Kind { Int4, Bf16 };
+  enum class Kind { Int4, Bf16, Fp8 };
 
   DeviceLinear() = default;
   // The parts' rows concatenated in order (same K, group and scale type; symmetric). Throws Error naming `name`
@@ -36,18 +38,32 @@ class DeviceLinear {
   static DeviceLinear from_bf16(const std::vector<uint16_t>& w, int64_t N, int64_t K, const std::string& name);
   // Another linear's BF16 storage (the tied LM head reads the embedding); `source` must outlive this.
   static DeviceLinear borrow_bf16(const uint16_t* device_w, int64_t N, int64_t K, const std::string& name);
+  // Per-channel FP8 weights (formats::fp8_quantize_weight: block == cols), the parts' rows concatenated in order
+  // (same K). Throws Error naming `name` when a part is not per-channel or gemm_fp8 cannot run the fused shape
+  // (K % 128, N % 8).
+  static DeviceLinear from_fp8(std::span<const formats::Fp8Matrix* const> parts, const std::string& name);
   // Random weights generated on the device.
   static DeviceLinear synthetic_int4(int64_t N, int64_t K, int64_t group, uint64_t seed, const std::string& name);
   static DeviceLinear synthetic_bf16(int64_t N, int64_t K, uint64_t seed, const std::string& name);
+  static DeviceLinear synthetic_fp8(int64_t N, int64_t K, uint64_t seed, const std::string& name);
+  // Empty reason when gemm_fp8 runs an [N, K] weight (any M), else the sentence saying why. Needs no device.
+  static std::string fp8_shape_problem(int64_t N, int64_t K);
 
   Kind kind() const { return kind_; }
   int64_t out_features() const { return N_; }
   int64_t in_features() const { return K_; }
-  int64_t device_bytes() const { return static_cast<int64_t>(packed_.bytes() + scales_.bytes() + bf16_.bytes()); }
+  int64_t device_bytes() const {
+    return static_cast<int64_t>(packed_.bytes() + scales_.bytes() + bf16_.bytes() + fp8_codes_.bytes() +
+                                fp8_scales_.bytes());
+  }
   // Split-K scratch the forward needs for any M up to max_rows.
   size_t workspace_bytes(int64_t max_rows) const;
   // y: BF16 [M, N], or fp32 when y_f32 (BF16 weights only). M >= 1; any M (INT4 runs 64 rows per launch).
   void forward(const __nv_bfloat16* x, int64_t M, void* y, bool y_f32, const GemmContext& ctx) const;
+  // FP8 weights only: y BF16 [M, N] = (a_codes[M, K] · codesᵀ) · a_scales[m] · scales[n] (gemm_fp8), where a_codes /
+  // a_scales are per-token FP8 (cuda/fp8_producers.h). Throws Error naming the projection when the GEMM refuses.
+  void forward_fp8(const uint8_t* a_codes, const float* a_scales, int64_t M, __nv_bfloat16* y,
+                   const GemmContext& ctx) const;
 
  private:
   Kind kind_ = Kind::Bf16;
@@ -57,6 +73,8 @@ class DeviceLinear {
   DeviceArray<uint32_t> packed_;
   DeviceArray<uint16_t> scales_;
   DeviceArray<uint16_t> bf16_;
+  DeviceArray<uint8_t> fp8_codes_;  // E4M3 [N, K]
+  DeviceArray<float> fp8_scales_;   // [N]
   const uint16_t* bf16_ptr_ = nullptr;  // bf16_ or a borrowed buffer
 };
 

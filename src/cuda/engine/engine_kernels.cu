@@ -42,10 +42,10 @@ __device__ __forceinline__ uint32_t hash32(uint64_t seed, uint64_t i) {
   return static_cast<uint32_t>((z ^ (z >> 31)) >> 16);
 }
 
-__global__ void fill_u32_kernel(uint32_t* p, size_t n, uint64_t seed) {
+__global__ void fill_u32_kernel(uint32_t* p, size_t n, uint64_t seed, uint32_t mask) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    p[i] = hash32(seed, i);
+    p[i] = hash32(seed, i) & mask;
 }
 
 __global__ void fill_half_kernel(uint16_t* p, size_t n, float lo, float hi, bool bf16, uint64_t seed) {
@@ -90,7 +90,16 @@ cudaError_t rotate_heads_bf16(const __nv_bfloat16* src, int src_row_stride, __nv
 
 cudaError_t fill_random_u32(uint32_t* p, size_t n, uint64_t seed, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  fill_u32_kernel<<<fill_blocks(n), 256, 0, stream>>>(p, n, seed);
+  fill_u32_kernel<<<fill_blocks(n), 256, 0, stream>>>(p, n, seed, 0xFFFFFFFFu);
+  return cudaGetLastError();
+}
+
+cudaError_t fill_random_fp8_e4m3(uint8_t* p, size_t n, uint64_t seed, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (p == nullptr || n % 4 != 0 || reinterpret_cast<uintptr_t>(p) % 4 != 0) return cudaErrorInvalidValue;
+  // Bit 6 of each byte is the exponent's top bit: clearing it caps the exponent field at 7 (|x| <= 1.875) and
+  // rules out the NaN codes 0x7F / 0xFF.
+  fill_u32_kernel<<<fill_blocks(n / 4), 256, 0, stream>>>(reinterpret_cast<uint32_t*>(p), n / 4, seed, 0xBFBFBFBFu);
   return cudaGetLastError();
 }
 

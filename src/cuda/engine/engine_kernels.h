@@ -24,6 +24,8 @@ cudaError_t fill_random_u32(uint32_t* p, size_t n, uint64_t seed, cudaStream_t s
 // Bit patterns of FP16 (bf16 = false) or BF16 values uniform in [lo, hi).
 cudaError_t fill_random_half_bits(uint16_t* p, size_t n, float lo, float hi, bool bf16, uint64_t seed,
                                   cudaStream_t stream);
+// Random FP8 E4M3 codes (formats/fp8.h) of magnitude at most 1.875, never NaN; n a multiple of 4, p 4-byte aligned.
+cudaError_t fill_random_fp8_e4m3(uint8_t* p, size_t n, uint64_t seed, cudaStream_t stream);
 cudaError_t fill_f32(float* p, size_t n, float value, cudaStream_t stream);
 
 }  // namespace futransformer::cuda

@@ -1,0 +1,285 @@
+// FP8 prefill in the CUDA engine (docs/design.md "FP8 prefill"): an INT4 decode model plus an FP8 copy of the same
+// checkpoint's projections that every prompt chunk (more than one token) runs through gemm_fp8, checked against
+// make_prefill_decode_reference_engine with prefill activations act-fp8-bf16 (the GPU's exact roundings: per-token
+// FP8 GEMM inputs, BF16 GEMM outputs and q/k, o_proj's input the FP8 of the BF16 attention output) and decode
+// activations act-bf16. The model is a random tiny Llama whose projection groups all qualify for the FP8 GEMM
+// (hidden 256, intermediate 512, heads 4/2 of 64: K % 128 == 0, N % 8 == 0); its tensors are rounded to BF16 first
+// (what the GPU stores). Two layers keep it well conditioned, so the literal bounds apply (no noise floor):
+// prompt logits rel L2 <= 2e-2 and greedy tokens equal for 32 steps.
+// The shape checks at the end need no device: make_cuda_engine refuses before touching the GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "futransformer/cuda_engine.h"
+#include "futransformer/dtype.h"
+#include "futransformer/engine.h"
+#include "futransformer/error.h"
+#include "futransformer/quant/quantize_model.h"
+#include "futransformer/reference_engine.h"
+#include "gpu_test_util.h"
+#include "tiny_llama.h"
+
+namespace {
+
+using namespace futransformer;
+
+// The bounds for FP8 prefill + INT4 decode against its reference twin. What remains between the two is the
+// order of fp32 sums (GEMM tiles vs a plain dot product), which flips an occasional BF16 rounding and, through it,
+// an occasional FP8 code (one E4M3 step is 2^-3 relative): far below 2e-2 on a 2-layer model.
+constexpr double kMaxPromptLogitsRelL2 = 2e-2;
+constexpr int kGreedySteps = 32;
+// Routing check: the INT4-everywhere reference is a different computation (INT4 g64 vs FP8 weights, ~10 % vs ~3 %
+// per-weight error); the GPU's prompt logits must be closer to the FP8-prefill twin than to it by this factor.
+constexpr double kRoutingMargin = 2.0;
+
+constexpr const char* kDecodeRecipe = "int4-rtn-g64";
+constexpr const char* kPrefillRecipe = "fp8+act-fp8";
+
+double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    num += d * d;
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+int32_t argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// The FP8-qualifying tiny model, every tensor rounded through BF16.
+Model fp8_tiny_model(uint32_t seed) {
+  test::TinyLlama s;
+  s.hidden = 256;
+  s.inter = 512;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  s.layers = 2;
+  s.vocab = 500;
+  Model m = test::make_tiny_llama(s, seed);
+  for (auto& [name, t] : m.tensors) {
+    std::vector<float> v = t.to_f32();
+    for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+    t = Tensor::from_f32(name, t.shape, std::move(v));
+  }
+  return m;
+}
+
+quant::QuantizedModel quantised(const Model& m, const std::string& recipe) {
+  quant::QuantizeOptions qo;
+  qo.recipe = PrecisionRecipe::parse(recipe);
+  return quant::quantize_model(m, quant::CalibrationSet{}, qo);
+}
+
+// The GPU engine's twin: prompts as act-fp8-bf16 over the FP8 model, steps as act-bf16 over the INT4 model.
+std::unique_ptr<Engine> reference_twin(const quant::QuantizedModel& pre, const quant::QuantizedModel& dec,
+                                       formats::KvFormat kv) {
+  ReferenceOptions p, d;
+  p.activations = ActivationFormat::Fp8OverBf16;
+  d.activations = ActivationFormat::Bf16;
+  p.kv = d.kv = kv;
+  return make_prefill_decode_reference_engine(pre.model, p, dec.model, d);
+}
+
+struct Fp8Fixture {
+  Model model = fp8_tiny_model(91);
+  quant::QuantizedModel dec = quantised(model, kDecodeRecipe);
+  quant::QuantizedModel pre = quantised(model, kPrefillRecipe);
+};
+
+class CudaEngineFp8Prefill : public ::testing::TestWithParam<formats::KvFormat> {};
+
+// One prompt, then greedy steps, each engine fed its own choice.
+TEST_P(CudaEngineFp8Prefill, PromptLogitsAndGreedyMatchTheTwin) {
+  FT_REQUIRE_HOPPER();
+  const formats::KvFormat kv = GetParam();
+  const Fp8Fixture f;
+  CudaEngineOptions co;
+  co.kv = kv;
+  std::unique_ptr<CudaEngine> gpu = make_cuda_engine(f.dec, f.pre, co);
+  std::unique_ptr<Engine> ref = reference_twin(f.pre, f.dec, kv);
+  ReferenceOptions int4_only;
+  int4_only.activations = ActivationFormat::Bf16;
+  int4_only.kv = kv;
+  std::unique_ptr<Engine> ref_int4 = make_reference_engine(f.dec.model, int4_only);
+  EXPECT_NE(gpu->description().find("FP8 prefill"), std::string::npos) << gpu->description();
+
+  std::mt19937 rng(5);
+  const SequenceChunk prompt{0, test::random_token_ids(61, f.model.config.vocab_size, rng)};
+  // All positions' logits: every prompt row went through the FP8 GEMMs.
+  const std::vector<float> lg = gpu->forward(std::span(&prompt, 1), true)[0];
+  const std::vector<float> lr = ref->forward(std::span(&prompt, 1), true)[0];
+  const std::vector<float> l4 = ref_int4->forward(std::span(&prompt, 1), true)[0];
+  ASSERT_EQ(lg.size(), lr.size());
+  const double err = rel_l2(lg, lr), err_int4 = rel_l2(lg, l4);
+  std::printf("%s: prompt logits (61 positions) rel L2 vs FP8-prefill twin %.5f, vs INT4-everywhere reference %.5f\n",
+              formats::kv_format_name(kv), err, err_int4);
+  EXPECT_LE(err, kMaxPromptLogitsRelL2);
+  EXPECT_GE(err_int4, kRoutingMargin * err) << "prompt rows did not run the FP8 weights";
+
+  const size_t vocab = static_cast<size_t>(f.model.config.vocab_size);
+  std::vector<float> g(lg.end() - static_cast<std::ptrdiff_t>(vocab), lg.end());
+  std::vector<float> r(lr.end() - static_cast<std::ptrdiff_t>(vocab), lr.end());
+  double max_err = 0;
+  for (int s = 0; s < kGreedySteps; ++s) {
+    const int32_t tg = argmax(g), tr = argmax(r);
+    ASSERT_EQ(tg, tr) << "greedy tokens diverge at step " << s << " (logits rel L2 there " << rel_l2(g, r) << ")";
+    const SequenceChunk next{0, {tg}};
+    g = gpu->forward(std::span(&next, 1))[0];
+    r = ref->forward(std::span(&next, 1))[0];
+    max_err = std::max(max_err, rel_l2(g, r));
+  }
+  std::printf("%s: %d INT4 decode steps after the FP8 prompt: max logits rel L2 %.5f\n", formats::kv_format_name(kv),
+              kGreedySteps, max_err);
+  EXPECT_LE(max_err, kMaxPromptLogitsRelL2);
+  EXPECT_EQ(gpu->sequence_length(0), 61 + kGreedySteps);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kv, CudaEngineFp8Prefill,
+                         ::testing::Values(formats::KvFormat::BF16, formats::KvFormat::INT4,
+                                           formats::KvFormat::INT4_HADAMARD),
+                         [](const auto& info) {
+                           std::string n = formats::kv_format_name(info.param);
+                           for (char& ch : n) if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+// Batches that mix prompt chunks, decode steps and one-token prompts (routed to the decode path, as the reference
+// does), with a max_batch_tokens that splits prompts into several FP8 passes; every chunk's logits compared.
+TEST(CudaEngineFp8, MixedBatchesMatchTheTwin) {
+  FT_REQUIRE_HOPPER();
+  const Fp8Fixture f;
+  CudaEngineOptions co;
+  co.kv = formats::KvFormat::BF16;
+  co.max_batch_tokens = 24;
+  co.max_sequences = 8;
+  std::unique_ptr<CudaEngine> gpu = make_cuda_engine(f.dec, f.pre, co);
+  std::unique_ptr<Engine> ref = reference_twin(f.pre, f.dec, formats::KvFormat::BF16);
+  std::mt19937 rng(17);
+  const int64_t vocab = f.model.config.vocab_size;
+  auto toks = [&](size_t n) { return test::random_token_ids(n, vocab, rng); };
+  const std::vector<std::vector<SequenceChunk>> script = {
+      {{1, toks(40)}, {2, toks(7)}},               // two prompts: passes 24 + 23 rows, all FP8
+      {{1, toks(1)}, {3, toks(30)}, {2, toks(1)}}, // step, prompt, step: three passes (decode, FP8, decode)
+      {{4, toks(1)}, {3, toks(5)}},                // a one-token prompt (decode path) + a continuation chunk (FP8)
+      {{1, toks(1)}, {2, toks(1)}, {3, toks(1)}, {4, toks(1)}},  // a pure decode step (CUDA graph)
+      {{1, toks(1)}, {2, toks(1)}, {3, toks(1)}, {4, toks(1)}},
+  };
+  int n = 0;
+  for (const std::vector<SequenceChunk>& batch : script) {
+    const std::vector<std::vector<float>> lg = gpu->forward(batch, true);
+    const std::vector<std::vector<float>> lr = ref->forward(batch, true);
+    ASSERT_EQ(lg.size(), batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      ASSERT_EQ(lg[i].size(), lr[i].size());
+      const double err = rel_l2(lg[i], lr[i]);
+      EXPECT_LE(err, kMaxPromptLogitsRelL2) << "batch " << n << " sequence " << batch[i].seq_id << " ("
+                                            << batch[i].tokens.size() << " tokens)";
+      EXPECT_EQ(gpu->sequence_length(batch[i].seq_id), ref->sequence_length(batch[i].seq_id));
+    }
+    ++n;
+  }
+}
+
+// Both weight copies are counted: the FP8 engine holds exactly the INT4 engine's bytes plus, per layer and group,
+// N·K code bytes and 4·N scale bytes, and more activation scratch (codes + scales of max_batch_tokens rows).
+TEST(CudaEngineFp8, MemoryCountsBothCopies) {
+  FT_REQUIRE_HOPPER();
+  const Fp8Fixture f;
+  CudaEngineOptions co;
+  co.kv = formats::KvFormat::BF16;
+  const CudaEngineMemory with = make_cuda_engine(f.dec, f.pre, co)->memory();
+  const CudaEngineMemory without = make_cuda_engine(f.dec, co)->memory();
+  const ModelConfig& c = f.model.config;
+  const int64_t h = c.hidden_size, inter = c.intermediate_size;
+  const int64_t qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim;
+  const int64_t qw = c.num_attention_heads * c.head_dim;
+  const int64_t per_layer = (qkv * h + 4 * qkv) + (h * qw + 4 * h) + (2 * inter * h + 8 * inter) + (h * inter + 4 * h);
+  EXPECT_EQ(with.weights - without.weights, c.num_hidden_layers * per_layer);
+  EXPECT_EQ(with.kv_cache, without.kv_cache);
+  EXPECT_EQ(with.activations - without.activations,
+            co.max_batch_tokens * std::max({h, qw, inter}) + 4 * co.max_batch_tokens);
+}
+
+// A synthetic engine with random FP8 prefill weights (the bench's): prompts run, outputs are finite.
+TEST(CudaEngineFp8, SyntheticFp8PrefillRuns) {
+  FT_REQUIRE_HOPPER();
+  ModelConfig c = fp8_tiny_model(3).config;
+  CudaEngineOptions co;
+  co.synthetic_fp8_prefill = true;
+  co.kv = formats::KvFormat::INT4;
+  std::unique_ptr<CudaEngine> e = make_synthetic_cuda_engine(c, 64, co);
+  EXPECT_NE(e->description().find("FP8 prefill"), std::string::npos) << e->description();
+  std::mt19937 rng(2);
+  const SequenceChunk prompt{0, test::random_token_ids(100, c.vocab_size, rng)};
+  const std::vector<float> lg = e->forward(std::span(&prompt, 1))[0];
+  ASSERT_EQ(lg.size(), static_cast<size_t>(c.vocab_size));
+  for (float v : lg) ASSERT_TRUE(std::isfinite(v));
+}
+
+// No device needed from here on: the refusals come before any GPU work.
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << msg;
+  }
+}
+
+TEST(CudaEngineFp8Host, ShapesTheFp8GemmCannotRunAreRefusedByName) {
+  // The default tiny Llama: hidden 64 (q|k|v K = 64, not a multiple of 128).
+  const Model m = test::make_tiny_llama({}, 4);
+  const quant::QuantizedModel dec = quantised(m, "int4-rtn-g32");
+  const quant::QuantizedModel pre = quantised(m, kPrefillRecipe);
+  expect_error([&] { make_cuda_engine(dec, pre); }, {"FP8 prefill", "q_proj", "K = 64", "multiple of 128"});
+  // Only the down projection fails: intermediate 200 (K of down_proj) while hidden and heads qualify.
+  test::TinyLlama s;
+  s.hidden = 128;
+  s.inter = 200;
+  s.heads = 2;
+  s.kv_heads = 1;
+  s.head_dim = 64;
+  const Model m2 = test::make_tiny_llama(s, 5);
+  expect_error([&] { make_cuda_engine(quantised(m2, "full"), quantised(m2, kPrefillRecipe)); },
+               {"mlp.down_proj", "K = 200"});
+  ModelConfig c = m2.config;
+  CudaEngineOptions co;
+  co.synthetic_fp8_prefill = true;
+  expect_error([&] { make_synthetic_cuda_engine(c, 32, co); }, {"mlp.down_proj"});
+}
+
+TEST(CudaEngineFp8Host, RecipesAreChecked) {
+  const Model m = fp8_tiny_model(6);
+  const quant::QuantizedModel int4 = quantised(m, kDecodeRecipe);
+  const quant::QuantizedModel fp8 = quantised(m, kPrefillRecipe);
+  expect_error([&] { make_cuda_engine(int4, int4); }, {"no FP8 weights", "int4-rtn-g64"});
+  expect_error([&] { make_cuda_engine(fp8, fp8); }, {"decode model", "FP8 weights"});
+  expect_error([&] { make_cuda_engine(fp8); }, {"FP8 prefill path"});
+  expect_error([&] { make_cuda_engine(int4, quantised(m, "fp8+act-fp8+kv-int4")); }, {"KV-cache formats"});
+  test::TinyLlama s;
+  s.hidden = 256;
+  s.inter = 512;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  s.layers = 3;  // a different model
+  s.vocab = 500;
+  expect_error([&] { make_cuda_engine(int4, quantised(test::make_tiny_llama(s, 6), kPrefillRecipe)); },
+               {"different configs"});
+}
+
+}  // namespace

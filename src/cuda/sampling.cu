@@ -121,8 +121,8 @@ cudaError_t sample_rows_f32(const float* logits, const double* uniforms, int32_t
       e != cudaSuccess)
     return e;
   const dim3 walk_grid(static_cast<unsigned>((rows + sampling_ops::kWalkThreads - 1) / sampling_ops::kWalkThreads));
-  sampling_ops::walk_kernel<<<walk_grid, sampling_ops::kWalkThreads, 0, stream>>>(keys_out, ids_out, uniforms, out,
-                                                                                   rows, vocab, top_k, top_p);
+  sampling_ops::walk_kernel<<<walk_grid, sampling_ops::kWalkThreads, 0, stream>>>(
+      keys_out, reinterpret_cast<double*>(keys_in), ids_out, uniforms, out, rows, vocab, top_k, top_p);
   return cudaGetLastError();
 }
 

@@ -112,21 +112,24 @@ __device__ __forceinline__ int first_true(const double* a, int n, Pred pred) {
 }
 
 // One thread per row, over the sorted row: p[j] = the j-th largest p, id[j] its token. Replays
-// sample_with_uniform's sums in its order: s[j] = s[j-1] + p[j] (fp64, rounded each step), written over the keys.
+// sample_with_uniform's sums in its order: s[j] = s[j-1] + p[j] (fp64, rounded each step), written to `prefix` (the
+// sort's input keys, free after the sort: a separate array keeps the streamed key lines in L1 untouched by stores).
 // The walk stops at the first negligible p (index m): every later s equals s[m-1], so S(j) = s[min(j, m - 1)].
 __global__ void __launch_bounds__(kWalkThreads)
-    walk_kernel(unsigned long long* __restrict__ sorted_keys, const int32_t* __restrict__ sorted_ids,
+    walk_kernel(const unsigned long long* __restrict__ sorted_keys, double* __restrict__ prefix,
+                const int32_t* __restrict__ sorted_ids,
                 const double* __restrict__ uniforms, int32_t* __restrict__ out, int rows, int vocab, int top_k,
                 float top_p) {
   const int row = blockIdx.x * kWalkThreads + threadIdx.x;
   if (row >= rows || out[row] < 0) return;
-  double* s = reinterpret_cast<double*>(sorted_keys + static_cast<int64_t>(row) * vocab);
+  const double* p_sorted = reinterpret_cast<const double*>(sorted_keys + static_cast<int64_t>(row) * vocab);
+  double* s = prefix + static_cast<int64_t>(row) * vocab;
   const int32_t* id = sorted_ids + static_cast<int64_t>(row) * vocab;
   int keep = top_k > 0 && top_k < vocab ? top_k : vocab;
   double sum = 0.0;
   int m = 0;
   for (; m < keep; ++m) {
-    const double p = s[m];  // still the key here: p's bits
+    const double p = p_sorted[m];
     if (m > 0 && p < kNegligibleP) break;
     sum = __dadd_rn(sum, p);
     s[m] = sum;

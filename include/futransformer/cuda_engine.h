@@ -20,6 +20,7 @@
 #include "futransformer/formats/kv_cache.h"
 #include "futransformer/model.h"
 #include "futransformer/recipe.h"
+#include "futransformer/sampling.h"
 
 namespace futransformer {
 namespace quant {
@@ -51,6 +52,10 @@ class CudaEngine : public Engine {
   // Like forward, but the next token of each chunk is chosen on the GPU by greedy argmax (the same choice as
   // sample() at temperature 0) and only the ids come back.
   virtual std::vector<int32_t> forward_greedy(std::span<const SequenceChunk> batch) = 0;
+  // Like forward_greedy, but chunk i's next token is sampled on the GPU from the caller's draw uniforms[i] in
+  // [0, 1): the token sample_with_uniform(logits of chunk i, params, uniforms[i]) chooses (params.seed unused).
+  virtual std::vector<int32_t> forward_sample(std::span<const SequenceChunk> batch, const SamplingParams& params,
+                                              std::span<const double> uniforms) = 0;
   virtual CudaEngineMemory memory() const = 0;
   // Decode-step timing for benchmarks: runs forward_greedy(batch) twice (warm-up, then CUDA-graph capture; each
   // advances every sequence by one token), then replays that step's graph `iters` times on the same inputs (the

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -329,6 +330,33 @@ TEST(CudaEngine, AllLogitsMatchReference) {
   const std::vector<float> lr = ref->forward(std::span(&c, 1), true)[0];
   ASSERT_EQ(lg.size(), c.tokens.size() * static_cast<size_t>(model.config.vocab_size));
   EXPECT_LE(rel_l2(lg, lr), kMaxLogitsRelL2);
+}
+
+// forward_sample draws on the GPU exactly what the CPU sampler draws from the same logits and uniform: a twin engine
+// (same kernels, same inputs, identical logits) supplies the logits.
+TEST(CudaEngine, ForwardSampleMatchesTheCpuSamplerOnTwinLogits) {
+  FT_REQUIRE_HOPPER();
+  const std::string dir = test::shared_path("models/stories260K/");
+  FT_REQUIRE_FILE(dir + "stories260K.bin");
+  const Model model = bf16_model(load_model(dir + "stories260K.bin"));
+  CudaEngineOptions opt;
+  std::unique_ptr<CudaEngine> a = make_cuda_engine(model, opt), b = make_cuda_engine(model, opt);
+  SamplingParams sp;
+  sp.temperature = 0.9f;
+  sp.top_k = 40;
+  sp.top_p = 0.95f;
+  std::vector<SequenceChunk> batch = {{0, {1, 403, 407}}, {1, {1, 9}}};
+  std::mt19937_64 rng(5);
+  for (int step = 0; step < 16; ++step) {
+    std::vector<double> u(batch.size());
+    for (double& x : u) x = static_cast<double>(rng() >> 11) * 0x1p-53;
+    const std::vector<std::vector<float>> logits = a->forward(batch);
+    const std::vector<int32_t> ids = b->forward_sample(batch, sp, u);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      ASSERT_EQ(ids[i], sample_with_uniform(logits[i], sp, u[i])) << "sequence " << i << " step " << step;
+      batch[i].tokens = {ids[i]};
+    }
+  }
 }
 
 TEST(CudaEngine, RejectsBadInputBeforeWork) {

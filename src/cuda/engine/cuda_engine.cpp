@@ -21,6 +21,7 @@
 #include "futransformer/cuda/fused_ops.h"
 #include "futransformer/cuda/gemm_fp8.h"
 #include "futransformer/cuda/kv_append.h"
+#include "futransformer/cuda/sampling.h"
 #include "futransformer/dtype.h"
 #include "futransformer/error.h"
 #include "futransformer/formats/hadamard.h"
@@ -128,6 +129,37 @@ class CudaEngineImpl final : public CudaEngine {
     run(batch, false, &ids);
     return ids;
   }
+  std::vector<int32_t> forward_sample(std::span<const SequenceChunk> batch, const SamplingParams& params,
+                                      std::span<const double> uniforms) override {
+    check(uniforms.size() == batch.size(), "forward_sample: ", uniforms.size(), " uniforms for ", batch.size(),
+          " chunks");
+    std::string why;
+    check(cuda::sample_rows_f32_can_implement(static_cast<int>(logit_rows_), static_cast<int>(config_.vocab_size),
+                                              params.temperature, params.top_k, params.top_p, &why) == cudaSuccess,
+          "forward_sample: ", why);
+    for (double u : uniforms) check(u >= 0.0 && u < 1.0, "forward_sample: uniform ", u, " outside [0, 1)");
+    if (params.temperature == 0.0f) return forward_greedy(batch);
+    if (!sample_ws_.get()) {  // lazily: greedy-only users never pay for it
+      sample_ws_.allocate(cuda::sample_rows_f32_workspace_bytes(static_cast<int>(logit_rows_),
+                                                                static_cast<int>(config_.vocab_size)),
+                          "sampling workspace");
+      uniforms_.allocate(static_cast<size_t>(logit_rows_), "sampling draws");
+      memory_.workspace += static_cast<int64_t>(sample_ws_.bytes() + uniforms_.bytes());
+    }
+    sample_params_ = &params;
+    sample_u_ = uniforms;
+    std::vector<int32_t> ids;
+    try {
+      run(batch, false, &ids);
+    } catch (...) {
+      sample_params_ = nullptr;
+      throw;
+    }
+    sample_params_ = nullptr;
+    for (size_t i = 0; i < ids.size(); ++i)
+      check(ids[i] >= 0, "forward_sample: chunk ", i, " has NaN or non-finite logits");
+    return ids;
+  }
   int64_t sequence_length(int32_t seq_id) const override {
     auto it = seqs_.find(seq_id);
     return it == seqs_.end() ? 0 : it->second.length;
@@ -185,6 +217,10 @@ class CudaEngineImpl final : public CudaEngine {
   DeviceArray<int32_t> meta_, ids_;
   int32_t* meta_host_ = nullptr;      // pinned mirror of meta_
   DeviceArray<uint8_t> gemm_ws_, attn_ws_;
+  DeviceArray<double> uniforms_;       // forward_sample: one draw per head row
+  DeviceArray<uint8_t> sample_ws_;     // forward_sample: sort workspace (allocated on first use)
+  const SamplingParams* sample_params_ = nullptr;  // set only during forward_sample
+  std::span<const double> sample_u_;
 
   std::map<int32_t, SeqState> seqs_;
   std::vector<int32_t> free_pages_, free_slots_;
@@ -799,6 +835,21 @@ std::vector<std::vector<float>> CudaEngineImpl::run(std::span<const SequenceChun
             src = x_gather_.get();
           }
           enqueue_head(src, n);
+        }
+        // forward_sample: the sampler overwrites the greedy ids (after a graph replay too; graphs stay greedy).
+        if (ids && sample_params_) {
+          std::vector<double> u(static_cast<size_t>(n));
+          for (int64_t i = 0; i < n; ++i)
+            u[static_cast<size_t>(i)] =
+                sample_u_[all[p0 + static_cast<size_t>(head_rows[h0 + static_cast<size_t>(i)])].chunk];
+          cuda_check(cudaMemcpyAsync(uniforms_.get(), u.data(), u.size() * sizeof(double), cudaMemcpyHostToDevice,
+                                     stream_),
+                     "upload draws");  // pageable source: staged before the call returns
+          const SamplingParams& sp = *sample_params_;
+          check_op(cuda::sample_rows_f32(logits_.get(), uniforms_.get(), ids_.get(), static_cast<int>(n),
+                                         static_cast<int>(vocab), sp.temperature, sp.top_k, sp.top_p,
+                                         sample_ws_.get(), sample_ws_.bytes(), stream_),
+                   "sampling", cuda::sampling_last_error);
         }
         std::vector<int32_t> id_host(static_cast<size_t>(n));
         std::vector<float> lg;

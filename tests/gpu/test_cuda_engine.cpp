@@ -62,6 +62,20 @@ std::unique_ptr<Engine> reference_like_gpu(const quant::QuantizedModel& q) {
   return make_reference_engine(q.model, quant::reference_options(r));
 }
 
+// The reference with fp32 activations and the GPU's cache format: the other end of the noise floor.
+std::unique_ptr<Engine> fp32_reference(const quant::QuantizedModel& q) {
+  PrecisionRecipe r = q.recipe;
+  if (!r.kv) r.kv = formats::KvFormat::BF16;
+  return make_reference_engine(q.model, quant::reference_options(r));
+}
+
+// `model` quantised to `recipe` (RTN or full weights: no calibration text needed).
+quant::QuantizedModel quantise(const Model& model, const std::string& recipe) {
+  quant::QuantizeOptions qo;
+  qo.recipe = PrecisionRecipe::parse(recipe);
+  return quant::quantize_model(model, quant::CalibrationSet{}, qo);
+}
+
 int32_t argmax(const std::vector<float>& v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
@@ -176,11 +190,9 @@ TEST_P(SmolLM2Recipe, GreedyAndLogitsMatchReference) {
   qo.recipe = PrecisionRecipe::parse(GetParam());
   ASSERT_NE(qo.recipe.weights, WeightFormat::Int4Gptq) << "GPTQ calibration is too slow for a GPU test";
   const quant::QuantizedModel q = quant::quantize_model(model, quant::CalibrationSet{}, qo);
-  std::unique_ptr<CudaEngine> gpu = make_cuda_engine(q, cuda_engine_options(qo.recipe));
+  std::unique_ptr<CudaEngine> gpu = make_cuda_engine(q, cuda_engine_options(q.recipe));
   std::unique_ptr<Engine> ref = reference_like_gpu(q);
-  PrecisionRecipe r32 = q.recipe;
-  if (!r32.kv) r32.kv = formats::KvFormat::BF16;
-  std::unique_ptr<Engine> ref32 = make_reference_engine(q.model, quant::reference_options(r32));
+  std::unique_ptr<Engine> ref32 = fp32_reference(q);
   expect_within_noise_floor(*gpu, *ref, *ref32, encode_prompt(*tok, kLongPrompt), kGreedySteps, GetParam());
 }
 
@@ -202,18 +214,14 @@ TEST(CudaEngine, BatchedSequencesMatchReference) {
   FT_REQUIRE_FILE(path);
   const Model model = bf16_model(load_model(path));
   const std::unique_ptr<Tokenizer> tok = load_tokenizer_for_model(model, "");
-  quant::QuantizeOptions qo;
-  qo.recipe = PrecisionRecipe::parse("int4-rtn-g64+kv-bf16");
-  const quant::QuantizedModel q = quant::quantize_model(model, quant::CalibrationSet{}, qo);
-  CudaEngineOptions co = cuda_engine_options(qo.recipe);
+  const quant::QuantizedModel q = quantise(model, "int4-rtn-g64+kv-bf16");
+  CudaEngineOptions co = cuda_engine_options(q.recipe);
   co.max_batch_tokens = 16;
   co.max_sequences = 4;
   std::unique_ptr<CudaEngine> gpu = make_cuda_engine(q, co);
   std::unique_ptr<CudaEngine> twin = make_cuda_engine(q, co);  // same kernels, same inputs: identical logits
   std::unique_ptr<Engine> ref = reference_like_gpu(q);
-  PrecisionRecipe r32 = q.recipe;
-  r32.kv = formats::KvFormat::BF16;
-  std::unique_ptr<Engine> ref32 = make_reference_engine(q.model, quant::reference_options(r32));
+  std::unique_ptr<Engine> ref32 = fp32_reference(q);
 
   std::vector<SequenceChunk> batch = {
       {7, encode_prompt(*tok, kLongPrompt)},
@@ -269,16 +277,12 @@ TEST(CudaEngine, FastAndGenericAttentionAgree) {
   // A BF16 cache: with INT4 caches the comparison is dominated by cache codes that rounding differences flip in
   // later layers (covered against the reference by SmolLM2Recipe), not by the attention kernels.
   for (const char* recipe : {"full+kv-bf16", "int4-rtn-g64+kv-bf16"}) {
-    quant::QuantizeOptions qo;
-    qo.recipe = PrecisionRecipe::parse(recipe);
-    const quant::QuantizedModel q = quant::quantize_model(model, quant::CalibrationSet{}, qo);
-    CudaEngineOptions co = cuda_engine_options(qo.recipe);
+    const quant::QuantizedModel q = quantise(model, recipe);
+    CudaEngineOptions co = cuda_engine_options(q.recipe);
     std::unique_ptr<CudaEngine> fast = make_cuda_engine(q, co);
     co.generic_attention = true;
     std::unique_ptr<CudaEngine> generic = make_cuda_engine(q, co);
-    PrecisionRecipe r32 = q.recipe;
-    if (!r32.kv) r32.kv = formats::KvFormat::BF16;
-    std::unique_ptr<Engine> ref32 = make_reference_engine(q.model, quant::reference_options(r32));
+    std::unique_ptr<Engine> ref32 = fp32_reference(q);
     // The generic kernel plays the reference: the fast one must be no farther from it than it is from fp32.
     expect_within_noise_floor(*fast, *generic, *ref32, encode_prompt(*tok, kLongPrompt), 32,
                               std::string("fast vs generic attention, ") + recipe);
@@ -295,11 +299,9 @@ TEST(CudaEngine, PromptChunkEqualsTokenByToken) {
   const std::unique_ptr<Tokenizer> tok = load_tokenizer_for_model(model, "");
   for (const char* recipe : {"full+kv-bf16", "int4-rtn-g64+kv-bf16"}) {
     SCOPED_TRACE(recipe);
-    quant::QuantizeOptions qo;
-    qo.recipe = PrecisionRecipe::parse(recipe);
-    const quant::QuantizedModel q = quant::quantize_model(model, quant::CalibrationSet{}, qo);
-    std::unique_ptr<CudaEngine> a = make_cuda_engine(q, cuda_engine_options(qo.recipe));
-    std::unique_ptr<CudaEngine> b = make_cuda_engine(q, cuda_engine_options(qo.recipe));
+    const quant::QuantizedModel q = quantise(model, recipe);
+    std::unique_ptr<CudaEngine> a = make_cuda_engine(q, cuda_engine_options(q.recipe));
+    std::unique_ptr<CudaEngine> b = make_cuda_engine(q, cuda_engine_options(q.recipe));
     const std::vector<int32_t> prompt = encode_prompt(*tok, "The capital of France is");
     const SequenceChunk whole{0, prompt};
     const std::vector<float> la = a->forward(std::span(&whole, 1))[0];

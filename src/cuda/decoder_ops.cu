@@ -44,24 +44,6 @@ cudaError_t null_pointer(const char* op, const char* names) {
   return reject(&g_last_error, std::string(op) + ": " + names + " must be non-null device pointers");
 }
 
-template <typename... Args>
-cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, cudaStream_t stream,
-                   std::type_identity_t<Args>... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.stream = stream;
-  // FT_PDL=1: may start while the previous kernel on the stream runs; the kernel's pdl_prologue waits for it.
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  if (programmatic_launch()) {
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-
 }  // namespace
 
 cudaError_t embed_rows_bf16(const __nv_bfloat16* table, const int32_t* tokens, float* x, int rows, int hidden,
@@ -74,8 +56,8 @@ cudaError_t embed_rows_bf16(const __nv_bfloat16* table, const int32_t* tokens, f
   const bool vec = hidden % ops::kVecElems == 0 && aligned(table, 16) && aligned(x, 16);
   const int64_t per_block = int64_t{ops::kEltThreads} * (vec ? ops::kVecElems : 1);
   const dim3 grid(static_cast<unsigned>(ceil_div(hidden, per_block)), static_cast<unsigned>(rows));
-  return launch(vec ? ops::embed_rows_kernel<true> : ops::embed_rows_kernel<false>, grid, dim3(ops::kEltThreads),
-                stream, table, tokens, x, hidden, vocab);
+  return launch_maybe_programmatic(vec ? ops::embed_rows_kernel<true> : ops::embed_rows_kernel<false>, grid,
+                                   dim3(ops::kEltThreads), stream, table, tokens, x, hidden, vocab);
 }
 
 cudaError_t rmsnorm_bf16(const float* x, const float* weight, __nv_bfloat16* y, int rows, int hidden, float eps,
@@ -88,8 +70,9 @@ cudaError_t rmsnorm_bf16(const float* x, const float* weight, __nv_bfloat16* y, 
     return reject(&g_last_error, std::string(op) + ": eps = " + to_string(eps) + ", expected a finite value >= 0");
   const bool vec = ops::rmsnorm_vec(x, weight, y, hidden);
   const int threads = ops::rmsnorm_threads(hidden, vec);
-  return launch(vec ? ops::rmsnorm_kernel<true> : ops::rmsnorm_kernel<false>, dim3(static_cast<unsigned>(rows)),
-                dim3(static_cast<unsigned>(threads)), stream, x, weight, y, hidden, eps);
+  return launch_maybe_programmatic(vec ? ops::rmsnorm_kernel<true> : ops::rmsnorm_kernel<false>,
+                                   dim3(static_cast<unsigned>(rows)), dim3(static_cast<unsigned>(threads)), stream, x,
+                                   weight, y, hidden, eps);
 }
 
 cudaError_t add_residual_bf16(float* x, const __nv_bfloat16* delta, int rows, int hidden, cudaStream_t stream) {
@@ -101,7 +84,7 @@ cudaError_t add_residual_bf16(float* x, const __nv_bfloat16* delta, int rows, in
   const bool vec = aligned(x, 16) && aligned(delta, 16);
   const int64_t work = vec ? ceil_div(n, ops::kVecElems) : n;
   const int64_t blocks = std::min(kMaxStrideBlocks, ceil_div(work, ops::kEltThreads));
-  return launch(vec ? ops::add_residual_kernel<true> : ops::add_residual_kernel<false>,
+  return launch_maybe_programmatic(vec ? ops::add_residual_kernel<true> : ops::add_residual_kernel<false>,
                 dim3(static_cast<unsigned>(blocks)), dim3(ops::kEltThreads), stream, x, delta, n);
 }
 
@@ -120,8 +103,8 @@ cudaError_t swiglu_bf16(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int ro
   const bool vec = inter % ops::kVecElems == 0 && aligned(gate_up, 16) && aligned(out, 16);
   const int64_t per_block = int64_t{ops::kEltThreads} * (vec ? ops::kVecElems : 1);
   const dim3 grid(static_cast<unsigned>(ceil_div(inter, per_block)), static_cast<unsigned>(rows));
-  return launch(vec ? ops::swiglu_kernel<true> : ops::swiglu_kernel<false>, grid, dim3(ops::kEltThreads), stream,
-                gate_up, out, inter);
+  return launch_maybe_programmatic(vec ? ops::swiglu_kernel<true> : ops::swiglu_kernel<false>, grid,
+                                   dim3(ops::kEltThreads), stream, gate_up, out, inter);
 }
 
 cudaError_t rope_qk_bf16(__nv_bfloat16* qkv, const int32_t* positions, const float* inv_freq, int rows, int n_heads,
@@ -138,8 +121,8 @@ cudaError_t rope_qk_bf16(__nv_bfloat16* qkv, const int32_t* positions, const flo
   const int rot_heads = n_heads + n_kv_heads;  // q heads then k heads, contiguous at the start of the row
   const int row_width = (n_heads + 2 * n_kv_heads) * head_dim;
   const dim3 grid(static_cast<unsigned>(ceil_div(rot_heads, ops::kRopeHeadsPerCta)), static_cast<unsigned>(rows));
-  return launch(ops::rope_qk_kernel, grid, dim3(ops::kRopeThreads), stream, qkv, positions, inv_freq, rot_heads,
-                row_width, head_dim);
+  return launch_maybe_programmatic(ops::rope_qk_kernel, grid, dim3(ops::kRopeThreads), stream, qkv, positions, inv_freq,
+                                   rot_heads, row_width, head_dim);
 }
 
 cudaError_t argmax_rows_f32(const float* logits, int32_t* out, int rows, int vocab, cudaStream_t stream) {
@@ -148,8 +131,9 @@ cudaError_t argmax_rows_f32(const float* logits, int32_t* out, int rows, int voc
   if (!logits || !out) return null_pointer(op, "logits and out");
   if (check_rows(op, rows) || check_width(op, "vocab", vocab)) return cudaErrorInvalidValue;
   const bool vec = vocab % 4 == 0 && aligned(logits, 16);
-  return launch(vec ? ops::argmax_rows_kernel<true> : ops::argmax_rows_kernel<false>, dim3(static_cast<unsigned>(rows)),
-                dim3(ops::kArgmaxThreads), stream, logits, out, vocab);
+  return launch_maybe_programmatic(vec ? ops::argmax_rows_kernel<true> : ops::argmax_rows_kernel<false>,
+                                   dim3(static_cast<unsigned>(rows)), dim3(ops::kArgmaxThreads), stream, logits, out,
+                                   vocab);
 }
 
 const char* decoder_ops_last_error() { return g_last_error.c_str(); }

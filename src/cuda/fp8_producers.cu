@@ -81,19 +81,8 @@ int row_threads(int64_t units) {
 template <typename... Args>
 cudaError_t launch(void (*kernel)(Args...), int rows, int threads, cudaStream_t stream,
                    std::type_identity_t<Args>... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(rows));
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.stream = stream;
-  // FT_PDL=1: may start while the previous kernel on the stream runs; the kernel's pdl_prologue waits for it.
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  if (programmatic_launch()) {
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
+  return launch_maybe_programmatic(kernel, dim3(static_cast<unsigned>(rows)), dim3(static_cast<unsigned>(threads)),
+                                   stream, args...);
 }
 
 }  // namespace

@@ -43,24 +43,6 @@ int head_dim_multiple(KvFormat f) {
 
 bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
-template <typename... Args>
-cudaError_t launch(void (*kernel)(Args...), dim3 grid, dim3 block, cudaStream_t stream,
-                   std::type_identity_t<Args>... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.stream = stream;
-  // FT_PDL=1: may start while the previous kernel on the stream runs; the kernel's pdl_prologue waits for it.
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  if (programmatic_launch()) {
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-
 template <KvFormat F>
 auto qkv_kernel(bool rope) {
   return rope ? fused::qkv_rope_kv_append_kernel<F, true> : fused::qkv_rope_kv_append_kernel<F, false>;
@@ -123,10 +105,11 @@ cudaError_t qkv_append(const char* op, bool rope, KvFormat format, __nv_bfloat16
                   static_cast<unsigned>(rows));
   const dim3 block(fused::kQkvWarps * fused::kWarp);
   switch (format) {
-    case KvFormat::BF16: return launch(qkv_kernel<KvFormat::BF16>(rope), grid, block, stream, a);
-    case KvFormat::FP8: return launch(qkv_kernel<KvFormat::FP8>(rope), grid, block, stream, a);
-    case KvFormat::INT4: return launch(qkv_kernel<KvFormat::INT4>(rope), grid, block, stream, a);
-    case KvFormat::INT4_HADAMARD: return launch(qkv_kernel<KvFormat::INT4_HADAMARD>(rope), grid, block, stream, a);
+    case KvFormat::BF16: return launch_maybe_programmatic(qkv_kernel<KvFormat::BF16>(rope), grid, block, stream, a);
+    case KvFormat::FP8: return launch_maybe_programmatic(qkv_kernel<KvFormat::FP8>(rope), grid, block, stream, a);
+    case KvFormat::INT4: return launch_maybe_programmatic(qkv_kernel<KvFormat::INT4>(rope), grid, block, stream, a);
+    case KvFormat::INT4_HADAMARD:
+      return launch_maybe_programmatic(qkv_kernel<KvFormat::INT4_HADAMARD>(rope), grid, block, stream, a);
   }
   return reject(&g_last_error, std::string(op) + ": unknown KV format");  // unreachable: checked above
 }
@@ -155,8 +138,8 @@ cudaError_t add_residual_rmsnorm_bf16(float* x, const __nv_bfloat16* delta, cons
   auto kernel = !vec        ? fused::add_residual_rmsnorm_kernel<false, false>
                 : delta_vec ? fused::add_residual_rmsnorm_kernel<true, true>
                             : fused::add_residual_rmsnorm_kernel<true, false>;
-  return launch(kernel, dim3(static_cast<unsigned>(rows)), dim3(static_cast<unsigned>(threads)), stream, x, delta,
-                weight, y, hidden, eps);
+  return launch_maybe_programmatic(kernel, dim3(static_cast<unsigned>(rows)), dim3(static_cast<unsigned>(threads)),
+                                   stream, x, delta, weight, y, hidden, eps);
 }
 
 cudaError_t qkv_rope_kv_append_can_implement(KvFormat format, int rows, int n_heads, int n_kv_heads, int head_dim,

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 namespace futransformer::cuda {
 
@@ -27,7 +28,7 @@ inline bool print_heuristics() {
   return on;
 }
 
-// FT_PDL=1: the small decoder ops and the fused ops (decoder_ops.cu, fused_ops.cu) are launched with programmatic
+// FT_PDL=1: the small decoder ops, the fused ops and the FP8 producers are launched with programmatic
 // stream serialization, so each may be scheduled while the kernel before it on the stream still runs; their kernels
 // begin with griddepcontrol.wait (a no-op without the attribute). Read once per process.
 inline bool programmatic_launch() {
@@ -36,6 +37,25 @@ inline bool programmatic_launch() {
     return v != nullptr && v[0] == '1';
   }();
   return on;
+}
+
+// Launches `kernel` on `stream`, with programmatic stream serialization when programmatic_launch() is on (the
+// kernel must then begin with griddepcontrol.wait, as the decoder, fused and FP8 producer ops do).
+template <typename... Args>
+cudaError_t launch_maybe_programmatic(void (*kernel)(Args...), dim3 grid, dim3 block, cudaStream_t stream,
+                                      std::type_identity_t<Args>... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (programmatic_launch()) {
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
 // A launcher whose plan needs `need` bytes of scratch refuses a missing, misaligned or short workspace.

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -194,6 +195,14 @@ inline Args parse_args(int argc, char** argv, int default_iters, int min_iters, 
     }
   }
   return args;
+}
+
+// "1,8,32" -> {"1", "8", "32"} (command-line lists).
+inline std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string t; std::getline(ss, t, ',');) out.push_back(t);
+  return out;
 }
 
 inline std::string json_escape(const std::string& s) {

@@ -28,13 +28,6 @@ struct Row {
   double graph_us = 0, graph_p90_us = 0, host_us = 0, bytes = 0, roofline_us = 0;
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string t; std::getline(ss, t, ',');) out.push_back(t);
-  return out;
-}
-
 // Bytes one decode step must read: every projection's INT4 codes + F16 group scales, the BF16 LM head (vocab ×
 // hidden, read once), norms, one embedding row per sequence, and each sequence's whole cache (K and V, all layers).
 double step_bytes(const ModelConfig& c, int group, int batch, int context, formats::KvFormat kv, bool with_head) {
@@ -79,11 +72,11 @@ int main(int argc, char** argv) {
     const double copy_tbps = bench::device_copy_tbps(s0);
     std::printf(" | copy %.2f TB/s\n", copy_tbps);
     std::vector<int> bs;
-    for (const std::string& b : split(batches)) bs.push_back(std::atoi(b.c_str()));
+    for (const std::string& b : bench::split_list(batches)) bs.push_back(std::atoi(b.c_str()));
     const int max_batch = *std::max_element(bs.begin(), bs.end());
 
     std::vector<Row> rows;
-    for (const std::string& name : split(configs)) {
+    for (const std::string& name : bench::split_list(configs)) {
       for (const bool block : {false, true}) {
         ModelConfig c = synthetic_config(name);
         // One decoder block: a single layer with a 256-token vocabulary, so the embedding and head add ~1 µs of
@@ -112,7 +105,10 @@ int main(int argc, char** argv) {
             const auto t0 = std::chrono::steady_clock::now();
             e->forward_greedy(batch);
             host.push_back(std::chrono::duration<float, std::micro>(std::chrono::steady_clock::now() - t0).count());
-            for (const SequenceChunk& sc : batch) e->reset(sc.seq_id), e->append_synthetic_context(sc.seq_id, context - 1);
+            for (const SequenceChunk& sc : batch) {  // back to the same context for the next timed step
+              e->reset(sc.seq_id);
+              e->append_synthetic_context(sc.seq_id, context - 1);
+            }
           }
           for (const SequenceChunk& sc : batch) e->reset(sc.seq_id);
           Row r;

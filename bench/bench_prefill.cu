@@ -32,13 +32,6 @@ struct Row {
   double int4_us = 0, fp8_us = 0, flops = 0;
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string t; std::getline(ss, t, ',');) out.push_back(t);
-  return out;
-}
-
 double projection_flops(const ModelConfig& c, int tokens) {
   const double h = static_cast<double>(c.hidden_size), inter = static_cast<double>(c.intermediate_size);
   const double q = static_cast<double>(c.num_attention_heads * c.head_dim);
@@ -88,10 +81,10 @@ int main(int argc, char** argv) {
     bench::print_device_summary(d);
     std::printf("\n");
     std::vector<int> token_counts;
-    for (const std::string& t : split(token_list)) token_counts.push_back(std::atoi(t.c_str()));
+    for (const std::string& t : bench::split_list(token_list)) token_counts.push_back(std::atoi(t.c_str()));
 
     std::vector<Row> rows;
-    for (const std::string& name : split(configs)) {
+    for (const std::string& name : bench::split_list(configs)) {
       for (const bool block : {false, true}) {
         ModelConfig c = synthetic_config(name);
         if (block) {

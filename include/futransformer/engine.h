@@ -31,4 +31,9 @@ class Engine {
   virtual int64_t max_sequence_length() const = 0;
 };
 
+// The batch checks every engine makes before it touches a cache, so a rejected batch changes nothing: each sequence
+// id at most once, no empty chunk, token ids in [0, vocab_size), and no sequence beyond
+// engine.max_sequence_length(). Throws Error whose message starts with `engine_name` ("CUDA engine", …).
+void check_batch(const Engine& engine, std::span<const SequenceChunk> batch, const char* engine_name);
+
 }  // namespace futransformer

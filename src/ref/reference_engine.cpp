@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
 #include <sstream>
 #include <string>
 
@@ -32,7 +31,6 @@ class ReferenceEngine final : public Engine {
   int64_t max_sequence_length() const override { return max_len_; }
 
  private:
-  void validate_batch(std::span<const SequenceChunk> batch) const;
   // Runs the chunks batch[i] for i in `which` (in that order, as one batch) through `model`; out[i] gets each
   // chunk's logits.
   void run(ref::RefModel& model, std::span<const SequenceChunk> batch, const std::vector<size_t>& which,
@@ -119,27 +117,9 @@ int64_t ReferenceEngine::sequence_length(int32_t seq_id) const {
   return it == sequences_.end() ? 0 : it->second.length;
 }
 
-// Every user error is found before any cache changes, so a rejected batch leaves the engine as it was.
-void ReferenceEngine::validate_batch(std::span<const SequenceChunk> batch) const {
-  const int64_t vocab = config().vocab_size;
-  std::set<int32_t> seen;
-  for (const SequenceChunk& c : batch) {
-    check(seen.insert(c.seq_id).second, "reference engine: sequence ", c.seq_id,
-          " appears more than once in one batch");
-    check(!c.tokens.empty(), "reference engine: sequence ", c.seq_id, " has an empty chunk (no tokens to run)");
-    for (size_t i = 0; i < c.tokens.size(); ++i) {
-      check(c.tokens[i] >= 0 && c.tokens[i] < vocab, "reference engine: sequence ", c.seq_id, ": token id ",
-            c.tokens[i], " at chunk index ", i, " is outside the vocabulary [0, ", vocab, ")");
-    }
-    const int64_t cached = sequence_length(c.seq_id);
-    const int64_t added = static_cast<int64_t>(c.tokens.size());
-    check(added <= max_len_ - cached, "reference engine: sequence ", c.seq_id, " would hold ", cached, " + ", added,
-          " tokens, more than the maximum sequence length ", max_len_);
-  }
-}
-
+// check_batch finds every user error before any cache changes, so a rejected batch leaves the engine as it was.
 std::vector<std::vector<float>> ReferenceEngine::forward(std::span<const SequenceChunk> batch, bool all_logits) {
-  validate_batch(batch);
+  check_batch(*this, batch, "reference engine");
   std::vector<std::vector<float>> out(batch.size());
   std::vector<size_t> prompts, steps;
   for (size_t ci = 0; ci < batch.size(); ++ci) {

@@ -528,20 +528,12 @@ void CudaEngineImpl::reset(int32_t seq_id) {
 }
 
 void CudaEngineImpl::validate(std::span<const SequenceChunk> batch) const {
-  const int64_t vocab = config_.vocab_size;
-  std::set<int32_t> seen;
+  check_batch(*this, batch, "CUDA engine");
+  // Then room for the batch: free sequence slots and pages.
   int64_t new_seqs = 0, new_pages = 0;
   for (const SequenceChunk& c : batch) {
-    check(seen.insert(c.seq_id).second, "CUDA engine: sequence ", c.seq_id, " appears more than once in one batch");
-    check(!c.tokens.empty(), "CUDA engine: sequence ", c.seq_id, " has an empty chunk (no tokens to run)");
-    for (size_t i = 0; i < c.tokens.size(); ++i) {
-      check(c.tokens[i] >= 0 && c.tokens[i] < vocab, "CUDA engine: sequence ", c.seq_id, ": token id ", c.tokens[i],
-            " at chunk index ", i, " is outside the vocabulary [0, ", vocab, ")");
-    }
     const int64_t cached = sequence_length(c.seq_id);
     const int64_t added = static_cast<int64_t>(c.tokens.size());
-    check(added <= max_len_ - cached, "CUDA engine: sequence ", c.seq_id, " would hold ", cached, " + ", added,
-          " tokens, more than the maximum sequence length ", max_len_);
     auto it = seqs_.find(c.seq_id);
     const int64_t have = it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.pages.size());
     if (it == seqs_.end()) ++new_seqs;

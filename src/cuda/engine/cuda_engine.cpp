@@ -345,21 +345,14 @@ void CudaEngineImpl::upload_weights(const WeightSource& src) {
   };
   auto bf16_weight = [&](const std::string& name) { return to_bf16_bits(src.model->get(name).to_f32()); };
   // Fused projections: rows of the parts one after another (q|k|v, gate|up), one GEMM per group.
-  auto fused = [&](int64_t li, std::initializer_list<const char*> parts, const std::string& label) {
+  // n x k: the fused group's shape from the config (what synthetic weights get; loaded ones are checked against it).
+  auto fused = [&](int64_t li, std::initializer_list<const char*> parts, const std::string& label, int64_t n,
+                   int64_t k) {
     const std::string p = "model.layers." + std::to_string(li) + ".";
     std::vector<std::string> names;
     for (const char* s : parts) names.push_back(p + s);
     if (!src.model) {
-      int64_t n = 0;
-      for (const std::string& nm : names) {
-        if (nm.find("q_proj") != std::string::npos) n += q_width_;
-        else if (nm.find("k_proj") != std::string::npos || nm.find("v_proj") != std::string::npos) n += kv_width_;
-        else if (nm.find("o_proj") != std::string::npos || nm.find("down_proj") != std::string::npos) n += h;
-        else n += inter;
-      }
-      const int64_t k = names[0].find("o_proj") != std::string::npos ? q_width_
-                        : names[0].find("down_proj") != std::string::npos ? inter : h;
-      const uint64_t seed = src.seed * 1000003 + static_cast<uint64_t>(li) * 16 + names.size() * 4 + names[0].size();
+      const uint64_t seed = src.seed * 1000003 + static_cast<uint64_t>(li) * 16 + label.size();
       return src.synthetic_group > 0 ? DeviceLinear::synthetic_int4(n, k, src.synthetic_group, seed, p + label)
                                      : DeviceLinear::synthetic_bf16(n, k, seed, p + label);
     }
@@ -373,12 +366,10 @@ void CudaEngineImpl::upload_weights(const WeightSource& src) {
       return DeviceLinear::from_int4(ws, p + label);
     }
     std::vector<uint16_t> w;
-    int64_t n = 0, k = 0;
     for (const std::string& nm : names) {
       const Tensor& t = src.model->get(nm);
-      check(t.shape.size() == 2, nm, ": expected a 2-D weight");
-      k = t.shape[1];
-      n += t.shape[0];
+      check(t.shape.size() == 2 && t.shape[1] == k, nm, ": expected a 2-D weight of ", k, " columns, got ",
+            t.shape_str());
       const std::vector<uint16_t> part = bf16_weight(nm);
       w.insert(w.end(), part.begin(), part.end());
     }
@@ -398,10 +389,11 @@ void CudaEngineImpl::upload_weights(const WeightSource& src) {
     DeviceLayer l;
     l.attn_norm = norm(p + "input_layernorm.weight");
     l.mlp_norm = norm(p + "post_attention_layernorm.weight");
-    l.qkv = fused(li, {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}, "qkv");
-    l.o = fused(li, {"self_attn.o_proj.weight"}, "o_proj");
-    l.gate_up = fused(li, {"mlp.gate_proj.weight", "mlp.up_proj.weight"}, "gate_up");
-    l.down = fused(li, {"mlp.down_proj.weight"}, "down_proj");
+    l.qkv = fused(li, {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}, "qkv",
+                  qkv_width_, h);
+    l.o = fused(li, {"self_attn.o_proj.weight"}, "o_proj", h, q_width_);
+    l.gate_up = fused(li, {"mlp.gate_proj.weight", "mlp.up_proj.weight"}, "gate_up", 2 * inter, h);
+    l.down = fused(li, {"mlp.down_proj.weight"}, "down_proj", h, inter);
     check(l.qkv.out_features() == qkv_width_ && l.qkv.in_features() == h && l.o.out_features() == h &&
               l.o.in_features() == q_width_ && l.gate_up.out_features() == 2 * inter &&
               l.gate_up.in_features() == h && l.down.out_features() == h && l.down.in_features() == inter,

@@ -31,7 +31,7 @@ struct CudaEngineOptions {
   int64_t max_sequence_length = 0;  // 0: min(config.max_position_embeddings, 4096)
   int64_t max_sequences = 32;       // sequences cached at once (their ids are free)
   int64_t max_batch_tokens = 1024;  // rows of one internal pass; longer prompts run as consecutive passes
-  int64_t kv_cache_tokens = 0;      // token slots of the page pool; 0: max_sequences · max_sequence_length
+  int64_t kv_cache_tokens = 0;      // page-pool token slots; 0: max_sequences · max_sequence_length, in whole pages
   formats::KvFormat kv = formats::KvFormat::BF16;  // fp8 is not run by the GPU attention kernels
   bool cuda_graphs = true;          // replay decode steps as CUDA graphs
   bool generic_attention = false;   // always use the generic attention kernel (comparisons, diagnosis)

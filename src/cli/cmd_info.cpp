@@ -91,9 +91,12 @@ void print_cuda_memory(const ModelConfig& c) {
   const int64_t per_layer = h * (q + 2 * kv) + q * h + 3 * h * c.intermediate_size;
   const int64_t rows = (q + 2 * kv) + h + 2 * c.intermediate_size + h;  // output channels: one fp32 scale each
   const int64_t fp8_bytes = c.num_hidden_layers * (per_layer + 4 * rows);
-  const bool fp8_ok = h % 128 == 0 && q % 128 == 0 && c.intermediate_size % 128 == 0;
+  // gemm_fp8's shape rule (cuda/gemm_fp8.h, not included here so that info builds without CUDA): every K a
+  // multiple of 16 (TMA row strides), every N a multiple of 8.
+  const bool fp8_ok = h % 16 == 0 && q % 16 == 0 && c.intermediate_size % 16 == 0 && (q + 2 * kv) % 8 == 0 &&
+                      h % 8 == 0 && (2 * c.intermediate_size) % 8 == 0;
   std::printf("  %-36s %.2f GiB%s\n", "+ FP8 prefill weight copy", fp8_bytes / gib,
-              fp8_ok ? "" : " (the FP8 GEMM needs every K a multiple of 128: this model would prefill on INT4)");
+              fp8_ok ? "" : " (the FP8 GEMM needs every K a multiple of 16 and N of 8: this model would prefill on INT4)");
 }
 
 int run_info(const InfoArgs& a) {

@@ -17,7 +17,7 @@
 //   The store runs asynchronously while the next tile's main loop starts; the staging buffer is reused only
 //   after the store has finished reading it.
 // Tails: TMA fills rows of A beyond M and rows of B beyond N with zeros (the products are then zero), so M and
-// N need no multiple; K must be a multiple of 128 (the launcher checks).
+// N need no multiple; K must be a multiple of 16 (the launcher checks); a partial last K block is zero-filled by TMA.
 #pragma once
 
 #include <cuda.h>
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int wg = threadIdx.x / 128;
   const int num_tiles = p.m_blocks * p.n_blocks;
-  const int k_blocks = p.K / kBlockK;
+  const int k_blocks = (p.K + kBlockK - 1) / kBlockK;  // the last block may be partial (zero-filled by TMA)
 
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&tma_a);

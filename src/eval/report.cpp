@@ -74,8 +74,9 @@ GpuMemoryEstimate estimate_gpu_memory(const ModelConfig& c, const PrecisionRecip
 
   const formats::KvFormat kv = recipe.kv.value_or(formats::KvFormat::BF16);
   const formats::KvPageLayout layout = formats::kv_page_layout(kv, c.head_dim);
-  const int64_t tokens = max_sequences * max_sequence_length;
-  const int64_t pages = std::max<int64_t>((tokens + formats::kKvPageTokens - 1) / formats::kKvPageTokens, 1);
+  // The engine's default pool: whole pages for every sequence at max_sequence_length.
+  const int64_t pages_per_seq = (max_sequence_length + formats::kKvPageTokens - 1) / formats::kKvPageTokens;
+  const int64_t pages = std::max<int64_t>(max_sequences * pages_per_seq, 1);
   m.kv_cache = L * pages * c.num_key_value_heads * layout.page_bytes;
   if (kv == formats::KvFormat::INT4_HADAMARD) m.kv_cache += L * max_sequences * c.num_key_value_heads * c.head_dim * 2;
 

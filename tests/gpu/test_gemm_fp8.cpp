@@ -184,7 +184,7 @@ const int kMs[] = {1, 17, 128, 129, 512, 2048};
 TEST(GemmFp8Gpu, IntegerInputsAreBitExact) {
   FT_REQUIRE_HOPPER();
   uint32_t seed = 1;
-  for (const NK& s : {NK{256, 256}, NK{200, 384}, NK{6144, 4096}, NK{8, 128}})
+  for (const NK& s : {NK{256, 256}, NK{200, 384}, NK{6144, 4096}, NK{8, 128}, NK{96, 80}, NK{960, 576}})
     for (int M : {1, 17, 128, 129, 512}) check_against_twin(integer_inputs(M, s.N, s.K, ++seed), true, seed);
 }
 
@@ -210,7 +210,9 @@ TEST(GemmFp8Gpu, LongPrefillM16384) {
 TEST(GemmFp8Gpu, TailsAndTinyShapes) {
   FT_REQUIRE_HOPPER();
   uint32_t seed = 400;
-  for (const NK& s : {NK{8, 128}, NK{136, 256}, NK{200, 384}, NK{1000, 128}, NK{6152, 640}})
+  // K tails: 16 (one partial block), 576 (SmolLM2's hidden: 4.5 blocks), 1040 (8 blocks + 16).
+  for (const NK& s : {NK{8, 128}, NK{136, 256}, NK{200, 384}, NK{1000, 128}, NK{6152, 640}, NK{64, 16}, NK{960, 576},
+                      NK{8, 1040}})
     for (int M : {1, 2, 3, 64, 65, 255, 257}) check_against_twin(random_inputs(M, s.N, s.K, ++seed), false, seed);
 }
 
@@ -272,13 +274,14 @@ TEST(GemmFp8Host, CanImplementNamesTheProblem) {
   EXPECT_EQ(cuda::gemm_fp8_can_implement(1, 8, 128, &why), cudaSuccess) << why;
   EXPECT_EQ(cuda::gemm_fp8_can_implement(16384, 57344, 8192, &why), cudaSuccess) << why;
   EXPECT_EQ(cuda::gemm_fp8_can_implement(129, 200, 28672, &why), cudaSuccess) << why;
+  EXPECT_EQ(cuda::gemm_fp8_can_implement(7, 960, 576, &why), cudaSuccess) << why;  // K tail (SmolLM2)
   struct Bad {
     int M, N, K;
     const char* needle;
   };
   for (const Bad& b : {Bad{0, 256, 256, "M = 0"}, Bad{-3, 256, 256, "M = -3"}, Bad{1, 0, 256, "N = 0"},
                        Bad{1, 12, 256, "N = 12"}, Bad{1, 256, 0, "K = 0"}, Bad{1, 256, 100, "K = 100"},
-                       Bad{1, 256, 192, "K = 192"}, Bad{1 << 25, 256, 256, "M = 33554432"},
+                       Bad{1, 256, 200, "K = 200"}, Bad{1 << 25, 256, 256, "M = 33554432"},
                        Bad{1 << 24, 1 << 24, 128, "output tiles"}}) {
     EXPECT_EQ(cuda::gemm_fp8_can_implement(b.M, b.N, b.K, &why), cudaErrorInvalidValue) << b.needle;
     EXPECT_NE(why.find(b.needle), std::string::npos) << "message '" << why << "' lacks '" << b.needle << "'";

@@ -18,7 +18,9 @@ struct __nv_bfloat16;  // cuda_bf16.h's type, used through pointers only
 
 namespace futransformer::cuda {
 
-constexpr int kFp8GemmKMultiple = 128;  // K must be a multiple of this
+// K must be a multiple of this: TMA needs 16-byte row strides. A K that kBlockK (128) does not divide ends in a
+// partial block whose missing columns TMA fills with zeros, which add nothing to the sums.
+constexpr int kFp8GemmKMultiple = 16;
 constexpr int kFp8GemmNMultiple = 8;    // N must be a multiple of this (16-byte rows of D for its TMA stores)
 constexpr int kFp8GemmMaxDim = 1 << 24;
 

@@ -251,7 +251,10 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
   check(opt_.kv != formats::KvFormat::FP8, "CUDA engine: the GPU attention kernels do not read an fp8 KV cache; ",
         "use kv-bf16, kv-int4 or kv-int4-hadamard");
   pages_per_seq_ = (max_len_ + kPageTokens - 1) / kPageTokens;
-  const int64_t cache_tokens = opt_.kv_cache_tokens > 0 ? opt_.kv_cache_tokens : opt_.max_sequences * max_len_;
+  // By default every sequence can reach max_sequence_length at once: whole pages per sequence (a pool of
+  // max_sequences · max_len tokens would be short when max_len is not a multiple of the page).
+  const int64_t cache_tokens =
+      opt_.kv_cache_tokens > 0 ? opt_.kv_cache_tokens : opt_.max_sequences * pages_per_seq_ * kPageTokens;
   n_pages_ = std::max<int64_t>((cache_tokens + kPageTokens - 1) / kPageTokens, 1);
   check(n_pages_ < (int64_t{1} << 31) / std::max<int64_t>(c.num_key_value_heads, 1),
         "CUDA engine: kv_cache_tokens ", cache_tokens, " is too large");

@@ -88,9 +88,7 @@ void print_cuda_memory(const ModelConfig& c) {
                 m.kv_cache / gib);
   }
   const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
-  const int64_t per_layer = h * (q + 2 * kv) + q * h + 3 * h * c.intermediate_size;
-  const int64_t rows = (q + 2 * kv) + h + 2 * c.intermediate_size + h;  // output channels: one fp32 scale each
-  const int64_t fp8_bytes = c.num_hidden_layers * (per_layer + 4 * rows);
+  const int64_t fp8_bytes = eval::fp8_prefill_copy_bytes(c);
   // gemm_fp8's shape rule (cuda/gemm_fp8.h, not included here so that info builds without CUDA): every K a
   // multiple of 16 (TMA row strides), every N a multiple of 8.
   const bool fp8_ok = h % 16 == 0 && q % 16 == 0 && c.intermediate_size % 16 == 0 && (q + 2 * kv) % 8 == 0 &&

@@ -157,6 +157,18 @@ bool int4(const PrecisionRecipe& r) {
   return r.weights == WeightFormat::Int4Rtn || r.weights == WeightFormat::Int4Gptq;
 }
 
+// On the GPU an FP8 recipe is FP8 prefill: its FP8 weights serve every prompt chunk (act-fp8-bf16, the GPU's one FP8
+// behaviour) beside a full-precision (BF16) decode copy that serves decode steps. Quality windows run as prompt
+// chunks, so they price the FP8 prefill; the row's decode latency is the BF16 decode path's.
+bool fp8_prefill(const PrecisionRecipe& r) { return r.weights == WeightFormat::Fp8; }
+
+// The decode half of an FP8-prefill row: full weights, the row's KV cache.
+PrecisionRecipe decode_half(const PrecisionRecipe& r) {
+  PrecisionRecipe d;
+  d.kv = r.kv;
+  return d;
+}
+
 struct Built {
   std::unique_ptr<Engine> engine;
   CudaEngine* cuda = nullptr;  // the same engine, when it is a CUDA engine
@@ -182,6 +194,8 @@ class ReportRun {
   void run_quality_group(Built& base, Plan* base_plan, std::vector<std::pair<Plan*, Built*>>& group,
                          const std::string& quality_device);
   void write_outputs();
+  // The checkpoint as a "full" QuantizedModel (the decode half of FP8-prefill rows), made once.
+  const quant::QuantizedModel& full_precision();
 
   const ReportArgs& a_;
   Backend backend_ = Backend::Cpu;
@@ -190,6 +204,7 @@ class ReportRun {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<RecipeEngineFactory> factory_;
   std::map<std::string, quant::QuantizedModel> synthetic_quantised_;  // CPU synthetic runs, by weight format
+  std::optional<quant::QuantizedModel> full_;
   std::vector<int32_t> tokens_;
   bool quality_ = false;
   eval::LatencyOptions latency_;
@@ -266,7 +281,9 @@ void ReportRun::validate_and_plan() {
     else if (text.empty()) p.row->quality_note = "n/a (no --data)";
     if (p.row->not_run.empty() && backend_ == Backend::Cuda) {
       try {
-        cuda_engine_options(recipes[i]);
+        cuda_engine_options(fp8_prefill(recipes[i]) ? decode_half(recipes[i]) : recipes[i]);
+        if (fp8_prefill(recipes[i]) && synthetic)
+          fail("the report's synthetic CUDA engine has no FP8 prefill copy; bench_prefill times one");
         if (synthetic && int4(recipes[i]) && recipes[i].int4.group_size == 0)
           fail("the synthetic CUDA engine makes grouped INT4 weights only (g32, g64, g128)");
       } catch (const Error& e) {
@@ -275,7 +292,9 @@ void ReportRun::validate_and_plan() {
       }
     }
     if (p.row->not_run.empty() && backend_ == Backend::Cuda) {
-      const eval::GpuMemoryEstimate m = eval::estimate_gpu_memory(c, recipes[i], max_batch_, max_len_);
+      eval::GpuMemoryEstimate m = eval::estimate_gpu_memory(
+          c, fp8_prefill(recipes[i]) ? decode_half(recipes[i]) : recipes[i], max_batch_, max_len_);
+      if (fp8_prefill(recipes[i])) m.weights += eval::fp8_prefill_copy_bytes(c);
       p.gpu_bytes = m.total() + kGpuHeadroomBytes;
       const auto device_bytes = static_cast<int64_t>(device_.memory_gib * 1024.0 * 1024.0 * 1024.0);
       if (p.gpu_bytes > device_bytes) {
@@ -330,16 +349,26 @@ void ReportRun::validate_and_plan() {
   }
 }
 
+const quant::QuantizedModel& ReportRun::full_precision() {
+  if (!full_) {
+    full_.emplace();
+    full_->model = model_;
+  }
+  return *full_;
+}
+
 Built ReportRun::build(const PrecisionRecipe& recipe, Backend backend) {
   Built b;
   if (backend == Backend::Cuda) {
     CudaEngineOptions base;
     base.max_sequence_length = max_len_;
     base.max_sequences = std::max<int64_t>(max_batch_, 1);
-    const CudaEngineOptions o = cuda_engine_options(recipe, base);
+    const CudaEngineOptions o = cuda_engine_options(fp8_prefill(recipe) ? decode_half(recipe) : recipe, base);
     std::unique_ptr<CudaEngine> e;
     if (report_.synthetic)
       e = make_synthetic_cuda_engine(model_.config, int4(recipe) ? recipe.int4.group_size : 0, o);
+    else if (fp8_prefill(recipe))
+      e = make_cuda_engine(full_precision(), factory_->quantised(recipe), cuda_engine_options(decode_half(recipe), base));
     else if (int4(recipe))
       e = make_cuda_engine(factory_->quantised(recipe), o);
     else
@@ -508,6 +537,8 @@ int ReportRun::run() {
         group.emplace_back(p, &built.back());
       } catch (const Error& e) {
         p->row->not_run = std::string(backend_ == Backend::Cuda ? "not run on this device: " : "not run: ") + e.what();
+        // A shape the GPU refuses only when building (FP8 prefill GEMM shapes): the CPU fallback may measure it.
+        p->device_refused = backend_ == Backend::Cuda;
       }
     }
     if (quality_ && with_base) {

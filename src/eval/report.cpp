@@ -51,6 +51,12 @@ std::string cell(std::string s) {
 
 }  // namespace
 
+int64_t fp8_prefill_copy_bytes(const ModelConfig& c) {
+  int64_t layer = 0;
+  for (const Projection& p : layer_projections(c)) layer += p.n * p.k + p.n * 4;
+  return c.num_hidden_layers * layer;
+}
+
 GpuMemoryEstimate estimate_gpu_memory(const ModelConfig& c, const PrecisionRecipe& recipe, int64_t max_sequences,
                                       int64_t max_sequence_length, int64_t max_batch_tokens) {
   check(max_sequences >= 1 && max_sequence_length >= 1 && max_batch_tokens >= 1,

@@ -146,7 +146,8 @@ TEST(ReportGpu, CliOnCudaReportsGpuRowsAndRefusals) {
            "One day the sun was hot and the dog was tired, so they sat under a big tree and ate an apple.\n";
   }
   // full+kv-bf16 is the same GPU configuration as full (the GPU keeps a bf16 cache for an fp32 recipe): KL 0.
-  // int4-rtn-gch: per-channel groups of 172, which the W4A16 kernel does not take; fp8 weights: no GPU path.
+  // int4-rtn-gch: per-channel groups of 172, which the W4A16 kernel does not take; fp8+act-fp8 (FP8 prefill on the
+  // GPU): the FP8 GEMM cannot take down_proj's K = 172 (not a multiple of 16).
   const std::string args = "report -m " + test::quote(model) + " --data " + test::quote(dir + "/eval.txt") +
                            " --device cuda --prompt-len 16 --batch 1,4 --decode-steps 8 --ctx 32 --max-windows 4 "
                            "--configs full+kv-bf16,int4-rtn-gch,fp8+act-fp8 -q --out ";

@@ -123,6 +123,10 @@ struct GpuMemoryEstimate {
 GpuMemoryEstimate estimate_gpu_memory(const ModelConfig& config, const PrecisionRecipe& recipe, int64_t max_sequences,
                                       int64_t max_sequence_length, int64_t max_batch_tokens = 1024);
 
+// Bytes of the CUDA engine's FP8 prefill copy of every projection (one byte per weight + an fp32 scale per output
+// channel), which sits beside the decode weights.
+int64_t fp8_prefill_copy_bytes(const ModelConfig& config);
+
 // Why `recipe` cannot run on a model of `config` on any engine ("" when it can): an INT4 group that does not divide
 // a projection's input size, or a KV format that cannot hold head_dim.
 std::string recipe_model_mismatch(const ModelConfig& config, const PrecisionRecipe& recipe);

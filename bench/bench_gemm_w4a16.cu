@@ -1,5 +1,8 @@
 // Benchmark of the W4A16 decode GEMM against a cuBLASLt BF16 GEMM on Llama-3.1-8B / 70B projection shapes.
-//   bench_gemm_w4a16 [--json PATH] [--iters N] [--probe]
+//   bench_gemm_w4a16 [--json PATH] [--iters N] [--probe | --sweep]
+// --sweep: every v4 launch configuration of w4a16::v4_sweep_configs (CTA size, ring depth, CTAs per SM, swapped
+// two-tile path) on the same shapes at M = 1, 4, 8, 16, graph-timed in one process; prints a table (us per
+// candidate, the best with TB/s and % of 4.2 TB/s) and writes the JSON. See run_sweep.
 // Each row, two timings after warm-up: (1) "launch": median of N (default 100) launches, each timed by its own
 // pair of CUDA events; a layer that runs faster than the host can submit it is measured at the host's pace;
 // (2) "graph": the median over N replays of a CUDA graph of kGraphLaunches launches (how a decode step runs),
@@ -17,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -188,10 +192,214 @@ void run_probe(cudaStream_t stream, int iters) {
   CHECK_CUDA(cudaFree(sink));
 }
 
+
+// --- --sweep --------------------------------------------------------------------------------------------------
+// Every configuration of w4a16::v4_sweep_configs on the issue shapes at M = 1, 4, 8, 16 (swap16 ones at M = 16
+// only, the only sweep M where they differ), each graph-timed like the main table, in one process so the rows
+// compare. Candidates whose heuristic tiling equals an earlier candidate's are not run twice. Each candidate's
+// output (one extra launch) is compared with the default's: max |y - y_default| / max |y_default| above
+// kSweepDiffTol marks the row "DIFF" (a broken configuration; the orders of accumulation differ, so tiny
+// differences are expected). Cost: 8 shapes x 4 M x <= 9 candidates x iters x 20 GEMMs (about a minute at
+// iters = 100).
+const int kSweepMs[] = {1, 4, 8, 16};
+constexpr double kSweepDiffTol = 1.0 / 64;
+
+struct SweepCandidate {
+  std::string name, tiling;
+  int same_as = -1;  // index of an earlier candidate with the same tiling
+  double us = 0, tbps = 0, rel_diff = 0;
+};
+struct SweepRow {
+  std::string shape;
+  int M, K, N;
+  std::vector<SweepCandidate> c;
+  int best = 0;
+};
+
+double max_rel_diff(const std::vector<uint16_t>& y, const std::vector<uint16_t>& ref) {
+  auto f = [](uint16_t b) {
+    const uint32_t u = static_cast<uint32_t>(b) << 16;
+    float v;
+    std::memcpy(&v, &u, 4);
+    return static_cast<double>(v);
+  };
+  double d = 0, m = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    if (std::isnan(f(y[i]))) return INFINITY;  // an output left at the NaN poison
+    d = std::max(d, std::fabs(f(y[i]) - f(ref[i])));
+    m = std::max(m, std::fabs(f(ref[i])));
+  }
+  return m > 0 ? d / m : INFINITY;
+}
+
+std::vector<SweepRow> run_sweep(cudaStream_t stream, int iters, size_t rotate_bytes, const w4k::DeviceLimits& limits) {
+  namespace ftc = futransformer::cuda;
+  const std::vector<w4k::NamedV4Config> configs = w4k::v4_sweep_configs();
+  const int max_m = *std::max_element(std::begin(kSweepMs), std::end(kSweepMs));
+  std::vector<SweepRow> rows;
+  std::printf("sweep: graph-timed us per GEMM (%d per graph, median of %d); '=x' = same tiling as candidate x; "
+              "best = fastest, TB/s and %% of %.1f TB/s for it, speedup over %s\n",
+              kGraphLaunches, iters, kNominalTBps, configs[0].name);
+  std::printf("%-12s %3s |", "shape", "M");
+  for (const auto& c : configs) std::printf(" %9s", c.name);
+  std::printf(" | %-9s %8s %6s %6s %7s\n", "best", "us", "TB/s", "of4.2T", "speedup");
+  for (const Shape& s : kShapes) {
+    const size_t w4_bytes = static_cast<size_t>(s.N) * s.K / 2;
+    const size_t sc_bytes = static_cast<size_t>(s.N) * (s.K / kGroup) * 2;
+    const int r4 = static_cast<int>(std::clamp<size_t>((rotate_bytes + w4_bytes - 1) / w4_bytes, 2, 64));
+    uint8_t* w4 = nullptr;
+    uint16_t* sc = nullptr;
+    CHECK_CUDA(cudaMalloc(&w4, w4_bytes * r4));
+    CHECK_CUDA(cudaMalloc(&sc, sc_bytes * r4));
+    {
+      std::vector<uint8_t> hw(w4_bytes);
+      fill_random_bytes(hw);
+      std::vector<uint16_t> hs(sc_bytes / 2);
+      fill_random_bf16(hs, 0x3b00);
+      for (int r = 0; r < r4; ++r) {
+        CHECK_CUDA(cudaMemcpy(w4 + r * w4_bytes, hw.data(), w4_bytes, cudaMemcpyHostToDevice));
+        CHECK_CUDA(
+            cudaMemcpy(reinterpret_cast<uint8_t*>(sc) + r * sc_bytes, hs.data(), sc_bytes, cudaMemcpyHostToDevice));
+      }
+    }
+    __nv_bfloat16 *x = nullptr, *y = nullptr;
+    CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(max_m) * s.K * 2));
+    CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(max_m) * s.N * 2));
+    {
+      std::vector<uint16_t> hx(static_cast<size_t>(max_m) * s.K);
+      fill_random_bf16(hx, 0x3f00);
+      CHECK_CUDA(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+    }
+    for (int M : kSweepMs) {
+      SweepRow row{s.name, M, s.K, s.N, {}, 0};
+      std::vector<w4k::Tiling> tiles;
+      size_t ws_bytes = 16;
+      for (const auto& c : configs) {
+        if (c.config.swap16 && M < 9) continue;
+        w4k::Tiling t;
+        if (ftc::gemm_w4a16_plan_config(M, s.N, s.K, kGroup, ScaleType::BF16, c.config, &t) != cudaSuccess) {
+          std::printf("  %s: no launchable tiling for %s M=%d, left out\n", c.name, s.name, M);
+          continue;
+        }
+        SweepCandidate sc_row;
+        sc_row.name = c.name;
+        sc_row.tiling = w4k::describe_tiling(t, M, s.N, s.K, kGroup, limits);
+        for (size_t j = 0; j < tiles.size(); ++j)
+          if (tiles[j] == t && sc_row.same_as < 0) sc_row.same_as = static_cast<int>(j);
+        tiles.push_back(t);
+        row.c.push_back(sc_row);
+        ws_bytes = std::max(ws_bytes, static_cast<size_t>(w4k::workspace_bytes_for(t, M, s.N)));
+      }
+      void* ws = nullptr;
+      CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+      std::vector<uint16_t> y_default;
+      for (size_t j = 0; j < tiles.size(); ++j) {
+        SweepCandidate& cand = row.c[j];
+        if (cand.same_as >= 0) {
+          const SweepCandidate& prev = row.c[static_cast<size_t>(cand.same_as)];
+          cand.us = prev.us, cand.tbps = prev.tbps, cand.rel_diff = prev.rel_diff;
+          continue;
+        }
+        auto launch = [&](int i) {
+          const int r = i % r4;
+          CHECK_CUDA(ftc::gemm_w4a16_with_tiling(
+              tiles[j], x, reinterpret_cast<const uint32_t*>(w4 + r * w4_bytes),
+              reinterpret_cast<const uint16_t*>(reinterpret_cast<uint8_t*>(sc) + r * sc_bytes), y, M, s.N, s.K,
+              kGroup, ScaleType::BF16, ws, ws_bytes, stream));
+        };
+        cand.us = time_graph_us(iters, stream, launch);
+        cand.tbps = (w4_bytes + sc_bytes) / (cand.us * 1e-6) / 1e12;
+        // One more launch on copy 0 for the output check against the default candidate.
+        CHECK_CUDA(cudaMemsetAsync(y, 0xFF, static_cast<size_t>(M) * s.N * 2, stream));
+        launch(0);
+        std::vector<uint16_t> out(static_cast<size_t>(M) * s.N);
+        CHECK_CUDA(cudaMemcpyAsync(out.data(), y, out.size() * 2, cudaMemcpyDeviceToHost, stream));
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        if (j == 0) y_default = out;
+        cand.rel_diff = max_rel_diff(out, y_default);
+      }
+      CHECK_CUDA(cudaFree(ws));
+      for (size_t j = 1; j < row.c.size(); ++j)
+        if (row.c[j].us < row.c[static_cast<size_t>(row.best)].us) row.best = static_cast<int>(j);
+      std::printf("%-12s %3d |", s.name, M);
+      size_t k = 0;
+      for (const auto& c : configs) {
+        if (k < row.c.size() && row.c[k].name == c.name) {
+          const SweepCandidate& cand = row.c[k++];
+          if (cand.same_as >= 0) {
+            std::printf(" %9s", ("=" + row.c[static_cast<size_t>(cand.same_as)].name).c_str());
+          } else {
+            std::printf(" %8.2f%s", cand.us, cand.rel_diff > kSweepDiffTol ? "!" : " ");
+          }
+        } else {
+          std::printf(" %9s", "-");
+        }
+      }
+      const SweepCandidate& b = row.c[static_cast<size_t>(row.best)];
+      std::printf(" | %-9s %8.2f %6.2f %5.0f%% %6.2fx\n", b.name.c_str(), b.us, b.tbps, 100.0 * b.tbps / kNominalTBps,
+                  row.c[0].us / b.us);
+      for (const SweepCandidate& cand : row.c)
+        if (cand.rel_diff > kSweepDiffTol)
+          std::printf("  DIFF %s: max |y - y_default| / max |y_default| = %.3g (%s)\n", cand.name.c_str(),
+                      cand.rel_diff, cand.tiling.c_str());
+      rows.push_back(row);
+    }
+    CHECK_CUDA(cudaFree(x));
+    CHECK_CUDA(cudaFree(y));
+    CHECK_CUDA(cudaFree(w4));
+    CHECK_CUDA(cudaFree(sc));
+  }
+  std::printf("tilings of the best candidates:\n");
+  for (const SweepRow& r : rows) std::printf("  %s\n", r.c[static_cast<size_t>(r.best)].tiling.c_str());
+  return rows;
+}
+
+void write_sweep_json(const std::string& path, const DeviceInfo& d, int sm_mhz, double copy_tbps, int iters,
+                      const std::vector<SweepRow>& rows) {
+  const auto extra = [&](FILE* f) {
+    std::fprintf(f,
+                 "  \"group\": %d,\n  \"scale_type\": \"bf16\",\n  \"mode\": \"sweep\",\n"
+                 "  \"timing\": \"us: per GEMM in a graph of %d, median of %d replays\",\n"
+                 "  \"nominal_tbps\": %.2f,\n",
+                 kGroup, kGraphLaunches, iters, kNominalTBps);
+  };
+  const auto row = [&](FILE* f, size_t i) {
+    const SweepRow& r = rows[i];
+    const SweepCandidate& b = r.c[static_cast<size_t>(r.best)];
+    std::fprintf(f,
+                 "    {\"shape\": \"%s\", \"M\": %d, \"K\": %d, \"N\": %d, \"best\": \"%s\", \"best_us\": %.3f, "
+                 "\"best_tbps\": %.4f, \"best_pct_of_nominal\": %.1f, \"best_speedup_over_default\": %.3f, "
+                 "\"candidates\": [",
+                 r.shape.c_str(), r.M, r.K, r.N, b.name.c_str(), b.us, b.tbps, 100.0 * b.tbps / kNominalTBps,
+                 r.c[0].us / b.us);
+    for (size_t j = 0; j < r.c.size(); ++j) {
+      const SweepCandidate& c = r.c[j];
+      std::fprintf(f,
+                   "%s\n      {\"name\": \"%s\", \"us\": %.3f, \"tbps\": %.4f, \"pct_of_nominal\": %.1f, "
+                   "\"max_rel_diff_vs_default\": %.3g, \"same_tiling_as\": \"%s\", \"tiling\": \"%s\"}",
+                   j ? "," : "", c.name.c_str(), c.us, c.tbps, 100.0 * c.tbps / kNominalTBps,
+                   std::isfinite(c.rel_diff) ? c.rel_diff : -1.0,
+                   c.same_as >= 0 ? r.c[static_cast<size_t>(c.same_as)].name.c_str() : "", c.tiling.c_str());
+    }
+    std::fprintf(f, "]}");
+  };
+  write_json(path, "gemm_w4a16_sweep", d, sm_mhz, copy_tbps, extra, rows.size(), row);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parse_args(argc, argv, 100, 50, "--probe");
+  // --sweep is taken out before the shared parser, which knows one extra flag (--probe).
+  bool sweep = false;
+  std::vector<char*> rest;
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0 && std::strcmp(argv[i], "--sweep") == 0) {
+      sweep = true;
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  const Args args = parse_args(static_cast<int>(rest.size()), rest.data(), 100, 50, "--probe");
   const int iters = args.iters;
   const DeviceInfo d = query_device();
   const size_t rotate_bytes = 4 * static_cast<size_t>(d.l2_bytes);
@@ -207,6 +415,16 @@ int main(int argc, char** argv) {
   std::printf("; device copy %.2f TB/s; %d timed runs per row\n", copy_tbps, iters);
   if (args.flag) {
     run_probe(stream, iters);
+    return 0;
+  }
+  if (sweep) {
+    w4k::DeviceLimits limits;
+    limits.sm_count = d.prop.multiProcessorCount;
+    limits.smem_per_sm = static_cast<int64_t>(d.prop.sharedMemPerMultiprocessor);
+    limits.smem_per_block = static_cast<int64_t>(d.prop.sharedMemPerBlockOptin);
+    const std::vector<SweepRow> rows = run_sweep(stream, iters, rotate_bytes, limits);
+    const int sm_mhz_now = report_sm_clock_after_runs(d.dev);
+    if (!args.json_path.empty()) write_sweep_json(args.json_path, d, sm_mhz_now, copy_tbps, iters, rows);
     return 0;
   }
   std::printf("graph-timed (%d GEMMs per graph); 'launch' = one event pair per launch; lib = variant the library "
@@ -258,17 +476,30 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
     }
     size_t ws_bytes = 0;
-    for (int M : kMs) ws_bytes = std::max(ws_bytes, futransformer::cuda::gemm_w4a16_workspace_bytes(M, s.N, s.K));
+    for (int M : kMs) {
+      w4k::Tiling dt;  // v2 runs the default tiling even when an FT_W4A16_* config changes the library's
+      CHECK_CUDA(futransformer::cuda::gemm_w4a16_plan_config(M, s.N, s.K, kGroup, ScaleType::BF16, w4k::V4Config{},
+                                                             &dt));
+      ws_bytes = std::max({ws_bytes, futransformer::cuda::gemm_w4a16_workspace_bytes(M, s.N, s.K),
+                           static_cast<size_t>(w4k::workspace_bytes_for(dt, M, s.N))});
+    }
     void* ws = nullptr;
     CHECK_CUDA(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 16)));
 
     for (int M : kMs) {
-      w4k::Tiling t;
+      // The library's tiling for its variant (with any FT_W4A16_* v4 config), the default tiling for the other.
+      w4k::Tiling t, tiles[2];
       CHECK_CUDA(futransformer::cuda::gemm_w4a16_plan(M, s.N, s.K, kGroup, ScaleType::BF16, &t));
       const w4k::Variant lib = t.variant;
+      CHECK_CUDA(futransformer::cuda::gemm_w4a16_plan_config(M, s.N, s.K, kGroup, ScaleType::BF16, w4k::V4Config{},
+                                                             &tiles[0]));
+      tiles[0].variant = w4k::Variant::v2;
+      tiles[1] = tiles[0];
+      tiles[1].variant = w4k::Variant::v4;
+      tiles[lib == w4k::Variant::v4 ? 1 : 0] = t;
       double us[2] = {0, 0}, launch_us[2] = {0, 0};
       for (w4k::Variant v : {w4k::Variant::v2, w4k::Variant::v4}) {
-        t.variant = v;
+        t = tiles[v == w4k::Variant::v4 ? 1 : 0];
         auto w4_launch = [&](int i) {
           const int r = i % r4;
           CHECK_CUDA(futransformer::cuda::gemm_w4a16_with_tiling(
@@ -280,8 +511,8 @@ int main(int argc, char** argv) {
         launch_us[vi] = time_median_us(iters, stream, w4_launch);
         us[vi] = time_graph_us(iters, stream, w4_launch);
       }
-      t.variant = lib;
       const int li = lib == w4k::Variant::v4 ? 1 : 0;
+      t = tiles[li];
       LtGemm lg(lt, M, s.N, s.K, lt_ws);
       auto bf_launch = [&](int i) { lg.run(bf + (i % rb) * bf_bytes, x, y, stream); };
       const double bf_launch_us = time_median_us(iters, stream, bf_launch);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -122,6 +123,45 @@ inline std::vector<TilingCase> tiling_cases() {
       c(33, 128, 256, 128, ScaleType::F16, 4, 2, "three m tiles"),
       c(64, 256, 512, 32, ScaleType::BF16, 8, 4, "four m tiles, group 32"),
   };
+}
+
+// The v4 configurations beyond the default (variant v4, M <= 16): every explicit tiling above with M <= 16 again on
+// each other compiled (warps, stages) shape (warps_k scaled so warps_n stays), and on the swapped two-tile path
+// where M = 9..16, plus cases for that path alone (M = 10..15, odd group counts, uneven splits, ring wrap-around).
+inline std::vector<TilingCase> v4_config_cases() {
+  using formats::ScaleType;
+  std::vector<TilingCase> base;
+  for (const TilingCase& c : tiling_cases())
+    if (c.M <= 16) base.push_back(c);
+  auto c = [](int M, int N, int K, int group, ScaleType st, int warps_n, int splits, const char* why) {
+    return TilingCase{M, N, K, group, st, make_tiling(M, warps_n, splits, false), why};
+  };
+  const TilingCase extra[] = {
+           c(12, 64, 640, 64, ScaleType::F16, 2, 3, "M = 12: uneven split-K slices, warps start inside groups"),
+           c(15, 256, 1120, 32, ScaleType::BF16, 8, 1, "M = 15: 35 blocks per warp, group 32"),
+           c(13, 128, 1408, 128, ScaleType::BF16, 4, 1, "M = 13: 11 groups, warps_k = 2"),
+           c(10, 32, 576, 64, ScaleType::F16, 1, 1, "M = 10: 9 groups over 8 K warps"),
+           c(14, 64, 2176, 64, ScaleType::BF16, 2, 2, "M = 14: 17 groups in 2 slices"),
+  };
+  const size_t n_explicit = base.size();  // these already run on the default shape in tiling_cases()
+  base.insert(base.end(), std::begin(extra), std::end(extra));
+  std::vector<TilingCase> out;
+  for (size_t i = 0; i < base.size(); ++i) {
+    for (const w4::KernelShape& k : w4::kV4KernelShapes) {
+      for (bool swap16 : {false, true}) {
+        const bool is_default = k.warps == w4::kWarps && k.stages == w4::kStages && !swap16;
+        if ((swap16 && base[i].M < 9) || (is_default && i < n_explicit)) continue;
+        TilingCase d = base[i];
+        d.t.variant = w4::Variant::v4;
+        d.t.warps = k.warps;
+        d.t.stages = k.stages;
+        d.t.warps_k = k.warps / d.t.warps_n;
+        d.t.swap16 = swap16;
+        out.push_back(d);
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace futransformer::test::w4a16

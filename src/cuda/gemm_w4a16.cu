@@ -13,7 +13,8 @@
 #include "cuda/gemm_w4a16.cuh"
 #include "cuda/gemm_w4a16_heuristics.h"
 #include "cuda/gemm_w4a16_internal.h"
-#include "cuda/gemm_w4a16_v4.cuh"
+#include "cuda/gemm_w4a16_reduce.cuh"
+#include "cuda/gemm_w4a16_v4_dispatch.cuh"
 #include "cuda/launch_status.h"
 
 namespace futransformer::cuda {
@@ -54,10 +55,11 @@ cudaError_t device_limits(w4a16::DeviceLimits* d, int* device = nullptr) {
 }
 
 // choose_tiling through a small per-thread cache (round-robin replacement; decode uses a handful of shapes).
-Tiling cached_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits& d) {
+Tiling cached_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits& d, const w4a16::V4Config& cfg) {
   struct Entry {
     int M, N, K, group, sms;
     int64_t per_sm, per_block;
+    w4a16::V4Config cfg;
     Tiling t;
   };
   constexpr int kEntries = 64;
@@ -66,11 +68,11 @@ Tiling cached_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits& 
   for (int i = 0; i < used; ++i) {
     const Entry& c = cache[i];
     if (c.M == M && c.N == N && c.K == K && c.group == group && c.sms == d.sm_count && c.per_sm == d.smem_per_sm &&
-        c.per_block == d.smem_per_block)
+        c.per_block == d.smem_per_block && c.cfg == cfg)
       return c.t;
   }
-  const Tiling t = w4a16::choose_tiling(M, N, K, group, d);
-  cache[next] = Entry{M, N, K, group, d.sm_count, d.smem_per_sm, d.smem_per_block, t};
+  const Tiling t = w4a16::choose_tiling(M, N, K, group, d, cfg);
+  cache[next] = Entry{M, N, K, group, d.sm_count, d.smem_per_sm, d.smem_per_block, cfg, t};
   next = (next + 1) % kEntries;
   used = std::min(used + 1, kEntries);
   return t;
@@ -94,19 +96,13 @@ cudaError_t allow_smem(const void* kernel, int dev, int64_t per_block) {
   return cudaSuccess;
 }
 
-using KernelFn = void (*)(KernelArgs);
+using w4a16::KernelFn;
 
+// The kernel instance for a tiling; nullptr for a v4 (warps, stages) shape or m-tile count that is not compiled
+// (tiling_is_valid refuses those first).
 template <bool kF16>
 KernelFn pick_kernel(const Tiling& t) {
-  if (t.variant == w4a16::Variant::v4) {
-    if (t.rows8) return w4a16::gemm_w4a16_v4_kernel<1, true, kF16>;
-    switch (t.m_tiles) {
-      case 1: return w4a16::gemm_w4a16_v4_kernel<1, false, kF16>;
-      case 2: return w4a16::gemm_w4a16_v4_kernel<2, false, kF16>;
-      case 3: return w4a16::gemm_w4a16_v4_kernel<3, false, kF16>;
-      default: return w4a16::gemm_w4a16_v4_kernel<4, false, kF16>;
-    }
-  }
+  if (t.variant == w4a16::Variant::v4) return w4a16::v4_kernel_any(t, kF16);
   if (t.rows8) return w4a16::gemm_w4a16_kernel<1, true, kF16>;
   switch (t.m_tiles) {
     case 1: return w4a16::gemm_w4a16_kernel<1, false, kF16>;
@@ -114,6 +110,29 @@ KernelFn pick_kernel(const Tiling& t) {
     case 3: return w4a16::gemm_w4a16_kernel<3, false, kF16>;
     default: return w4a16::gemm_w4a16_kernel<4, false, kF16>;
   }
+}
+
+// FT_W4A16_PRINT=1 (or FT_PRINT_HEURISTICS=1): every launch prints its tiling, and the first the v4 config.
+bool print_choice() {
+  static const bool on = [] {
+    const char* v = std::getenv("FT_W4A16_PRINT");
+    return print_heuristics() || (v != nullptr && v[0] == '1');
+  }();
+  return on;
+}
+
+// The v4 decode configuration from the environment (w4a16::parse_v4_config), read once per process; problems are
+// reported on stderr once.
+const w4a16::V4Config& env_v4_config() {
+  static const w4a16::V4Config c = [] {
+    std::string warnings;
+    const w4a16::V4Config r = w4a16::parse_v4_config([](const char* n) -> const char* { return std::getenv(n); },
+                                                      &warnings);
+    if (!warnings.empty()) std::fprintf(stderr, "gemm_w4a16: %s\n", warnings.c_str());
+    if (print_choice()) std::fprintf(stderr, "gemm_w4a16 %s\n", w4a16::describe_config(r).c_str());
+    return r;
+  }();
+  return c;
 }
 
 // FT_W4A16_VARIANT, read once per process: the variant every gemm_w4a16 call runs (a bench or an experiment
@@ -147,7 +166,7 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, const
                    const uint32_t* w_packed, const uint16_t* scales, __nv_bfloat16* y, int M, int N, int K, int group,
                    formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   const int64_t smem = w4a16::smem_layout(t, K, group).total;
-  if (print_heuristics()) std::fprintf(stderr, "%s\n", w4a16::describe_tiling(t, M, N, K, group, d).c_str());
+  if (print_choice()) std::fprintf(stderr, "%s\n", w4a16::describe_tiling(t, M, N, K, group, d).c_str());
   const int64_t need = w4a16::workspace_bytes_for(t, M, N);
   if (const cudaError_t e = check_workspace("gemm_w4a16", need, workspace, workspace_bytes, &g_last_error);
       e != cudaSuccess)
@@ -156,6 +175,8 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, const
   const KernelArgs args{x, reinterpret_cast<const uint4*>(w_packed), scales, y, static_cast<float*>(workspace),
                         M, N, K, group, t};
   const KernelFn kernel = scale_type == formats::ScaleType::F16 ? pick_kernel<true>(t) : pick_kernel<false>(t);
+  if (kernel == nullptr)
+    return reject(&g_last_error, "gemm_w4a16: no kernel is compiled for " + w4a16::describe_tiling(t, M, N, K, group, d));
   if (smem > 48 * 1024) {
     if (const cudaError_t e = allow_smem(reinterpret_cast<const void*>(kernel), dev, d.smem_per_block);
         e != cudaSuccess)
@@ -163,7 +184,7 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, const
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(N / (w4a16::kBlockN * t.warps_n)), static_cast<unsigned>(t.splits));
-  cfg.blockDim = dim3(w4a16::kThreads);
+  cfg.blockDim = dim3(static_cast<unsigned>(t.warps * w4a16::kWarpSize));
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
   if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args); e != cudaSuccess) return e;
@@ -181,6 +202,20 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, const
   rcfg.numAttrs = 1;
   return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_kernel, static_cast<const float4*>(workspace), y, count4,
                             t.splits);
+}
+
+// The tiling gemm_w4a16 runs: the environment's v4 config for v4 decode sizes (when its tiling fits the device;
+// otherwise, and for v2 or M > 16, the default one), with the variant set.
+Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits& d) {
+  const w4a16::Variant v = gemm_w4a16_variant_for(M);
+  Tiling t = cached_tiling(M, N, K, group, d, w4a16::V4Config{});
+  if (v == w4a16::Variant::v4 && M <= w4a16::kV4DefaultMaxM && !(env_v4_config() == w4a16::V4Config{})) {
+    Tiling c = cached_tiling(M, N, K, group, d, env_v4_config());
+    c.variant = v;
+    if (w4a16::tiling_is_valid(c, M, N, K, group, d, nullptr)) t = c;
+  }
+  t.variant = v;
+  return t;
 }
 
 }  // namespace
@@ -208,7 +243,7 @@ cudaError_t gemm_w4a16_can_implement(int M, int N, int K, int group, formats::Sc
                            "group size " + to_string(group) + " and of " + to_string(kW4A16TileK) + " up to " +
                            to_string(kW4A16MaxDim));
   const w4a16::DeviceLimits hopper;
-  const Tiling t = cached_tiling(M, N, K, group, hopper);
+  const Tiling t = cached_tiling(M, N, K, group, hopper, w4a16::V4Config{});
   const int64_t smem = w4a16::smem_layout(t, K, group).total;
   if (smem > hopper.smem_per_block)
     return reject(why, "gemm_w4a16: K = " + to_string(K) + " is too long for M = " + to_string(M) +
@@ -226,7 +261,7 @@ size_t gemm_w4a16_workspace_bytes(int M, int N, int K) {
   size_t bytes = 0;
   for (int group : {32, 64, 128}) {
     if (gemm_w4a16_can_implement(M, N, K, group, formats::ScaleType::BF16, nullptr) != cudaSuccess) continue;
-    const Tiling t = cached_tiling(M, N, K, group, d);
+    const Tiling t = library_tiling(M, N, K, group, d);
     bytes = std::max(bytes, static_cast<size_t>(w4a16::workspace_bytes_for(t, M, N)));
   }
   return bytes;
@@ -238,8 +273,19 @@ cudaError_t gemm_w4a16_plan(int M, int N, int K, int group, formats::ScaleType s
   if (gemm_w4a16_can_implement(M, N, K, group, scale_type, nullptr) != cudaSuccess) return cudaErrorInvalidValue;
   w4a16::DeviceLimits d;
   if (const cudaError_t e = device_limits(&d); e != cudaSuccess) return e;
-  *tiling = cached_tiling(M, N, K, group, d);
-  tiling->variant = gemm_w4a16_variant_for(M);
+  *tiling = library_tiling(M, N, K, group, d);
+  return cudaSuccess;
+}
+
+cudaError_t gemm_w4a16_plan_config(int M, int N, int K, int group, formats::ScaleType scale_type,
+                                   const w4a16::V4Config& config, Tiling* tiling) {
+  if (gemm_w4a16_can_implement(M, N, K, group, scale_type, nullptr) != cudaSuccess) return cudaErrorInvalidValue;
+  w4a16::DeviceLimits d;
+  if (const cudaError_t e = device_limits(&d); e != cudaSuccess) return e;
+  Tiling t = cached_tiling(M, N, K, group, d, config);
+  t.variant = w4a16::Variant::v4;
+  if (!w4a16::tiling_is_valid(t, M, N, K, group, d, nullptr)) return cudaErrorInvalidValue;
+  *tiling = t;
   return cudaSuccess;
 }
 
@@ -252,8 +298,7 @@ cudaError_t gemm_w4a16(const __nv_bfloat16* x, const uint32_t* w_packed, const u
   w4a16::DeviceLimits d;
   int dev = 0;
   if (const cudaError_t e = device_limits(&d, &dev); e != cudaSuccess) return e;
-  Tiling t = cached_tiling(M, N, K, group, d);
-  t.variant = gemm_w4a16_variant_for(M);
+  const Tiling t = library_tiling(M, N, K, group, d);
   const int64_t smem = w4a16::smem_layout(t, K, group).total;
   if (smem > d.smem_per_block) {
     return reject(&g_last_error, "gemm_w4a16: the chosen tiling needs " + std::to_string(smem) +

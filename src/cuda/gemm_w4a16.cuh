@@ -15,7 +15,7 @@
 //   exact), activations come from shared memory through ldmatrix, products accumulate in fp32 per group and
 //   are scaled in fp32 when a group ends, so FP16 scales are applied exactly as well.
 // - warps_k > 1 warps are reduced through shared memory in warp order; split-K slices write fp32 partial sums
-//   that gemm_w4a16_reduce_kernel adds in slice order: the result is deterministic.
+//   that gemm_w4a16_reduce_kernel (gemm_w4a16_reduce.cuh) adds in slice order: the result is deterministic.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -78,7 +78,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
   ptx::griddepcontrol_launch_dependents();
 
   extern __shared__ __align__(16) unsigned char smem[];
-  const Tiling t = args.tiling;
+  Tiling t = args.tiling;
+  t.warps = kWarps;  // v2 runs the default shape only (tiling_is_valid); constants fold smem_layout
+  t.stages = kStages;
   const int M = args.M, K = args.K, group = args.group;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wn = warp % t.warps_n, wk = warp / t.warps_n;
@@ -243,28 +245,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
         }
       }
     }
-  }
-}
-
-// y = bf16(sum over slices of partial[s]) in slice order; count4 = M * N / 4.
-__global__ void __launch_bounds__(256) gemm_w4a16_reduce_kernel(const float4* __restrict__ partial,
-                                                                 __nv_bfloat16* __restrict__ y, int64_t count4,
-                                                                 int splits) {
-  // Launched as a programmatic dependent of the GEMM: wait until its partial sums are complete and visible.
-  ptx::griddepcontrol_wait();
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count4; i += stride) {
-    float4 s = partial[i];
-    for (int sp = 1; sp < splits; ++sp) {
-      const float4 v = partial[sp * count4 + i];
-      s.x += v.x;
-      s.y += v.y;
-      s.z += v.z;
-      s.w += v.w;
-    }
-    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(y) + 2 * i;
-    out[0] = __floats2bfloat162_rn(s.x, s.y);
-    out[1] = __floats2bfloat162_rn(s.z, s.w);
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -23,17 +24,22 @@ constexpr double kLatencyUs = 2.0;          // loaded DRAM latency + issue, per 
 constexpr double kReduceUs = 2.0;           // split-K reduce kernel: drain, dependent start, fp32 round trip
 constexpr int64_t kSmemReservePerCta = 1024;  // the driver keeps 1 KB per resident CTA
 
+// CTAs of this tiling that can share an SM: shared memory and the kernel's register cap (launch bounds).
+int64_t resident_per_sm(const Tiling& t, const DeviceLimits& d, int64_t smem) {
+  return std::min<int64_t>(d.smem_per_sm / (smem + kSmemReservePerCta), min_blocks_per_sm(t.m_tiles, t.warps, t.swap16));
+}
+
 double cost(const Tiling& t, int M, int N, int K, int group, const DeviceLimits& d, int64_t smem) {
   const int64_t n_blocks = N / (kBlockN * t.warps_n);
   const int64_t ctas = n_blocks * t.splits;
-  const int64_t per_sm = std::min<int64_t>(d.smem_per_sm / (smem + kSmemReservePerCta), min_blocks_per_sm(t.m_tiles));
+  const int64_t per_sm = resident_per_sm(t, d, smem);
   const int64_t cap = int64_t{d.sm_count} * std::max<int64_t>(per_sm, 1);
   const double weight_bytes = static_cast<double>(N) * K / 2 + static_cast<double>(N) * (K / group) * 2;
   const double per_cta = weight_bytes / static_cast<double>(ctas);
-  // A warp keeps at most kStages - 1 blocks in flight, and no more than it has.
+  // A warp keeps at most stages - 1 blocks in flight, and no more than it has.
   const int64_t warp_blocks = K / t.splits / kBlockK / t.warps_k;
-  const double in_flight = static_cast<double>(std::min<int64_t>(std::max<int64_t>(warp_blocks, 1), kStages - 1)) *
-                           kBlockN * kBlockK / 2 * kWarps;
+  const double in_flight = static_cast<double>(std::min<int64_t>(std::max<int64_t>(warp_blocks, 1), t.stages - 1)) *
+                           kBlockN * kBlockK / 2 * t.warps;
   auto wave = [&](int64_t c) {
     return std::max(static_cast<double>(c) * per_cta / kDramBytesPerUs, per_cta * kLatencyUs / in_flight) + kLatencyUs;
   };
@@ -51,48 +57,76 @@ int64_t workspace_bytes_for(const Tiling& t, int M, int N) {
 }
 
 Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d) {
+  return choose_tiling(M, N, K, group, d, V4Config{});
+}
+
+Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, const V4Config& config) {
+  const V4Config cfg = M <= kV4DefaultMaxM ? config : V4Config{};
   Tiling base;
   base.m_tiles = (M + 15) / 16;
   base.rows8 = M <= 8;
   base.rows = M;
+  base.warps = cfg.warps;
+  base.stages = cfg.stages;
+  base.swap16 = cfg.swap16 && M > 8;
   const int64_t groups = K / group;
-  Tiling best = base;
-  double best_cost = std::numeric_limits<double>::infinity();
-  bool found = false;
-  for (int warps_n : {8, 4, 2, 1}) {
+  const int64_t max_splits = std::min<int64_t>(groups, kMaxSplits);
+  // Phase 0 keeps tilings that meet both occupancy wishes of cfg.ctas_per_sm, phase 1 those whose shared memory
+  // allows it, phase 2 everything; the first phase with a candidate wins (without the wish, only phase 2).
+  constexpr int kPhases = 3;
+  Tiling best[kPhases] = {base, base, base};
+  double best_cost[kPhases];
+  bool found[kPhases] = {};
+  for (double& c : best_cost) c = std::numeric_limits<double>::infinity();
+  const int64_t split_lo = cfg.splits > 0 ? std::min<int64_t>(cfg.splits, max_splits) : 1;
+  const int64_t split_hi = cfg.splits > 0 ? split_lo : max_splits;
+  for (int warps_n = cfg.warps; warps_n >= 1; warps_n /= 2) {  // 8: {8, 4, 2, 1}, as before the configs
     if ((N / kBlockN) % warps_n != 0) continue;
-    for (int splits = 1; splits <= std::min<int64_t>(groups, kMaxSplits); ++splits) {
+    for (int64_t splits = split_lo; splits <= split_hi; ++splits) {
       Tiling t = base;
       t.warps_n = warps_n;
-      t.warps_k = kWarps / warps_n;
-      t.splits = splits;
+      t.warps_k = cfg.warps / warps_n;
+      t.splits = static_cast<int>(splits);
       const int64_t smem = smem_layout(t, K, group).total;
       if (smem > d.smem_per_block) continue;
       // Every warp should get at least one block of the shortest slice.
       const int64_t shortest_blocks = (groups / splits) * group / kBlockK;
       if (shortest_blocks < t.warps_k) continue;
       const double c = cost(t, M, N, K, group, d, smem);
-      if (c < best_cost) {  // strict: ties keep the fewer splits / wider CTA found first
-        best_cost = c;
-        best = t;
-        found = true;
+      const int64_t resident = resident_per_sm(t, d, smem);
+      const int64_t ctas = int64_t{N} / (kBlockN * warps_n) * splits;
+      const bool fits = cfg.ctas_per_sm == 0 || resident >= cfg.ctas_per_sm;
+      const bool fills = cfg.ctas_per_sm == 0 || ctas >= int64_t{cfg.ctas_per_sm} * d.sm_count;
+      const bool in_phase[kPhases] = {fits && fills && cfg.ctas_per_sm > 0, fits && cfg.ctas_per_sm > 0, true};
+      for (int p = 0; p < kPhases; ++p) {
+        if (in_phase[p] && c < best_cost[p]) {  // strict: ties keep the fewer splits / wider CTA found first
+          best_cost[p] = c;
+          best[p] = t;
+          found[p] = true;
+        }
       }
     }
   }
-  if (!found) {
-    // Either K has fewer blocks than a CTA has K warps (some warps idle), or no split makes the staged
-    // activations fit (gemm_w4a16_can_implement rejects that case by checking the smem of this tiling).
-    for (int warps_n : {8, 4, 2, 1}) {
-      if ((N / kBlockN) % warps_n == 0) {
-        best.warps_n = warps_n;
-        break;
-      }
-    }
-    best.warps_k = kWarps / best.warps_n;
-    best.splits = static_cast<int>(std::min<int64_t>(groups, kMaxSplits));
-    if (groups / best.splits * group / kBlockK < best.warps_k) best.splits = 1;
+  for (int p = 0; p < kPhases; ++p)
+    if (found[p]) return best[p];
+  if (cfg.splits > 0) {  // the forced split leaves some warp without a block: let the model choose it
+    V4Config free_splits = cfg;
+    free_splits.splits = 0;
+    return choose_tiling(M, N, K, group, d, free_splits);
   }
-  return best;
+  // Either K has fewer blocks than a CTA has K warps (some warps idle), or no split makes the staged
+  // activations fit (gemm_w4a16_can_implement rejects that case by checking the smem of this tiling).
+  Tiling t = base;
+  for (int warps_n = cfg.warps; warps_n >= 1; warps_n /= 2) {
+    if ((N / kBlockN) % warps_n == 0) {
+      t.warps_n = warps_n;
+      break;
+    }
+  }
+  t.warps_k = cfg.warps / t.warps_n;
+  t.splits = static_cast<int>(max_splits);
+  if (groups / t.splits * group / kBlockK < t.warps_k) t.splits = 1;
+  return t;
 }
 
 Variant choose_variant(int M) { return M <= kV4DefaultMaxM ? Variant::v4 : Variant::v2; }
@@ -106,9 +140,19 @@ bool tiling_is_valid(const Tiling& t, int M, int N, int K, int group, const Devi
   if (t.m_tiles != (M + 15) / 16) return fail("m_tiles = " + to_string(t.m_tiles) + ", expected ceil(M / 16)");
   if (t.rows != M) return fail("rows = " + to_string(t.rows) + ", expected M = " + to_string(M));
   if (t.rows8 && M > 8) return fail("rows8 needs M <= 8, M = " + to_string(M));
-  if (t.warps_n != 1 && t.warps_n != 2 && t.warps_n != 4 && t.warps_n != 8)
-    return fail("warps_n = " + to_string(t.warps_n) + ", expected 1, 2, 4 or 8");
-  if (t.warps_n * t.warps_k != kWarps) return fail("warps_n * warps_k must be " + to_string(kWarps));
+  if (!v4_kernel_compiled(t.warps, t.stages))
+    return fail("warps = " + to_string(t.warps) + " with stages = " + to_string(t.stages) +
+                " is not a compiled kernel shape (warps x stages: 8 x 16, 8 x 32, 16 x 16)");
+  if ((t.warps != kWarps || t.stages != kStages) && (t.variant != Variant::v4 || M > kV4DefaultMaxM))
+    return fail("warps = " + to_string(t.warps) + ", stages = " + to_string(t.stages) +
+                " need variant v4 and M <= " + to_string(kV4DefaultMaxM) + " (v2 and larger M run 8 x 16 only)");
+  if (t.swap16 && (t.variant != Variant::v4 || t.rows8 || M < 9 || M > 16))
+    return fail("swap16 needs variant v4, rows8 off and M = 9..16, M = " + to_string(M));
+  if (t.warps_n != 1 && t.warps_n != 2 && t.warps_n != 4 && t.warps_n != 8 && t.warps_n != 16)
+    return fail("warps_n = " + to_string(t.warps_n) + ", expected 1, 2, 4, 8 or 16");
+  if (t.warps_n * t.warps_k != t.warps)
+    return fail("warps_n * warps_k must be warps = " + to_string(t.warps) + " (warps_n = " + to_string(t.warps_n) +
+                ", warps_k = " + to_string(t.warps_k) + ")");
   if (N % (kBlockN * t.warps_n) != 0) return fail("N = " + to_string(N) + " is not a multiple of 32 * warps_n");
   const int64_t groups = K / group;
   if (t.splits < 1 || t.splits > std::min<int64_t>(groups, kMaxSplits))
@@ -123,15 +167,78 @@ bool tiling_is_valid(const Tiling& t, int M, int N, int K, int group, const Devi
 
 std::string describe_tiling(const Tiling& t, int M, int N, int K, int group, const DeviceLimits& d) {
   const int64_t smem = smem_layout(t, K, group).total;
-  char buf[320];
+  // Weight bytes a CTA keeps in flight (each warp up to stages - 2 blocks in the v4 pair loop).
+  const int64_t in_flight_kb = int64_t{t.warps} * (t.stages - 2) * kBlockN * kBlockK / 2 / 1024;
+  char buf[400];
   std::snprintf(buf, sizeof(buf),
-                "gemm_w4a16 M=%d N=%d K=%d group=%d: %s m_tiles=%d rows8=%d warps_n=%d warps_k=%d splits=%d "
-                "grid=%dx%d smem=%lld B workspace=%lld B (sm=%d)",
-                M, N, K, group, t.variant == Variant::v4 ? "v4" : "v2", t.m_tiles, t.rows8 ? 1 : 0, t.warps_n,
-                t.warps_k, t.splits,
-                N / (kBlockN * t.warps_n), t.splits, static_cast<long long>(smem),
-                static_cast<long long>(workspace_bytes_for(t, M, N)), d.sm_count);
+                "gemm_w4a16 M=%d N=%d K=%d group=%d: %s%s m_tiles=%d rows8=%d warps=%d stages=%d warps_n=%d "
+                "warps_k=%d splits=%d grid=%dx%d smem=%lld B ctas/sm<=%lld in_flight/cta=%lld KB workspace=%lld B "
+                "(sm=%d)",
+                M, N, K, group, t.variant == Variant::v4 ? "v4" : "v2", t.swap16 ? " swap16" : "", t.m_tiles,
+                t.rows8 ? 1 : 0, t.warps, t.stages, t.warps_n, t.warps_k, t.splits, N / (kBlockN * t.warps_n),
+                t.splits, static_cast<long long>(smem), static_cast<long long>(resident_per_sm(t, d, smem)),
+                static_cast<long long>(in_flight_kb), static_cast<long long>(workspace_bytes_for(t, M, N)),
+                d.sm_count);
   return buf;
+}
+
+std::string describe_config(const V4Config& c) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "v4 config: warps=%d stages=%d ctas_per_sm=%d splits=%d swap16=%d", c.warps,
+                c.stages, c.ctas_per_sm, c.splits, c.swap16 ? 1 : 0);
+  return buf;
+}
+
+std::vector<NamedV4Config> v4_sweep_configs() {
+  auto make = [](const char* name, int warps, int stages, int ctas, bool swap16) {
+    V4Config c;
+    c.warps = warps;
+    c.stages = stages;
+    c.ctas_per_sm = ctas;
+    c.swap16 = swap16;
+    return NamedV4Config{name, c};
+  };
+  // Bytes in flight per SM, as the default has them on the large layers (one or two CTAs of 56 KB): c2 / c3 ask
+  // for 2 or 3 such CTAs on every SM (more K slices, less staging each); w8s32 and w16s16 double the bytes per
+  // CTA (120 / 112 KB), c1 with them keeps all SMs busy where the model would leave some idle.
+  return {make("w8s16", 8, 16, 0, false),  make("w8s16c2", 8, 16, 2, false), make("w8s16c3", 8, 16, 3, false),
+          make("w8s32", 8, 32, 0, false),  make("w8s32c1", 8, 32, 1, false), make("w16s16", 16, 16, 0, false),
+          make("w16s16c1", 16, 16, 1, false), make("swap16", 8, 16, 0, true),  make("swap16c2", 8, 16, 2, true)};
+}
+
+V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings) {
+  V4Config c;
+  auto warn = [&](const std::string& m) {
+    if (warnings) *warnings += (warnings->empty() ? "" : " ") + m;
+  };
+  // An integer in [lo, hi] from variable `name`; false (and *out untouched) when unset, empty or not accepted.
+  auto read = [&](const char* name, int lo, int hi, int* out) {
+    const char* v = get(name);
+    if (v == nullptr || v[0] == '\0') return false;
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    if (*end != '\0' || x < lo || x > hi) {
+      warn(std::string(name) + "=" + v + " ignored (expected an integer in " + std::to_string(lo) + ".." +
+           std::to_string(hi) + ").");
+      return false;
+    }
+    *out = static_cast<int>(x);
+    return true;
+  };
+  int warps = c.warps, stages = c.stages, flag = 0;
+  const bool set_w = read("FT_W4A16_V4_WARPS", 1, 32, &warps);
+  const bool set_s = read("FT_W4A16_V4_STAGES", 2, 64, &stages);
+  if ((set_w || set_s) && !v4_kernel_compiled(warps, stages)) {
+    warn("FT_W4A16_V4_WARPS / FT_W4A16_V4_STAGES = " + std::to_string(warps) + " / " + std::to_string(stages) +
+         " ignored (compiled: 8 / 16, 8 / 32, 16 / 16).");
+  } else {
+    c.warps = warps;
+    c.stages = stages;
+  }
+  read("FT_W4A16_V4_CTAS_PER_SM", 0, 8, &c.ctas_per_sm);
+  read("FT_W4A16_SPLITK", 0, kMaxSplits, &c.splits);
+  if (read("FT_W4A16_SWAP16", 0, 1, &flag)) c.swap16 = flag == 1;
+  return c;
 }
 
 }  // namespace futransformer::cuda::w4a16

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cuda/gemm_w4a16_layout.h"
 
@@ -15,9 +16,41 @@ struct DeviceLimits {
   int64_t smem_per_block = 227 * 1024;  // opt-in maximum for one CTA
 };
 
+// The tunable part of the v4 decode launch (M <= kV4DefaultMaxM), swept by `bench_gemm_w4a16 --sweep`. The default
+// value is the configuration the library has always run; gemm_w4a16 reads overrides from the environment
+// (v4_config_from_env). A config applies to v4 launches with M <= 16 only; v2 and M > 16 use the default.
+struct V4Config {
+  int warps = kWarps;    // warps per CTA; (warps, stages) must be one of kV4KernelShapes
+  int stages = kStages;  // cp.async ring slots per thread
+  int ctas_per_sm = 0;   // 0: the cost model decides; c > 0: prefer tilings whose shared memory lets c CTAs share
+                         // an SM and whose grid gives every SM c of them (relaxed in that order when none does)
+  int splits = 0;        // 0: the cost model decides; s > 0: s K slices (clamped to what the shape allows)
+  bool swap16 = false;   // M = 9..16 on the swapped two-tile path instead of the 16-row path
+
+  bool operator==(const V4Config&) const = default;
+};
+
 // The tiling for a shape that gemm_w4a16_can_implement accepts (M in 1..64, N % 32 == 0, K % group == 0,
-// group in {32, 64, 128}). Always returns a launchable tiling for such shapes.
+// group in {32, 64, 128}). Always returns a launchable tiling for such shapes. The variant is left at v2 for the
+// caller to set; with a config the warps, stages and swap16 fields come from it when M <= kV4DefaultMaxM (a
+// non-default one is then only launchable as v4), and without one (or with V4Config{}) the result is the same.
 Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& limits);
+Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& limits, const V4Config& config);
+
+// V4Config from environment strings (get(name) returns the value or nullptr): FT_W4A16_V4_WARPS,
+// FT_W4A16_V4_STAGES, FT_W4A16_V4_CTAS_PER_SM, FT_W4A16_SPLITK, FT_W4A16_SWAP16 (0/1). A value that is not
+// accepted (a (warps, stages) pair that is not compiled, ctas_per_sm outside 0..8, splits outside 0..64) is
+// left at its default and a sentence per problem is appended to *warnings.
+V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings);
+std::string describe_config(const V4Config& c);
+
+// The candidates `bench_gemm_w4a16 --sweep` times side by side and the GPU tests check against the CPU twin; the
+// first is the default. Names: w<warps>s<stages>, c<n> for ctas_per_sm = n, swap16 for the two-tile path.
+struct NamedV4Config {
+  const char* name;
+  V4Config config;
+};
+std::vector<NamedV4Config> v4_sweep_configs();
 
 // The kernel variant for M rows (the tiling is the same for both): v4 for decode sizes, M <= kV4DefaultMaxM.
 // gemm_w4a16 lets FT_W4A16_VARIANT=v2|v4 override this (see gemm_w4a16_internal.h).
@@ -25,8 +58,10 @@ constexpr int kV4DefaultMaxM = 16;
 Variant choose_variant(int M);
 
 // Whether a tiling (any variant) is launchable for this shape on a device with these limits: m_tiles, rows and
-// rows8 match M, warps_n x warps_k = 8 warps with N a multiple of 32 * warps_n, 1 <= splits <= min(K / group, 64),
-// shared memory within the limit. Otherwise false and, when why is not null, a sentence naming the field.
+// rows8 match M, (warps, stages) compiled for the variant and M (only the default for v2 and M > 16),
+// warps_n x warps_k = warps with N a multiple of 32 * warps_n, 1 <= splits <= min(K / group, 64), swap16 only for
+// v4 with M = 9..16, shared memory within the limit. Otherwise false and, when why is not null, a sentence
+// naming the field.
 bool tiling_is_valid(const Tiling& t, int M, int N, int K, int group, const DeviceLimits& limits, std::string* why);
 
 // Bytes of fp32 workspace a tiling needs (0 when it does not split K).

@@ -19,9 +19,16 @@ namespace futransformer::cuda {
 // value is reported on stderr once and ignored), else w4a16::choose_variant(M).
 w4a16::Variant gemm_w4a16_variant_for(int M);
 
-// The tiling gemm_w4a16 uses for this shape on the current device (variant included). cudaErrorInvalidValue for
-// shapes gemm_w4a16_can_implement rejects.
+// The tiling gemm_w4a16 uses for this shape on the current device (variant included; for v4 with M <= 16 the
+// v4 config of the environment, FT_W4A16_V4_WARPS / _STAGES / _CTAS_PER_SM, FT_W4A16_SPLITK, FT_W4A16_SWAP16, when
+// its tiling fits). cudaErrorInvalidValue for shapes gemm_w4a16_can_implement rejects.
 cudaError_t gemm_w4a16_plan(int M, int N, int K, int group, formats::ScaleType scale_type, w4a16::Tiling* tiling);
+
+// The v4 tiling a given config gives this shape on the current device (w4a16::choose_tiling with the config,
+// variant v4; the config applies to M <= 16 only). cudaErrorInvalidValue for shapes gemm_w4a16_can_implement
+// rejects and for a tiling that does not fit the device (w4a16::tiling_is_valid).
+cudaError_t gemm_w4a16_plan_config(int M, int N, int K, int group, formats::ScaleType scale_type,
+                                   const w4a16::V4Config& config, w4a16::Tiling* tiling);
 
 // gemm_w4a16 with an explicit tiling: the same argument checks, plus w4a16::tiling_is_valid and the tiling's
 // workspace (w4a16::workspace_bytes_for); cudaErrorInvalidValue with gemm_w4a16_last_error() otherwise.

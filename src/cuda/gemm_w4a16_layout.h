@@ -106,6 +106,22 @@ FT_HD Range split_range(int64_t total, int64_t parts, int64_t i) {
 // two blocks per loop iteration. Both read the same packed weights and scales.
 enum class Variant : uint8_t { v2, v4 };
 
+// The (warps per CTA, ring slots per thread) pairs the v4 kernel is compiled for (gemm_w4a16_v4_*.cu); the first
+// is the default and the only one for v2 and for M > 16. More slots or more warps put more weight bytes in flight
+// per CTA: 8 warps x 16 slots keep 14 blocks (56 KB) per CTA in flight, 8 x 32 keep 30 (120 KB), 16 x 16 keep
+// 14 per warp (112 KB) and give the SM twice the warps to hide the dependent LDS -> lop3 -> mma chains.
+struct KernelShape {
+  int warps, stages;
+};
+constexpr KernelShape kV4KernelShapes[] = {{8, 16}, {8, 32}, {16, 16}};
+constexpr bool v4_kernel_compiled(int warps, int stages) {
+  for (const KernelShape& k : kV4KernelShapes)
+    if (k.warps == warps && k.stages == stages) return true;
+  return false;
+}
+static_assert(kV4KernelShapes[0].warps == kWarps && kV4KernelShapes[0].stages == kStages,
+              "the first compiled shape is the default one");
+
 // One launch configuration (chosen by gemm_w4a16_heuristics.cpp).
 struct Tiling {
   int m_tiles = 1;     // 16-row MMA tiles covering M (1..4)
@@ -115,11 +131,23 @@ struct Tiling {
   int warps_k = 1;     // warps sharing those columns, each on its own part of the CTA's K slice
   int splits = 1;      // K slices (grid.y); more than one needs the fp32 workspace and the reduce kernel
   Variant variant = Variant::v2;  // v4 with rows8: the swapped (weights as A) path
+  int warps = kWarps;    // warps per CTA (warps_n * warps_k); other than kWarps only for v4 with M <= 16
+  int stages = kStages;  // cp.async ring slots per thread (a power of two); likewise
+  bool swap16 = false;   // v4, 9 <= M <= 16: swapped path with two n = 8 activation tiles (rows 0-7, 8-15)
+
+  bool operator==(const Tiling&) const = default;
 };
 
 // Register cap for __launch_bounds__: decode (one m tile) wants three CTAs per SM for bytes in flight; the
 // larger accumulator sets of M > 32 need the registers more.
 FT_HD constexpr int min_blocks_per_sm(int m_tiles) { return m_tiles == 1 ? 3 : (m_tiles == 2 ? 2 : 1); }
+// The same for a CTA of `warps` warps: one m tile keeps 24 warps per SM resident (65536 registers / 768 threads
+// = 85 per thread, above v4's 72-80), so 3 CTAs of 8 warps and 1 of 16 (two would need 64 registers: spills).
+// The swapped two-tile path (swap16) holds 16 accumulators, 16 partial sums and 8 activation registers: capped at
+// 80 registers ptxas spilled 44 bytes per thread, so it keeps 16 warps per SM (128 registers; it uses about 92).
+FT_HD constexpr int min_blocks_per_sm(int m_tiles, int warps, bool swap16 = false) {
+  return m_tiles != 1 ? min_blocks_per_sm(m_tiles) : ((swap16 ? 16 : 24) / warps > 0 ? (swap16 ? 16 : 24) / warps : 1);
+}
 
 // Only the M real rows are staged: zero rows up to the MMA's 8 or 16 would cost shared memory (occupancy) at
 // decode sizes and feed only outputs that are never stored.
@@ -141,10 +169,10 @@ FT_HD SmemLayout smem_layout(const Tiling& t, int64_t K, int group) {
   SmemLayout s{};
   s.a_bytes = a_rows(t) * a_pitch(groups, group, t.splits) * 2;
   s.s_bytes = t.warps_n * slice_groups_max(groups, t.splits) * kScalesPerGroupBlock * 2;
-  s.red_bytes = t.warps_k > 1 ? int64_t{kWarps} * t.m_tiles * 16 * kWarpSize * 4 : 0;
+  s.red_bytes = t.warps_k > 1 ? int64_t{t.warps} * t.m_tiles * 16 * kWarpSize * 4 : 0;
   const int64_t front = s.a_bytes + s.s_bytes > s.red_bytes ? s.a_bytes + s.s_bytes : s.red_bytes;
   s.ring_offset = (front + 15) / 16 * 16;
-  s.total = s.ring_offset + int64_t{kStages} * kThreads * 16;
+  s.total = s.ring_offset + int64_t{t.stages} * t.warps * kWarpSize * 16;
   return s;
 }
 
@@ -161,8 +189,9 @@ FT_HD int64_t s_frag_offset(int wn, int64_t gl, int64_t slice_groups, int t) {
 }
 
 // --- v4 index maps ---------------------------------------------------------------------------------------
-// v4 commits one cp.async group per pair of blocks: the same 16-slot ring holds 8 pairs, 7 in flight (14 blocks,
-// 56 KB per CTA) while the eighth is consumed. Block i of a warp still lives in slot i % kStages.
+// v4 commits one cp.async group per pair of blocks: a ring of S slots holds S / 2 pairs, S / 2 - 1 in flight (with
+// the default 16 slots: 14 blocks, 56 KB per CTA) while the last is consumed. Block i of a warp lives in slot
+// i % S.
 constexpr int kPairStages = kStages / 2;
 static_assert(kStages % 2 == 0, "v4 consumes the ring in pairs of blocks");
 
@@ -173,13 +202,24 @@ static_assert(kStages % 2 == 0, "v4 consumes the ring in pairs of blocks");
 // 2t + 8 (p & 1), so register r is slot 2 (r & 1) + (r >> 1): {0, 2, 1, 3}.
 FT_HD int v4_slot(bool swap, int j) { return swap ? ((j & 1) << 1) | (j >> 1) : j; }
 
-// Swapped B operand (activations, k x m with m = 8): one ldmatrix.x4 per 32-column block; lane gives the address
-// of row (lane & 7) (clamped to the staged rows), columns 8 (lane >> 3) .. + 7. Register j then holds
-// x[g][8j + 2t, 8j + 2t + 1]: B registers {0, 1} of k16 step 0 and {2, 3} of step 1.
-FT_HD int64_t xb_frag_offset(int lane, int64_t k, int64_t pitch, int rows) {
-  const int r = lane & 7;
+// Swapped B operand (activations, k x m with m = 8): one ldmatrix.x4 per 32-column block and n8 tile mt (rows
+// 8 mt .. 8 mt + 7; mt = 1 only on the two-tile path, M = 9..16); lane gives the address of row 8 mt + (lane & 7)
+// (clamped to the staged rows), columns 8 (lane >> 3) .. + 7. Register j then holds x[8 mt + g][8j + 2t, 8j + 2t + 1]:
+// B registers {0, 1} of k16 step 0 and {2, 3} of step 1.
+FT_HD int64_t xb_frag_offset(int lane, int64_t k, int64_t pitch, int rows, int mt = 0) {
+  const int r = 8 * mt + (lane & 7);
   return (r < rows ? r : rows - 1) * pitch + k + (lane >> 3) * 8;
 }
+// Two-tile path: the B registers of tiles 0 and 1 for k16 step ks, {x0[2ks], x0[2ks+1]} and {x1[2ks], x1[2ks+1]},
+// are together the A fragment of the 16 (m) x 16 (k) activation tile: A register r holds row g + 8 (r & 1), columns
+// 2t + 8 (r >> 1), i.e. tile r & 1, B register r >> 1. One mma of that A with the constant 136 as B gives
+// 136 * sum_k x[m] for rows m = g (elements 0, 1) and g + 8 (elements 2, 3) of every lane.
+FT_HD int swap16_a_tile(int r) { return r & 1; }
+FT_HD int swap16_a_breg(int r) { return r >> 1; }
+// ... and the accumulator element (tile mt, e) of lane needs row m = 8 mt + 2t + (e & 1), which lane
+// 4 (2t + (e & 1)) holds as its element 2 mt (read with a warp shuffle at the flush).
+FT_HD int swap16_corr_src_lane(int lane, int e) { return 4 * (2 * (lane & 3) + (e & 1)); }
+FT_HD int swap16_corr_src_elem(int mt) { return 2 * mt; }
 // Swapped accumulator element e (0..3) of 16-row tile np: output column n (within the 32-column block) and row m.
 FT_HD int swap_c_n(int lane, int np, int e) { return 16 * np + 8 * (e >> 1) + (lane >> 2); }
 FT_HD int swap_c_m(int lane, int e) { return 2 * (lane & 3) + (e & 1); }

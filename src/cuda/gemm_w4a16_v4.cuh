@@ -10,6 +10,11 @@
 //    v4_slot), activations are the m = 8 B operand: 4 mma per block instead of 8, and no MMA row wasted.
 // 3. Two 512-byte blocks per loop iteration: one commit / wait and one loop test per pair, and two independent
 //    dequant chains for the scheduler.
+// The CTA size and ring depth are template parameters (kV4KernelShapes lists the compiled ones) so that the
+// bytes in flight per SM can be swept (docs/notes/w4a16-tuning.md); M = 9..16 can also run swapped with two n = 8
+// activation tiles (kSwapTiles = 2): 8 weight mma per block like the 16-row path, and the 136 * sum(x) chain as one
+// mma per k16 step whose A operand is the activations themselves (swap16_a_tile), its rows moved to the lanes
+// that need them by four shuffles per group flush.
 #pragma once
 
 #include "cuda/gemm_w4a16.cuh"
@@ -49,17 +54,30 @@ __device__ __forceinline__ float scale_from_half(uint32_t pair, uint32_t sel) {
   }
 }
 
-template <int kMT, bool kSwap, bool kF16Scales>
-__global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_v4_kernel(const KernelArgs args) {
+// kSwapTiles: 0 = 16-row path (activations as A, kMT m tiles), 1 = swapped with one n = 8 activation tile
+// (M <= 8), 2 = swapped with two (M = 9..16). kCtaWarps warps per CTA, kRing cp.async slots per thread.
+template <int kMT, int kSwapTiles, bool kF16Scales, int kCtaWarps = kWarps, int kRing = kStages>
+__global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, kCtaWarps, kSwapTiles == 2))
+    gemm_w4a16_v4_kernel(const KernelArgs args) {
   static_assert(kMT >= 1 && kMT <= kMaxMTiles, "m tiles must cover 16..64 rows");
-  static_assert(!kSwap || kMT == 1, "the swapped path serves M <= 8 only");
-  // Accumulator tiles per lane: swapped, two 16 (n) x 8 (m) tiles per block; else kMT x four 16 (m) x 8 (n).
-  constexpr int kAccTiles = kSwap ? 2 : kMT * kTilesPerBlock;
+  static_assert(kSwapTiles >= 0 && kSwapTiles <= 2, "swapped paths have one or two n = 8 activation tiles");
+  static_assert(kSwapTiles == 0 || kMT == 1, "the swapped paths serve M <= 16 only");
+  static_assert(kRing >= 4 && (kRing & (kRing - 1)) == 0, "ring slots are addressed with a mask and used in pairs");
+  static_assert(kCtaWarps * kWarpSize <= 1024, "a CTA has at most 1024 threads");
+  constexpr bool kSwap = kSwapTiles > 0;
+  constexpr int kThreadsCta = kCtaWarps * kWarpSize;
+  constexpr int kPairs = kRing / 2;
+  // Accumulator tiles per lane: swapped, 16 (n) x 8 (m) tiles [mt][np] (two per block per activation tile); else
+  // kMT x four 16 (m) x 8 (n). The offset chain: one tile per m tile, or one for both swapped activation tiles.
+  constexpr int kAccTiles = kSwap ? 2 * kSwapTiles : kMT * kTilesPerBlock;
   constexpr int kCorrTiles = kSwap ? 1 : kMT;
+  constexpr int kXTiles = kSwap ? kSwapTiles : kMT;
   ptx::griddepcontrol_launch_dependents();
 
   extern __shared__ __align__(16) unsigned char smem[];
-  const Tiling t = args.tiling;
+  Tiling t = args.tiling;
+  t.warps = kCtaWarps;  // equal on the host (tiling_is_valid, v4_kernel_any); constants fold smem_layout
+  t.stages = kRing;
   const int M = args.M, K = args.K, group = args.group;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wn = warp % t.warps_n, wk = warp / t.warps_n;
@@ -79,13 +97,13 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_v
   // Staging: exactly as v2 (the M activation rows of the slice, the scales of the CTA's blocks).
   const int rows = t.rows;
   const int row_chunks = slice_k / 8;
-  for (int c = tid; c < rows * row_chunks; c += kThreads) {
+  for (int c = tid; c < rows * row_chunks; c += kThreadsCta) {
     const int r = c / row_chunks, cc = c % row_chunks;
     ptx::cp_async_16(ptx::smem_addr(a_s + r * pitch + cc * 8), args.x + static_cast<int64_t>(r) * K + k0 + cc * 8);
   }
   const int64_t nb0 = static_cast<int64_t>(blockIdx.x) * t.warps_n;
   const int chunks_per_block = static_cast<int>(gr.end - gr.begin) * (kScalesPerGroupBlock / 8);
-  for (int c = tid; c < t.warps_n * chunks_per_block; c += kThreads) {
+  for (int c = tid; c < t.warps_n * chunks_per_block; c += kThreadsCta) {
     const int b = c / chunks_per_block, cc = c % chunks_per_block;
     const uint16_t* src = args.scales + packed_scale_index(nb0 + b, gr.begin, groups, 0, 0, 0) + cc * 8;
     ptx::cp_async_16(ptx::smem_addr(s_s + b * sgm * kScalesPerGroupBlock + cc * 8), src);
@@ -100,12 +118,13 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_v
   const uint4* wsrc = args.w + (nb * (K / kBlockK) + kb0) * kWarpSize + lane;
   const uint32_t ring_lane = ptx::smem_addr(ring + tid * 16);
 #pragma unroll
-  for (int p = 0; p < kPairStages - 1; ++p) {
-    if (2 * p < n_steps) ptx::cp_async_16(ring_lane + 2 * p * kThreads * 16, wsrc + 2 * p * kWarpSize);
-    if (2 * p + 1 < n_steps) ptx::cp_async_16(ring_lane + (2 * p + 1) * kThreads * 16, wsrc + (2 * p + 1) * kWarpSize);
+  for (int p = 0; p < kPairs - 1; ++p) {
+    if (2 * p < n_steps) ptx::cp_async_16(ring_lane + 2 * p * kThreadsCta * 16, wsrc + 2 * p * kWarpSize);
+    if (2 * p + 1 < n_steps)
+      ptx::cp_async_16(ring_lane + (2 * p + 1) * kThreadsCta * 16, wsrc + (2 * p + 1) * kWarpSize);
     ptx::cp_async_commit_group();  // empty groups keep the wait count below uniform
   }
-  ptx::cp_async_wait_group<kPairStages - 1>();  // the staging group is older than the kPairStages - 1 pairs
+  ptx::cp_async_wait_group<kPairs - 1>();  // the staging group is older than the kPairs - 1 pairs
   __syncthreads();
 
   float acc[kAccTiles][4] = {};
@@ -113,10 +132,11 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_v
   float corr[kCorrTiles][4] = {};  // the same k's sums of x * 136
   // Constant operand 136 (bf16x2), the offset the flush removes: x * 136 is exact like x * (128 + u).
   const uint32_t k136[4] = {kMagicSub, kMagicSub, kMagicSub, kMagicSub};
-  uint32_t x_lane[kMT];
+  uint32_t x_lane[kXTiles];
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-    const int64_t off = kSwap ? xb_frag_offset(lane, 0, pitch, rows) : a_frag_offset(lane, mt, 0, pitch, false, rows);
+  for (int mt = 0; mt < kXTiles; ++mt) {
+    const int64_t off =
+        kSwap ? xb_frag_offset(lane, 0, pitch, rows, mt) : a_frag_offset(lane, mt, 0, pitch, false, rows);
     x_lane[mt] = ptx::smem_addr(a_s) + 2 * static_cast<uint32_t>(off);
   }
   // Loop invariants as 32-bit values (registers are the limit at one m tile, see the main loop).
@@ -134,18 +154,31 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_v
     biased_word<kSwap>(q.w, f + 12);
     const uint32_t k_bytes = k_bytes0 + static_cast<uint32_t>(i) * kBlockK * 2;
     if constexpr (kSwap) {
-      uint32_t xb[4];
-      ptx::ldmatrix_x4(xb, x_lane[0] + k_bytes);
+      uint32_t xb[kSwapTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kSwapTiles; ++mt) ptx::ldmatrix_x4(xb[mt], x_lane[mt] + k_bytes);
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
-        const uint32_t b[2] = {xb[2 * ks], xb[2 * ks + 1]};
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           const uint32_t a[4] = {f[(2 * ks + np) * 4], f[(2 * ks + np) * 4 + 1], f[(2 * ks + np) * 4 + 2],
                                  f[(2 * ks + np) * 4 + 3]};
-          ptx::mma_m16n8k16_bf16(part[np], a, b);
+#pragma unroll
+          for (int mt = 0; mt < kSwapTiles; ++mt) {
+            const uint32_t b[2] = {xb[mt][2 * ks], xb[mt][2 * ks + 1]};
+            ptx::mma_m16n8k16_bf16(part[mt * 2 + np], a, b);
+          }
         }
-        ptx::mma_m16n8k16_bf16(corr[0], k136, b);
+        if constexpr (kSwapTiles == 1) {
+          const uint32_t b[2] = {xb[0][2 * ks], xb[0][2 * ks + 1]};
+          ptx::mma_m16n8k16_bf16(corr[0], k136, b);
+        } else {
+          // The two activation tiles are the A fragment of the 16-row activation tile (swap16_a_tile): one mma
+          // with 136 as B gives the offsets of all 16 rows.
+          const uint32_t xa[4] = {xb[0][2 * ks], xb[1][2 * ks], xb[0][2 * ks + 1], xb[1][2 * ks + 1]};
+          const uint32_t b136[2] = {kMagicSub, kMagicSub};
+          ptx::mma_m16n8k16_bf16(corr[0], xa, b136);
+        }
       }
     } else {
 #pragma unroll
@@ -188,12 +221,33 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_v
                                        scale_from_half<kF16Scales>(sv.y, half_sel),
                                        scale_from_half<kF16Scales>(sv.z, half_sel),
                                        scale_from_half<kF16Scales>(sv.w, half_sel)};
+      // The offset of accumulator element e (token row m = 8 mt + 2t + (e & 1)): one tile, already in place; two
+      // tiles, in lane 4 (2t + (e & 1)) as element 2 mt of the activations-as-A chain (warp-uniform: every lane
+      // reaches the flush together).
+      float off[kSwapTiles][4];
 #pragma unroll
-      for (int np = 0; np < 2; ++np) {
+      for (int mt = 0; mt < kSwapTiles; ++mt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          acc[np][e] = fmaf(part[np][e] - corr[0][e], s[2 * np + (e >> 1)], acc[np][e]);
-          part[np][e] = 0.0f;
+          if constexpr (kSwapTiles == 1) {
+            off[mt][e] = corr[0][e];
+          } else if (e < 2) {
+            off[mt][e] = __shfl_sync(0xffffffffu, corr[0][swap16_corr_src_elem(mt)], swap16_corr_src_lane(lane, e));
+          } else {
+            off[mt][e] = off[mt][e & 1];  // same token row m
+          }
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < kSwapTiles; ++mt) {
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float& p = part[mt * 2 + np][e];
+            acc[mt * 2 + np][e] = fmaf(p - off[mt][e], s[2 * np + (e >> 1)], acc[mt * 2 + np][e]);
+            p = 0.0f;
+          }
         }
       }
     } else {
@@ -219,26 +273,26 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_v
       for (int e = 0; e < 4; ++e) corr[c][e] = 0.0f;
   };
 
-  // Block `fetch` (even) and fetch + 1 go to ring slots fetch % kStages and the next one; wnext points at block
+  // Block `fetch` (even) and fetch + 1 go to ring slots fetch % kRing and the next one; wnext points at block
   // fetch of this lane. Unsigned masks, running pointers: the issue slots this loop spends on addresses are
   // instructions the weight stream cannot use (docs/notes/w4a16-tuning.md).
-  int fetch = 2 * (kPairStages - 1);
+  int fetch = 2 * (kPairs - 1);
   const uint4* wnext = wsrc + fetch * kWarpSize;
   for (int i0 = 0; i0 < n_steps; i0 += 2) {
-    const uint32_t fetch_slot = ring_lane + (static_cast<uint32_t>(fetch) & (kStages - 1)) * (kThreads * 16);
+    const uint32_t fetch_slot = ring_lane + (static_cast<uint32_t>(fetch) & (kRing - 1)) * (kThreadsCta * 16);
     if (fetch < n_steps) ptx::cp_async_16(fetch_slot, wnext);
-    if (fetch + 1 < n_steps) ptx::cp_async_16(fetch_slot + kThreads * 16, wnext + kWarpSize);
+    if (fetch + 1 < n_steps) ptx::cp_async_16(fetch_slot + kThreadsCta * 16, wnext + kWarpSize);
     ptx::cp_async_commit_group();
     fetch += 2;
     wnext += 2 * kWarpSize;
-    ptx::cp_async_wait_group<kPairStages - 1>();  // this thread's copies of blocks i0, i0 + 1 have landed
+    ptx::cp_async_wait_group<kPairs - 1>();  // this thread's copies of blocks i0, i0 + 1 have landed
     const bool has1 = i0 + 1 < n_steps;  // warp-uniform: only a warp's last pair can be a single block
-    const unsigned char* slot0 = ring + ((static_cast<uint32_t>(i0) & (kStages - 1)) * kThreads + tid) * 16;
+    const unsigned char* slot0 = ring + ((static_cast<uint32_t>(i0) & (kRing - 1)) * kThreadsCta + tid) * 16;
     const uint4 q0 = *reinterpret_cast<const uint4*>(slot0);
     if constexpr (kSwap) {
       // Both loads up front (the swapped path has registers to spare). Without a second block the slot holds
       // an older block or was never written: its value is loaded but not used.
-      const uint4 q1 = *reinterpret_cast<const uint4*>(slot0 + kThreads * 16);
+      const uint4 q1 = *reinterpret_cast<const uint4*>(slot0 + kThreadsCta * 16);
       mma_block(q0, i0);
       flush_after(i0);
       if (has1) {
@@ -251,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_v
       mma_block(q0, i0);
       flush_after(i0);
       if (has1) {
-        mma_block(*reinterpret_cast<const uint4*>(slot0 + kThreads * 16), i0 + 1);
+        mma_block(*reinterpret_cast<const uint4*>(slot0 + kThreadsCta * 16), i0 + 1);
         flush_after(i0 + 1);
       }
     }
@@ -285,19 +339,22 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_v
 
   const int N = args.N;
   if constexpr (kSwap) {
-    // Accumulator (np, e) is y[m][n]: m = 2t + (e & 1), n = 16np + 8 (e >> 1) + g; single 2-byte stores (the
-    // output is M x N with M <= 8: a few KB).
+    // Accumulator (mt, np, e) is y[m][n]: m = 8 mt + 2t + (e & 1), n = 16np + 8 (e >> 1) + g; single 2-byte
+    // stores (the output is M x N with M <= 16: a few KB).
 #pragma unroll
-    for (int np = 0; np < 2; ++np) {
+    for (int mt = 0; mt < kSwapTiles; ++mt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int m = swap_c_m(lane, e);
-        if (m >= M) continue;
-        const int64_t n = nb * kBlockN + swap_c_n(lane, np, e);
-        if (t.splits == 1) {
-          args.y[static_cast<int64_t>(m) * N + n] = __float2bfloat16_rn(acc[np][e]);
-        } else {
-          args.partial[(static_cast<int64_t>(blockIdx.y) * M + m) * N + n] = acc[np][e];
+      for (int np = 0; np < 2; ++np) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int m = 8 * mt + swap_c_m(lane, e);
+          if (m >= M) continue;
+          const int64_t n = nb * kBlockN + swap_c_n(lane, np, e);
+          if (t.splits == 1) {
+            args.y[static_cast<int64_t>(m) * N + n] = __float2bfloat16_rn(acc[mt * 2 + np][e]);
+          } else {
+            args.partial[(static_cast<int64_t>(blockIdx.y) * M + m) * N + n] = acc[mt * 2 + np][e];
+          }
         }
       }
     }

@@ -133,6 +133,57 @@ TEST(W4A16V4Fragments, SwappedAccumulatorAndScaleMaps) {
   for (int s : seen) ASSERT_EQ(s, 1);
 }
 
+// Two-tile swapped path (M = 9..16): the ldmatrix of tile mt gives the B fragments of token rows 8 mt .. 8 mt + 7;
+// the two tiles' registers, taken as swap16_a_tile / swap16_a_breg say, are the PTX A fragment of the 16-row
+// activation tile; and the lane / element the flush shuffles from holds the offset row each accumulator needs.
+TEST(W4A16V4Fragments, SwappedTwoTileActivationsAndOffsetShuffle) {
+  for (int rows : {9, 12, 16}) {
+    const int64_t pitch = 64 + w4::kAPadElems, k_local = 32;
+    std::vector<uint16_t> a_s(static_cast<size_t>(rows * pitch), 0xFFFF);
+    for (int r = 0; r < rows; ++r)
+      for (int k = 0; k < 64; ++k)  // (2k + 1) 2^r: exact in bf16 (odd part < 2^7), one value per (row, column)
+        a_s[static_cast<size_t>(r * pitch + k)] = f32_to_bf16(std::ldexp(static_cast<float>(2 * k + 1), r));
+    uint32_t xb[2][32][4];
+    for (int mt = 0; mt < 2; ++mt) {
+      int64_t addr[32];
+      for (int lane = 0; lane < 32; ++lane) addr[lane] = w4::xb_frag_offset(lane, k_local, pitch, rows, mt);
+      emu_ldmatrix(a_s, addr, 4, xb[mt]);
+    }
+    auto value = [&](int m, int64_t k) {  // rows past M read the last staged row
+      return std::ldexp(static_cast<float>(2 * k + 1), m < rows ? m : rows - 1);
+    };
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int mt = 0; mt < 2; ++mt) {
+        for (int j = 0; j < 4; ++j) {
+          for (int h = 0; h < 2; ++h) {
+            const RC kn = ptx_b(lane, j % 2, h);
+            ASSERT_EQ(h ? hi_f(xb[mt][lane][j]) : lo_f(xb[mt][lane][j]),
+                      value(8 * mt + kn.c, k_local + (j / 2) * 16 + kn.r))
+                << "rows " << rows << " tile " << mt << " lane " << lane;
+          }
+        }
+      }
+      for (int ks = 0; ks < 2; ++ks) {
+        for (int r = 0; r < 4; ++r) {
+          const uint32_t reg = xb[w4::swap16_a_tile(r)][lane][2 * ks + w4::swap16_a_breg(r)];
+          for (int h = 0; h < 2; ++h) {
+            const RC mk = ptx_a(lane, r, h);  // A row = token row m, column = k within the step
+            ASSERT_EQ(h ? hi_f(reg) : lo_f(reg), value(mk.r, k_local + ks * 16 + mk.c)) << "lane " << lane;
+          }
+        }
+      }
+    }
+  }
+  // The activations-as-A chain's C element i of lane holds row ptx_c(lane, i).r; accumulator (mt, e) of lane needs
+  // token row 8 mt + swap_c_m(lane, e).
+  for (int lane = 0; lane < 32; ++lane)
+    for (int mt = 0; mt < 2; ++mt)
+      for (int e = 0; e < 4; ++e)
+        ASSERT_EQ(ptx_c(w4::swap16_corr_src_lane(lane, e), w4::swap16_corr_src_elem(mt)).r,
+                  8 * mt + w4::swap_c_m(lane, e))
+            << "lane " << lane << " mt " << mt << " e " << e;
+}
+
 // prmt.b32 d, a, b, sel (PTX ISA, default mode): byte i of d is byte (sel >> 4i) & 7 of the 8-byte value {b, a}
 // (a = bytes 0..3); selector bit 3 of each nibble (sign replication) is not used by the kernel.
 uint32_t emu_prmt(uint32_t a, uint32_t b, uint32_t sel) {
@@ -178,9 +229,11 @@ EmuResult emulate_v4(const std::vector<uint16_t>& x, int M, const Int4Weight& w,
   const std::vector<uint32_t> packed = formats::repack_int4_for_mma(w);
   const std::vector<uint16_t> pscales = formats::repack_int4_scales_for_mma(w);
   const int N = static_cast<int>(w.rows), K = static_cast<int>(w.cols), group = static_cast<int>(w.group);
-  const bool swap = t.rows8;
+  const int swap_tiles = t.rows8 ? 1 : (t.swap16 ? 2 : 0);  // the kernel's kSwapTiles
+  const bool swap = swap_tiles > 0;
   const int MT = t.m_tiles, rows = t.rows;
-  const int acc_tiles = swap ? 2 : MT * 4, corr_tiles = swap ? 1 : MT;
+  const int acc_tiles = swap ? 2 * swap_tiles : MT * 4, corr_tiles = swap ? 1 : MT;
+  const int ring = t.stages, pairs = t.stages / 2;
   const int64_t groups = K / group;
   EmuResult res;
   res.y.assign(static_cast<size_t>(M) * N, NAN);
@@ -212,11 +265,11 @@ EmuResult emulate_v4(const std::vector<uint16_t>& x, int M, const Int4Weight& w,
               pscales[static_cast<size_t>(w4::packed_scale_index(nb0 + b, gr.begin, groups, 0, 0, 0) + j)];
 
       // acc[warp][tile][lane][e]
-      std::vector<float> acc(static_cast<size_t>(w4::kWarps) * acc_tiles * 32 * 4, 0.0f);
+      std::vector<float> acc(static_cast<size_t>(t.warps) * acc_tiles * 32 * 4, 0.0f);
       auto ACC = [&](int warp, int tile, int lane, int e) -> float& {
         return acc[static_cast<size_t>(((warp * acc_tiles + tile) * 32 + lane) * 4 + e)];
       };
-      for (int warp = 0; warp < w4::kWarps; ++warp) {
+      for (int warp = 0; warp < t.warps; ++warp) {
         const int wn = warp % t.warps_n, wk = warp / t.warps_n;
         const int64_t nb = nb0 + wn;
         const w4::Range steps = w4::split_range(slice_k / 32, t.warps_k, wk);
@@ -225,24 +278,22 @@ EmuResult emulate_v4(const std::vector<uint16_t>& x, int M, const Int4Weight& w,
 
         // The ring as the lanes of this warp see it (same schedule in every lane): the block each slot holds and
         // the cp.async group each block was committed in. Group 0 is the staging group.
-        std::array<int, w4::kStages> slot_block;
-        slot_block.fill(-1);
+        std::vector<int> slot_block(static_cast<size_t>(ring), -1);
         std::vector<int> group_of(static_cast<size_t>(n_steps), -1);
         int committed = 1;
         auto issue = [&](int block, int slot) {
           if (block >= n_steps) return;
-          EXPECT_EQ(slot, block % w4::kStages);
+          EXPECT_EQ(slot, block % ring);
           group_of[static_cast<size_t>(block)] = committed;
           slot_block[static_cast<size_t>(slot)] = block;
         };
-        for (int p = 0; p < w4::kPairStages - 1; ++p) {
+        for (int p = 0; p < pairs - 1; ++p) {
           issue(2 * p, 2 * p);
           issue(2 * p + 1, 2 * p + 1);
           ++committed;
         }
-        // wait_group<kPairStages - 1>: all but the newest kPairStages - 1 groups are complete; staging (group 0)
-        // must be.
-        EXPECT_GT(committed - (w4::kPairStages - 1), 0);
+        // wait_group<pairs - 1>: all but the newest pairs - 1 groups are complete; staging (group 0) must be.
+        EXPECT_GT(committed - (pairs - 1), 0);
 
         std::vector<float> part(static_cast<size_t>(acc_tiles) * 32 * 4, 0.0f);
         std::vector<float> corr(static_cast<size_t>(corr_tiles) * 32 * 4, 0.0f);
@@ -268,23 +319,35 @@ EmuResult emulate_v4(const std::vector<uint16_t>& x, int M, const Int4Weight& w,
               words[lane][wi] = packed[static_cast<size_t>(w4::packed_word_index(nb, kb0 + i, K / 32, lane, wi))];
           const int64_t k_local = (steps.begin + i) * 32;
           if (swap) {
-            int64_t addr[32];
-            for (int lane = 0; lane < 32; ++lane) addr[lane] = w4::xb_frag_offset(lane, k_local, pitch, rows);
-            uint32_t xb[32][4];
-            emu_ldmatrix(a_s, addr, 4, xb);
+            uint32_t xb[2][32][4];
+            for (int mt = 0; mt < swap_tiles; ++mt) {
+              int64_t addr[32];
+              for (int lane = 0; lane < 32; ++lane) addr[lane] = w4::xb_frag_offset(lane, k_local, pitch, rows, mt);
+              emu_ldmatrix(a_s, addr, 4, xb[mt]);
+            }
             for (int ks = 0; ks < 2; ++ks) {
-              uint32_t b[32][2];
-              for (int lane = 0; lane < 32; ++lane) {
-                b[lane][0] = xb[lane][2 * ks];
-                b[lane][1] = xb[lane][2 * ks + 1];
+              uint32_t b[2][32][2];
+              for (int mt = 0; mt < swap_tiles; ++mt) {
+                for (int lane = 0; lane < 32; ++lane) {
+                  b[mt][lane][0] = xb[mt][lane][2 * ks];
+                  b[mt][lane][1] = xb[mt][lane][2 * ks + 1];
+                }
               }
               for (int np = 0; np < 2; ++np) {
                 uint32_t a[32][4];
                 for (int lane = 0; lane < 32; ++lane)
                   for (int r = 0; r < 4; ++r) a[lane][r] = emu_biased(words[lane][2 * ks + np], 4 * w4::v4_slot(true, r));
-                mma_into(part, np, a, b);
+                for (int mt = 0; mt < swap_tiles; ++mt) mma_into(part, mt * 2 + np, a, b[mt]);
               }
-              mma_into(corr, 0, k136, b);
+              if (swap_tiles == 1) {
+                mma_into(corr, 0, k136, b[0]);
+              } else {
+                uint32_t xa[32][4];  // the activations as the A fragment of their 16-row tile
+                for (int lane = 0; lane < 32; ++lane)
+                  for (int r = 0; r < 4; ++r)
+                    xa[lane][r] = xb[w4::swap16_a_tile(r)][lane][2 * ks + w4::swap16_a_breg(r)];
+                mma_into(corr, 0, xa, b136);
+              }
             }
           } else {
             for (int ks = 0; ks < 2; ++ks) {
@@ -348,12 +411,27 @@ EmuResult emulate_v4(const std::vector<uint16_t>& x, int M, const Int4Weight& w,
                   std::memcpy(&sc[tile], &bits, 4);
                 }
               }
-              for (int np = 0; np < 2; ++np)
+              // The offsets: in place with one tile; with two, from the lane the kernel's shuffle reads.
+              float off[2][4];
+              for (int mt = 0; mt < swap_tiles; ++mt) {
                 for (int e = 0; e < 4; ++e) {
-                  const float d = part[static_cast<size_t>((np * 32 + lane) * 4 + e)] -
-                                  corr[static_cast<size_t>(lane * 4 + e)];
-                  ACC(warp, np, lane, e) = std::fma(d, sc[2 * np + (e >> 1)], ACC(warp, np, lane, e));
+                  if (swap_tiles == 1) {
+                    off[mt][e] = corr[static_cast<size_t>(lane * 4 + e)];
+                  } else if (e < 2) {
+                    off[mt][e] = corr[static_cast<size_t>(w4::swap16_corr_src_lane(lane, e) * 4 +
+                                                          w4::swap16_corr_src_elem(mt))];
+                  } else {
+                    off[mt][e] = off[mt][e & 1];
+                  }
                 }
+              }
+              for (int mt = 0; mt < swap_tiles; ++mt)
+                for (int np = 0; np < 2; ++np)
+                  for (int e = 0; e < 4; ++e) {
+                    const int j = mt * 2 + np;
+                    const float d = part[static_cast<size_t>((j * 32 + lane) * 4 + e)] - off[mt][e];
+                    ACC(warp, j, lane, e) = std::fma(d, sc[2 * np + (e >> 1)], ACC(warp, j, lane, e));
+                  }
             } else {
               const int64_t so = w4::s_frag_offset(wn, gl, sgm, lane & 3);
               for (int mt = 0; mt < MT; ++mt)
@@ -370,23 +448,23 @@ EmuResult emulate_v4(const std::vector<uint16_t>& x, int M, const Int4Weight& w,
           std::fill(corr.begin(), corr.end(), 0.0f);
         };
 
-        int fetch = 2 * (w4::kPairStages - 1);
+        int fetch = 2 * (pairs - 1);
         for (int i0 = 0; i0 < n_steps; i0 += 2) {
           // The slots about to be refilled must hold blocks this warp has consumed already (or nothing).
           for (int j = 0; j < 2; ++j) {
-            const int held = slot_block[static_cast<size_t>((fetch + j) & (w4::kStages - 1))];
+            const int held = slot_block[static_cast<size_t>((fetch + j) & (ring - 1))];
             EXPECT_TRUE(held < i0) << "slot of block " << held << " refilled before it was read (i0 " << i0 << ")";
           }
-          issue(fetch, fetch & (w4::kStages - 1));
-          issue(fetch + 1, (fetch & (w4::kStages - 1)) + 1);
+          issue(fetch, fetch & (ring - 1));
+          issue(fetch + 1, (fetch & (ring - 1)) + 1);
           ++committed;
           fetch += 2;
-          // wait_group<kPairStages - 1>: groups older than the newest kPairStages - 1 are complete.
-          const int complete_below = committed - (w4::kPairStages - 1);
+          // wait_group<pairs - 1>: groups older than the newest pairs - 1 are complete.
+          const int complete_below = committed - (pairs - 1);
           const bool has1 = i0 + 1 < n_steps;
           for (int b = i0; b <= i0 + (has1 ? 1 : 0); ++b) {
             EXPECT_LT(group_of[static_cast<size_t>(b)], complete_below) << "block " << b << " read before it landed";
-            EXPECT_EQ(slot_block[static_cast<size_t>(((i0 & (w4::kStages - 1)) + (b - i0)))], b)
+            EXPECT_EQ(slot_block[static_cast<size_t>(((i0 & (ring - 1)) + (b - i0)))], b)
                 << "slot read for block " << b << " holds another block";
           }
           mma_block(i0);
@@ -415,9 +493,11 @@ EmuResult emulate_v4(const std::vector<uint16_t>& x, int M, const Int4Weight& w,
         };
         for (int lane = 0; lane < 32; ++lane) {
           if (swap) {
-            for (int np = 0; np < 2; ++np)
-              for (int e = 0; e < 4; ++e)
-                store(w4::swap_c_m(lane, e), (nb0 + wn) * 32 + w4::swap_c_n(lane, np, e), ACC(wn, np, lane, e));
+            for (int mt = 0; mt < swap_tiles; ++mt)
+              for (int np = 0; np < 2; ++np)
+                for (int e = 0; e < 4; ++e)
+                  store(8 * mt + w4::swap_c_m(lane, e), (nb0 + wn) * 32 + w4::swap_c_n(lane, np, e),
+                        ACC(wn, mt * 2 + np, lane, e));
           } else {
             for (int mt = 0; mt < MT; ++mt)
               for (int tile = 0; tile < 4; ++tile)
@@ -440,33 +520,45 @@ EmuResult emulate_v4(const std::vector<uint16_t>& x, int M, const Int4Weight& w,
   return res;
 }
 
+void check_emulation(TilingCase c, uint32_t seed) {
+  c.t.variant = w4::Variant::v4;
+  SCOPED_TRACE(testing::Message() << c.why << ": M " << c.M << " N " << c.N << " K " << c.K << " group " << c.group
+                                  << " warps " << c.t.warps << " stages " << c.t.stages << " warps_n "
+                                  << c.t.warps_n << " splits " << c.t.splits << " rows8 " << c.t.rows8
+                                  << " swap16 " << c.t.swap16);
+  const Int4Weight w = random_weight(c.N, c.K, c.group, c.st, seed);
+  const std::vector<uint16_t> x = random_x(c.M, c.K, seed + 1);
+  std::vector<float> abs_dot;
+  const std::vector<float> ref = formats::gemm_w4a16_reference(x, c.M, w, &abs_dot);
+  const std::vector<double> off = offset_dot(x, c.M, w);
+  const EmuResult got = emulate_v4(x, c.M, w, c.t);
+  double err2 = 0.0, ref2 = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_EQ(got.writes[i], 1) << "output " << i << " written " << got.writes[i] << " times";
+    const double bound = error_bound(w4::Variant::v4, ref[i], abs_dot[i], off[i]);
+    ASSERT_LE(std::fabs(got.y[i] - ref[i]), bound) << "output " << i << " got " << got.y[i] << " ref " << ref[i];
+    err2 += (got.y[i] - ref[i]) * (got.y[i] - ref[i]);
+    ref2 += static_cast<double>(ref[i]) * ref[i];
+  }
+  ASSERT_GT(ref2, 0.0);
+  EXPECT_LE(std::sqrt(err2 / ref2), kRelL2Tol);
+  if (c.t.splits > 1)
+    for (int pw : got.partial_writes) ASSERT_EQ(pw, 1);
+}
+
 TEST(W4A16V4Emulation, KernelMatchesReferenceForExplicitTilings) {
   uint32_t seed = 300;
-  for (TilingCase c : tiling_cases()) {
-    c.t.variant = w4::Variant::v4;
-    SCOPED_TRACE(testing::Message() << c.why << ": M " << c.M << " N " << c.N << " K " << c.K << " group " << c.group
-                                    << " warps_n " << c.t.warps_n << " splits " << c.t.splits << " rows8 "
-                                    << c.t.rows8);
-    const Int4Weight w = random_weight(c.N, c.K, c.group, c.st, ++seed);
-    const std::vector<uint16_t> x = random_x(c.M, c.K, ++seed);
-    std::vector<float> abs_dot;
-    const std::vector<float> ref = formats::gemm_w4a16_reference(x, c.M, w, &abs_dot);
-    const std::vector<double> off = offset_dot(x, c.M, w);
-    const EmuResult got = emulate_v4(x, c.M, w, c.t);
-    double err2 = 0.0, ref2 = 0.0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      ASSERT_EQ(got.writes[i], 1) << "output " << i << " written " << got.writes[i] << " times";
-      const double bound = error_bound(w4::Variant::v4, ref[i], abs_dot[i], off[i]);
-      ASSERT_LE(std::fabs(got.y[i] - ref[i]), bound) << "output " << i << " got " << got.y[i] << " ref " << ref[i];
-      err2 += (got.y[i] - ref[i]) * (got.y[i] - ref[i]);
-      ref2 += static_cast<double>(ref[i]) * ref[i];
-    }
-    ASSERT_GT(ref2, 0.0);
-    EXPECT_LE(std::sqrt(err2 / ref2), kRelL2Tol);
-    if (c.t.splits > 1)
-      for (int pw : got.partial_writes) ASSERT_EQ(pw, 1);
-  }
+  for (const TilingCase& c : tiling_cases()) check_emulation(c, seed += 2);
 }
+
+// The same for the other compiled (warps, stages) shapes and the swapped two-tile path (M = 9..16).
+TEST(W4A16V4Emulation, KernelMatchesReferenceForV4Configs) {
+  uint32_t seed = 700;
+  const std::vector<TilingCase> cases = v4_config_cases();
+  ASSERT_FALSE(cases.empty());
+  for (const TilingCase& c : cases) check_emulation(c, seed += 2);
+}
+
 
 // The offset removal is what v4 adds: without it every output would be off by about 136 s sum(x), far outside the
 // bound, so the emulation (and the GPU test with the same bound) can tell a missing or misplaced correction.

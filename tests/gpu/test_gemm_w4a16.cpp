@@ -91,8 +91,18 @@ void check_output(const std::vector<uint16_t>& y, const std::vector<float>& ref,
   EXPECT_LE(std::sqrt(err2 / ref2), kRelL2Tol);
 }
 
-// Both variants on the library's tiling for this shape, each against the twin; the public launcher must give
-// exactly the output of the variant it selects (gemm_w4a16_variant_for, which honours FT_W4A16_VARIANT).
+// The tiling of `config` for a shape (variant v4; V4Config{} is the default tiling, on which v2 can run too).
+w4::Tiling config_tiling(int M, const UploadedWeight& uw, const w4::V4Config& config) {
+  w4::Tiling t;
+  EXPECT_EQ(cuda::gemm_w4a16_plan_config(M, static_cast<int>(uw.w.rows), static_cast<int>(uw.w.cols),
+                                         static_cast<int>(uw.w.group), uw.w.spec.scale_type, config, &t),
+            cudaSuccess);
+  return t;
+}
+
+// The library's tiling for this shape (gemm_w4a16_plan: its variant, and the environment's v4 config if any) and
+// the other variant on the default tiling, each against the twin; the public launcher must give exactly the
+// output of the tiling it plans. Correct under any FT_W4A16_* environment, so the suite can be rerun with one.
 void check_against_twin(const UploadedWeight& uw, int M, uint32_t seed) {
   const int N = static_cast<int>(uw.w.rows), K = static_cast<int>(uw.w.cols);
   SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K << " group " << uw.w.group << " scales "
@@ -101,18 +111,40 @@ void check_against_twin(const UploadedWeight& uw, int M, uint32_t seed) {
   std::vector<float> abs_dot;
   const std::vector<float> ref = formats::gemm_w4a16_reference(x, M, uw.w, &abs_dot);
   const std::vector<double> off = offset_dot(x, M, uw.w);
-  w4::Tiling t;
-  ASSERT_EQ(cuda::gemm_w4a16_plan(M, N, K, static_cast<int>(uw.w.group), uw.w.spec.scale_type, &t), cudaSuccess);
-  const Variant chosen = t.variant;
-  std::vector<uint16_t> y_chosen;
-  for (Variant v : {Variant::v2, Variant::v4}) {
-    t.variant = v;
-    const std::vector<uint16_t> y = run_gemm(uw, x, M, &t);
-    check_output(y, ref, abs_dot, off, N, v);
-    if (v == chosen) y_chosen = y;
+  w4::Tiling lib;
+  ASSERT_EQ(cuda::gemm_w4a16_plan(M, N, K, static_cast<int>(uw.w.group), uw.w.spec.scale_type, &lib), cudaSuccess);
+  const std::vector<uint16_t> y_lib = run_gemm(uw, x, M, &lib);
+  check_output(y_lib, ref, abs_dot, off, N, lib.variant);
+  w4::Tiling other = config_tiling(M, uw, w4::V4Config{});
+  other.variant = lib.variant == Variant::v4 ? Variant::v2 : Variant::v4;
+  check_output(run_gemm(uw, x, M, &other), ref, abs_dot, off, N, other.variant);
+  EXPECT_EQ(run_gemm(uw, x, M), y_lib) << "gemm_w4a16 differs from the tiling it plans (" << name(lib.variant)
+                                       << ")";
+}
+
+// Every sweep configuration (w4a16::v4_sweep_configs) past the default on the tiling the heuristic gives it,
+// against the twin with the v4 bound; swap16 configs only where they change the path (M = 9..16).
+void check_configs_against_twin(const UploadedWeight& uw, const std::vector<int>& Ms, uint32_t seed) {
+  const int N = static_cast<int>(uw.w.rows), K = static_cast<int>(uw.w.cols);
+  for (int M : Ms) {
+    SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K << " group " << uw.w.group << " scales "
+                                    << (uw.w.spec.scale_type == ScaleType::F16 ? "fp16" : "bf16"));
+    const std::vector<uint16_t> x = random_x(M, K, ++seed);
+    std::vector<float> abs_dot;
+    const std::vector<float> ref = formats::gemm_w4a16_reference(x, M, uw.w, &abs_dot);
+    const std::vector<double> off = offset_dot(x, M, uw.w);
+    const std::vector<w4::NamedV4Config> configs = w4::v4_sweep_configs();
+    for (size_t i = 1; i < configs.size(); ++i) {
+      if (configs[i].config.swap16 && (M < 9 || M > 16)) continue;
+      const w4::Tiling t = config_tiling(M, uw, configs[i].config);
+      SCOPED_TRACE(testing::Message() << configs[i].name << ": warps " << t.warps << " stages " << t.stages
+                                      << " warps_n " << t.warps_n << " splits " << t.splits << " swap16 "
+                                      << t.swap16);
+      ASSERT_EQ(t.warps, M <= 16 ? configs[i].config.warps : w4::kWarps);
+      ASSERT_EQ(t.swap16, configs[i].config.swap16 && M >= 9 && M <= 16);
+      check_output(run_gemm(uw, x, M, &t), ref, abs_dot, off, N, Variant::v4);
+    }
   }
-  EXPECT_EQ(run_gemm(uw, x, M), y_chosen) << "gemm_w4a16 differs from the variant it selects (" << name(chosen)
-                                          << ")";
 }
 
 // v4 decode sizes (1 .. 16: swapped up to 8, one 16-row tile above) and the m-tile edges; both variants each.
@@ -187,16 +219,59 @@ TEST(GemmW4A16Gpu, ExplicitTilingsBothVariants) {
   }
 }
 
+// The explicit tilings on the other compiled (warps, stages) shapes and the swapped two-tile path (v4, M <= 16):
+// idle warps in 16-warp CTAs, ring wrap-around at 32 slots, warp ranges inside groups, uneven split-K.
+TEST(GemmW4A16Gpu, ExplicitTilingsV4Configs) {
+  FT_REQUIRE_CUDA_DEVICE();
+  uint32_t seed = 3500;
+  for (const test::w4a16::TilingCase& c : test::w4a16::v4_config_cases()) {
+    SCOPED_TRACE(testing::Message() << c.why << ": M " << c.M << " N " << c.N << " K " << c.K << " group " << c.group
+                                    << " warps " << c.t.warps << " stages " << c.t.stages << " warps_n "
+                                    << c.t.warps_n << " splits " << c.t.splits << " swap16 " << c.t.swap16);
+    const UploadedWeight uw(random_weight(c.N, c.K, c.group, c.st, ++seed));
+    const std::vector<uint16_t> x = random_x(c.M, c.K, ++seed);
+    std::vector<float> abs_dot;
+    const std::vector<float> ref = formats::gemm_w4a16_reference(x, c.M, uw.w, &abs_dot);
+    const std::vector<double> off = offset_dot(x, c.M, uw.w);
+    check_output(run_gemm(uw, x, c.M, &c.t), ref, abs_dot, off, c.N, Variant::v4);
+  }
+}
+
+// The sweep configurations as the heuristic tiles them: decode M = 1..16 (9..16 also swapped), groups 128 / 64 /
+// 32, both scale types, odd group counts (SmolLM2 shapes with K = 576: 9 groups of 64).
+TEST(GemmW4A16Gpu, V4ConfigsAgainstTwin) {
+  FT_REQUIRE_CUDA_DEVICE();
+  std::vector<int> all_m;
+  for (int M = 1; M <= 16; ++M) all_m.push_back(M);
+  const std::vector<int> some_m = {1, 5, 8, 9, 13, 16};
+  uint32_t seed = 6000;
+  auto check = [&](int N, int K, int group, ScaleType st, const std::vector<int>& Ms) {
+    seed += 100;
+    check_configs_against_twin(UploadedWeight(random_weight(N, K, group, st, seed)), Ms, seed);
+  };
+  for (const NK& s : {NK{256, 256}, NK{768, 4096}}) check(s.N, s.K, 128, ScaleType::BF16, all_m);
+  for (const NK& s : {NK{4096, 4096}, NK{6144, 4096}, NK{4096, 14336}}) check(s.N, s.K, 128, ScaleType::BF16, some_m);
+  for (int group : {64, 32}) {
+    for (ScaleType st : {ScaleType::BF16, ScaleType::F16}) {
+      check(768, 4096, group, st, some_m);
+      for (const NK& s : {NK{960, 576}, NK{576, 1536}}) check(s.N, s.K, group, st, all_m);
+    }
+  }
+}
+
 TEST(GemmW4A16Gpu, DeterministicAcrossRuns) {
   FT_REQUIRE_CUDA_DEVICE();
   const UploadedWeight uw(random_weight(4096, 4096, 128, ScaleType::BF16, 77));
-  for (int M : {1, 8, 16, 64}) {
+  for (int M : {1, 8, 12, 16, 64}) {
     const std::vector<uint16_t> x = random_x(M, 4096, 78 + M);
-    w4::Tiling t;
-    ASSERT_EQ(cuda::gemm_w4a16_plan(M, 4096, 4096, 128, ScaleType::BF16, &t), cudaSuccess);
+    w4::Tiling t = config_tiling(M, uw, w4::V4Config{});
     for (Variant v : {Variant::v2, Variant::v4}) {
       t.variant = v;
       EXPECT_EQ(run_gemm(uw, x, M, &t), run_gemm(uw, x, M, &t)) << "M " << M << " " << name(v);
+    }
+    for (const w4::NamedV4Config& c : w4::v4_sweep_configs()) {
+      const w4::Tiling tc = config_tiling(M, uw, c.config);
+      EXPECT_EQ(run_gemm(uw, x, M, &tc), run_gemm(uw, x, M, &tc)) << "M " << M << " " << c.name;
     }
   }
 }
@@ -239,6 +314,21 @@ TEST(GemmW4A16Gpu, RejectedCallsLeaveTheOutputUntouched) {
   bad.splits = 65;
   EXPECT_EQ(call_tiling(bad), cudaErrorInvalidValue);
   EXPECT_NE(std::string(cuda::gemm_w4a16_last_error()).find("splits"), std::string::npos);
+  // Configurations the kernels are not compiled for, or that the variant / M do not allow.
+  bad = t;
+  bad.warps = 16;
+  bad.warps_k = 16 / bad.warps_n;
+  bad.variant = Variant::v2;
+  EXPECT_EQ(call_tiling(bad), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cuda::gemm_w4a16_last_error()).find("need variant v4"), std::string::npos);
+  bad = t;
+  bad.stages = 64;
+  EXPECT_EQ(call_tiling(bad), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cuda::gemm_w4a16_last_error()).find("not a compiled kernel shape"), std::string::npos);
+  bad = t;
+  bad.swap16 = true;  // M = 4
+  EXPECT_EQ(call_tiling(bad), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cuda::gemm_w4a16_last_error()).find("swap16"), std::string::npos);
   bad = t;
   bad.splits = t.splits + 1;  // more partials than the workspace holds
   if (w4::workspace_bytes_for(bad, M, N) > static_cast<int64_t>(ws_bytes)) {
@@ -326,6 +416,151 @@ TEST(GemmW4A16Host, HeuristicTilingsAreLaunchable) {
   const w4::Tiling t = w4::choose_tiling(1, 28672, 4096, 128, h200);
   EXPECT_GE(int64_t{28672} / (32 * t.warps_n) * t.splits, h200.sm_count)
       << w4::describe_tiling(t, 1, 28672, 4096, 128, h200);
+}
+
+// Every sweep configuration gives launchable v4 tilings with its own (warps, stages, swap16) for M <= 16, and the
+// default tiling above that; the default configuration is the default tiling.
+TEST(GemmW4A16Host, V4ConfigTilingsAreLaunchable) {
+  const w4::DeviceLimits h200;
+  const std::vector<NK> shapes = {{256, 256},    {768, 4096},   {4096, 4096},  {6144, 4096},  {4096, 14336},
+                                  {28672, 4096}, {10240, 8192}, {8192, 8192},  {57344, 8192}, {8192, 28672},
+                                  {32, 128},     {96, 4096},    {960, 576},    {576, 1536}};
+  for (const w4::NamedV4Config& c : w4::v4_sweep_configs()) {
+    for (const NK& s : shapes) {
+      for (int group : {32, 64, 128}) {
+        for (int M = 1; M <= 24; ++M) {
+          if (cuda::gemm_w4a16_can_implement(M, s.N, s.K, group, ScaleType::BF16, nullptr) != cudaSuccess) continue;
+          w4::Tiling t = w4::choose_tiling(M, s.N, s.K, group, h200, c.config);
+          t.variant = Variant::v4;
+          SCOPED_TRACE(testing::Message() << c.name << ": " << w4::describe_tiling(t, M, s.N, s.K, group, h200));
+          if (M > 16) {
+            w4::Tiling d = w4::choose_tiling(M, s.N, s.K, group, h200);
+            d.variant = Variant::v4;
+            ASSERT_EQ(t, d) << "a config must not change M > 16";
+            continue;
+          }
+          std::string why;
+          ASSERT_TRUE(w4::tiling_is_valid(t, M, s.N, s.K, group, h200, &why)) << why;
+          ASSERT_EQ(t.warps, c.config.warps);
+          ASSERT_EQ(t.stages, c.config.stages);
+          ASSERT_EQ(t.swap16, c.config.swap16 && M >= 9);
+          ASSERT_EQ(t.warps_n * t.warps_k, t.warps);
+        }
+      }
+    }
+  }
+  // The default configuration is the library's tiling of old, shape for shape.
+  for (const NK& s : shapes)
+    for (int M = 1; M <= 64; ++M)
+      if (cuda::gemm_w4a16_can_implement(M, s.N, s.K, 128, ScaleType::BF16, nullptr) == cudaSuccess)
+        ASSERT_EQ(w4::choose_tiling(M, s.N, s.K, 128, h200, w4::V4Config{}), w4::choose_tiling(M, s.N, s.K, 128, h200));
+  ASSERT_EQ(w4::v4_sweep_configs().front().config, w4::V4Config{});
+}
+
+// ctas_per_sm and splits do what they say where the shape allows it.
+TEST(GemmW4A16Host, V4ConfigOccupancyAndSplits) {
+  const w4::DeviceLimits h200;
+  struct Big {
+    int N, K;
+  };
+  for (const Big& s : {Big{6144, 4096}, Big{4096, 4096}, Big{28672, 4096}, Big{4096, 14336}, Big{10240, 8192},
+                       Big{57344, 8192}}) {
+    for (int M : {1, 4, 8}) {
+      for (int ctas : {1, 2, 3}) {
+        w4::V4Config c;
+        c.ctas_per_sm = ctas;
+        const w4::Tiling t = w4::choose_tiling(M, s.N, s.K, 128, h200, c);
+        SCOPED_TRACE(w4::describe_tiling(t, M, s.N, s.K, 128, h200));
+        const int64_t smem = w4::smem_layout(t, s.K, 128).total;
+        EXPECT_GE(h200.smem_per_sm / (smem + 1024), ctas) << "ctas_per_sm = " << ctas;
+        EXPECT_GE(int64_t{s.N} / (32 * t.warps_n) * t.splits, int64_t{ctas} * h200.sm_count) << ctas;
+      }
+    }
+  }
+  for (int splits : {1, 2, 5, 16}) {
+    w4::V4Config c;
+    c.splits = splits;
+    EXPECT_EQ(w4::choose_tiling(1, 4096, 14336, 128, h200, c).splits, splits);
+  }
+  w4::V4Config c;
+  c.splits = 64;  // K = 512 has 4 groups of 128: clamped
+  EXPECT_LE(w4::choose_tiling(1, 256, 512, 128, h200, c).splits, 4);
+}
+
+TEST(GemmW4A16Host, V4ConfigRejections) {
+  const w4::DeviceLimits h200;
+  w4::Tiling t = w4::choose_tiling(12, 4096, 4096, 128, h200);
+  t.variant = Variant::v4;
+  ASSERT_TRUE(w4::tiling_is_valid(t, 12, 4096, 4096, 128, h200, nullptr));
+  struct Bad {
+    w4::Tiling t;
+    int M;
+    const char* needle;
+  };
+  std::vector<Bad> bad(6, Bad{t, 12, ""});
+  bad[0].t.stages = 64, bad[0].needle = "not a compiled kernel shape";
+  bad[1].t.warps = 4, bad[1].t.warps_k = 4 / t.warps_n, bad[1].needle = "not a compiled kernel shape";
+  bad[2].t.warps = 16, bad[2].t.warps_k = 16 / t.warps_n, bad[2].t.variant = Variant::v2, bad[2].needle = "need variant v4";
+  bad[3].t.swap16 = true, bad[3].t.variant = Variant::v2, bad[3].needle = "swap16";
+  bad[4].t = w4::choose_tiling(8, 4096, 4096, 128, h200), bad[4].t.variant = Variant::v4, bad[4].t.swap16 = true,
+  bad[4].M = 8, bad[4].needle = "swap16";
+  bad[5].t.warps = 16, bad[5].needle = "warps_n * warps_k must be warps = 16";  // warps_k not scaled
+  for (const Bad& b : bad) {
+    std::string why;
+    EXPECT_FALSE(w4::tiling_is_valid(b.t, b.M, 4096, 4096, 128, h200, &why)) << b.needle;
+    EXPECT_NE(why.find(b.needle), std::string::npos) << "'" << why << "' lacks '" << b.needle << "'";
+  }
+  // M > 16 runs the default shape only, v4 included.
+  w4::Tiling big = w4::choose_tiling(17, 4096, 4096, 128, h200);
+  big.variant = Variant::v4;
+  big.stages = 32;
+  std::string why;
+  EXPECT_FALSE(w4::tiling_is_valid(big, 17, 4096, 4096, 128, h200, &why));
+  EXPECT_NE(why.find("M <= 16"), std::string::npos) << why;
+  big.stages = w4::kStages;
+  big.swap16 = true;
+  EXPECT_FALSE(w4::tiling_is_valid(big, 17, 4096, 4096, 128, h200, &why));
+  EXPECT_NE(why.find("swap16"), std::string::npos) << why;
+}
+
+// parse_v4_config on a fake environment.
+std::vector<std::pair<std::string, std::string>> g_fake_env;
+const char* fake_getenv(const char* name) {
+  for (const auto& [k, v] : g_fake_env)
+    if (k == name) return v.c_str();
+  return nullptr;
+}
+
+TEST(GemmW4A16Host, V4ConfigFromEnvironment) {
+  std::string warnings;
+  g_fake_env = {};
+  EXPECT_EQ(w4::parse_v4_config(fake_getenv, &warnings), w4::V4Config{});
+  EXPECT_TRUE(warnings.empty()) << warnings;
+
+  g_fake_env = {{"FT_W4A16_V4_WARPS", "16"}, {"FT_W4A16_V4_CTAS_PER_SM", "1"}, {"FT_W4A16_SPLITK", "4"},
+                {"FT_W4A16_SWAP16", "1"}};
+  w4::V4Config c = w4::parse_v4_config(fake_getenv, &warnings);
+  EXPECT_TRUE(warnings.empty()) << warnings;
+  EXPECT_EQ(c.warps, 16);
+  EXPECT_EQ(c.stages, w4::kStages);
+  EXPECT_EQ(c.ctas_per_sm, 1);
+  EXPECT_EQ(c.splits, 4);
+  EXPECT_TRUE(c.swap16);
+
+  g_fake_env = {{"FT_W4A16_V4_STAGES", "32"}};
+  c = w4::parse_v4_config(fake_getenv, &warnings);
+  EXPECT_EQ(c.stages, 32);
+  EXPECT_EQ(c.warps, w4::kWarps);
+
+  // Not compiled, out of range, not a number: each ignored with a sentence naming the variable.
+  g_fake_env = {{"FT_W4A16_V4_WARPS", "12"}, {"FT_W4A16_SPLITK", "65"}, {"FT_W4A16_V4_CTAS_PER_SM", "two"},
+                {"FT_W4A16_SWAP16", "yes"}};
+  c = w4::parse_v4_config(fake_getenv, &warnings);
+  EXPECT_EQ(c, w4::V4Config{});
+  for (const char* needle : {"FT_W4A16_V4_WARPS", "FT_W4A16_SPLITK=65", "FT_W4A16_V4_CTAS_PER_SM=two",
+                             "FT_W4A16_SWAP16=yes"})
+    EXPECT_NE(warnings.find(needle), std::string::npos) << "'" << warnings << "' lacks '" << needle << "'";
+  g_fake_env = {};
 }
 
 }  // namespace

@@ -1,0 +1,50 @@
+// Kernel instances of the W4A16 GEMM's v4 variant, one translation unit per compiled (warps, stages) shape
+// (gemm_w4a16_v4_w8s16.cu, gemm_w4a16_v4_w8s32.cu, gemm_w4a16_v4_w16s16.cu): every instance is a fully unrolled
+// kernel, so spreading them over files lets them compile in parallel and keeps a rebuild to the files that change.
+#pragma once
+
+#include "cuda/gemm_w4a16_v4.cuh"
+
+namespace futransformer::cuda::w4a16 {
+
+using KernelFn = void (*)(KernelArgs);
+
+// The instance for a v4 tiling of shape (kCtaWarps, kRing): the swapped paths (rows8, swap16), the 16-row path with
+// t.m_tiles tiles. Non-default shapes serve M <= 16 only (one m tile): nullptr for more.
+template <int kCtaWarps, int kRing, bool kF16>
+KernelFn v4_kernel_for_scales(const Tiling& t) {
+  if (t.rows8) return gemm_w4a16_v4_kernel<1, 1, kF16, kCtaWarps, kRing>;
+  if (t.swap16) return gemm_w4a16_v4_kernel<1, 2, kF16, kCtaWarps, kRing>;
+  if constexpr (kCtaWarps == kWarps && kRing == kStages) {
+    switch (t.m_tiles) {
+      case 1: return gemm_w4a16_v4_kernel<1, 0, kF16>;
+      case 2: return gemm_w4a16_v4_kernel<2, 0, kF16>;
+      case 3: return gemm_w4a16_v4_kernel<3, 0, kF16>;
+      default: return gemm_w4a16_v4_kernel<4, 0, kF16>;
+    }
+  } else {
+    return t.m_tiles == 1 ? gemm_w4a16_v4_kernel<1, 0, kF16, kCtaWarps, kRing> : nullptr;
+  }
+}
+
+template <int kCtaWarps, int kRing>
+KernelFn v4_kernel(const Tiling& t, bool f16_scales) {
+  return f16_scales ? v4_kernel_for_scales<kCtaWarps, kRing, true>(t) : v4_kernel_for_scales<kCtaWarps, kRing, false>(t);
+}
+
+// Defined (explicitly instantiated) in the per-shape files; other translation units only call them.
+extern template KernelFn v4_kernel<8, 16>(const Tiling&, bool);
+extern template KernelFn v4_kernel<8, 32>(const Tiling&, bool);
+extern template KernelFn v4_kernel<16, 16>(const Tiling&, bool);
+static_assert(sizeof(kV4KernelShapes) / sizeof(kV4KernelShapes[0]) == 3,
+              "every compiled shape needs its file and an extern declaration here");
+
+// The instance for any v4 tiling, nullptr when its shape is not compiled.
+inline KernelFn v4_kernel_any(const Tiling& t, bool f16_scales) {
+  if (t.warps == 8 && t.stages == 16) return v4_kernel<8, 16>(t, f16_scales);
+  if (t.warps == 8 && t.stages == 32) return v4_kernel<8, 32>(t, f16_scales);
+  if (t.warps == 16 && t.stages == 16) return v4_kernel<16, 16>(t, f16_scales);
+  return nullptr;
+}
+
+}  // namespace futransformer::cuda::w4a16

@@ -1,6 +1,6 @@
 // Prefill attention over the paged KV cache: the work decomposition (query tiles, key blocks, causal limits), the
 // shared-memory layout of one key block and every thread -> fragment index map of the kernel. One plain C++ header
-// shared by the kernel (src/cuda/attention_prefill.cuh) and the CPU test (tests/cpu/test_attention_prefill_layout.cpp),
+// shared by the kernel (src/cuda/attention_prefill.cuh) and the CPU test (tests/cpu/test_attention_prefill_emulation.cpp),
 // so the two cannot drift apart. docs/kernels.md ("Prefill attention") explains the design.
 //
 // mma.sync.m16n8k16 fragments (PTX ISA), lane = 4 g + t, lower index in the low 16 bits:

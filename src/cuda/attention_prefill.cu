@@ -1,0 +1,130 @@
+// Host side of the paged prefill attention: shape checks, kernel instance dispatch and the launch.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "cuda/attention_prefill.cuh"
+#include "cuda/launch_status.h"
+#include "futransformer/cuda/attention_prefill.h"
+
+namespace futransformer::cuda {
+namespace {
+
+using formats::KvFormat;
+
+thread_local std::string g_last_error;
+
+bool is_int4(KvFormat f) { return f == KvFormat::INT4 || f == KvFormat::INT4_HADAMARD; }
+
+using PrefillFn = void (*)(prefill::PrefillArgs);
+
+template <bool kInt4, int kD>
+constexpr int smem_bytes() {
+  return prefill::Layout<kInt4, kD>::kSmemBytes;
+}
+
+PrefillFn pick(bool int4, int head_dim, int* smem) {
+  if (int4) {
+    *smem = head_dim == 128 ? smem_bytes<true, 128>() : smem_bytes<true, 64>();
+    return head_dim == 128 ? prefill::attention_prefill_kernel<true, 128> : prefill::attention_prefill_kernel<true, 64>;
+  }
+  *smem = head_dim == 128 ? smem_bytes<false, 128>() : smem_bytes<false, 64>();
+  return head_dim == 128 ? prefill::attention_prefill_kernel<false, 128> : prefill::attention_prefill_kernel<false, 64>;
+}
+
+}  // namespace
+
+cudaError_t attention_prefill_can_implement(KvFormat format, int rows, int n_chunks, int n_heads, int n_kv_heads,
+                                            int head_dim, int max_pages_per_seq, int max_chunk_rows,
+                                            std::string* why) {
+  using std::to_string;
+  if (format != KvFormat::BF16 && !is_int4(format))
+    return reject(why, std::string("attention_prefill: KV format ") + formats::kv_format_name(format) +
+                           " is not supported (expected bf16, int4 or int4-hadamard)");
+  if (head_dim != 64 && head_dim != 128)
+    return reject(why,
+                  "attention_prefill: head_dim = " + to_string(head_dim) + " is not supported (expected 64 or 128)");
+  if (n_kv_heads < 1 || n_kv_heads > kAttentionPrefillMaxGrid)
+    return reject(why, "attention_prefill: n_kv_heads = " + to_string(n_kv_heads) + ", expected 1.." +
+                           to_string(kAttentionPrefillMaxGrid));
+  if (n_heads < 1 || n_heads % n_kv_heads != 0 || n_heads / n_kv_heads > kAttentionPrefillMaxGqa)
+    return reject(why, "attention_prefill: n_heads = " + to_string(n_heads) + " with n_kv_heads = " +
+                           to_string(n_kv_heads) + ", expected a multiple of n_kv_heads with at most " +
+                           to_string(kAttentionPrefillMaxGqa) + " query heads per KV head");
+  if (rows < 0 || rows > kAttentionPrefillMaxRows)
+    return reject(why, "attention_prefill: rows = " + to_string(rows) + ", expected 0.." +
+                           to_string(kAttentionPrefillMaxRows));
+  if (n_chunks < 0 || n_chunks > kAttentionPrefillMaxGrid)
+    return reject(why, "attention_prefill: n_chunks = " + to_string(n_chunks) + ", expected 0.." +
+                           to_string(kAttentionPrefillMaxGrid));
+  if (max_chunk_rows < 0 || max_chunk_rows > rows)
+    return reject(why, "attention_prefill: max_chunk_rows = " + to_string(max_chunk_rows) + ", expected 0.." +
+                           to_string(rows) + " (rows)");
+  if (max_pages_per_seq < 1 || max_pages_per_seq > kAttentionPrefillMaxTokens / prefill::kBlockTokens)
+    return reject(why, "attention_prefill: max_pages_per_seq = " + to_string(max_pages_per_seq) + ", expected 1.." +
+                           to_string(kAttentionPrefillMaxTokens / prefill::kBlockTokens));
+  if (why) why->clear();
+  return cudaSuccess;
+}
+
+const char* attention_prefill_last_error() { return g_last_error.c_str(); }
+
+cudaError_t attention_prefill(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_pool,
+                              const int32_t* block_table, const int32_t* chunk_first_row,
+                              const int32_t* chunk_start_pos, __nv_bfloat16* out, int rows, int n_chunks, int n_heads,
+                              int n_kv_heads, int head_dim, int max_pages_per_seq, int max_chunk_rows,
+                              cudaStream_t stream) {
+  g_last_error.clear();
+  if (attention_prefill_can_implement(format, rows, n_chunks, n_heads, n_kv_heads, head_dim, max_pages_per_seq,
+                                      max_chunk_rows, &g_last_error) != cudaSuccess)
+    return cudaErrorInvalidValue;
+  if (rows == 0 || n_chunks == 0 || max_chunk_rows == 0) return cudaSuccess;  // nothing to compute
+  if (!q || !kv_pool || !block_table || !chunk_first_row || !chunk_start_pos || !out || !aligned(q, 4) ||
+      !aligned(out, 4) || !aligned(kv_pool, 16) || !aligned(block_table, 4) || !aligned(chunk_first_row, 4) ||
+      !aligned(chunk_start_pos, 4)) {
+    return reject(&g_last_error,
+                  "attention_prefill: q, kv_pool, block_table, chunk_first_row, chunk_start_pos and out must be "
+                  "non-null; kv_pool 16-byte aligned, q, out and the int32 arrays 4-byte aligned");
+  }
+  const int gqa = n_heads / n_kv_heads;
+  int smem = 0;
+  const PrefillFn kernel = pick(is_int4(format), head_dim, &smem);
+  const int tiles = prefill::tiles_for_rows(max_chunk_rows, gqa);
+  if (print_heuristics()) {
+    std::fprintf(stderr,
+                 "attention_prefill: %s head_dim %d, %d/%d heads, %d chunks of <= %d rows: grid %d x %d x %d CTAs "
+                 "of %d threads (64 query vectors each), %d bytes of shared memory\n",
+                 formats::kv_format_name(format), head_dim, n_heads, n_kv_heads, n_chunks, max_chunk_rows, tiles,
+                 n_kv_heads, n_chunks, prefill::kThreads, smem);
+  }
+  if (smem > 48 * 1024) {
+    // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
+    if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        e != cudaSuccess)
+      return e;
+  }
+  const prefill::PrefillArgs args{q,
+                                  kv_pool,
+                                  block_table,
+                                  chunk_first_row,
+                                  chunk_start_pos,
+                                  out,
+                                  rows,
+                                  n_heads,
+                                  n_kv_heads,
+                                  gqa,
+                                  max_pages_per_seq,
+                                  max_chunk_rows,
+                                  static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim)))};
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(n_kv_heads), static_cast<unsigned>(n_chunks));
+  cfg.blockDim = dim3(prefill::kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  return cudaLaunchKernelEx(&cfg, kernel, args);
+}
+
+}  // namespace futransformer::cuda

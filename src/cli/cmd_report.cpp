@@ -340,7 +340,7 @@ Built ReportRun::build(const PrecisionRecipe& recipe, Backend backend) {
     std::unique_ptr<CudaEngine> e;
     if (report_.synthetic)
       e = make_synthetic_cuda_engine(model_.config, int4(recipe) ? recipe.int4.group_size : 0, o);
-    else if (int4(recipe))
+    else if (int4(recipe) || recipe.head == HeadFormat::Int4)
       e = make_cuda_engine(factory_->quantised(recipe), o);
     else
       e = make_cuda_engine(model_, o);
@@ -357,7 +357,7 @@ Built ReportRun::build(const PrecisionRecipe& recipe, Backend backend) {
   // A synthetic model on the CPU: random weights made in host memory once; INT4 recipes round them to nearest
   // (GPTQ would calibrate on meaningless outputs; the latency is the same).
   if (model_.tensors.empty()) model_ = synthetic_host_model(a_.synthetic);
-  if (recipe.weights == WeightFormat::Full) {
+  if (!recipe.quantises_weights()) {
     b.engine = make_reference_engine(model_, quant::reference_options(recipe, max_len_));
     return b;
   }

@@ -322,8 +322,8 @@ class CliQuantizeHead : public ::testing::Test {
 
 TEST_F(CliQuantizeHead, HeadFlagWritesAnInt4HeadThatInfoAndGenerateRead) {
   const std::string out = test::scratch_dir("q260k-head");
-  const test::CliResult r =
-      test::run_cli("quantize -q --model " + model() + " --out " + out + " --weights int4-rtn --group-size ch --head int4");
+  const test::CliResult r = test::run_cli("quantize -q --model " + model() + " --out " + out +
+                                          " --weights int4-rtn --group-size ch --head int4");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("int4-rtn-gch+head-int4"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("+ INT4 LM head"), std::string::npos) << r.out;

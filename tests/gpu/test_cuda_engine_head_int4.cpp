@@ -38,6 +38,9 @@ using namespace futransformer;
 
 constexpr double kMaxLogitsRelL2 = 1e-2;
 constexpr int kGreedySteps = 64;
+// With FP8 prefill, test_cuda_engine_fp8.cpp's bound: an occasional FP8 code flipped by a differently rounded BF16
+// input (one E4M3 step is 2^-3 relative) moves the prompt's cache and logits more than reassociation alone.
+constexpr double kFp8MaxLogitsRelL2 = 2e-2;
 
 double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
   double num = 0, den = 0;
@@ -83,8 +86,9 @@ bool all_bf16_values(const std::vector<float>& v) {
   return true;
 }
 
-// A prompt, then greedy steps, each engine fed its own choice: tokens equal, logits within kMaxLogitsRelL2.
-void expect_same_greedy(Engine& gpu, Engine& ref, const std::vector<int32_t>& prompt, int steps, int32_t seq = 0) {
+// A prompt, then greedy steps, each engine fed its own choice: tokens equal, logits within max_rel_l2.
+void expect_same_greedy(Engine& gpu, Engine& ref, const std::vector<int32_t>& prompt, int steps, int32_t seq = 0,
+                        double max_rel_l2 = kMaxLogitsRelL2) {
   const SequenceChunk first{seq, prompt};
   std::vector<float> lg = gpu.forward(std::span(&first, 1))[0];
   std::vector<float> lr = ref.forward(std::span(&first, 1))[0];
@@ -101,7 +105,7 @@ void expect_same_greedy(Engine& gpu, Engine& ref, const std::vector<int32_t>& pr
   }
   std::printf("INT4 head: %zu-token prompt + %d greedy steps: max logits rel L2 vs reference %.5f\n", prompt.size(),
               steps, max_err);
-  EXPECT_LE(max_err, kMaxLogitsRelL2);
+  EXPECT_LE(max_err, max_rel_l2);
   EXPECT_EQ(gpu.sequence_length(seq), static_cast<int64_t>(prompt.size()) + steps);
 }
 
@@ -260,9 +264,9 @@ TEST(CudaEngineInt4HeadModels, Fp8PrefillWithInt4HeadMatchesTheTwin) {
   const std::vector<float> lr = ref->forward(std::span(&prompt, 1), true)[0];
   const double err = rel_l2(lg, lr);
   std::printf("FP8 prefill + INT4 head: prompt logits (37 positions) rel L2 vs twin %.5f\n", err);
-  EXPECT_LE(err, 2e-2);  // the FP8-prefill tests' bound (an occasional flipped FP8 code)
+  EXPECT_LE(err, kFp8MaxLogitsRelL2);
   EXPECT_TRUE(all_bf16_values(lg));
-  expect_same_greedy(*gpu, *ref, test::random_token_ids(9, s.vocab, rng), 32, 1);
+  expect_same_greedy(*gpu, *ref, test::random_token_ids(9, s.vocab, rng), 32, 1, kFp8MaxLogitsRelL2);
 }
 
 // A synthetic engine with a random INT4 head (the bench's rows): runs, holds exactly the INT4 head's bytes more than

@@ -2,9 +2,12 @@
 // GPU memory): INT4 weights (group 128, W4A16) + a paged KV cache at a given context, batch 1/8/32, each step one
 // CUDA graph replay; a "block" row is a one-layer model with a 256-token vocabulary. Reports graph time (CUDA
 // events around the replay), host step time (forward_greedy wall clock: metadata upload + replay + id download),
-// tokens/s, and the memory roofline: bytes every step must read (INT4 weights + scales, BF16 LM head, norms, the
-// cache of every sequence) over the measured copy bandwidth.
+// tokens/s, and the memory roofline: bytes every step must read (INT4 weights + scales, the LM head, norms, the
+// cache of every sequence) over the measured copy bandwidth. Step rows run once per LM head of --heads: bf16 (tied
+// to the BF16 embedding, cuBLAS) and int4 (head-int4: its own INT4 copy, group 128, BF16 scales, W4A16 GEMM), each
+// int4 row with its ratio to the bf16 row of the same shape and batch, measured in the same process.
 //   bench_decode_step [--json PATH] [--iters N] [--context C] [--kv bf16|int4|int4-hadamard] [--configs a,b]
+//                     [--batches 1,8,32] [--heads bf16,int4]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +20,7 @@
 #include "futransformer/cuda_engine.h"
 #include "futransformer/formats/kv_cache.h"
 #include "futransformer/io/synthetic.h"
+#include "futransformer/recipe.h"
 
 using namespace futransformer;
 
@@ -24,13 +28,15 @@ namespace {
 
 struct Row {
   std::string shape;  // "llama-3.1-8b step" / "llama-3.1-8b block"
+  std::string head;   // "bf16" / "int4"
   int batch = 0, context = 0, layers = 0;
   double graph_us = 0, graph_p90_us = 0, host_us = 0, bytes = 0, roofline_us = 0;
 };
 
-// Bytes one decode step must read: every projection's INT4 codes + F16 group scales, the BF16 LM head (vocab ×
-// hidden, read once), norms, one embedding row per sequence, and each sequence's whole cache (K and V, all layers).
-double step_bytes(const ModelConfig& c, int group, int batch, int context, formats::KvFormat kv, bool with_head) {
+// Bytes one decode step must read: every projection's INT4 codes + F16 group scales, the LM head (vocab × hidden,
+// read once: BF16, or INT4 codes + BF16 group scales over the vocabulary padded to the W4A16 GEMM's 32 rows), norms,
+// one embedding row per sequence, and each sequence's whole cache (K and V, all layers).
+double step_bytes(const ModelConfig& c, int group, int batch, int context, formats::KvFormat kv, bool int4_head) {
   const double h = static_cast<double>(c.hidden_size), inter = static_cast<double>(c.intermediate_size);
   const double q = static_cast<double>(c.num_attention_heads * c.head_dim);
   const double kvw = static_cast<double>(c.num_key_value_heads * c.head_dim);
@@ -40,7 +46,11 @@ double step_bytes(const ModelConfig& c, int group, int batch, int context, forma
   const double cache = static_cast<double>(batch) * context * static_cast<double>(c.num_key_value_heads) *
                        static_cast<double>(layout.bytes_per_token());
   double b = static_cast<double>(c.num_hidden_layers) * (per_layer + cache);
-  if (with_head) b += static_cast<double>(c.vocab_size) * h * 2 + h * 4 + batch * h * 2;
+  const double head_rows = static_cast<double>((c.vocab_size + 31) / 32 * 32);
+  const double head_group = static_cast<double>(head_int4_spec(c.hidden_size, "bench").group_size);
+  const double head = int4_head ? head_rows * h * 0.5 + head_rows * (h / head_group) * 2
+                                : static_cast<double>(c.vocab_size) * h * 2;
+  b += head + h * 4 + batch * h * 2;
   return b;
 }
 
@@ -48,6 +58,7 @@ double step_bytes(const ModelConfig& c, int group, int batch, int context, forma
 
 int main(int argc, char** argv) {
   std::string json_path, kv_name = "int4-hadamard", configs = "llama-3.1-8b,llama-3.1-70b", batches = "1,8,32";
+  std::string heads = "bf16,int4";
   int iters = 50, context = 1024;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -57,11 +68,20 @@ int main(int argc, char** argv) {
     else if (a == "--kv" && i + 1 < argc) kv_name = argv[++i];
     else if (a == "--configs" && i + 1 < argc) configs = argv[++i];
     else if (a == "--batches" && i + 1 < argc) batches = argv[++i];
+    else if (a == "--heads" && i + 1 < argc) heads = argv[++i];
     else {
       std::fprintf(stderr, "usage: %s [--json PATH] [--iters N] [--context C] [--kv bf16|int4|int4-hadamard] "
-                           "[--configs llama-3.1-8b,llama-3.1-70b] [--batches 1,8,32]\n", argv[0]);
+                           "[--configs llama-3.1-8b,llama-3.1-70b] [--batches 1,8,32] [--heads bf16,int4]\n", argv[0]);
       return 2;
     }
+  }
+  std::vector<bool> int4_heads;
+  for (const std::string& hd : bench::split_list(heads)) {
+    if (hd != "bf16" && hd != "int4") {
+      std::fprintf(stderr, "bench_decode_step: --heads takes bf16 and/or int4, got '%s'\n", hd.c_str());
+      return 2;
+    }
+    int4_heads.push_back(hd == "int4");
   }
   constexpr int kGroup = 128;
   try {
@@ -76,8 +96,12 @@ int main(int argc, char** argv) {
     const int max_batch = *std::max_element(bs.begin(), bs.end());
 
     std::vector<Row> rows;
+    // (block, INT4 head): the step once per head; the block (256-token vocabulary) with the BF16 head only.
+    std::vector<std::pair<bool, bool>> variants;
+    for (const bool int4_head : int4_heads) variants.emplace_back(false, int4_head);
+    variants.emplace_back(true, false);
     for (const std::string& name : bench::split_list(configs)) {
-      for (const bool block : {false, true}) {
+      for (const auto& [block, int4_head] : variants) {
         ModelConfig c = synthetic_config(name);
         // One decoder block: a single layer with a 256-token vocabulary, so the embedding and head add ~1 µs of
         // their own instead of the real head's 1 GB (8B) read.
@@ -90,6 +114,7 @@ int main(int argc, char** argv) {
         o.max_sequences = max_batch;
         o.max_sequence_length = context + 8;
         o.max_batch_tokens = 64;
+        o.synthetic_int4_head = int4_head;
         std::unique_ptr<CudaEngine> e = make_synthetic_cuda_engine(c, kGroup, o);
         std::printf("%s%s: %s | GPU memory %.2f GB\n", name.c_str(), block ? " (1 layer)" : "", e->description().c_str(),
                     e->memory().total() / 1e9);
@@ -113,24 +138,36 @@ int main(int argc, char** argv) {
           for (const SequenceChunk& sc : batch) e->reset(sc.seq_id);
           Row r;
           r.shape = name + (block ? " block" : " step");
+          r.head = int4_head ? "int4" : "bf16";
           r.batch = b;
           r.context = context;
           r.layers = static_cast<int>(c.num_hidden_layers);
           r.graph_us = t.median_us;
           r.graph_p90_us = t.p90_us;
           r.host_us = bench::median(host);
-          r.bytes = step_bytes(c, kGroup, b, context, kv, true);
+          r.bytes = step_bytes(c, kGroup, b, context, kv, int4_head);
           r.roofline_us = r.bytes / (copy_tbps * 1e12) * 1e6;
           rows.push_back(r);
         }
       }
     }
-    std::printf("\n| shape | layers | batch | context | graph µs (median) | p90 | host step µs | tok/s | bytes (MB) | "
-                "roofline µs | × roofline |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (const Row& r : rows)
-      std::printf("| %s | %d | %d | %d | %.1f | %.1f | %.1f | %.0f | %.1f | %.1f | %.2f |\n", r.shape.c_str(), r.layers,
-                  r.batch, r.context, r.graph_us, r.graph_p90_us, r.host_us, r.batch / (r.host_us * 1e-6),
-                  r.bytes / 1e6, r.roofline_us, r.graph_us / r.roofline_us);
+    // The BF16-head row of the same shape and batch (the baseline of an INT4-head row), or null.
+    auto bf16_twin = [&](const Row& r) -> const Row* {
+      for (const Row& o : rows)
+        if (o.head == "bf16" && o.shape == r.shape && o.batch == r.batch) return &o;
+      return nullptr;
+    };
+    std::printf("\n| shape | LM head | layers | batch | context | graph µs (median) | p90 | host step µs | tok/s | "
+                "bytes (MB) | roofline µs | × roofline | graph × bf16 head |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const Row& r : rows) {
+      const Row* base = r.head == "int4" ? bf16_twin(r) : nullptr;
+      char ratio[32] = "-";
+      if (base) std::snprintf(ratio, sizeof ratio, "%.3f", r.graph_us / base->graph_us);
+      std::printf("| %s | %s | %d | %d | %d | %.1f | %.1f | %.1f | %.0f | %.1f | %.1f | %.2f | %s |\n", r.shape.c_str(),
+                  r.head.c_str(), r.layers, r.batch, r.context, r.graph_us, r.graph_p90_us, r.host_us,
+                  r.batch / (r.host_us * 1e-6), r.bytes / 1e6, r.roofline_us, r.graph_us / r.roofline_us, ratio);
+    }
     const int sm_now = bench::report_sm_clock_after_runs(d.dev);
     if (!json_path.empty()) {
       auto extra = [&](FILE* f) {
@@ -139,10 +176,11 @@ int main(int argc, char** argv) {
       auto row = [&](FILE* f, size_t i) {
         const Row& r = rows[i];
         std::fprintf(f,
-                     "    {\"shape\": \"%s\", \"layers\": %d, \"batch\": %d, \"context\": %d, \"graph_us\": %.2f, "
-                     "\"graph_p90_us\": %.2f, \"host_step_us\": %.2f, \"bytes\": %.0f, \"roofline_us\": %.2f}",
-                     r.shape.c_str(), r.layers, r.batch, r.context, r.graph_us, r.graph_p90_us, r.host_us, r.bytes,
-                     r.roofline_us);
+                     "    {\"shape\": \"%s\", \"lm_head\": \"%s\", \"layers\": %d, \"batch\": %d, \"context\": %d, "
+                     "\"graph_us\": %.2f, \"graph_p90_us\": %.2f, \"host_step_us\": %.2f, \"bytes\": %.0f, "
+                     "\"roofline_us\": %.2f}",
+                     r.shape.c_str(), r.head.c_str(), r.layers, r.batch, r.context, r.graph_us, r.graph_p90_us,
+                     r.host_us, r.bytes, r.roofline_us);
       };
       if (!bench::write_json(json_path, "decode_step", d, sm_now, copy_tbps, extra, rows.size(), row)) return 1;
     }

@@ -8,6 +8,8 @@
 // cuda/kv_append.h and read by the decode attention kernels; prompt tokens attend over the cache they have just
 // written, exactly as the reference engine does. A batch whose chunks are all single tokens of existing sequences
 // (a decode step) runs as one CUDA graph per (batch size, context bucket), captured on first use and replayed.
+// A head-int4 recipe's LM head runs the W4A16 GEMM instead of cuBLAS (BF16 logits, widened to fp32 on the GPU
+// before the argmax, the sampler and the copy to the host).
 #pragma once
 
 #include <cstdint>
@@ -36,11 +38,15 @@ struct CudaEngineOptions {
   bool cuda_graphs = true;          // replay decode steps as CUDA graphs
   bool generic_attention = false;   // always use the generic attention kernel (comparisons, diagnosis)
   bool synthetic_fp8_prefill = false;  // make_synthetic_cuda_engine: also random FP8 prefill weights (FP8 prefill)
+  // make_synthetic_cuda_engine: a random INT4 LM head (head_int4_spec's group, BF16 scales) instead of one tied to
+  // the BF16 embedding. make_cuda_engine ignores it: a loaded model's recipe decides (cuda_engine_options sets it
+  // from the recipe's head part, so a report's synthetic rows follow their recipe).
+  bool synthetic_int4_head = false;
 };
 
 // Bytes the engine holds on the GPU.
 struct CudaEngineMemory {
-  int64_t weights = 0;      // projections (packed INT4 + scales, or BF16), embedding, head, norms
+  int64_t weights = 0;      // projections (packed INT4 + scales, or BF16), embedding, head (BF16 or INT4), norms
   int64_t kv_cache = 0;     // page pool of every layer (+ key anchors)
   int64_t activations = 0;  // per-pass buffers, logits
   int64_t workspace = 0;    // GEMM split-K / attention split / cuBLAS scratch
@@ -74,28 +80,32 @@ class CudaEngine : public Engine {
 // Uploads `model` with full-precision projections (BF16). Errors (before any GPU work where possible) for:
 // no usable Hopper GPU, a model the kernels cannot run, options out of range, too little GPU memory.
 std::unique_ptr<CudaEngine> make_cuda_engine(const Model& model, const CudaEngineOptions& options = {});
-// Uploads a quantised model: its INT4 projections as W4A16 weights (symmetric INT4 only), the rest as above.
-// FP8 weights belong to the FP8 prefill path (the overload below): an Error here.
+// Uploads a quantised model: its INT4 projections as W4A16 weights (symmetric INT4 only), the rest as above; with
+// head-int4 (int4 holds lm_head.weight) the LM head as a W4A16 weight too — its reference twin is the reference
+// engine with the recipe's options (act-bf16: the logits rounded to BF16 as the GEMM writes them). FP8 weights
+// belong to the FP8 prefill path (the overload below): an Error here.
 std::unique_ptr<CudaEngine> make_cuda_engine(const quant::QuantizedModel& model, const CudaEngineOptions& options = {});
 // FP8 prefill (docs/design.md "FP8 prefill"): `decode` is uploaded as above and runs every chunk of one token;
 // `prefill` (an fp8-weights recipe of the same checkpoint) adds FP8 copies of the projections, and every chunk of
 // more than one token runs its projections as FP8 × FP8 GEMMs with per-token FP8 inputs and BF16 outputs — the
 // reference twin is make_prefill_decode_reference_engine with prefill activations act-fp8-bf16 (whatever activation
 // format `prefill`'s recipe names). Embedding, norms and LM head come from `decode`. Errors, before any GPU work: a
-// prefill recipe without fp8 weights, configs or recipe KV formats that differ, or a projection group the FP8 GEMM
-// cannot run (K % 128, N % 8; the message names it) — FP8 prefill is all or nothing.
+// prefill recipe without fp8 weights, configs, recipe KV or head formats that differ, or a projection group the
+// FP8 GEMM cannot run (K % 128, N % 8; the message names it) — FP8 prefill is all or nothing.
 std::unique_ptr<CudaEngine> make_cuda_engine(const quant::QuantizedModel& decode, const quant::QuantizedModel& prefill,
                                              const CudaEngineOptions& options = {});
 
 // A synthetic model made directly in GPU memory (no file, no host copy of the weights): `config`'s shapes with
 // random INT4 projections (symmetric, group `int4_group`, F16 scales) or random BF16 projections when
-// int4_group == 0; with options.synthetic_fp8_prefill also random FP8 prefill copies (prompt chunks run FP8). For
-// latency measurements only: its outputs mean nothing.
+// int4_group == 0; with options.synthetic_fp8_prefill also random FP8 prefill copies (prompt chunks run FP8); with
+// options.synthetic_int4_head a random INT4 LM head (else the head is the BF16 embedding). For latency
+// measurements only: its outputs mean nothing.
 std::unique_ptr<CudaEngine> make_synthetic_cuda_engine(const ModelConfig& config, int64_t int4_group,
                                                        const CudaEngineOptions& options = {}, uint64_t seed = 1);
 
-// The engine options a recipe asks for: its KV format (fp32 → bf16, the narrowest the GPU keeps losslessly
-// enough; fp8 → Error). Throws Error naming the recipe for parts the CUDA engine does not run.
+// The engine options a recipe asks for: its KV format (fp32 → bf16, the narrowest the GPU keeps losslessly enough; fp8
+// → Error) and synthetic_int4_head from its head part. Throws Error naming the recipe for parts the CUDA engine does
+// not run.
 CudaEngineOptions cuda_engine_options(const PrecisionRecipe& recipe, CudaEngineOptions base = {});
 
 }  // namespace futransformer

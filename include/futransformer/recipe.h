@@ -15,8 +15,14 @@
 //                 instead (of its fp32 value; o_proj's of the BF16-rounded attention output) — exactly what the CUDA
 //                 engine's FP8 prefill passes compute (docs/design.md "FP8 prefill").
 //   KV cache:     kv-bf16 | kv-fp8 | kv-int4 | kv-int4-hadamard      (optional; fp32 otherwise)
-// e.g. "full", "fp8+act-fp8", "int4-gptq-g128+kv-int4-hadamard". name() writes weights, activations, KV in this
-// order and always names the weights. Parse errors name the part and list the choices.
+//   LM head:      head-int4                                           (optional; the checkpoint's precision otherwise)
+//                 head-int4: the LM head weight is INT4 round-to-nearest, symmetric, BF16 scales, group
+//                 head_int4_spec(hidden_size) — the projections' Int4Weight format, run by the W4A16 GEMM on the GPU
+//                 (which writes BF16 logits). A tied head gets its own quantised copy; the embedding lookup stays
+//                 full precision.
+// e.g. "full", "fp8+act-fp8", "int4-gptq-g128+kv-int4-hadamard", "int4-gptq-g128+head-int4+act-bf16". name() writes
+// weights, head, activations, KV in this order and always names the weights. Parse errors name the part and list
+// the choices.
 // Rejected combinations (each with the reason): two parts of one kind (two weight formats, act-fp8 twice, two KV
 // formats); a group size or option on fp8 ("fp8-g128"); int4 without quantiser or group ("int4", "int4-rtn").
 // Every combination of one weight format, one activation format and one KV format runs on the reference engine.
@@ -36,20 +42,36 @@ namespace futransformer {
 
 enum class WeightFormat : uint8_t { Full, Fp8, Int4Rtn, Int4Gptq };
 enum class ActivationFormat : uint8_t { Fp32, Fp8PerToken, Bf16, Fp8OverBf16 };
+enum class HeadFormat : uint8_t { Full, Int4 };
 
 struct PrecisionRecipe {
   WeightFormat weights = WeightFormat::Full;
   formats::Int4Spec int4;                       // used by the INT4 weight formats (symmetric, F16 scales by default)
   ActivationFormat activations = ActivationFormat::Fp32;
   std::optional<formats::KvFormat> kv;          // nullopt: fp32 cache
+  HeadFormat head = HeadFormat::Full;           // Int4: "head-int4" (INT4 RTN LM head, head_int4_spec)
 
   std::string name() const;                     // canonical text form (round-trips through parse)
   static PrecisionRecipe parse(std::string_view text);
-  bool is_full_precision() const { return weights == WeightFormat::Full && activations == ActivationFormat::Fp32 && !kv; }
+  bool is_full_precision() const {
+    return weights == WeightFormat::Full && activations == ActivationFormat::Fp32 && !kv && head == HeadFormat::Full;
+  }
+  // True when quantising the model changes a weight: the projections' format is not full, or the head is INT4.
+  bool quantises_weights() const { return weights != WeightFormat::Full || head != HeadFormat::Full; }
 };
 
-// Which projections a recipe quantises: every q/k/v/o/gate/up/down projection of every layer. Embeddings, norms
-// and the LM head stay in the checkpoint's precision (see docs/formats.md).
+// The tensor name of the LM head ([vocab, hidden]); a head-int4 quantisation of a tied model adds it.
+inline constexpr const char* kLmHeadTensor = "lm_head.weight";
+
+// The INT4 format of a head-int4 LM head whose input size is hidden_size: symmetric, BF16 scales (fp32's exponent
+// range, so no head row's scale underflows or overflows whatever the checkpoint's magnitudes), group the largest of
+// 128, 64, 32 that divides hidden_size — the groups the W4A16 GEMM runs. The head is always quantised round-to-
+// nearest (also under int4-gptq weights). Throws Error naming `what` when no group divides hidden_size.
+formats::Int4Spec head_int4_spec(int64_t hidden_size, const std::string& what);
+
+// Which projections a recipe's weight format quantises: every q/k/v/o/gate/up/down projection of every layer.
+// Embeddings and norms stay in the checkpoint's precision; the LM head too unless the recipe has head-int4 (see
+// docs/formats.md).
 bool is_quantised_projection(const std::string& tensor_name);
 
 }  // namespace futransformer

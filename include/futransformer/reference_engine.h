@@ -26,6 +26,12 @@ struct ReferenceOptions {
   // The KV-cache format (nullopt: fp32). Keys and values are stored as the canonical paged bytes and attention
   // reads their decoded values; for int4-hadamard queries are rotated and outputs un-rotated (formats/kv_cache.h).
   std::optional<formats::KvFormat> kv;
+  // Int4 (recipe part head-int4): the model's lm_head.weight holds the dequantised INT4 head (quant::quantize_model
+  // puts it there, for a tied model too) and the head reads it even when tie_word_embeddings says the embedding is
+  // the head; under Bf16 / Fp8OverBf16 its logits are rounded to BF16, as the CUDA engine's W4A16 GEMM writes them.
+  // The engine cannot tell dequantised values from full ones: run it on quant::quantize_model's output (or a loaded
+  // quantised checkpoint) of a head-int4 recipe. A tied model without lm_head.weight is an Error.
+  HeadFormat head = HeadFormat::Full;
 };
 
 // Validates the model (Model::validate) and copies its weights as fp32; the engine does not keep `model`.
@@ -41,7 +47,8 @@ std::unique_ptr<Engine> make_reference_engine(const Model& model, const Referenc
 // chunks (quantisations of one checkpoint share them).
 // With identical models and options it computes exactly what make_reference_engine does for the same batches.
 // Throws Error (besides make_reference_engine's reasons) when the two configs differ in anything the forward pass
-// reads (naming the field), the KV-cache formats differ, or the two options allow different sequence lengths.
+// reads (naming the field), the KV-cache formats or the LM-head formats differ, or the two options allow different
+// sequence lengths.
 std::unique_ptr<Engine> make_prefill_decode_reference_engine(const Model& prefill_model,
                                                              const ReferenceOptions& prefill_options,
                                                              const Model& decode_model,

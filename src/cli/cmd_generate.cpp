@@ -57,7 +57,7 @@ int run_generate(const GenerateArgs& a) {
   const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer_for_model(q.model, a.tokenizer);
   check(tokenizer->vocab_size() <= q.model.config.vocab_size, a.model, ": tokenizer has ", tokenizer->vocab_size(),
         " tokens but the model's vocabulary has only ", q.model.config.vocab_size);
-  if (!a.recipe.empty() && recipe.weights != WeightFormat::Full) {
+  if (!a.recipe.empty() && recipe.quantises_weights()) {
     quant::QuantizeOptions qopt;  // GPTQ with the default calibration text and settings
     qopt.recipe = recipe;
     ProgressLine progress(!a.quiet);

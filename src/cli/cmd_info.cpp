@@ -57,6 +57,11 @@ void print_quantization(const quant::QuantizedModel& q) {
               : q.recipe.activations == ActivationFormat::Fp8OverBf16 ? "fp8 per token over bf16"
                                                                    : "fp32",
               q.recipe.kv ? formats::kv_format_name(*q.recipe.kv) : "fp32");
+  if (q.recipe.head == HeadFormat::Int4) {
+    const auto it = q.int4.find(kLmHeadTensor);
+    std::printf("LM head:                  INT4 RTN, symmetric, BF16 scales, group %lld\n",
+                static_cast<long long>(it == q.int4.end() ? 0 : it->second.group));
+  }
   const auto gptq = j.find("gptq");
   if (gptq != j.end() && gptq->is_object()) {
     const nlohmann::json g = *gptq;
@@ -75,7 +80,10 @@ void print_cuda_memory(const ModelConfig& c) {
               static_cast<long long>(ctx));
   const int64_t group = eval::int4_group_for(c);
   std::vector<std::string> recipes = {"full+kv-bf16"};
-  if (group > 0) recipes.push_back("int4-gptq-g" + std::to_string(group) + "+kv-int4-hadamard");
+  if (group > 0) {
+    recipes.push_back("int4-gptq-g" + std::to_string(group) + "+kv-int4-hadamard");
+    recipes.push_back("int4-gptq-g" + std::to_string(group) + "+head-int4+kv-int4-hadamard");
+  }
   for (const std::string& name : recipes) {
     const PrecisionRecipe r = PrecisionRecipe::parse(name);
     const std::string why = eval::recipe_model_mismatch(c, r);

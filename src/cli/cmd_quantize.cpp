@@ -1,4 +1,5 @@
-// `futransformer quantize`: a model in, a quantised checkpoint directory out (GPTQ/RTN INT4 or FP8 projections).
+// `futransformer quantize`: a model in, a quantised checkpoint directory out (GPTQ/RTN INT4 or FP8 projections,
+// optionally an INT4 LM head).
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -21,6 +22,7 @@ struct QuantizeArgs {
   std::string weights = "int4-gptq";
   std::string group_size = "128";
   std::string recipe;
+  std::string head = "full";
   std::string tokenizer;
   std::string calibration;
   int64_t samples = 32;
@@ -31,10 +33,10 @@ struct QuantizeArgs {
   bool quiet = false;
 };
 
-PrecisionRecipe recipe_from_args(const QuantizeArgs& a, bool weights_given, bool group_given) {
+PrecisionRecipe recipe_from_args(const QuantizeArgs& a, bool weights_given, bool group_given, bool head_given) {
   if (!a.recipe.empty()) {
-    check(!weights_given && !group_given, "--recipe gives the weight format and group size; drop --weights and ",
-          "--group-size");
+    check(!weights_given && !group_given && !head_given, "--recipe gives the weight format, group size and head ",
+          "format (head-int4); drop --weights, --group-size and --head");
     return PrecisionRecipe::parse(a.recipe);
   }
   std::string text = a.weights;
@@ -43,12 +45,13 @@ PrecisionRecipe recipe_from_args(const QuantizeArgs& a, bool weights_given, bool
   } else {
     check(!group_given, "--group-size applies to int4 weights; fp8 has one scale per output channel");
   }
+  if (a.head == "int4") text += "+head-int4";
   return PrecisionRecipe::parse(text);
 }
 
-int run_quantize(const QuantizeArgs& a, bool weights_given, bool group_given) {
-  const PrecisionRecipe recipe = recipe_from_args(a, weights_given, group_given);
-  check(recipe.weights != WeightFormat::Full, "recipe ", recipe.name(), " quantises no weights; nothing to write");
+int run_quantize(const QuantizeArgs& a, bool weights_given, bool group_given, bool head_given) {
+  const PrecisionRecipe recipe = recipe_from_args(a, weights_given, group_given, head_given);
+  check(recipe.quantises_weights(), "recipe ", recipe.name(), " quantises no weights; nothing to write");
   const auto t0 = std::chrono::steady_clock::now();
   const Model model = load_model(a.model);
   check(model.format != "quantized", a.model, ": is already a quantised checkpoint; quantise its source model");
@@ -70,8 +73,9 @@ int run_quantize(const QuantizeArgs& a, bool weights_given, bool group_given) {
   progress.finish();
   quant::write_quantized_checkpoint(q, a.out, a.tokenizer);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("wrote %s (%s, %zu projections) in %.1f s\n", a.out.c_str(), recipe.name().c_str(),
-              q.int4.size() + q.fp8.size(), s);
+  const size_t heads = recipe.head == HeadFormat::Int4 ? 1 : 0;
+  std::printf("wrote %s (%s, %zu projections%s) in %.1f s\n", a.out.c_str(), recipe.name().c_str(),
+              q.int4.size() + q.fp8.size() - heads, heads ? " + INT4 LM head" : "", s);
   return 0;
 }
 
@@ -93,6 +97,11 @@ Command add_quantize_command(CLI::App& app) {
   sub->add_option("--recipe", args->recipe,
                   "A whole precision recipe instead of --weights/--group-size, e.g. int4-gptq-g64-asym or "
                   "fp8+act-fp8+kv-fp8 (activation and KV formats are recorded and applied when the checkpoint runs)");
+  CLI::Option* head = sub->add_option("--head", args->head,
+                                      "LM head: full (as stored) or int4 (RTN, symmetric, BF16 scales, group 128 or "
+                                      "the largest of 64, 32 dividing the hidden size; a tied head gets its own copy)")
+                          ->capture_default_str()
+                          ->check(CLI::IsMember({"full", "int4"}));
   sub->add_option("--tokenizer", args->tokenizer, "Tokenizer file, if the model has none of its own (copied along)");
   sub->add_option("--calibration", args->calibration,
                   "GPTQ calibration text (default: The Devil's Dictionary, from scripts/fetch_calibration.sh)");
@@ -109,7 +118,9 @@ Command add_quantize_command(CLI::App& app) {
   sub->add_flag("--act-order,!--no-act-order", args->act_order,
                 "GPTQ: quantise columns by descending Hessian diagonal, static groups (default on)");
   sub->add_flag("-q,--quiet", args->quiet, "No progress line on stderr");
-  return {sub, [args, weights, group] { return run_quantize(*args, weights->count() > 0, group->count() > 0); }};
+  return {sub, [args, weights, group, head] {
+            return run_quantize(*args, weights->count() > 0, group->count() > 0, head->count() > 0);
+          }};
 }
 
 }  // namespace futransformer::cli

@@ -162,10 +162,11 @@ bool int4(const PrecisionRecipe& r) {
 // chunks, so they price the FP8 prefill; the row's decode latency is the BF16 decode path's.
 bool fp8_prefill(const PrecisionRecipe& r) { return r.weights == WeightFormat::Fp8; }
 
-// The decode half of an FP8-prefill row: full weights, the row's KV cache.
+// The decode half of an FP8-prefill row: full weights, the row's KV cache and LM head.
 PrecisionRecipe decode_half(const PrecisionRecipe& r) {
   PrecisionRecipe d;
   d.kv = r.kv;
+  d.head = r.head;
   return d;
 }
 
@@ -368,8 +369,10 @@ Built ReportRun::build(const PrecisionRecipe& recipe, Backend backend) {
     if (report_.synthetic)
       e = make_synthetic_cuda_engine(model_.config, int4(recipe) ? recipe.int4.group_size : 0, o);
     else if (fp8_prefill(recipe))
-      e = make_cuda_engine(full_precision(), factory_->quantised(recipe), cuda_engine_options(decode_half(recipe), base));
-    else if (int4(recipe))
+      e = make_cuda_engine(decode_half(recipe).quantises_weights() ? factory_->quantised(decode_half(recipe))
+                                                                    : full_precision(),
+                           factory_->quantised(recipe), o);
+    else if (recipe.quantises_weights())
       e = make_cuda_engine(factory_->quantised(recipe), o);
     else
       e = make_cuda_engine(model_, o);
@@ -386,7 +389,7 @@ Built ReportRun::build(const PrecisionRecipe& recipe, Backend backend) {
   // A synthetic model on the CPU: random weights made in host memory once; INT4 recipes round them to nearest
   // (GPTQ would calibrate on meaningless outputs; the latency is the same).
   if (model_.tensors.empty()) model_ = synthetic_host_model(a_.synthetic);
-  if (recipe.weights == WeightFormat::Full) {
+  if (!recipe.quantises_weights()) {
     b.engine = make_reference_engine(model_, quant::reference_options(recipe, max_len_));
     return b;
   }

@@ -39,13 +39,13 @@ nlohmann::json recipe_engine_args_json(const RecipeEngineArgs& a) {
 }
 
 std::unique_ptr<Engine> RecipeEngineFactory::make(const PrecisionRecipe& recipe, int64_t max_sequence_length) {
-  if (recipe.weights == WeightFormat::Full)
+  if (!recipe.quantises_weights())
     return make_reference_engine(model_, quant::reference_options(recipe, max_sequence_length));
   return make_reference_engine(quantised(recipe).model, quant::reference_options(recipe, max_sequence_length));
 }
 
 const quant::QuantizedModel& RecipeEngineFactory::quantised(const PrecisionRecipe& recipe) {
-  check(recipe.weights != WeightFormat::Full, "recipe ", recipe.name(), ": full-precision weights are not quantised");
+  check(recipe.quantises_weights(), "recipe ", recipe.name(), ": full-precision weights are not quantised");
   PrecisionRecipe weights_only = recipe;
   weights_only.activations = ActivationFormat::Fp32;
   weights_only.kv.reset();

@@ -15,7 +15,8 @@ constexpr const char* kWeightChoices = "full, fp8, int4-rtn-g<G>, int4-gptq-g<G>
 constexpr const char* kGroupChoices = "g32, g64, g128 or gch (per-channel)";
 constexpr const char* kPartChoices =
     "weights: full | fp8 | int4-rtn-g<G>[-asym][-bf16] | int4-gptq-g<G>[-asym][-bf16] (G: 32, 64, 128, ch); "
-    "activations: act-fp8 | act-bf16 | act-fp8-bf16; KV cache: kv-bf16 | kv-fp8 | kv-int4 | kv-int4-hadamard";
+    "activations: act-fp8 | act-bf16 | act-fp8-bf16; KV cache: kv-bf16 | kv-fp8 | kv-int4 | kv-int4-hadamard; "
+    "LM head: head-int4";
 
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
@@ -80,6 +81,7 @@ std::string PrecisionRecipe::name() const {
     if (!int4.symmetric) s += "-asym";
     if (int4.scale_type == formats::ScaleType::BF16) s += "-bf16";
   }
+  if (head == HeadFormat::Int4) s += "+head-int4";
   if (activations == ActivationFormat::Fp8PerToken) s += "+act-fp8";
   if (activations == ActivationFormat::Bf16) s += "+act-bf16";
   if (activations == ActivationFormat::Fp8OverBf16) s += "+act-fp8-bf16";
@@ -90,7 +92,7 @@ std::string PrecisionRecipe::name() const {
 PrecisionRecipe PrecisionRecipe::parse(std::string_view text) {
   check(!text.empty(), "empty precision recipe (parts joined by '+': ", kPartChoices, ")");
   PrecisionRecipe r;
-  std::string_view weights_part, act_part, kv_part;  // the part that set each kind, for duplicate messages
+  std::string_view weights_part, act_part, kv_part, head_part;  // the part that set each kind, for duplicates
   for (const std::string_view part : split_parts(text)) {
     check(!part.empty(), "recipe '", text, "': empty part (parts are joined by a single '+')");
     auto once = [&](std::string_view& slot, const char* kind) {
@@ -124,6 +126,13 @@ PrecisionRecipe PrecisionRecipe::parse(std::string_view text) {
     } else if (part == "act-fp8-bf16") {
       once(act_part, "activation");
       r.activations = ActivationFormat::Fp8OverBf16;
+    } else if (part == "head-int4") {
+      once(head_part, "LM-head");
+      r.head = HeadFormat::Int4;
+    } else if (starts_with(part, "head-")) {
+      fail("recipe '", text, "': part '", part, "': the LM head's only low-precision format is head-int4 (INT4 RTN, ",
+           "symmetric, BF16 scales, group 128 or the largest of 64, 32 dividing the hidden size); leave the part out ",
+           "for a full-precision head");
     } else if (starts_with(part, "kv-")) {
       once(kv_part, "KV-cache");
       try {
@@ -136,6 +145,20 @@ PrecisionRecipe PrecisionRecipe::parse(std::string_view text) {
     }
   }
   return r;
+}
+
+formats::Int4Spec head_int4_spec(int64_t hidden_size, const std::string& what) {
+  formats::Int4Spec spec;
+  spec.symmetric = true;
+  spec.scale_type = formats::ScaleType::BF16;
+  for (const int64_t g : {128, 64, 32}) {
+    if (hidden_size > 0 && hidden_size % g == 0) {
+      spec.group_size = g;
+      return spec;
+    }
+  }
+  fail(what, ": head-int4 needs a group of 128, 64 or 32 columns dividing the hidden size, which is ", hidden_size,
+       "; run this model without head-int4");
 }
 
 bool is_quantised_projection(const std::string& name) {

@@ -17,6 +17,7 @@ CudaEngineOptions cuda_engine_options(const PrecisionRecipe& recipe, CudaEngineO
         "runs symmetric INT4 only");
   // No KV part means an fp32 cache on the reference engine; the GPU keeps BF16, its narrowest lossless-enough form.
   base.kv = recipe.kv.value_or(formats::KvFormat::BF16);
+  base.synthetic_int4_head = recipe.head == HeadFormat::Int4;
   return base;
 }
 

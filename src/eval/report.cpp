@@ -75,8 +75,15 @@ GpuMemoryEstimate estimate_gpu_memory(const ModelConfig& c, const PrecisionRecip
       layer += p.n * p.k * 2;  // BF16
     }
   }
-  m.weights = L * layer + (2 * L + 1) * h * 4 /* fp32 norms */ + V * h * 2 /* BF16 embedding */ +
-              (c.tie_word_embeddings ? 0 : V * h * 2) /* BF16 LM head */;
+  int64_t head = c.tie_word_embeddings ? 0 : V * h * 2;  // BF16 LM head (a tied one reads the embedding)
+  if (recipe.head == HeadFormat::Int4) {
+    // Its own INT4 copy (also when tied) + BF16 group scales, rows padded to the W4A16 GEMM's 32 (as the engine
+    // uploads it; recipe_model_mismatch says when no group fits).
+    const int64_t g = h % 32 == 0 ? head_int4_spec(h, "GPU memory estimate").group_size : 32;
+    const int64_t rows = (V + 31) / 32 * 32;
+    head = rows * h / 2 + rows * ((h + g - 1) / g) * 2;
+  }
+  m.weights = L * layer + (2 * L + 1) * h * 4 /* fp32 norms */ + V * h * 2 /* BF16 embedding */ + head;
 
   const formats::KvFormat kv = recipe.kv.value_or(formats::KvFormat::BF16);
   const formats::KvPageLayout layout = formats::kv_page_layout(kv, c.head_dim);
@@ -91,6 +98,7 @@ GpuMemoryEstimate estimate_gpu_memory(const ModelConfig& c, const PrecisionRecip
   const int64_t R = max_batch_tokens, logit_rows = std::max<int64_t>(max_sequences, 16);
   const int64_t q = c.num_attention_heads * c.head_dim, kvw = c.num_key_value_heads * c.head_dim;
   m.activations = 4 * (R * h + logit_rows * h + logit_rows * V) +
+                  (recipe.head == HeadFormat::Int4 ? 2 * logit_rows * ((V + 31) / 32 * 32) : 0) /* BF16 logits */ +
                   2 * (std::max(R, logit_rows) * h + R * (q + 2 * kvw) + 2 * R * q + R * h +
                        R * 3 * c.intermediate_size);
   return m;
@@ -113,6 +121,10 @@ std::string recipe_model_mismatch(const ModelConfig& c, const PrecisionRecipe& r
                std::to_string(p.k) + " (use -gch or a group that divides " + std::to_string(c.hidden_size) + ", " +
                std::to_string(c.num_attention_heads * c.head_dim) + " and " + std::to_string(c.intermediate_size) +
                ")";
+  }
+  if (recipe.head == HeadFormat::Int4) {
+    if (c.hidden_size % 32 != 0)
+      return "head-int4 needs a group of 128, 64 or 32 dividing the hidden size " + std::to_string(c.hidden_size);
   }
   if (recipe.kv) {
     try {

@@ -139,4 +139,18 @@ std::vector<float> int4_dequantize(const Int4Weight& q) {
   return out;
 }
 
+Int4Weight int4_pad_rows(const Int4Weight& q, int64_t rows) {
+  check(rows >= q.rows, "int4_pad_rows: ", rows, " rows is fewer than the weight's ", q.rows);
+  check(q.cols % 2 == 0 && q.group > 0 && q.cols % q.group == 0, "int4_pad_rows: a weight of ", q.cols,
+        " columns in groups of ", q.group, " is malformed");
+  Int4Weight p = q;
+  const int64_t groups = q.groups_per_row();
+  const uint8_t z = q.spec.symmetric ? 8 : 0;
+  p.rows = rows;
+  p.qweight.resize(static_cast<size_t>(rows * q.cols / 2), static_cast<uint8_t>(z | (z << 4)));
+  p.scales.resize(static_cast<size_t>(rows * groups), 0);
+  if (!q.spec.symmetric) p.zeros.resize(static_cast<size_t>(rows * groups), 0);
+  return p;
+}
+
 }  // namespace futransformer::formats

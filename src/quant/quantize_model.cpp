@@ -40,8 +40,16 @@ bool is_int4(WeightFormat w) { return w == WeightFormat::Int4Rtn || w == WeightF
 
 std::vector<int64_t> shape_of(int64_t rows, int64_t cols) { return {rows, cols}; }
 
-// Fails before any work when an INT4 group does not divide a projection's input size (naming the tensor).
+// The head-int4 head's source: lm_head.weight, or the embedding when tied (whose lookup stays full precision).
+const char* head_source_tensor(const Model& model) {
+  return model.config.tie_word_embeddings ? "model.embed_tokens.weight" : kLmHeadTensor;
+}
+
+// Fails before any work when an INT4 group does not divide a projection's input size (naming the tensor), or no
+// head-int4 group divides the hidden size.
 void check_projection_shapes(const Model& model, const PrecisionRecipe& r) {
+  if (r.head == HeadFormat::Int4)
+    head_int4_spec(model.config.hidden_size, model.source + ": LM head (" + head_source_tensor(model) + ")");
   if (!is_int4(r.weights)) return;
   for (int64_t i = 0; i < model.config.num_hidden_layers; ++i) {
     for (int j = 0; j < ref::kNumProjections; ++j) {
@@ -73,6 +81,13 @@ json base_recipe_json(const Model& model, const QuantizeOptions& o) {
                      : r.activations == ActivationFormat::Fp8OverBf16 ? "fp8-e4m3-per-token-over-bf16"
                                                                     : "fp32"},
       {"kv_cache", r.kv ? formats::kv_format_name(*r.kv) : "fp32"},
+      {"lm_head", r.head == HeadFormat::Int4 ? json{{"format", "int4-rtn"},
+                                                    {"group_size", head_int4_spec(model.config.hidden_size,
+                                                                                  model.source).group_size},
+                                                    {"symmetric", true},
+                                                    {"scale_type", "bf16"},
+                                                    {"source", head_source_tensor(model)}}
+                                             : json("as stored")},
       {"source", {{"path", model.source}, {"format", model.format}}},
       {"quantised_tensors", "every model.layers.{i}.self_attn.{q,k,v,o}_proj.weight and mlp.{gate,up,down}_proj.weight"},
   };
@@ -95,6 +110,24 @@ void record_other_tensors(const Model& model, json& tensors) {
 
 void replace_with_dequantised(Model& m, const std::string& name, int64_t rows, int64_t cols, std::vector<float> v) {
   m.tensors[name] = Tensor::from_f32(name, shape_of(rows, cols), std::move(v));
+}
+
+// head-int4: the head (lm_head.weight, or the embedding of a tied model) rounded to nearest in head_int4_spec's
+// format; its dequantised values become lm_head.weight, which a tied model did not have (its embedding stays).
+void quantise_head(const Model& source, QuantizedModel& out, const QuantizeProgress& progress) {
+  const ModelConfig& c = source.config;
+  const std::string from = head_source_tensor(source);
+  const std::string what = source.source + ": LM head (" + from + ")";
+  const formats::Int4Spec spec = head_int4_spec(c.hidden_size, what);
+  if (progress) progress("rtn lm_head", 0, 1);
+  const Tensor& t = source.get(from, {c.vocab_size, c.hidden_size});
+  formats::Int4Weight q = formats::int4_quantize_rtn(t.to_f32(), c.vocab_size, c.hidden_size, spec, what);
+  replace_with_dequantised(out.model, kLmHeadTensor, q.rows, q.cols, formats::int4_dequantize(q));
+  json record = int4_tensor_json(q, "rtn");
+  record["source"] = from;
+  out.recipe_json["tensors"][kLmHeadTensor] = std::move(record);
+  out.int4.insert_or_assign(kLmHeadTensor, std::move(q));
+  if (progress) progress("rtn lm_head", 1, 1);
 }
 
 void quantise_independently(const Model& source, QuantizedModel& out, const QuantizeProgress& progress) {
@@ -297,6 +330,7 @@ QuantizedModel quantize_model(const Model& model, const CalibrationSet& calibrat
       if (is_quantised_projection(name)) out.recipe_json["tensors"][name] = {{"format", dtype_name(t.dtype)},
                                                                              {"shape", t.shape}};
   }
+  if (options.recipe.head == HeadFormat::Int4) quantise_head(model, out, progress);
   return out;
 }
 
@@ -305,6 +339,7 @@ ReferenceOptions reference_options(const PrecisionRecipe& recipe, int64_t max_se
   o.max_sequence_length = max_sequence_length;
   o.activations = recipe.activations;
   o.kv = recipe.kv;
+  o.head = recipe.head;
   return o;
 }
 
@@ -325,7 +360,7 @@ std::unique_ptr<Engine> make_reference_engine_for_recipe(const Model& model, con
                                                          const QuantizeOptions& calibration,
                                                          int64_t max_sequence_length,
                                                          const QuantizeProgress& progress) {
-  if (recipe.weights == WeightFormat::Full)
+  if (!recipe.quantises_weights())
     return make_reference_engine(model, reference_options(recipe, max_sequence_length));
   QuantizeOptions o = calibration;
   o.recipe = recipe;

@@ -152,6 +152,8 @@ std::vector<Tensor> tensors_to_write(const QuantizedModel& q) {
           name, "' has dtype ", dtype_name(t.dtype), "; a checkpoint stores F32, F16 or BF16 tensors");
     check(!is_quantised_projection(name) || q.recipe.weights == WeightFormat::Full, q.model.source,
           ": projection '", name, "' has no packed form for recipe ", q.recipe.name());
+    check(name != kLmHeadTensor || q.recipe.head == HeadFormat::Full, q.model.source, ": '", name,
+          "' has no packed INT4 form for recipe ", q.recipe.name());
     out.push_back(t);  // shares the source's bytes
   }
   return out;
@@ -335,6 +337,15 @@ QuantizedModel load_quantized_checkpoint(const std::string& dir) {
       }
       q.model.tensors[name] = Tensor::from_f32(name, {n, k}, std::move(deq));
     }
+  }
+  if (q.recipe.head == HeadFormat::Int4) {
+    check(!file.has(kLmHeadTensor), wpath, ": tensor '", kLmHeadTensor, "' is stored unquantised but the recipe is ",
+          q.recipe.name());
+    const formats::Int4Spec spec = head_int4_spec(c.hidden_size, wpath + ": tensor '" + kLmHeadTensor + "'");
+    formats::Int4Weight w = load_int4(file, kLmHeadTensor, c.vocab_size, c.hidden_size, spec);
+    q.model.tensors[kLmHeadTensor] = Tensor::from_f32(kLmHeadTensor, {c.vocab_size, c.hidden_size},
+                                                      formats::int4_dequantize(w));
+    q.int4.emplace(kLmHeadTensor, std::move(w));
   }
   for (auto& [name, t] : file.rest()) {
     check(t.dtype == DType::F32 || t.dtype == DType::F16 || t.dtype == DType::BF16, wpath, ": tensor '", name,

@@ -115,9 +115,15 @@ RefModel::RefModel(const Model& model, const RefModelOptions& options) : config_
     layers_.push_back(std::move(l));
   }
   final_norm_ = model.get("model.norm.weight").to_f32();
-  // Tied as in HF: the head is the embedding matrix (any lm_head.weight is ignored), held once. The head keeps
-  // fp32 inputs: recipes quantise only the decoder projections.
-  if (config_.tie_word_embeddings) {
+  // Tied as in HF: the head is the embedding matrix (any lm_head.weight is ignored), held once — unless the head is
+  // INT4, whose dequantised copy is lm_head.weight (quant::quantize_model adds it for tied models). The head has no
+  // input quantiser: act-fp8 rounds only the decoder projections' inputs, and act-bf16's rounding of the head's
+  // input happens in final_logits.
+  if (options_.head == HeadFormat::Int4) {
+    check(model.has(kLmHeadTensor), model.source, ": head-int4 needs tensor '", kLmHeadTensor, "' holding the ",
+          "dequantised INT4 head (quant::quantize_model with a head-int4 recipe adds it, also for tied embeddings)");
+    lm_head_ = RefLinear::from_tensor(model.get(kLmHeadTensor, {config_.vocab_size, config_.hidden_size}));
+  } else if (config_.tie_word_embeddings) {
     lm_head_ = RefLinear(emb.name, config_.vocab_size, config_.hidden_size, embedding_);
   } else {
     lm_head_ = RefLinear::from_tensor(model.get("lm_head.weight"));
@@ -245,8 +251,11 @@ void RefModel::final_logits(const float* x, int64_t rows, float* logits) const {
   const float eps = static_cast<float>(config_.rms_norm_eps);
   std::vector<float> xn(static_cast<size_t>(rows * h));
   for (int64_t r = 0; r < rows; ++r) rmsnorm(&x[r * h], final_norm_.data(), &xn[r * h], h, eps);
-  if (bf16_exchange(options_.activations)) bf16_round(xn.data(), rows * h);
+  const bool bf16 = bf16_exchange(options_.activations);
+  if (bf16) bf16_round(xn.data(), rows * h);
   lm_head_.forward(xn.data(), rows, logits);
+  // The GPU's INT4 head is a W4A16 GEMM, which writes BF16 (the BF16 head's cuBLAS GEMM writes fp32 logits).
+  if (bf16 && options_.head == HeadFormat::Int4) bf16_round(logits, rows * config_.vocab_size);
 }
 
 }  // namespace futransformer::ref

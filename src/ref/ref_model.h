@@ -35,6 +35,7 @@ std::span<const Projection> projections_of(ProjectionInput g);
 struct RefModelOptions {
   ActivationFormat activations = ActivationFormat::Fp32;  // see ReferenceOptions::activations
   std::optional<formats::KvFormat> kv;                    // nullopt: fp32 cache
+  HeadFormat head = HeadFormat::Full;                     // see ReferenceOptions::head
 };
 
 // Where one sequence's tokens sit in a batch: rows [first_row, first_row + count) at absolute positions

@@ -46,6 +46,7 @@ ref::RefModelOptions model_options(const ReferenceOptions& o) {
   ref::RefModelOptions m;
   m.activations = o.activations;
   m.kv = o.kv;
+  m.head = o.head;
   return m;
 }
 
@@ -107,6 +108,12 @@ ReferenceEngine::ReferenceEngine(const Model& prefill_model, const ReferenceOpti
   check(prefill_options.kv == decode_options.kv, who, "the prefill options' KV-cache format (",
         kv_name(prefill_options.kv), ") differs from the decode options' (", kv_name(decode_options.kv),
         "); decode steps read the cache the prompts wrote, so both must use one format");
+  // The CUDA engine runs every chunk's head from the decode model: both must name one head format (quantisations
+  // of one checkpoint then hold the same head, RTN being deterministic).
+  check(prefill_options.head == decode_options.head, who, "the prefill options' LM head is ",
+        prefill_options.head == HeadFormat::Int4 ? "INT4 (head-int4)" : "full precision", " and the decode options' ",
+        decode_options.head == HeadFormat::Int4 ? "INT4 (head-int4)" : "full precision",
+        "; both recipes must name the same head format");
   const int64_t decode_len = resolved_max_length(decode_model, decode_options);
   check(decode_len == max_len_, who, "the prefill options allow sequences of ", max_len_,
         " tokens and the decode options ", decode_len, "; both must allow the same length");

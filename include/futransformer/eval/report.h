@@ -112,10 +112,11 @@ LatencyResult measure_latency(Engine& engine, const LatencyOptions& options, con
                               const std::function<void(int64_t, int64_t)>& progress = {});
 
 // ---------------------------------------------------------------------------------------------------------------
-// GPU memory a CUDA engine for `recipe` would hold: weights (INT4 codes + fp16 scales, or BF16; embedding and LM
-// head BF16; norms fp32), the paged KV cache for max_sequences × max_sequence_length tokens in the recipe's format
-// (the CUDA engine keeps bf16 when the recipe has none), and the per-pass activation buffers for max_batch_tokens
-// rows. The arithmetic of CudaEngineMemory, without the workspaces (the caller adds headroom).
+// GPU memory a CUDA engine for `recipe` would hold: weights (INT4 codes + fp16 scales, or BF16; embedding BF16; LM head
+// BF16, or with head-int4 its own INT4 copy + BF16 scales; norms fp32), the paged KV cache for max_sequences ×
+// max_sequence_length tokens in the recipe's format (the CUDA engine keeps bf16 when the recipe has none), and the
+// per-pass activation buffers for max_batch_tokens rows. The arithmetic of CudaEngineMemory, without the workspaces
+// (the caller adds headroom).
 struct GpuMemoryEstimate {
   int64_t weights = 0, kv_cache = 0, activations = 0;
   int64_t total() const { return weights + kv_cache + activations; }
@@ -128,7 +129,8 @@ GpuMemoryEstimate estimate_gpu_memory(const ModelConfig& config, const Precision
 int64_t fp8_prefill_copy_bytes(const ModelConfig& config);
 
 // Why `recipe` cannot run on a model of `config` on any engine ("" when it can): an INT4 group that does not divide
-// a projection's input size, or a KV format that cannot hold head_dim.
+// a projection's input size, head-int4 with no group dividing the hidden size, or a KV format that cannot hold
+// head_dim.
 std::string recipe_model_mismatch(const ModelConfig& config, const PrecisionRecipe& recipe);
 // The largest of 128, 64, 32 that divides every projection's input size; 0 if none does.
 int64_t int4_group_for(const ModelConfig& config);

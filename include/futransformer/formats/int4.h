@@ -73,5 +73,9 @@ Int4Weight int4_quantize_rtn(std::span<const float> w, int64_t rows, int64_t col
                              const std::string& tensor_name);
 // Dequantise to fp32 [N, K].
 std::vector<float> int4_dequantize(const Int4Weight& q);
+// q with zero-valued rows appended up to `rows` (>= q.rows): nibbles equal to the zero-point (8 symmetric, 0
+// asymmetric) and scale bits 0, so each new row dequantises to exact zeros. For kernels whose N must be a multiple
+// of a tile (the W4A16 GEMM's 32) running a weight whose N is not, e.g. an INT4 LM head of vocabulary 32001.
+Int4Weight int4_pad_rows(const Int4Weight& q, int64_t rows);
 
 }  // namespace futransformer::formats

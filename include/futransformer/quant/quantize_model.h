@@ -4,8 +4,10 @@
 // Weights: every q/k/v/o/gate/up/down projection (is_quantised_projection) in the recipe's format — fp8 (one fp32
 // scale per output channel), int4-rtn (round to nearest), int4-gptq (GPTQ, sequential over layers and, inside a
 // layer, over the groups q/k/v → o → gate/up → down: each group's Hessian comes from the calibration activations
-// produced by the already-quantised layers and groups before it). Embeddings, norms and the LM head are kept as
-// stored. Activation and KV formats are not weights: they are applied by the engine (reference_options()).
+// produced by the already-quantised layers and groups before it). Embeddings and norms are kept as stored; the LM
+// head too, unless the recipe has head-int4: then it is rounded to nearest in head_int4_spec's INT4 format (its
+// source the embedding when tied) and stored as lm_head.weight (dequantised) and int4["lm_head.weight"] (packed).
+// Activation and KV formats are not weights: they are applied by the engine (reference_options()).
 #pragma once
 
 #include <cstdint>
@@ -63,7 +65,8 @@ struct QuantizedModel {
   // runs); all other tensors, the tokenizer and the config as in the source.
   Model model;
   // The canonical packed forms, by projection tensor name ("model.layers.0.self_attn.q_proj.weight"): int4 for
-  // the int4 recipes, fp8 for fp8; both empty for "full" weights.
+  // the int4 recipes, fp8 for fp8; both empty for "full" weights. head-int4 adds int4["lm_head.weight"] (also for
+  // tied models, whose `model` then holds a dequantised lm_head.weight beside the embedding).
   std::map<std::string, formats::Int4Weight> int4;
   std::map<std::string, formats::Fp8Matrix> fp8;
   PrecisionRecipe recipe;
@@ -81,7 +84,7 @@ QuantizedModel quantize_model(const Model& model, const Tokenizer& tokenizer, co
 QuantizedModel quantize_model(const Model& model, const CalibrationSet& calibration, const QuantizeOptions& options,
                               const QuantizeProgress& progress = {});
 
-// The engine options that apply a recipe's activation and KV formats.
+// The engine options that apply a recipe's activation, KV and head formats.
 ReferenceOptions reference_options(const PrecisionRecipe& recipe, int64_t max_sequence_length = 0);
 // A reference engine running the quantised model with its recipe's activation and KV formats.
 std::unique_ptr<Engine> make_reference_engine(const QuantizedModel& quantized, int64_t max_sequence_length = 0);
@@ -92,7 +95,7 @@ std::unique_ptr<Engine> make_prefill_decode_reference_engine(const QuantizedMode
                                                              const QuantizedModel& decode,
                                                              int64_t max_sequence_length = 0);
 // Quantises `model` to `recipe` (calibration.recipe is ignored; its other fields drive GPTQ) and returns a
-// reference engine for it. A recipe with full weights skips quantisation.
+// reference engine for it. A recipe that quantises no weight (full weights, no head-int4) skips quantisation.
 std::unique_ptr<Engine> make_reference_engine_for_recipe(const Model& model, const Tokenizer& tokenizer,
                                                          const PrecisionRecipe& recipe,
                                                          const QuantizeOptions& calibration,

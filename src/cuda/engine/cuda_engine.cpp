@@ -20,6 +20,7 @@
 #include "futransformer/cuda/fp8_producers.h"
 #include "futransformer/cuda/fused_ops.h"
 #include "futransformer/cuda/gemm_fp8.h"
+#include "futransformer/cuda/gemm_w4a16.h"
 #include "futransformer/cuda/kv_append.h"
 #include "futransformer/cuda/sampling.h"
 #include "futransformer/dtype.h"
@@ -190,6 +191,8 @@ class CudaEngineImpl final : public CudaEngine {
   CudaEngineOptions opt_;
   int64_t max_len_ = 0, pages_per_seq_ = 0, n_pages_ = 0, logit_rows_ = 0;
   int64_t q_width_ = 0, kv_width_ = 0, qkv_width_ = 0;
+  int64_t head_cols_ = 0;  // INT4 head: the W4A16 GEMM's N, the vocabulary rounded up to its tile (row stride)
+  int64_t head_group_ = 0;  // INT4 head: its group size
   int hadamard_block_ = 0;
   bool synthetic_ = false;
   bool fused_qkv_ = false;  // qkv_rope_kv_append takes this head shape
@@ -211,6 +214,7 @@ class CudaEngineImpl final : public CudaEngine {
   DeviceArray<uint8_t> kv_pool_;      // [layers][n_pages][n_kv_heads][page_bytes]
   DeviceArray<uint16_t> anchors_;     // [layers][max_sequences][n_kv_heads][head_dim] fp16 (int4-hadamard)
   DeviceArray<float> x_, x_gather_, logits_;
+  DeviceArray<uint16_t> logits_bf16_;  // INT4 head: the W4A16 GEMM's BF16 logits [logit_rows_, head_cols_]
   DeviceArray<uint16_t> xn_, qkv_, q_, att_, delta_, gate_up_, act_;
   DeviceArray<uint8_t> fp8_codes_;  // FP8 prefill: per-token E4M3 GEMM input [rows, max K]
   DeviceArray<float> fp8_scales_;   // and its scales [rows]
@@ -313,6 +317,7 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
     << " | KV " << formats::kv_format_name(opt_.kv) << " (" << (fast_ok ? "fast" : "generic") << " attention)"
     << " | CUDA graphs " << (opt_.cuda_graphs ? "on" : "off");
   if (fp8_prefill_) d << " | FP8 prefill (" << src.prefill_recipe_name << ", FP8 E4M3 GEMMs for prompt chunks)";
+  if (lm_head_.kind() == DeviceLinear::Kind::Int4) d << " | LM head W4A16 INT4 g" << head_group_;
   description_ = d.str();
 }
 
@@ -431,7 +436,30 @@ void CudaEngineImpl::upload_weights(const WeightSource& src) {
     layers_.push_back(std::move(l));
   }
   final_norm_ = norm("model.norm.weight");
-  if (c.tie_word_embeddings || !src.model) {
+  // head-int4 (docs/design.md "INT4 LM head"): the head's own INT4 copy runs the W4A16 GEMM, its rows padded with
+  // zeros to the GEMM's N tile (vocabularies like 32001); enqueue_head widens the BF16 logits it writes to fp32.
+  const bool int4_head = src.model ? src.int4 && src.int4->count(kLmHeadTensor) : opt_.synthetic_int4_head;
+  if (int4_head) {
+    head_cols_ = (vocab + cuda::kW4A16TileN - 1) / cuda::kW4A16TileN * cuda::kW4A16TileN;
+    if (src.model) {
+      const formats::Int4Weight& w = src.int4->at(kLmHeadTensor);
+      check(w.rows == vocab && w.cols == h, "CUDA engine: the INT4 LM head is ", w.rows, " x ", w.cols,
+            ", expected vocab x hidden = ", vocab, " x ", h);
+      head_group_ = w.group;
+      formats::Int4Weight padded;  // only when the vocabulary is not a whole number of tiles (no 0.5 GB copy)
+      const formats::Int4Weight* parts[] = {&w};
+      if (w.rows != head_cols_) {
+        padded = formats::int4_pad_rows(w, head_cols_);
+        parts[0] = &padded;
+      }
+      lm_head_ = DeviceLinear::from_int4(parts, "lm_head (INT4)");
+    } else {
+      head_group_ = head_int4_spec(h, "synthetic LM head").group_size;
+      lm_head_ = DeviceLinear::synthetic_int4(head_cols_, h, head_group_, src.seed * 3000017, "lm_head (INT4)",
+                                              formats::ScaleType::BF16);
+    }
+    bytes += lm_head_.device_bytes();
+  } else if (c.tie_word_embeddings || !src.model) {
     lm_head_ = DeviceLinear::borrow_bf16(embedding_.get(), vocab, h, "lm_head (tied)");
   } else {
     lm_head_ = DeviceLinear::from_bf16(bf16_weight("lm_head.weight"), vocab, h, "lm_head.weight");
@@ -464,6 +492,8 @@ void CudaEngineImpl::allocate_buffers() {
   gate_up_.allocate(static_cast<size_t>(R * 2 * inter), "gate|up");
   act_.allocate(static_cast<size_t>(R * inter), "SwiGLU output");
   ids_.allocate(static_cast<size_t>(logit_rows_), "greedy ids");
+  if (lm_head_.kind() == DeviceLinear::Kind::Int4)
+    logits_bf16_.allocate(static_cast<size_t>(logit_rows_ * head_cols_), "INT4 LM head's BF16 logits");
   if (fp8_prefill_) {
     fp8_codes_.allocate(static_cast<size_t>(R * std::max({h, q_width_, inter})), "FP8 GEMM input codes");
     fp8_scales_.allocate(static_cast<size_t>(R), "FP8 GEMM input scales");
@@ -475,12 +505,13 @@ void CudaEngineImpl::allocate_buffers() {
   memory_.activations = static_cast<int64_t>(x_.bytes() + x_gather_.bytes() + logits_.bytes() + xn_.bytes() +
                                              qkv_.bytes() + q_.bytes() + att_.bytes() + delta_.bytes() +
                                              gate_up_.bytes() + act_.bytes() + ids_.bytes() + meta_.bytes() +
-                                             fp8_codes_.bytes() + fp8_scales_.bytes());
+                                             fp8_codes_.bytes() + fp8_scales_.bytes() + logits_bf16_.bytes());
 
   size_t gemm_ws = 0;
   for (const DeviceLayer& l : layers_) {
     for (const DeviceLinear* lin : {&l.qkv, &l.o, &l.gate_up, &l.down}) gemm_ws = std::max(gemm_ws, lin->workspace_bytes(R));
   }
+  gemm_ws = std::max(gemm_ws, lm_head_.workspace_bytes(logit_rows_));  // 0 unless the head is INT4
   gemm_ws_.allocate(gemm_ws, "W4A16 split-K workspace");
   ensure_attention_workspace(std::max(R, S), max_len_);
   ensure_attention_workspace(S, max_len_);
@@ -669,7 +700,14 @@ void CudaEngineImpl::enqueue_head(const float* x_rows, int64_t rows) {
   check_op(cuda::rmsnorm_bf16(x_rows, final_norm_.get(), bf(xn_), static_cast<int>(rows),
                               static_cast<int>(c.hidden_size), static_cast<float>(c.rms_norm_eps), stream_),
            "final RMSNorm", cuda::decoder_ops_last_error);
-  lm_head_.forward(bf(xn_), rows, logits_.get(), true, g);
+  if (lm_head_.kind() == DeviceLinear::Kind::Int4) {
+    lm_head_.forward(bf(xn_), rows, logits_bf16_.get(), false, g);
+    cuda_check(cuda::widen_rows_bf16_to_f32(bf(logits_bf16_), static_cast<int>(head_cols_), logits_.get(),
+                                            static_cast<int>(rows), static_cast<int>(c.vocab_size), stream_),
+               "INT4 LM head: BF16 logits to fp32");
+  } else {
+    lm_head_.forward(bf(xn_), rows, logits_.get(), true, g);
+  }
   check_op(cuda::argmax_rows_f32(logits_.get(), ids_.get(), static_cast<int>(rows), static_cast<int>(c.vocab_size),
                                  stream_),
            "greedy argmax", cuda::decoder_ops_last_error);
@@ -975,6 +1013,9 @@ std::unique_ptr<CudaEngine> make_cuda_engine(const quant::QuantizedModel& decode
         ") have different configs; both must be quantisations of one model");
   check(decode.recipe.kv == prefill.recipe.kv, "CUDA engine: the decode recipe ", decode.recipe.name(),
         " and the prefill recipe ", prefill.recipe.name(), " name different KV-cache formats; both share one cache");
+  check(decode.recipe.head == prefill.recipe.head, "CUDA engine: the decode recipe ", decode.recipe.name(),
+        " and the prefill recipe ", prefill.recipe.name(), " name different LM-head formats; every chunk runs the ",
+        "decode model's head, so both must have head-int4 or neither (the reference twin runs each model's own)");
   check(!prefill.fp8.empty(), prefill.model.source, ": the prefill model holds no packed FP8 weights");
   check_fp8_prefill_shapes(a);
   check_hopper();

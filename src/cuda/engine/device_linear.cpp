@@ -74,22 +74,23 @@ DeviceLinear DeviceLinear::borrow_bf16(const uint16_t* device_w, int64_t N, int6
   return l;
 }
 
-DeviceLinear DeviceLinear::synthetic_int4(int64_t N, int64_t K, int64_t group, uint64_t seed,
-                                          const std::string& name) {
-  check_w4a16_shape(N, K, group, formats::ScaleType::F16, name);
+DeviceLinear DeviceLinear::synthetic_int4(int64_t N, int64_t K, int64_t group, uint64_t seed, const std::string& name,
+                                          formats::ScaleType scale_type) {
+  check_w4a16_shape(N, K, group, scale_type, name);
   DeviceLinear l;
   l.kind_ = Kind::Int4;
   l.name_ = name;
   l.N_ = N;
   l.K_ = K;
   l.group_ = group;
-  l.scale_type_ = formats::ScaleType::F16;
+  l.scale_type_ = scale_type;
   l.packed_.allocate(static_cast<size_t>(N * K / 8), name + " (packed INT4)");
   l.scales_.allocate(static_cast<size_t>(N * (K / group)), name + " (scales)");
   // Any nibbles are valid codes; scales near 1/(8·sqrt(K)) keep each output of unit-RMS inputs near unit size.
   const float s = 0.35f / static_cast<float>(__builtin_sqrt(static_cast<double>(K)));
   cuda_check(fill_random_u32(l.packed_.get(), l.packed_.size(), seed, nullptr), name + ": fill");
-  cuda_check(fill_random_half_bits(l.scales_.get(), l.scales_.size(), 0.5f * s, 1.5f * s, false, seed + 1, nullptr),
+  cuda_check(fill_random_half_bits(l.scales_.get(), l.scales_.size(), 0.5f * s, 1.5f * s,
+                                   scale_type == formats::ScaleType::BF16, seed + 1, nullptr),
              name + ": fill scales");
   return l;
 }

@@ -42,8 +42,9 @@ class DeviceLinear {
   // (same K). Throws Error naming `name` when a part is not per-channel or gemm_fp8 cannot run the fused shape
   // (K % 128, N % 8).
   static DeviceLinear from_fp8(std::span<const formats::Fp8Matrix* const> parts, const std::string& name);
-  // Random weights generated on the device.
-  static DeviceLinear synthetic_int4(int64_t N, int64_t K, int64_t group, uint64_t seed, const std::string& name);
+  // Random weights generated on the device (INT4: F16 scales unless scale_type says BF16).
+  static DeviceLinear synthetic_int4(int64_t N, int64_t K, int64_t group, uint64_t seed, const std::string& name,
+                                     formats::ScaleType scale_type = formats::ScaleType::F16);
   static DeviceLinear synthetic_bf16(int64_t N, int64_t K, uint64_t seed, const std::string& name);
   static DeviceLinear synthetic_fp8(int64_t N, int64_t K, uint64_t seed, const std::string& name);
   // Empty reason when gemm_fp8 runs an [N, K] weight (any M), else the sentence saying why. Needs no device.

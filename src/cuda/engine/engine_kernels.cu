@@ -35,6 +35,15 @@ __global__ void rotate_heads_kernel(const __nv_bfloat16* src, int src_row_stride
   for (int j = threadIdx.x; j < head_dim; j += blockDim.x) d[j] = __float2bfloat16_rn(v[j]);
 }
 
+// blockIdx.y is the row; the columns of a row are spread over blockIdx.x × threads (coalesced 2-byte loads and
+// 4-byte stores; the whole copy is a few MB at most, one pass over the logits).
+__global__ void widen_rows_kernel(const __nv_bfloat16* src, int src_row_stride, float* dst, int cols) {
+  const __nv_bfloat16* s = src + static_cast<size_t>(blockIdx.y) * src_row_stride;
+  float* d = dst + static_cast<size_t>(blockIdx.y) * cols;
+  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+    d[c] = __bfloat162float(s[c]);
+}
+
 __device__ __forceinline__ uint32_t hash32(uint64_t seed, uint64_t i) {
   uint64_t z = seed * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -85,6 +94,17 @@ cudaError_t rotate_heads_bf16(const __nv_bfloat16* src, int src_row_stride, __nv
   const int threads = head_dim >= 256 ? 256 : (head_dim < 32 ? 32 : head_dim);
   rotate_heads_kernel<<<rows * n_heads, threads, 0, stream>>>(src, src_row_stride, dst, n_heads, head_dim, block,
                                                               scale);
+  return cudaGetLastError();
+}
+
+cudaError_t widen_rows_bf16_to_f32(const __nv_bfloat16* src, int src_row_stride, float* dst, int rows, int cols,
+                                   cudaStream_t stream) {
+  if (src == nullptr || dst == nullptr || rows < 0 || rows > 65535 || cols < 1 || src_row_stride < cols)
+    return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  const int blocks_x = (cols + kThreads - 1) / kThreads < 128 ? (cols + kThreads - 1) / kThreads : 128;
+  widen_rows_kernel<<<dim3(blocks_x, rows), kThreads, 0, stream>>>(src, src_row_stride, dst, cols);
   return cudaGetLastError();
 }
 

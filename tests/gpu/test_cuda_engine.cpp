@@ -23,6 +23,7 @@
 #include "futransformer/tokenizer.h"
 #include "gpu_test_util.h"
 #include "test_paths.h"
+#include "tiny_llama.h"
 
 namespace {
 
@@ -359,6 +360,44 @@ TEST(CudaEngine, ForwardSampleMatchesTheCpuSamplerOnTwinLogits) {
       batch[i].tokens = {ids[i]};
     }
   }
+}
+
+// profile_ops times every op of every pass and changes nothing else: the same logits as an unprofiled engine (both
+// without graphs), every layer's GEMMs counted once per pass, times positive.
+TEST(CudaEngine, OpProfileCountsEveryOpAndChangesNoResult) {
+  FT_REQUIRE_HOPPER();
+  test::TinyLlama s;
+  s.hidden = 128;
+  s.heads = 2;
+  s.kv_heads = 1;
+  s.head_dim = 64;
+  const Model model = bf16_model(test::make_tiny_llama(s, 12));
+  CudaEngineOptions plain;
+  plain.kv = formats::KvFormat::BF16;
+  plain.cuda_graphs = false;
+  CudaEngineOptions profiled = plain;
+  profiled.profile_ops = true;
+  std::unique_ptr<CudaEngine> a = make_cuda_engine(model, plain), b = make_cuda_engine(model, profiled);
+  EXPECT_TRUE(a->op_profile().empty());
+  std::mt19937 rng(4);
+  const SequenceChunk prompt{0, test::random_token_ids(40, s.vocab, rng)};
+  EXPECT_EQ(a->forward(std::span(&prompt, 1), true), b->forward(std::span(&prompt, 1), true));
+  const SequenceChunk step{0, {3}};
+  EXPECT_EQ(a->forward(std::span(&step, 1)), b->forward(std::span(&step, 1)));
+  const std::vector<CudaEngine::OpTime> ops = b->op_profile();
+  ASSERT_FALSE(ops.empty());
+  bool saw_qkv = false;
+  for (const CudaEngine::OpTime& t : ops) {
+    EXPECT_GT(t.total_us, 0.0) << t.op;
+    EXPECT_GE(t.calls, 1) << t.op;
+    if (t.op == "qkv GEMM") {
+      saw_qkv = true;
+      EXPECT_EQ(t.calls, 2 * s.layers) << "one qkv GEMM per layer and pass (prompt + step)";
+    }
+  }
+  EXPECT_TRUE(saw_qkv);
+  b->clear_op_profile();
+  EXPECT_TRUE(b->op_profile().empty());
 }
 
 TEST(CudaEngine, RejectsBadInputBeforeWork) {

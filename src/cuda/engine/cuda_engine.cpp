@@ -180,6 +180,8 @@ class CudaEngineImpl final : public CudaEngine {
   StepTiming benchmark_decode_step(std::span<const SequenceChunk> batch, int iters) override;
   void append_synthetic_context(int32_t seq_id, int64_t tokens) override;
   std::string description() const override { return description_; }
+  std::vector<OpTime> op_profile() const override;
+  void clear_op_profile() override;
 
  private:
   void upload_weights(const WeightSource& src);
@@ -195,9 +197,17 @@ class CudaEngineImpl final : public CudaEngine {
   bool fast_attention(int64_t rows, int64_t max_len) const;
   void clear_graphs();
   void check_op(cudaError_t e, const char* op, const char* (*last_error)());
+  // profile_ops: an event after each op (mark), one at the start of each pass (mark_pass_start); the events are
+  // turned into per-op times when the next pass starts or the profile is read.
+  void mark(const char* op);
+  void mark_pass_start();
+  void collect_profile() const;
 
   ModelConfig config_;
   CudaEngineOptions opt_;
+  mutable std::vector<cudaEvent_t> events_;                 // profile_ops: reused event pool
+  mutable std::vector<std::pair<const char*, size_t>> marks_;  // (op or nullptr = pass start, event index)
+  mutable std::map<std::string, OpTime> profile_;
   int64_t max_len_ = 0, pages_per_seq_ = 0, n_pages_ = 0, logit_rows_ = 0;
   int64_t q_width_ = 0, kv_width_ = 0, qkv_width_ = 0;
   int64_t head_cols_ = 0;  // INT4 head: the W4A16 GEMM's N, the vocabulary rounded up to its tile (row stride)
@@ -254,6 +264,7 @@ const __nv_bfloat16* bf(const uint16_t* p) { return reinterpret_cast<const __nv_
 CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& src, const CudaEngineOptions& options)
     : config_(config), opt_(options) {
   const ModelConfig& c = config_;
+  if (opt_.profile_ops) opt_.cuda_graphs = false;  // per-op events need plain launches
   check(opt_.max_sequence_length >= 0, "CUDA engine: max_sequence_length must be >= 0, got ",
         opt_.max_sequence_length);
   max_len_ = opt_.max_sequence_length > 0 ? opt_.max_sequence_length
@@ -344,6 +355,7 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
 CudaEngineImpl::~CudaEngineImpl() {
   if (stream_) cudaStreamSynchronize(stream_);
   clear_graphs();
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
   if (meta_host_) cudaFreeHost(meta_host_);
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -561,8 +573,62 @@ void CudaEngineImpl::ensure_attention_workspace(int64_t rows, int64_t max_len) {
 }
 
 void CudaEngineImpl::check_op(cudaError_t e, const char* op, const char* (*last_error)()) {
-  if (e == cudaSuccess) return;
+  if (e == cudaSuccess) {
+    mark(op);
+    return;
+  }
   fail("CUDA engine: ", op, ": ", e == cudaErrorInvalidValue && last_error ? last_error() : cudaGetErrorString(e));
+}
+
+void CudaEngineImpl::mark(const char* op) {
+  if (!opt_.profile_ops || marks_.empty()) return;  // only inside a pass that mark_pass_start opened
+  const size_t i = marks_.size();
+  if (i == events_.size()) {
+    cudaEvent_t e = nullptr;
+    cuda_check(cudaEventCreate(&e), "profile event");
+    events_.push_back(e);
+  }
+  cuda_check(cudaEventRecord(events_[i], stream_), "profile event");
+  marks_.emplace_back(op, i);
+}
+
+void CudaEngineImpl::mark_pass_start() {
+  if (!opt_.profile_ops) return;
+  collect_profile();
+  if (events_.empty()) {
+    cudaEvent_t e = nullptr;
+    cuda_check(cudaEventCreate(&e), "profile event");
+    events_.push_back(e);
+  }
+  cuda_check(cudaEventRecord(events_[0], stream_), "profile event");
+  marks_.emplace_back(nullptr, 0);
+}
+
+void CudaEngineImpl::collect_profile() const {
+  if (marks_.empty()) return;
+  cuda_check(cudaStreamSynchronize(stream_), "profile");
+  for (size_t k = 1; k < marks_.size(); ++k) {
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, events_[marks_[k - 1].second], events_[marks_[k].second]), "profile");
+    OpTime& t = profile_[marks_[k].first];
+    t.op = marks_[k].first;
+    ++t.calls;
+    t.total_us += 1000.0 * ms;
+  }
+  marks_.clear();
+}
+
+std::vector<CudaEngine::OpTime> CudaEngineImpl::op_profile() const {
+  collect_profile();
+  std::vector<OpTime> out;
+  for (const auto& [name, t] : profile_) out.push_back(t);
+  std::sort(out.begin(), out.end(), [](const OpTime& a, const OpTime& b) { return a.total_us > b.total_us; });
+  return out;
+}
+
+void CudaEngineImpl::clear_op_profile() {
+  collect_profile();
+  profile_.clear();
 }
 
 void CudaEngineImpl::reset(int32_t seq_id) {
@@ -604,6 +670,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
   const bool fast = fast_attention(rows, max_len);
   const size_t layer_pool = static_cast<size_t>(n_pages_ * nkv * layout_.page_bytes);
   using cuda::decoder_ops_last_error;
+  mark_pass_start();
 
   check_op(cuda::embed_rows_bf16(bf(embedding_.get()), m + ml.tokens, x_.get(), r, hh, static_cast<int>(c.vocab_size),
                                  stream_),
@@ -632,10 +699,13 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     uint16_t* anchors = anchors_.get() ? anchors_.get() + li * static_cast<size_t>(opt_.max_sequences * kv_width_)
                                        : nullptr;
     const int32_t* row_anchor = anchors ? m + ml.row_anchor : nullptr;
-    if (fp8)
+    if (fp8) {
       l.qkv8.forward_fp8(codes, scales, rows, bf(qkv_), g);
-    else
+      mark("qkv GEMM (FP8)");
+    } else {
       l.qkv.forward(bf(xn_), rows, qkv_.get(), false, g);
+      mark("qkv GEMM");
+    }
     if (fused_qkv_ && !(anchors && n_new > 0)) {
       // Decode steps and passes without new int4-hadamard sequences: RoPE, cache append and the query gather in one.
       check_op(cuda::qkv_rope_kv_append(opt_.kv, bf(qkv_), r, nh, nkv, hd, m + ml.positions, inv_freq_.get(),
@@ -663,6 +733,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
         cuda_check(cuda::rotate_heads_bf16(bf(qkv_), static_cast<int>(qkv_width_), bf(q_), r, nh, hd, hadamard_block_,
                                            stream_),
                    "query rotation");
+        mark("query rotation");
       }
     }
     if (pass_chunks_ > 0) {
@@ -686,6 +757,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       cuda_check(cuda::rotate_heads_bf16(bf(att_), static_cast<int>(q_width_), bf(att_), r, nh, hd, hadamard_block_,
                                          stream_),
                  "attention output un-rotation");
+    mark("attention output un-rotation");
     if (fp8) {
       // The o GEMM's input is the FP8 of the BF16 attention output (act-fp8-bf16's o_proj rule). The residual add and
       // the RMSNorm stay unfused here: the fused op writes BF16, and the FP8 GEMM wants the fp32 norm quantised.
@@ -693,22 +765,28 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                                        static_cast<int>(q_width_), stream_),
                "attention output to FP8", cuda::fp8_producers_last_error);
       l.o8.forward_fp8(codes, scales, rows, bf(delta_), g);
+      mark("o GEMM (FP8)");
       check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
       rmsnorm_to_fp8(l.mlp_norm.get(), "MLP RMSNorm (FP8)");
       l.gate_up8.forward_fp8(codes, scales, rows, bf(gate_up_), g);
+      mark("gate|up GEMM (FP8)");
       check_op(cuda::swiglu_fp8(bf(gate_up_), codes, scales, r, inter, stream_), "SwiGLU (FP8)",
                cuda::fp8_producers_last_error);
       l.down8.forward_fp8(codes, scales, rows, bf(delta_), g);
+      mark("down GEMM (FP8)");
       check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
       if (li + 1 < layers_.size()) rmsnorm_to_fp8(layers_[li + 1].attn_norm.get(), "attention RMSNorm (FP8)");
       continue;
     }
     l.o.forward(bf(att_), rows, delta_.get(), false, g);
+    mark("o GEMM");
     check_op(cuda::add_residual_rmsnorm_bf16(x_.get(), bf(delta_), l.mlp_norm.get(), bf(xn_), r, hh, eps, stream_),
              "residual + MLP RMSNorm", cuda::fused_ops_last_error);
     l.gate_up.forward(bf(xn_), rows, gate_up_.get(), false, g);
+    mark("gate|up GEMM");
     check_op(cuda::swiglu_bf16(bf(gate_up_), bf(act_), r, inter, stream_), "SwiGLU", decoder_ops_last_error);
     l.down.forward(bf(act_), rows, delta_.get(), false, g);
+    mark("down GEMM");
     // The last layer keeps a plain add: the head normalises only the rows it needs (possibly gathered).
     if (li + 1 < layers_.size())
       check_op(cuda::add_residual_rmsnorm_bf16(x_.get(), bf(delta_), layers_[li + 1].attn_norm.get(), bf(xn_), r, hh,
@@ -727,11 +805,14 @@ void CudaEngineImpl::enqueue_head(const float* x_rows, int64_t rows) {
            "final RMSNorm", cuda::decoder_ops_last_error);
   if (lm_head_.kind() == DeviceLinear::Kind::Int4) {
     lm_head_.forward(bf(xn_), rows, logits_bf16_.get(), false, g);
+    mark("LM head GEMM");
     cuda_check(cuda::widen_rows_bf16_to_f32(bf(logits_bf16_), static_cast<int>(head_cols_), logits_.get(),
                                             static_cast<int>(rows), static_cast<int>(c.vocab_size), stream_),
                "INT4 LM head: BF16 logits to fp32");
+    mark("INT4 LM head: BF16 logits to fp32");
   } else {
     lm_head_.forward(bf(xn_), rows, logits_.get(), true, g);
+    mark("LM head GEMM");
   }
   check_op(cuda::argmax_rows_f32(logits_.get(), ids_.get(), static_cast<int>(rows), static_cast<int>(c.vocab_size),
                                  stream_),

@@ -85,7 +85,9 @@ int main(int argc, char** argv) {
   }
   const int sm_mhz_now = report_sm_clock_after_runs(d.dev);
   if (!args.json_path.empty()) {
-    const auto extra = [&](FILE* f) { std::fprintf(f, "  \"rows_per_call\": %d,\n  \"timed_runs\": %d,\n", kRows, args.iters); };
+    const auto extra = [&](FILE* f) {
+      std::fprintf(f, "  \"rows_per_call\": %d,\n  \"timed_runs\": %d,\n", kRows, args.iters);
+    };
     const auto row = [&](FILE* f, size_t i) {
       const Row& r = rows[i];
       std::fprintf(f,

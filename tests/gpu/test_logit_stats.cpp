@@ -156,7 +156,8 @@ TEST_P(LogitStatsRandom, MatchesTwin) {
 INSTANTIATE_TEST_SUITE_P(Shapes, LogitStatsRandom,
                          ::testing::Values(Case{1, 49152, 49152}, Case{7, 49152, 49160}, Case{2048, 49152, 49152},
                                            Case{1, 128256, 128256}, Case{7, 128256, 128263}, Case{7, 61, 67},
-                                           Case{2048, 61, 64}, Case{1, 1, 1}, Case{7, 1, 5}, Case{3, 1 << 20, 1 << 20}));
+                                           Case{2048, 61, 64}, Case{1, 1, 1}, Case{7, 1, 5},
+                                           Case{3, 1 << 20, 1 << 20}));
 
 // Ties: the maximum at several indices walked by different threads (group g goes to thread g % 256), the later
 // thread holding the lower index; the first index must win, as in eval::argmax.
@@ -164,7 +165,8 @@ TEST(LogitStats, ArgmaxTiesPickFirstIndex) {
   FT_REQUIRE_CUDA_DEVICE();
   const int vocab = 49152, rows = 3;
   std::vector<float> hx = random_logits(rows, vocab, vocab, 7);
-  const int ties[rows][3] = {{4 * 300 + 1, 4 * 50 + 3, 9999}, {4 * 257 + 2, 4 * 257 + 3, 4 * 1 + 0}, {vocab - 1, 0, 17}};
+  const int ties[rows][3] = {
+      {4 * 300 + 1, 4 * 50 + 3, 9999}, {4 * 257 + 2, 4 * 257 + 3, 4 * 1 + 0}, {vocab - 1, 0, 17}};
   const int expect[rows] = {4 * 50 + 3, 4, 0};
   for (int r = 0; r < rows; ++r)
     for (int k = 0; k < 3; ++k) hx[static_cast<size_t>(r) * vocab + ties[r][k]] = 40.0f;

@@ -283,8 +283,6 @@ void ReportRun::validate_and_plan() {
     if (p.row->not_run.empty() && backend_ == Backend::Cuda) {
       try {
         cuda_engine_options(fp8_prefill(recipes[i]) ? decode_half(recipes[i]) : recipes[i]);
-        if (fp8_prefill(recipes[i]) && synthetic)
-          fail("the report's synthetic CUDA engine has no FP8 prefill copy; bench_prefill times one");
         if (synthetic && int4(recipes[i]) && recipes[i].int4.group_size == 0)
           fail("the synthetic CUDA engine makes grouped INT4 weights only (g32, g64, g128)");
       } catch (const Error& e) {
@@ -366,8 +364,12 @@ Built ReportRun::build(const PrecisionRecipe& recipe, Backend backend) {
     base.max_sequences = std::max<int64_t>(max_batch_, 1);
     const CudaEngineOptions o = cuda_engine_options(fp8_prefill(recipe) ? decode_half(recipe) : recipe, base);
     std::unique_ptr<CudaEngine> e;
-    if (report_.synthetic)
-      e = make_synthetic_cuda_engine(model_.config, int4(recipe) ? recipe.int4.group_size : 0, o);
+    if (report_.synthetic) {
+      // FP8 prefill rows: random FP8 copies beside BF16 decode projections (group 0), as bench_prefill makes them.
+      CudaEngineOptions so = o;
+      so.synthetic_fp8_prefill = fp8_prefill(recipe);
+      e = make_synthetic_cuda_engine(model_.config, int4(recipe) ? recipe.int4.group_size : 0, so);
+    }
     else if (fp8_prefill(recipe))
       e = make_cuda_engine(decode_half(recipe).quantises_weights() ? factory_->quantised(decode_half(recipe))
                                                                     : full_precision(),

@@ -89,6 +89,10 @@ class CudaEngine : public Engine {
     double total_us = 0;
   };
   virtual std::vector<OpTime> op_profile() const = 0;
+  // Quality runs (eval/device_quality.h) without downloading logits: runs `chunk` as forward(chunk, true) would and
+  // leaves every row's logits on the GPU, [rows, vocab] fp32 rows of stride vocab in a buffer the engine owns (grown
+  // as needed), valid until the next call on this engine. The engine's stream is idle when it returns.
+  virtual const float* forward_logits_on_device(const SequenceChunk& chunk) = 0;
   virtual void clear_op_profile() = 0;
 };
 

@@ -20,6 +20,7 @@
 #include "futransformer/cuda_engine.h"
 #include "futransformer/device.h"
 #include "futransformer/error.h"
+#include "futransformer/eval/device_quality.h"
 #include "futransformer/eval/perplexity.h"
 #include "futransformer/eval/report.h"
 #include "futransformer/io/synthetic.h"
@@ -53,6 +54,7 @@ struct ReportArgs {
   int64_t max_windows = 0;
   std::vector<std::string> configs;
   bool cpu_fallback = false;
+  bool host_logits = false;  // --host-logits: quality passes download the logits (the CPU formulas) on the GPU too
   RecipeEngineArgs calibration;
 };
 
@@ -438,17 +440,24 @@ void ReportRun::run_latency(Plan& p, Built& b) {
 void ReportRun::run_quality_group(Built& base, Plan* base_plan, std::vector<std::pair<Plan*, Built*>>& group,
                                   const std::string& quality_device) {
   std::vector<Engine*> others;
+  std::vector<CudaEngine*> cuda_others;
   std::string label = "quality " + (base_plan ? base_plan->recipe.name() : std::string("full"));
   for (auto& [p, b] : group) {
     others.push_back(b->engine.get());
+    cuda_others.push_back(b->cuda);
     label += ", " + p->recipe.name();
   }
+  // CUDA engines keep the logits on the GPU and return per-row numbers (eval/device_quality.h).
+  const bool on_device = !a_.host_logits && base.cuda &&
+                         std::all_of(cuda_others.begin(), cuda_others.end(), [](CudaEngine* e) { return e; });
   if (others.empty() && base_plan && base_plan->row->ppl) return;  // nothing new to measure
   const int64_t total = report_.quality_windows * (quality_opt_.ctx - 1);
   ProgressBar bar(label, total, !a_.calibration.quiet);
   auto progress = [&](int64_t done, int64_t) { bar.update(done); };
   if (others.empty()) {
-    const eval::PerplexityResult r = eval::evaluate_perplexity(*base.engine, tokens_, quality_opt_, progress);
+    const eval::PerplexityResult r =
+        on_device ? eval::evaluate_perplexity_on_device(*base.cuda, tokens_, quality_opt_, progress)
+                  : eval::evaluate_perplexity(*base.engine, tokens_, quality_opt_, progress);
     bar.finish();
     if (base_plan) {
       if (base_plan == &plans_.front()) base_plan->row->quality_note = "baseline";
@@ -459,7 +468,8 @@ void ReportRun::run_quality_group(Built& base, Plan* base_plan, std::vector<std:
     return;
   }
   const std::vector<eval::DistributionComparison> cmp =
-      eval::compare_distributions(*base.engine, others, tokens_, quality_opt_, progress);
+      on_device ? eval::compare_distributions_on_device(*base.cuda, cuda_others, tokens_, quality_opt_, progress)
+                : eval::compare_distributions(*base.engine, others, tokens_, quality_opt_, progress);
   bar.finish();
   if (base_plan && !base_plan->row->ppl) {
     base_plan->row->ppl = cmp[0].base.ppl;
@@ -649,6 +659,9 @@ Command add_report_command(CLI::App& app) {
   sub->add_option("--device", args->device, "cpu, cuda, or auto (cuda on a Hopper GPU, else cpu)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  sub->add_flag("--host-logits", args->host_logits,
+                "On the GPU, download every logit row and compute perplexity / KL on the host (slower; the default keeps "
+                "the logits on the GPU and downloads per-row numbers)");
   sub->add_flag("--cpu-fallback", args->cpu_fallback,
                 "With --device cuda and --data: measure the quality of recipes the GPU does not run on the CPU "
                 "reference engine (slow for large models)");

@@ -181,6 +181,7 @@ class CudaEngineImpl final : public CudaEngine {
   void append_synthetic_context(int32_t seq_id, int64_t tokens) override;
   std::string description() const override { return description_; }
   std::vector<OpTime> op_profile() const override;
+  const float* forward_logits_on_device(const SequenceChunk& chunk) override;
   void clear_op_profile() override;
 
  private:
@@ -208,6 +209,8 @@ class CudaEngineImpl final : public CudaEngine {
   mutable std::vector<cudaEvent_t> events_;                 // profile_ops: reused event pool
   mutable std::vector<std::pair<const char*, size_t>> marks_;  // (op or nullptr = pass start, event index)
   mutable std::map<std::string, OpTime> profile_;
+  DeviceArray<float> device_logits_;       // forward_logits_on_device's output
+  float* device_logits_dst_ = nullptr;     // set during forward_logits_on_device: logits stay on the GPU
   int64_t max_len_ = 0, pages_per_seq_ = 0, n_pages_ = 0, logit_rows_ = 0;
   int64_t q_width_ = 0, kv_width_ = 0, qkv_width_ = 0;
   int64_t head_cols_ = 0;  // INT4 head: the W4A16 GEMM's N, the vocabulary rounded up to its tile (row stride)
@@ -618,6 +621,20 @@ void CudaEngineImpl::collect_profile() const {
   marks_.clear();
 }
 
+const float* CudaEngineImpl::forward_logits_on_device(const SequenceChunk& chunk) {
+  const size_t need = chunk.tokens.size() * static_cast<size_t>(config_.vocab_size);
+  if (device_logits_.size() < need) device_logits_.allocate(need, "logits kept on the GPU");
+  device_logits_dst_ = device_logits_.get();
+  try {
+    run(std::span(&chunk, 1), true, nullptr);
+  } catch (...) {
+    device_logits_dst_ = nullptr;
+    throw;
+  }
+  device_logits_dst_ = nullptr;
+  return device_logits_.get();
+}
+
 std::vector<CudaEngine::OpTime> CudaEngineImpl::op_profile() const {
   collect_profile();
   std::vector<OpTime> out;
@@ -1005,6 +1022,15 @@ std::vector<std::vector<float>> CudaEngineImpl::run(std::span<const SequenceChun
                                          static_cast<int>(vocab), sp.temperature, sp.top_k, sp.top_p,
                                          sample_ws_.get(), sample_ws_.bytes(), stream_),
                    "sampling", cuda::sampling_last_error);
+        }
+        if (device_logits_dst_) {
+          // forward_logits_on_device: one chunk, every row a head row in order, so this group is rows
+          // index(first) … index(first) + n − 1 of the chunk.
+          const int64_t first = all[p0 + static_cast<size_t>(head_rows[h0])].index;
+          cuda_check(cudaMemcpyAsync(device_logits_dst_ + first * vocab, logits_.get(),
+                                     static_cast<size_t>(n * vocab) * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+                     "keep logits on the GPU");
+          continue;
         }
         std::vector<int32_t> id_host(static_cast<size_t>(n));
         std::vector<float> lg;

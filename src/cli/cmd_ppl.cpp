@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/device_choice.h"
 #include "cli/recipe_engine.h"
 #include "futransformer/error.h"
+#include "futransformer/eval/device_quality.h"
 #include "futransformer/eval/perplexity.h"
 #include "futransformer/model.h"
 #include "futransformer/progress.h"
@@ -28,6 +30,7 @@ struct PplArgs {
   int64_t max_windows = 0;
   std::vector<std::string> configs{"full"};
   std::string json_path;
+  std::string device = "cpu";
   RecipeEngineArgs calibration;
 };
 
@@ -51,6 +54,15 @@ int run_ppl(const PplArgs& a) {
   const Model model = load_model(a.model);
   const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer_for_model(model, a.tokenizer);
   check_recipe_engine_args(a.calibration, recipes);
+  const Backend backend = choose_backend(a.device);
+  if (backend == Backend::Cuda)
+    for (const PrecisionRecipe& r : recipes) {
+      try {
+        recipe_cuda_engine_options(r, CudaEngineOptions{});
+      } catch (const Error& e) {
+        fail("--device cuda: ", e.what());
+      }
+    }
 
   const std::vector<int32_t> tokens = tokenizer->encode(text);
   eval::PerplexityOptions opt;
@@ -65,11 +77,20 @@ int run_ppl(const PplArgs& a) {
   std::vector<std::pair<std::string, eval::PerplexityResult>> results;
   RecipeEngineFactory factory(model, *tokenizer, a.calibration);
   for (const PrecisionRecipe& recipe : recipes) {
-    std::unique_ptr<Engine> engine = factory.make(recipe, a.ctx);
     ProgressBar bar("ppl " + recipe.name(), windows * (a.ctx - 1), !a.calibration.quiet);
-    const eval::PerplexityResult r = eval::evaluate_perplexity(*engine, tokens, opt, [&](int64_t done, int64_t) {
-      bar.update(done);
-    });
+    auto progress = [&](int64_t done, int64_t) { bar.update(done); };
+    eval::PerplexityResult r;
+    if (backend == Backend::Cuda) {
+      // The GPU's own rounding (BF16 activations; FP8 recipes as FP8 prefill), the logits kept on the device.
+      CudaEngineOptions base;
+      base.max_sequence_length = a.ctx;
+      base.max_sequences = 1;
+      std::unique_ptr<CudaEngine> engine = factory.make_cuda(recipe, base);
+      r = eval::evaluate_perplexity_on_device(*engine, tokens, opt, progress);
+    } else {
+      std::unique_ptr<Engine> engine = factory.make(recipe, a.ctx);
+      r = eval::evaluate_perplexity(*engine, tokens, opt, progress);
+    }
     bar.finish();
     results.emplace_back(recipe.name(), r);
   }
@@ -96,6 +117,7 @@ int run_ppl(const PplArgs& a) {
     nlohmann::json j = {{"model", a.model},
                         {"data", a.data},
                         {"ctx", a.ctx},
+                        {"device", backend_name(backend)},
                         {"windows", windows},
                         {"windows_available", available},
                         {"text_tokens", tokens.size()},
@@ -129,6 +151,11 @@ Command add_ppl_command(CLI::App& app) {
                   "Precision recipes, comma-separated: full, fp8+act-fp8, int4-rtn-g128, int4-gptq-g64+kv-int4, ...")
       ->capture_default_str();
   sub->add_option("--json", args->json_path, "Also write the table as JSON here");
+  sub->add_option("--device", args->device,
+                  "cpu (the fp32 reference engine), cuda (the CUDA engine: BF16 activations, FP8 recipes as FP8 "
+                  "prefill, logits scored on the GPU) or auto")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   add_recipe_engine_options(*sub, args->calibration);
   return {sub, [args] { return run_ppl(*args); }};
 }

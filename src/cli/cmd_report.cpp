@@ -159,18 +159,7 @@ bool int4(const PrecisionRecipe& r) {
   return r.weights == WeightFormat::Int4Rtn || r.weights == WeightFormat::Int4Gptq;
 }
 
-// On the GPU an FP8 recipe is FP8 prefill: its FP8 weights serve every prompt chunk (act-fp8-bf16, the GPU's one FP8
-// behaviour) beside a full-precision (BF16) decode copy that serves decode steps. Quality windows run as prompt
-// chunks, so they price the FP8 prefill; the row's decode latency is the BF16 decode path's.
-bool fp8_prefill(const PrecisionRecipe& r) { return r.weights == WeightFormat::Fp8; }
-
-// The decode half of an FP8-prefill row: full weights, the row's KV cache and LM head.
-PrecisionRecipe decode_half(const PrecisionRecipe& r) {
-  PrecisionRecipe d;
-  d.kv = r.kv;
-  d.head = r.head;
-  return d;
-}
+bool fp8_prefill(const PrecisionRecipe& r) { return runs_as_fp8_prefill(r); }
 
 struct Built {
   std::unique_ptr<Engine> engine;
@@ -197,8 +186,6 @@ class ReportRun {
   void run_quality_group(Built& base, Plan* base_plan, std::vector<std::pair<Plan*, Built*>>& group,
                          const std::string& quality_device);
   void write_outputs();
-  // The checkpoint as a "full" QuantizedModel (the decode half of FP8-prefill rows), made once.
-  const quant::QuantizedModel& full_precision();
 
   const ReportArgs& a_;
   Backend backend_ = Backend::Cpu;
@@ -207,7 +194,6 @@ class ReportRun {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<RecipeEngineFactory> factory_;
   std::map<std::string, quant::QuantizedModel> synthetic_quantised_;  // CPU synthetic runs, by weight format
-  std::optional<quant::QuantizedModel> full_;
   std::vector<int32_t> tokens_;
   bool quality_ = false;
   eval::LatencyOptions latency_;
@@ -284,7 +270,7 @@ void ReportRun::validate_and_plan() {
     else if (text.empty()) p.row->quality_note = "n/a (no --data)";
     if (p.row->not_run.empty() && backend_ == Backend::Cuda) {
       try {
-        cuda_engine_options(fp8_prefill(recipes[i]) ? decode_half(recipes[i]) : recipes[i]);
+        recipe_cuda_engine_options(recipes[i], CudaEngineOptions{});
         if (synthetic && int4(recipes[i]) && recipes[i].int4.group_size == 0)
           fail("the synthetic CUDA engine makes grouped INT4 weights only (g32, g64, g128)");
       } catch (const Error& e) {
@@ -294,7 +280,7 @@ void ReportRun::validate_and_plan() {
     }
     if (p.row->not_run.empty() && backend_ == Backend::Cuda) {
       eval::GpuMemoryEstimate m = eval::estimate_gpu_memory(
-          c, fp8_prefill(recipes[i]) ? decode_half(recipes[i]) : recipes[i], max_batch_, max_len_);
+          c, fp8_prefill(recipes[i]) ? fp8_prefill_decode_half(recipes[i]) : recipes[i], max_batch_, max_len_);
       if (fp8_prefill(recipes[i])) m.weights += eval::fp8_prefill_copy_bytes(c);
       p.gpu_bytes = m.total() + kGpuHeadroomBytes;
       const auto device_bytes = static_cast<int64_t>(device_.memory_gib * 1024.0 * 1024.0 * 1024.0);
@@ -350,36 +336,21 @@ void ReportRun::validate_and_plan() {
   }
 }
 
-const quant::QuantizedModel& ReportRun::full_precision() {
-  if (!full_) {
-    full_.emplace();
-    full_->model = model_;
-  }
-  return *full_;
-}
-
 Built ReportRun::build(const PrecisionRecipe& recipe, Backend backend) {
   Built b;
   if (backend == Backend::Cuda) {
     CudaEngineOptions base;
     base.max_sequence_length = max_len_;
     base.max_sequences = std::max<int64_t>(max_batch_, 1);
-    const CudaEngineOptions o = cuda_engine_options(fp8_prefill(recipe) ? decode_half(recipe) : recipe, base);
     std::unique_ptr<CudaEngine> e;
     if (report_.synthetic) {
       // FP8 prefill rows: random FP8 copies beside BF16 decode projections (group 0), as bench_prefill makes them.
-      CudaEngineOptions so = o;
+      CudaEngineOptions so = recipe_cuda_engine_options(recipe, base);
       so.synthetic_fp8_prefill = fp8_prefill(recipe);
       e = make_synthetic_cuda_engine(model_.config, int4(recipe) ? recipe.int4.group_size : 0, so);
+    } else {
+      e = factory_->make_cuda(recipe, base);
     }
-    else if (fp8_prefill(recipe))
-      e = make_cuda_engine(decode_half(recipe).quantises_weights() ? factory_->quantised(decode_half(recipe))
-                                                                    : full_precision(),
-                           factory_->quantised(recipe), o);
-    else if (recipe.quantises_weights())
-      e = make_cuda_engine(factory_->quantised(recipe), o);
-    else
-      e = make_cuda_engine(model_, o);
     b.cuda = e.get();
     b.device = "cuda: " + e->description();
     b.engine = std::move(e);

@@ -66,6 +66,35 @@ const quant::QuantizedModel& RecipeEngineFactory::quantised(const PrecisionRecip
   return it->second;
 }
 
+bool runs_as_fp8_prefill(const PrecisionRecipe& recipe) { return recipe.weights == WeightFormat::Fp8; }
+
+PrecisionRecipe fp8_prefill_decode_half(const PrecisionRecipe& recipe) {
+  PrecisionRecipe d;
+  d.kv = recipe.kv;
+  d.head = recipe.head;
+  return d;
+}
+
+CudaEngineOptions recipe_cuda_engine_options(const PrecisionRecipe& recipe, const CudaEngineOptions& base) {
+  return cuda_engine_options(runs_as_fp8_prefill(recipe) ? fp8_prefill_decode_half(recipe) : recipe, base);
+}
+
+std::unique_ptr<CudaEngine> RecipeEngineFactory::make_cuda(const PrecisionRecipe& recipe,
+                                                           const CudaEngineOptions& base) {
+  const CudaEngineOptions o = recipe_cuda_engine_options(recipe, base);
+  if (runs_as_fp8_prefill(recipe)) {
+    const PrecisionRecipe decode = fp8_prefill_decode_half(recipe);
+    if (decode.quantises_weights()) return make_cuda_engine(quantised(decode), quantised(recipe), o);
+    if (!full_) {
+      full_ = std::make_unique<quant::QuantizedModel>();
+      full_->model = model_;
+    }
+    return make_cuda_engine(*full_, quantised(recipe), o);
+  }
+  if (recipe.quantises_weights()) return make_cuda_engine(quantised(recipe), o);
+  return make_cuda_engine(model_, o);
+}
+
 nlohmann::json RecipeEngineFactory::quantisation_records() const {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [name, q] : quantised_) j[name] = q.recipe_json;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "futransformer/cuda_engine.h"
 #include "futransformer/engine.h"
 #include "futransformer/quant/quantize_model.h"
 #include "futransformer/recipe.h"
@@ -30,6 +31,16 @@ void add_recipe_engine_options(CLI::App& sub, RecipeEngineArgs& args);
 void check_recipe_engine_args(const RecipeEngineArgs& args, const std::vector<PrecisionRecipe>& recipes);
 nlohmann::json recipe_engine_args_json(const RecipeEngineArgs& args);
 
+// On the GPU an FP8 recipe is FP8 prefill: its FP8 weights serve every prompt chunk (act-fp8-bf16, the GPU's one FP8
+// behaviour) beside a decode copy of the checkpoint (full weights, the recipe's KV cache and LM head) that serves
+// decode steps. Quality windows run as prompt chunks, so they price the FP8 prefill.
+bool runs_as_fp8_prefill(const PrecisionRecipe& recipe);
+// The decode half of an FP8-prefill recipe: full weights, the recipe's KV cache and LM head.
+PrecisionRecipe fp8_prefill_decode_half(const PrecisionRecipe& recipe);
+// The CUDA engine options of `recipe` (of its decode half for FP8 prefill) on top of `base`; Error where the GPU
+// cannot run it.
+CudaEngineOptions recipe_cuda_engine_options(const PrecisionRecipe& recipe, const CudaEngineOptions& base);
+
 class RecipeEngineFactory {
  public:
   RecipeEngineFactory(const Model& model, const Tokenizer& tokenizer, const RecipeEngineArgs& args)
@@ -38,6 +49,9 @@ class RecipeEngineFactory {
   // The recipe's weights quantised (once per weight format; its activation and KV parts are ignored), e.g. for a
   // CUDA engine. Error for full-precision weights (there is nothing to quantise).
   const quant::QuantizedModel& quantised(const PrecisionRecipe& recipe);
+  // The CUDA engine that runs `recipe` on the model (recipe_cuda_engine_options on top of `base`): the checkpoint in
+  // BF16, the quantised weights, or FP8 prefill beside a decode copy.
+  std::unique_ptr<CudaEngine> make_cuda(const PrecisionRecipe& recipe, const CudaEngineOptions& base);
   // What quantising recorded (GPTQ losses, calibration hash) per weight format, for reports.
   nlohmann::json quantisation_records() const;
 
@@ -46,6 +60,7 @@ class RecipeEngineFactory {
   const Tokenizer& tokenizer_;
   RecipeEngineArgs args_;
   std::map<std::string, quant::QuantizedModel> quantised_;  // by weight-format name
+  std::unique_ptr<quant::QuantizedModel> full_;              // the checkpoint as a "full" QuantizedModel, made once
 };
 
 }  // namespace futransformer::cli

@@ -90,6 +90,17 @@ TEST(Cli, DeviceCudaWithoutGpuSaysWhy) {
                            quote(dir + "tok512.bin") + " --prompt 'Once' -n 2 --temperature 0 --device auto");
   EXPECT_EQ(a.exit_code, 0) << a.err;
   EXPECT_NE(a.err.find("cpu reference engine"), std::string::npos) << a.err;
+  // ppl too: the same one error, before tokenising or quantising anything.
+  const std::string tmp = test::make_temp_dir("ppl-cuda");
+  {
+    std::ofstream f(tmp + "/eval.txt");
+    for (int i = 0; i < 40; ++i) f << "Once upon a time there was a little girl who liked to play in the park.\n";
+  }
+  const Result p = run_cli("ppl --model " + quote(dir + "stories260K.bin") + " --tokenizer " +
+                           quote(dir + "tok512.bin") + " --data " + quote(tmp + "/eval.txt") + " --ctx 32 --device cuda");
+  EXPECT_NE(p.exit_code, 0);
+  EXPECT_NE(p.err.find("--device cuda"), std::string::npos) << p.err;
+  EXPECT_EQ(p.out, "");
 }
 
 TEST(Cli, Llama2cWithoutTokenizerSaysWhatToPass) {

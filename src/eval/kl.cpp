@@ -90,13 +90,11 @@ std::vector<DistributionComparison> compare_distributions(Engine& base, std::spa
           "maximum sequence length ", e->max_sequence_length());
   }
   double base_seconds = 0;
-  std::vector<double> other_seconds(n_other, 0.0);
   const int64_t total = windows * (o.ctx - 1);
   // Per-row results are written to row-indexed slots and summed in row order afterwards, so the sums do not depend
   // on the number of threads.
   double base_nll = 0;
-  std::vector<double> other_nll(n_other, 0.0), kl_sum(n_other, 0.0), kl_max(n_other, 0.0);
-  std::vector<int64_t> agree(n_other, 0);
+  std::vector<ComparisonSums> sums(n_other);
   int64_t done = 0;
   constexpr int32_t kSeq = 0;
   auto timed_forward = [&](Engine& e, const SequenceChunk& chunk, double& seconds) {
@@ -117,7 +115,7 @@ std::vector<DistributionComparison> compare_distributions(Engine& base, std::spa
       const SequenceChunk chunk{kSeq, std::vector<int32_t>(win + start, win + start + n)};
       const std::vector<float> bl = timed_forward(base, chunk, base_seconds);
       std::vector<std::vector<float>> ol(n_other);
-      for (size_t k = 0; k < n_other; ++k) ol[k] = timed_forward(*others[k], chunk, other_seconds[k]);
+      for (size_t k = 0; k < n_other; ++k) ol[k] = timed_forward(*others[k], chunk, sums[k].seconds);
       // Row i predicts token start + i + 1 of the window; the window's last row has nothing to predict.
       const int64_t rows = std::min(n, o.ctx - 1 - start);
       std::vector<double> row_base_nll(static_cast<size_t>(std::max<int64_t>(rows, 0)));
@@ -163,10 +161,10 @@ std::vector<DistributionComparison> compare_distributions(Engine& base, std::spa
         base_nll += row_base_nll[static_cast<size_t>(i)];
         for (size_t k = 0; k < n_other; ++k) {
           const size_t slot = static_cast<size_t>(i) * n_other + k;
-          other_nll[k] += row_nll[slot];
-          kl_sum[k] += row_kl[slot];
-          kl_max[k] = std::max(kl_max[k], row_kl[slot]);
-          agree[k] += row_agree[slot];
+          sums[k].nll += row_nll[slot];
+          sums[k].kl_sum += row_kl[slot];
+          sums[k].kl_max = std::max(sums[k].kl_max, row_kl[slot]);
+          sums[k].agree += row_agree[slot];
         }
       }
       done += std::max<int64_t>(rows, 0);
@@ -176,26 +174,21 @@ std::vector<DistributionComparison> compare_distributions(Engine& base, std::spa
   base.reset(kSeq);
   for (Engine* e : others) e->reset(kSeq);
 
-  const double count = static_cast<double>(done);
-  PerplexityResult b;
-  b.windows = windows;
-  b.predicted_tokens = done;
-  b.mean_nll = base_nll / count;
-  b.ppl = std::exp(b.mean_nll);
-  b.seconds = base_seconds;
-  std::vector<DistributionComparison> out(n_other);
-  for (size_t k = 0; k < n_other; ++k) {
+  return distribution_comparisons(perplexity_result(windows, done, base_nll, base_seconds), sums);
+}
+
+std::vector<DistributionComparison> distribution_comparisons(const PerplexityResult& base,
+                                                             const std::vector<ComparisonSums>& others) {
+  std::vector<DistributionComparison> out(others.size());
+  const double count = static_cast<double>(base.predicted_tokens);
+  for (size_t k = 0; k < others.size(); ++k) {
     DistributionComparison& c = out[k];
-    c.base = b;
-    c.other.windows = windows;
-    c.other.predicted_tokens = done;
-    c.other.mean_nll = other_nll[k] / count;
-    c.other.ppl = std::exp(c.other.mean_nll);
-    c.other.seconds = other_seconds[k];
-    c.mean_kl = kl_sum[k] / count;
-    c.max_kl = kl_max[k];
-    c.top1_agreement = static_cast<double>(agree[k]) / count;
-    c.predicted_tokens = done;
+    c.base = base;
+    c.other = perplexity_result(base.windows, base.predicted_tokens, others[k].nll, others[k].seconds);
+    c.mean_kl = others[k].kl_sum / count;
+    c.max_kl = others[k].kl_max;
+    c.top1_agreement = static_cast<double>(others[k].agree) / count;
+    c.predicted_tokens = base.predicted_tokens;
   }
   return out;
 }

@@ -32,6 +32,16 @@ int64_t perplexity_windows(int64_t n_tokens, const PerplexityOptions& o) {
   return o.max_windows > 0 ? std::min(available, o.max_windows) : available;
 }
 
+PerplexityResult perplexity_result(int64_t windows, int64_t predicted_tokens, double nll_sum, double seconds) {
+  PerplexityResult r;
+  r.windows = windows;
+  r.predicted_tokens = predicted_tokens;
+  r.mean_nll = nll_sum / static_cast<double>(predicted_tokens);
+  r.ppl = std::exp(r.mean_nll);
+  r.seconds = seconds;
+  return r;
+}
+
 double token_nll(std::span<const float> logits, int32_t target) {
   check(target >= 0 && static_cast<size_t>(target) < logits.size(), "perplexity: target token ", target,
         " outside the logits (", logits.size(), ")");
@@ -73,13 +83,8 @@ PerplexityResult evaluate_perplexity(Engine& engine, std::span<const int32_t> to
     }
   }
   engine.reset(kSeq);
-  PerplexityResult r;
-  r.windows = windows;
-  r.predicted_tokens = done;
-  r.mean_nll = nll_sum / static_cast<double>(done);
-  r.ppl = std::exp(r.mean_nll);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
+  return perplexity_result(windows, done, nll_sum,
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 }  // namespace futransformer::eval

@@ -32,6 +32,9 @@ struct PerplexityResult {
   double seconds = 0;
 };
 
+// The result of a pass that predicted `predicted_tokens` tokens with a summed NLL of `nll_sum` nats.
+PerplexityResult perplexity_result(int64_t windows, int64_t predicted_tokens, double nll_sum, double seconds);
+
 // Number of windows evaluate_perplexity will use for `n_tokens` tokens (throws Error if not even one fits).
 int64_t perplexity_windows(int64_t n_tokens, const PerplexityOptions& options);
 

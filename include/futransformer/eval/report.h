@@ -41,6 +41,15 @@ struct DistributionComparison {
   int64_t predicted_tokens = 0;
 };
 
+// One compared engine's running sums over a comparison pass (per predicted token: NLL, KL, agreement), and the
+// comparisons they give beside the baseline's result.
+struct ComparisonSums {
+  double nll = 0, seconds = 0, kl_sum = 0, kl_max = 0;
+  int64_t agree = 0;
+};
+std::vector<DistributionComparison> distribution_comparisons(const PerplexityResult& base,
+                                                             const std::vector<ComparisonSums>& others);
+
 // Runs the perplexity windows of `tokens` (evaluate_perplexity's windows, chunks and sequence id 0) through `base`
 // and every engine of `others` chunk by chunk, so each window runs once per engine and only one chunk's logits per
 // engine are held; returns one comparison per engine of `others` (each with the same `base`). `progress(done,

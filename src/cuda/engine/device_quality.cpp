@@ -100,13 +100,8 @@ PerplexityResult evaluate_perplexity_on_device(CudaEngine& engine, std::span<con
     }
   }
   engine.reset(kSeq);
-  PerplexityResult r;
-  r.windows = windows;
-  r.predicted_tokens = done;
-  r.mean_nll = nll_sum / static_cast<double>(done);
-  r.ppl = std::exp(r.mean_nll);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
+  return perplexity_result(windows, done, nll_sum,
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 std::vector<DistributionComparison> compare_distributions_on_device(
@@ -126,9 +121,7 @@ std::vector<DistributionComparison> compare_distributions_on_device(
   cuda::DeviceArray<double> kl_rows(static_cast<size_t>(max_rows), "per-row KL");
   RowOutputs base_out(max_rows), other_out(max_rows);
   double base_seconds = 0, base_nll = 0;
-  std::vector<double> other_seconds(n_other, 0.0), other_nll(n_other, 0.0), kl_sum(n_other, 0.0),
-      kl_max(n_other, 0.0);
-  std::vector<int64_t> agree(n_other, 0);
+  std::vector<ComparisonSums> sums(n_other);
   int64_t done = 0;
   auto timed = [](CudaEngine& e, const SequenceChunk& chunk, double& seconds) {
     const auto s = std::chrono::steady_clock::now();
@@ -160,7 +153,7 @@ std::vector<DistributionComparison> compare_distributions_on_device(
       check_finite(bn, "distribution comparison on the GPU (baseline)", w, start);
       for (double x : bn) base_nll += x;
       for (size_t k = 0; k < n_other; ++k) {
-        const float* ol = timed(*others[k], chunk, other_seconds[k]);
+        const float* ol = timed(*others[k], chunk, sums[k].seconds);
         if (rows == 0) continue;
         check_stats(cuda::logit_row_stats(ol, vocab, r, v, targets.get(), other_out.lse.get(), other_out.nll.get(),
                                           other_out.argmax.get(), nullptr),
@@ -174,10 +167,10 @@ std::vector<DistributionComparison> compare_distributions_on_device(
         check_finite(kl, "distribution comparison on the GPU (KL)", w, start);
         for (int64_t i = 0; i < rows; ++i) {
           const size_t s = static_cast<size_t>(i);
-          other_nll[k] += on[s];
-          kl_sum[k] += kl[s];
-          kl_max[k] = std::max(kl_max[k], kl[s]);
-          agree[k] += oa[s] == ba[s];
+          sums[k].nll += on[s];
+          sums[k].kl_sum += kl[s];
+          sums[k].kl_max = std::max(sums[k].kl_max, kl[s]);
+          sums[k].agree += oa[s] == ba[s];
         }
       }
       done += rows;
@@ -187,28 +180,7 @@ std::vector<DistributionComparison> compare_distributions_on_device(
   base.reset(kSeq);
   for (CudaEngine* e : others) e->reset(kSeq);
 
-  const double count = static_cast<double>(done);
-  PerplexityResult b;
-  b.windows = windows;
-  b.predicted_tokens = done;
-  b.mean_nll = base_nll / count;
-  b.ppl = std::exp(b.mean_nll);
-  b.seconds = base_seconds;
-  std::vector<DistributionComparison> out(n_other);
-  for (size_t k = 0; k < n_other; ++k) {
-    DistributionComparison& c = out[k];
-    c.base = b;
-    c.other.windows = windows;
-    c.other.predicted_tokens = done;
-    c.other.mean_nll = other_nll[k] / count;
-    c.other.ppl = std::exp(c.other.mean_nll);
-    c.other.seconds = other_seconds[k];
-    c.mean_kl = kl_sum[k] / count;
-    c.max_kl = kl_max[k];
-    c.top1_agreement = static_cast<double>(agree[k]) / count;
-    c.predicted_tokens = done;
-  }
-  return out;
+  return distribution_comparisons(perplexity_result(windows, done, base_nll, base_seconds), sums);
 }
 
 }  // namespace futransformer::eval

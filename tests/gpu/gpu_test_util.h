@@ -6,8 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstddef>
+#include <string>
 #include <vector>
+
+#include "futransformer/dtype.h"
+#include "futransformer/formats/kv_cache.h"
+#include "futransformer/model.h"
 
 namespace futransformer::test {
 
@@ -55,5 +61,24 @@ struct DeviceBuffer {
   // All bytes 0xFF: a NaN in every BF16 (0xFFFF) or fp32 element, so an element the kernel never writes shows.
   cudaError_t poison() { return cudaMemset(p, 0xFF, n * sizeof(T)); }
 };
+
+// Every tensor rounded through BF16: what the CUDA engine stores, so that full-precision tensors are then exactly
+// the reference's and the end-to-end tests compare like with like.
+inline Model bf16_model(Model m) {
+  for (auto& [name, t] : m.tensors) {
+    std::vector<float> v = t.to_f32();
+    for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+    t = Tensor::from_f32(name, t.shape, std::move(v));
+  }
+  return m;
+}
+
+// gtest parameter names for KV formats ("int4-hadamard" → "int4_hadamard").
+inline std::string kv_param_name(const ::testing::TestParamInfo<formats::KvFormat>& info) {
+  std::string n = formats::kv_format_name(info.param);
+  for (char& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
 
 }  // namespace futransformer::test

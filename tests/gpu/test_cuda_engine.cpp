@@ -43,17 +43,7 @@ double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-// Every tensor rounded through BF16 (projections included: for full-precision runs the GPU's BF16 weights are then
-// exactly the reference's; quantised projections are replaced by the quantiser anyway).
-Model bf16_model(const Model& m) {
-  Model out = m;
-  for (auto& [name, t] : out.tensors) {
-    std::vector<float> v = t.to_f32();
-    for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
-    t = Tensor::from_f32(name, t.shape, std::move(v));
-  }
-  return out;
-}
+using test::bf16_model;
 
 // The reference engine running `q` with the GPU's activation rounding.
 std::unique_ptr<Engine> reference_like_gpu(const quant::QuantizedModel& q) {

@@ -84,13 +84,7 @@ Model fp8_tiny_model(uint32_t seed) {
   s.head_dim = 64;
   s.layers = 2;
   s.vocab = 500;
-  Model m = test::make_tiny_llama(s, seed);
-  for (auto& [name, t] : m.tensors) {
-    std::vector<float> v = t.to_f32();
-    for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
-    t = Tensor::from_f32(name, t.shape, std::move(v));
-  }
-  return m;
+  return test::bf16_model(test::make_tiny_llama(s, seed));
 }
 
 quant::QuantizedModel quantised(const Model& m, const std::string& recipe) {
@@ -204,11 +198,7 @@ TEST_P(CudaEngineFp8Prefill, PromptLogitsAndGreedyMatchTheTwin) {
 INSTANTIATE_TEST_SUITE_P(Kv, CudaEngineFp8Prefill,
                          ::testing::Values(formats::KvFormat::BF16, formats::KvFormat::INT4,
                                            formats::KvFormat::INT4_HADAMARD),
-                         [](const auto& info) {
-                           std::string n = formats::kv_format_name(info.param);
-                           for (char& ch : n) if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+                         test::kv_param_name);
 
 // SmolLM2-135M (hidden 576, intermediate 1536: K tails of the FP8 GEMM) with every tensor rounded to BF16: an FP8
 // prompt of ~60 tokens, then INT4 (RTN g64) decode steps, for each cache format the GPU reads.
@@ -218,12 +208,7 @@ TEST_P(SmolLM2Fp8Prefill, PromptLogitsAndStepsWithinTheTwinsFloor) {
   FT_REQUIRE_HOPPER();
   const std::string path = test::smollm2_gguf_path();
   FT_REQUIRE_FILE(path);
-  Model model = load_model(path);
-  for (auto& [name, t] : model.tensors) {
-    std::vector<float> v = t.to_f32();
-    for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
-    t = Tensor::from_f32(name, t.shape, std::move(v));
-  }
+  const Model model = test::bf16_model(load_model(path));
   const std::unique_ptr<Tokenizer> tok = load_tokenizer_for_model(model, "");
   const quant::QuantizedModel dec = quantised(model, kDecodeRecipe), pre = quantised(model, kPrefillRecipe);
   const formats::KvFormat kv = GetParam();
@@ -243,11 +228,7 @@ TEST_P(SmolLM2Fp8Prefill, PromptLogitsAndStepsWithinTheTwinsFloor) {
 INSTANTIATE_TEST_SUITE_P(Kv, SmolLM2Fp8Prefill,
                          ::testing::Values(formats::KvFormat::BF16, formats::KvFormat::INT4,
                                            formats::KvFormat::INT4_HADAMARD),
-                         [](const auto& info) {
-                           std::string n = formats::kv_format_name(info.param);
-                           for (char& ch : n) if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+                         test::kv_param_name);
 
 // Batches that mix prompt chunks, decode steps and one-token prompts (routed to the decode path, as the reference
 // does), with a max_batch_tokens that splits prompts into several FP8 passes; every chunk's logits compared (pooled, see the header).

@@ -61,15 +61,7 @@ int32_t argmax(const std::vector<float>& v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
-// Every tensor rounded through BF16: what the GPU stores for its BF16 tensors (the INT4 head is exact either way).
-Model bf16_model(Model m) {
-  for (auto& [name, t] : m.tensors) {
-    std::vector<float> v = t.to_f32();
-    for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
-    t = Tensor::from_f32(name, t.shape, std::move(v));
-  }
-  return m;
-}
+using test::bf16_model;
 
 quant::QuantizedModel quantise(const Model& m, const std::string& recipe) {
   quant::QuantizeOptions qo;

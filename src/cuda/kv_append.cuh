@@ -25,7 +25,10 @@ constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMaxPerLane = kKvAppendMaxHeadDim / kWarp;  // registers per lane for the largest head
 constexpr int kAppendWarps = 4;  // warps per CTA of kv_append_kernel, each one (row, KV head, K or V)
-constexpr int kAnchorWarps = 8;  // warps per CTA of kv_key_anchor_kernel, each rotating one token at a time
+constexpr int kAnchorWarps = 16;  // warps per CTA of kv_key_anchor_kernel, each rotating kP tokens per tile
+// Shared tile of rotated keys summed per pass of kv_key_anchor_kernel (32 KB: under the 48 KB static limit, and
+// 64 tokens of head_dim 128 per barrier pair).
+constexpr int kAnchorTileFloats = 8192;
 constexpr int kPageTokens = static_cast<int>(formats::kKvPageTokens);
 constexpr int kInt4Group = static_cast<int>(formats::kKvInt4Group);
 constexpr float kInt4Levels = 15.0f;  // int4.cpp: 16 levels, 15 steps
@@ -288,12 +291,16 @@ __global__ void __launch_bounds__(kAppendWarps * kWarp) kv_append_kernel(const A
   }
 }
 
-// One CTA per (KV head, sequence). The chunk's tokens go through in tiles of kAnchorWarps: warp w rotates token
-// t0 + w into shared memory, then thread c adds channel c of the tile's tokens to its fp64 sum in token order,
-// which is the CPU's summation order (fp64 addition is not associative, so the order is part of the result).
+// One CTA per (KV head, sequence). The chunk's tokens go through in tiles of kAnchorWarps · kP tokens: warp w
+// rotates tokens t0 + w + kAnchorWarps · p into shared memory (tile row = token − t0), then thread c adds channel c
+// of the tile's tokens to its fp64 sum in token order, which is the CPU's summation order (fp64 addition is not
+// associative, so the order is part of the result). The sum is one dependent chain per channel, so the kernel is
+// latency-bound: the next tile's keys are loaded into registers (raw bf16 bits, converted only when used) before
+// the barrier, so their global-memory latency overlaps this tile's summation instead of adding to it.
 // static: this header is included by more than one .cu file (fused_ops.cu reuses its device functions).
+template <int kP>
 static __global__ void __launch_bounds__(kAnchorWarps * kWarp) kv_key_anchor_kernel(const AnchorArgs a) {
-  __shared__ float tile[kAnchorWarps][kKvAppendMaxHeadDim];
+  __shared__ float tile[kAnchorTileFloats];
   const int h = static_cast<int>(blockIdx.x);
   const int seq = static_cast<int>(blockIdx.y);
   const int first = a.first_row[seq];
@@ -304,24 +311,43 @@ static __global__ void __launch_bounds__(kAnchorWarps * kWarp) kv_key_anchor_ker
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int c = static_cast<int>(threadIdx.x);
   const int nv = a.head_dim / kWarp;
-  double sum = 0.0;
-  for (int t0 = 0; t0 < count; t0 += kAnchorWarps) {
-    const int t = t0 + warp;
-    if (t < count) {
-      const __nv_bfloat16* src = a.qkv + (static_cast<int64_t>(first) + t) * a.row_stride + a.k_offset +
-                                 static_cast<int64_t>(h) * a.head_dim;
-      float x[kMaxPerLane];
-      load_head(src, a.head_dim, lane, x);
-      hadamard_warp(x, nv, a.hadamard_block, a.hadamard_scale, lane);
+  constexpr int kTileTokens = kAnchorWarps * kP;
+  const uint16_t* keys = reinterpret_cast<const uint16_t*>(a.qkv) + static_cast<int64_t>(first) * a.row_stride +
+                         a.k_offset + static_cast<int64_t>(h) * a.head_dim;
+  uint16_t raw[kP][kMaxPerLane];
+  auto load_tile = [&](int t0) {
+#pragma unroll
+    for (int p = 0; p < kP; ++p) {
+      const int t = t0 + warp + kAnchorWarps * p;
 #pragma unroll
       for (int i = 0; i < kMaxPerLane; ++i) {
-        if (i < nv) tile[warp][i * kWarp + lane] = x[i];
+        const int ch = i * kWarp + lane;
+        raw[p][i] = (t < count && ch < a.head_dim) ? keys[static_cast<int64_t>(t) * a.row_stride + ch] : 0;
       }
     }
+  };
+  load_tile(0);
+  double sum = 0.0;
+  for (int t0 = 0; t0 < count; t0 += kTileTokens) {
+#pragma unroll
+    for (int p = 0; p < kP; ++p) {
+      const int row = warp + kAnchorWarps * p;
+      if (t0 + row < count) {
+        float x[kMaxPerLane];
+#pragma unroll
+        for (int i = 0; i < kMaxPerLane; ++i) x[i] = __uint_as_float(static_cast<uint32_t>(raw[p][i]) << 16);
+        hadamard_warp(x, nv, a.hadamard_block, a.hadamard_scale, lane);
+#pragma unroll
+        for (int i = 0; i < kMaxPerLane; ++i) {
+          if (i < nv) tile[row * a.head_dim + i * kWarp + lane] = x[i];
+        }
+      }
+    }
+    load_tile(t0 + kTileTokens);
     __syncthreads();
     if (c < a.head_dim) {
-      const int n = min(kAnchorWarps, count - t0);
-      for (int w = 0; w < n; ++w) sum = __dadd_rn(sum, static_cast<double>(tile[w][c]));
+      const int n = min(kTileTokens, count - t0);
+      for (int w = 0; w < n; ++w) sum = __dadd_rn(sum, static_cast<double>(tile[w * a.head_dim + c]));
     }
     __syncthreads();  // the tile is rewritten by the next iteration
   }

@@ -316,6 +316,40 @@ TEST(KvAnchorGpu, MatchesKvKeyAnchorBitForBit) {
   check_anchors(128, 8, seed += 10);
 }
 
+// Prefill-length chunks: many tiles of the kernel (32 or 64 tokens each), a chunk one token past a whole tile and
+// one short of it, so both the prefetch past the end and the partial last tile are exercised.
+TEST(KvAnchorGpu, LongChunksMatchKvKeyAnchorBitForBit) {
+  FT_REQUIRE_CUDA_DEVICE();
+  uint32_t seed = 3500;
+  for (int head_dim : {64, 128, 256}) {
+    SCOPED_TRACE(testing::Message() << "head_dim " << head_dim);
+    const int n_kv = head_dim == 256 ? 2 : 3;
+    const Qkv q = make_qkv(1200, n_kv, head_dim, seed += 10);
+    const std::vector<int32_t> first = {0, 1037, 1102}, count = {1037, 65, 63}, index = {2, 0, 1};
+    std::vector<uint16_t> want(3 * static_cast<size_t>(n_kv) * head_dim);
+    for (size_t s = 0; s < first.size(); ++s) {
+      for (int h = 0; h < n_kv; ++h) {
+        const std::vector<uint16_t> c = cpu_anchor(q, first[s], count[s], h);
+        std::copy(c.begin(), c.end(), want.begin() + (static_cast<ptrdiff_t>(index[s]) * n_kv + h) * head_dim);
+      }
+    }
+    DeviceBuffer<uint16_t> qkv(q.bits);
+    DeviceBuffer<int32_t> d_first(first), d_count(count), d_index(index);
+    DeviceBuffer<uint16_t> anchors(want.size());
+    ASSERT_EQ(anchors.poison(), cudaSuccess);
+    ASSERT_EQ(cuda::kv_key_anchor_compute(reinterpret_cast<const __nv_bfloat16*>(qkv.p), q.row_stride, q.k_offset,
+                                          n_kv, head_dim, 3, d_first.p, d_count.p, d_index.p, anchors.p, nullptr),
+              cudaSuccess)
+        << cuda::kv_append_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<uint16_t> got = anchors.download();
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << "anchor slot " << i / head_dim / n_kv << " KV head " << i / head_dim % n_kv
+                                 << " channel " << i % head_dim;
+    }
+  }
+}
+
 // The engine's order on one stream: anchors of each sequence's first chunk, then the append of the same rows
 // against them, with no synchronisation in between.
 TEST(KvAnchorGpu, AnchorThenAppendOnOneStreamMatchesTheCpu) {

@@ -2,6 +2,7 @@
 // KL divergence from full precision and top-1 agreement over the same text; writes report.json, report.md and
 // report.svg. Every flag, file and fit check runs before any weights are quantised or uploaded.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -181,8 +182,13 @@ class ReportRun {
 
  private:
   void validate_and_plan();
+  // Builds (quantising first when the recipe asks) and records the time taken as a phase.
   Built build(const PrecisionRecipe& recipe, Backend backend);
+  Built build_engine(const PrecisionRecipe& recipe, Backend backend);
   void run_latency(Plan& p, Built& b);
+  void run_latency_phase(Plan& p, Built& b);
+  // Wall-clock seconds of one phase (build, latency, quality) for report.extra["phase_seconds"].
+  void record_phase(const std::string& phase, std::chrono::steady_clock::time_point start);
   void run_quality_group(Built& base, Plan* base_plan, std::vector<std::pair<Plan*, Built*>>& group,
                          const std::string& quality_device);
   void write_outputs();
@@ -202,7 +208,26 @@ class ReportRun {
   int64_t max_batch_ = 0;
   eval::Report report_;
   std::vector<Plan> plans_;
+  nlohmann::json phases_ = nlohmann::json::array();
 };
+
+void ReportRun::record_phase(const std::string& phase, std::chrono::steady_clock::time_point start) {
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  phases_.push_back({{"phase", phase}, {"seconds", seconds}});
+}
+
+Built ReportRun::build(const PrecisionRecipe& recipe, Backend backend) {
+  const auto start = std::chrono::steady_clock::now();
+  Built b = build_engine(recipe, backend);
+  record_phase("build " + recipe.name() + (backend == Backend::Cuda ? " (cuda)" : " (cpu)"), start);
+  return b;
+}
+
+void ReportRun::run_latency(Plan& p, Built& b) {
+  const auto start = std::chrono::steady_clock::now();
+  run_latency_phase(p, b);
+  record_phase("latency " + p.recipe.name(), start);
+}
 
 void ReportRun::validate_and_plan() {
   // Flags first, then files, then the model's shape and the GPU's memory: each a clear Error before any work.
@@ -336,7 +361,7 @@ void ReportRun::validate_and_plan() {
   }
 }
 
-Built ReportRun::build(const PrecisionRecipe& recipe, Backend backend) {
+Built ReportRun::build_engine(const PrecisionRecipe& recipe, Backend backend) {
   Built b;
   if (backend == Backend::Cuda) {
     CudaEngineOptions base;
@@ -382,7 +407,7 @@ Built ReportRun::build(const PrecisionRecipe& recipe, Backend backend) {
   return b;
 }
 
-void ReportRun::run_latency(Plan& p, Built& b) {
+void ReportRun::run_latency_phase(Plan& p, Built& b) {
   eval::LatencyHooks hooks;
   if (b.cuda) {
     CudaEngine* e = b.cuda;
@@ -424,6 +449,15 @@ void ReportRun::run_quality_group(Built& base, Plan* base_plan, std::vector<std:
   if (others.empty() && base_plan && base_plan->row->ppl) return;  // nothing new to measure
   const int64_t total = report_.quality_windows * (quality_opt_.ctx - 1);
   ProgressBar bar(label, total, !a_.calibration.quiet);
+  const auto start = std::chrono::steady_clock::now();
+  struct PhaseRecord {  // records the phase however the function returns
+    ReportRun* run;
+    std::string name;
+    std::chrono::steady_clock::time_point start;
+    ~PhaseRecord() { run->record_phase(name, start); }
+  } phase_record{this, label + " (" + std::to_string(report_.quality_windows) + " windows, " +
+                           (on_device ? "scored on the GPU" : "scored on the host") + ")",
+                 start};
   auto progress = [&](int64_t done, int64_t) { bar.update(done); };
   if (others.empty()) {
     const eval::PerplexityResult r =
@@ -578,6 +612,7 @@ void ReportRun::write_outputs() {
   if (factory_) report_.extra["quantisation"] = factory_->quantisation_records();
   if (factory_) report_.extra["calibration"] = recipe_engine_args_json(a_.calibration);
   report_.extra["device_memory_gib"] = device_.memory_gib;
+  report_.extra["phase_seconds"] = phases_;
   const std::filesystem::path dir(a_.out);
   auto write = [&](const std::string& name, const std::string& text) {
     const std::string path = (dir / name).string();

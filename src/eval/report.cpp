@@ -279,6 +279,15 @@ std::string report_markdown(const Report& r) {
       if (!row.latency_note.empty()) md << "- `" << row.config << "` latency: " << row.latency_note << "\n";
     }
   }
+  // Wall clock of each phase (recorded by the report command in extra.phase_seconds).
+  if (r.extra.is_object() && r.extra.contains("phase_seconds") && r.extra["phase_seconds"].is_array() &&
+      !r.extra["phase_seconds"].empty()) {
+    md << "\n## Time taken\n\n| phase | seconds |\n|---|---|\n";
+    for (const nlohmann::json& ph : r.extra["phase_seconds"]) {
+      if (!ph.is_object() || !ph.contains("phase") || !ph.contains("seconds")) continue;
+      md << "| " << cell(ph["phase"].get<std::string>()) << " | " << fmt(ph["seconds"].get<double>(), 2) << " |\n";
+    }
+  }
   md << "\nPlot: report.svg (decode latency per token against perplexity, one point per configuration and batch).\n";
   return md.str();
 }

@@ -176,12 +176,9 @@ cudaError_t kv_key_anchor_compute(const __nv_bfloat16* qkv, int row_stride, int 
   cfg.gridDim = dim3(static_cast<unsigned>(n_kv_heads), static_cast<unsigned>(n_seqs));
   cfg.blockDim = dim3(kv::kAnchorWarps * kv::kWarp);
   cfg.stream = stream;
-  // Tokens per warp per tile: as many as the 32 KB tile holds, at most 4 (register budget of the prefetch).
-  static_assert(kv::kAnchorTileFloats / (kv::kAnchorWarps * 2) >= kKvAppendMaxHeadDim,
-                "two tokens per warp of the largest head must fit the anchor tile");
-  if (head_dim * kv::kAnchorWarps * 4 <= kv::kAnchorTileFloats)
-    return cudaLaunchKernelEx(&cfg, kv::kv_key_anchor_kernel<4>, args);
-  return cudaLaunchKernelEx(&cfg, kv::kv_key_anchor_kernel<2>, args);
+  // 16-byte cp.async copies need every key row 16-byte aligned: the pointer, the row stride and the offsets.
+  const bool vector_loads = reinterpret_cast<uintptr_t>(qkv) % 16 == 0 && row_stride % 8 == 0 && k_offset % 8 == 0;
+  return cudaLaunchKernelEx(&cfg, kv::kv_key_anchor_kernel, args, vector_loads);
 }
 
 const char* kv_append_last_error() { return g_last_error.c_str(); }

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/cvt.cuh"
 #include "futransformer/cuda/kv_append.h"
 #include "futransformer/formats/kv_cache.h"
@@ -25,10 +26,13 @@ constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMaxPerLane = kKvAppendMaxHeadDim / kWarp;  // registers per lane for the largest head
 constexpr int kAppendWarps = 4;  // warps per CTA of kv_append_kernel, each one (row, KV head, K or V)
-constexpr int kAnchorWarps = 16;  // warps per CTA of kv_key_anchor_kernel, each rotating kP tokens per tile
-// Shared tile of rotated keys summed per pass of kv_key_anchor_kernel (32 KB: under the 48 KB static limit, and
-// 64 tokens of head_dim 128 per barrier pair).
-constexpr int kAnchorTileFloats = 8192;
+constexpr int kAnchorWarps = 16;  // warps per CTA of kv_key_anchor_kernel
+// Elements (BF16 raw and fp32 rotated) of one kv_key_anchor_kernel tile: 32 tokens at head_dim 128, at least
+// kAnchorWarps tokens at the largest head. Shared memory: kAnchorStages raw tiles (8 KB each) + one fp32 tile (16 KB)
+// = 48 KB, the static limit.
+constexpr int kAnchorTileElems = 4096;
+constexpr int kAnchorStages = 4;
+static_assert(kAnchorTileElems / kKvAppendMaxHeadDim >= kAnchorWarps, "every warp rotates a row of the largest head");
 constexpr int kPageTokens = static_cast<int>(formats::kKvPageTokens);
 constexpr int kInt4Group = static_cast<int>(formats::kKvInt4Group);
 constexpr float kInt4Levels = 15.0f;  // int4.cpp: 16 levels, 15 steps
@@ -291,16 +295,19 @@ __global__ void __launch_bounds__(kAppendWarps * kWarp) kv_append_kernel(const A
   }
 }
 
-// One CTA per (KV head, sequence). The chunk's tokens go through in tiles of kAnchorWarps · kP tokens: warp w
-// rotates tokens t0 + w + kAnchorWarps · p into shared memory (tile row = token − t0), then thread c adds channel c
-// of the tile's tokens to its fp64 sum in token order, which is the CPU's summation order (fp64 addition is not
-// associative, so the order is part of the result). The sum is one dependent chain per channel, so the kernel is
-// latency-bound: the next tile's keys are loaded into registers (raw bf16 bits, converted only when used) before
-// the barrier, so their global-memory latency overlaps this tile's summation instead of adding to it.
+// One CTA per (KV head, sequence). The chunk's keys stream through shared memory in tiles of
+// kAnchorTileElems / head_dim tokens (32 at head_dim 128): a kAnchorStages-deep ring of raw BF16 tiles filled by
+// 16-byte cp.async copies, so several tiles' loads are in flight while one is summed (a latency-bound kernel on 8
+// SMs: per-lane 2-byte loads with one tile in flight measured ~7 µs per 64 tokens, bench_kv_append --probe). Warp
+// w rotates tile rows w, w + kAnchorWarps, ... into an fp32 tile; then thread c adds channel c of the tile's
+// tokens to its fp64 sum in token order, which is the CPU's summation order (fp64 addition is not associative, so
+// the order is part of the result). `vector_loads` is false when a key row is not 16-byte aligned (the host
+// checks row_stride, k_offset and the pointer); the ring is then filled with 2-byte loads.
 // static: this header is included by more than one .cu file (fused_ops.cu reuses its device functions).
-template <int kP>
-static __global__ void __launch_bounds__(kAnchorWarps * kWarp) kv_key_anchor_kernel(const AnchorArgs a) {
-  __shared__ float tile[kAnchorTileFloats];
+static __global__ void __launch_bounds__(kAnchorWarps * kWarp) kv_key_anchor_kernel(const AnchorArgs a,
+                                                                                      const bool vector_loads) {
+  __shared__ alignas(16) uint16_t raw[kAnchorStages][kAnchorTileElems];
+  __shared__ float rotated[kAnchorTileElems];
   const int h = static_cast<int>(blockIdx.x);
   const int seq = static_cast<int>(blockIdx.y);
   const int first = a.first_row[seq];
@@ -311,46 +318,63 @@ static __global__ void __launch_bounds__(kAnchorWarps * kWarp) kv_key_anchor_ker
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int c = static_cast<int>(threadIdx.x);
   const int nv = a.head_dim / kWarp;
-  constexpr int kTileTokens = kAnchorWarps * kP;
+  const int tile_tokens = kAnchorTileElems / a.head_dim / kAnchorWarps * kAnchorWarps;  // host: >= kAnchorWarps
+  const int n_tiles = (count + tile_tokens - 1) / tile_tokens;
   const uint16_t* keys = reinterpret_cast<const uint16_t*>(a.qkv) + static_cast<int64_t>(first) * a.row_stride +
                          a.k_offset + static_cast<int64_t>(h) * a.head_dim;
-  uint16_t raw[kP][kMaxPerLane];
-  auto load_tile = [&](int t0) {
+  // Stage `tile % kAnchorStages` <- the tile's rows that exist (the rest is never read).
+  auto load_tile = [&](int tile) {
+    if (tile >= n_tiles) return;
+    uint16_t* dst = raw[tile % kAnchorStages];
+    const int t0 = tile * tile_tokens;
+    const int rows = min(tile_tokens, count - t0);
+    if (vector_loads) {
+      const int chunks_per_row = a.head_dim / 8;  // 16-byte chunks of 8 BF16 values
+      for (int k = c; k < rows * chunks_per_row; k += kAnchorWarps * kWarp) {
+        const int row = k / chunks_per_row, col = (k % chunks_per_row) * 8;
+        ptx::cp_async_16(static_cast<uint32_t>(__cvta_generic_to_shared(dst + row * a.head_dim + col)),
+                         keys + static_cast<int64_t>(t0 + row) * a.row_stride + col);
+      }
+    } else {
+      for (int k = c; k < rows * a.head_dim; k += kAnchorWarps * kWarp)
+        dst[k] = keys[static_cast<int64_t>(t0 + k / a.head_dim) * a.row_stride + k % a.head_dim];
+    }
+  };
 #pragma unroll
-    for (int p = 0; p < kP; ++p) {
-      const int t = t0 + warp + kAnchorWarps * p;
+  for (int s = 0; s < kAnchorStages - 1; ++s) {
+    load_tile(s);
+    ptx::cp_async_commit_group();
+  }
+  double sum = 0.0;
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    load_tile(tile + kAnchorStages - 1);  // into the stage read two barriers ago
+    ptx::cp_async_commit_group();
+    ptx::cp_async_wait_group<kAnchorStages - 1>();  // this thread's copies of `tile` have landed
+    __syncthreads();                                 // ... and everyone else's
+    const uint16_t* src = raw[tile % kAnchorStages];
+    const int t0 = tile * tile_tokens;
+    const int rows = min(tile_tokens, count - t0);
+    for (int row = warp; row < rows; row += kAnchorWarps) {
+      float x[kMaxPerLane];
 #pragma unroll
       for (int i = 0; i < kMaxPerLane; ++i) {
         const int ch = i * kWarp + lane;
-        raw[p][i] = (t < count && ch < a.head_dim) ? keys[static_cast<int64_t>(t) * a.row_stride + ch] : 0;
+        x[i] = ch < a.head_dim ? __uint_as_float(static_cast<uint32_t>(src[row * a.head_dim + ch]) << 16) : 0.0f;
+      }
+      hadamard_warp(x, nv, a.hadamard_block, a.hadamard_scale, lane);
+#pragma unroll
+      for (int i = 0; i < kMaxPerLane; ++i) {
+        if (i < nv) rotated[row * a.head_dim + i * kWarp + lane] = x[i];
       }
     }
-  };
-  load_tile(0);
-  double sum = 0.0;
-  for (int t0 = 0; t0 < count; t0 += kTileTokens) {
-#pragma unroll
-    for (int p = 0; p < kP; ++p) {
-      const int row = warp + kAnchorWarps * p;
-      if (t0 + row < count) {
-        float x[kMaxPerLane];
-#pragma unroll
-        for (int i = 0; i < kMaxPerLane; ++i) x[i] = __uint_as_float(static_cast<uint32_t>(raw[p][i]) << 16);
-        hadamard_warp(x, nv, a.hadamard_block, a.hadamard_scale, lane);
-#pragma unroll
-        for (int i = 0; i < kMaxPerLane; ++i) {
-          if (i < nv) tile[row * a.head_dim + i * kWarp + lane] = x[i];
-        }
-      }
-    }
-    load_tile(t0 + kTileTokens);
     __syncthreads();
     if (c < a.head_dim) {
-      const int n = min(kTileTokens, count - t0);
-      for (int w = 0; w < n; ++w) sum = __dadd_rn(sum, static_cast<double>(tile[w * a.head_dim + c]));
+      for (int w = 0; w < rows; ++w) sum = __dadd_rn(sum, static_cast<double>(rotated[w * a.head_dim + c]));
     }
-    __syncthreads();  // the tile is rewritten by the next iteration
+    // No third barrier: `rotated` is rewritten only after the next iteration's first barrier, which the summing
+    // threads reach when done; the raw stage refilled next was last read before this iteration's second barrier.
   }
+  ptx::cp_async_wait_group<0>();  // nothing may be in flight into shared memory when the CTA exits
   if (c < a.head_dim) {
     const float mean = __double2float_rn(__ddiv_rn(sum, static_cast<double>(count)));
     const float clamped = fminf(fmaxf(mean, -kF16Max), kF16Max);

@@ -321,10 +321,22 @@ TEST(KvAnchorGpu, MatchesKvKeyAnchorBitForBit) {
 TEST(KvAnchorGpu, LongChunksMatchKvKeyAnchorBitForBit) {
   FT_REQUIRE_CUDA_DEVICE();
   uint32_t seed = 3500;
-  for (int head_dim : {64, 128, 256}) {
-    SCOPED_TRACE(testing::Message() << "head_dim " << head_dim);
+  for (int head_dim : {64, 128, 256, 96}) {
+    // head_dim 96 also gets a row stride that is not a multiple of 8 elements: the kernel's 2-byte-load path.
+    const bool unaligned = head_dim == 96;
+    SCOPED_TRACE(testing::Message() << "head_dim " << head_dim << (unaligned ? " (unaligned rows)" : ""));
     const int n_kv = head_dim == 256 ? 2 : 3;
-    const Qkv q = make_qkv(1200, n_kv, head_dim, seed += 10);
+    Qkv q = make_qkv(1200, n_kv, head_dim, seed += 10);
+    if (unaligned) {
+      constexpr int kExtra = 4;  // elements: rows 8-byte but not 16-byte aligned
+      std::vector<uint16_t> bits(static_cast<size_t>(q.rows) * (q.row_stride + kExtra), 0);
+      for (int r = 0; r < q.rows; ++r)
+        std::copy(q.bits.begin() + static_cast<ptrdiff_t>(r) * q.row_stride,
+                  q.bits.begin() + static_cast<ptrdiff_t>(r + 1) * q.row_stride,
+                  bits.begin() + static_cast<ptrdiff_t>(r) * (q.row_stride + kExtra));
+      q.bits = std::move(bits);
+      q.row_stride += kExtra;
+    }
     const std::vector<int32_t> first = {0, 1037, 1102}, count = {1037, 65, 63}, index = {2, 0, 1};
     std::vector<uint16_t> want(3 * static_cast<size_t>(n_kv) * head_dim);
     for (size_t s = 0; s < first.size(); ++s) {

@@ -189,8 +189,8 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   const bool f32_out = ep == w4a16::Epilogue::residual_f32;
   __nv_bfloat16* const y = f32_out ? nullptr : static_cast<__nv_bfloat16*>(out);
   float* const residual = f32_out ? static_cast<float*>(out) : nullptr;
-  const KernelArgs args{x,     reinterpret_cast<const uint4*>(w_packed), scales, y, static_cast<float*>(workspace),
-                        M,     N, K, group, t, residual, ep};
+  const KernelArgs args{x, reinterpret_cast<const uint4*>(w_packed), scales, y, static_cast<float*>(workspace),
+                        M, N, K, group, t, residual, ep};
   const KernelFn kernel = scale_type == formats::ScaleType::F16 ? pick_kernel<true>(t) : pick_kernel<false>(t);
   if (kernel == nullptr)
     return reject(&g_last_error, "gemm_w4a16: no kernel is compiled for " + w4a16::describe_tiling(t, M, N, K, group, d));

@@ -44,8 +44,8 @@ struct KernelArgs {
   float* partial;           // [splits, M, N] fp32 (written when tiling.splits > 1)
   int M, N, K, group;
   Tiling tiling;
-  float* residual = nullptr;                    // [M, N] fp32 for residual_f32 (when tiling.splits == 1)
-  Epilogue epilogue = Epilogue::store_bf16;     // applied by the reduce kernel instead when tiling.splits > 1
+  float* residual = nullptr;                 // [M, N] fp32, read and written by residual_f32 (splits == 1)
+  Epilogue epilogue = Epilogue::store_bf16;  // with splits > 1 the reduce kernel applies it instead
 
   __device__ EpilogueOut out() const { return EpilogueOut{epilogue, y, residual, partial, M, N, tiling.splits}; }
 };

@@ -5,9 +5,12 @@
 // tokens/s, and the memory roofline: bytes every step must read (INT4 weights + scales, the LM head, norms, the
 // cache of every sequence) over the measured copy bandwidth. Step rows run once per LM head of --heads: bf16 (tied
 // to the BF16 embedding, cuBLAS) and int4 (head-int4: its own INT4 copy, group 128, BF16 scales, W4A16 GEMM), each
-// int4 row with its ratio to the bf16 row of the same shape and batch, measured in the same process.
+// int4 row with its ratio to the bf16 row of the same shape and batch, measured in the same process. Every row runs
+// once per mode of --epilogues: fused (CudaEngineOptions::fused_epilogues, the default: the INT4 o / down GEMMs add
+// into the residual stream and gate|up applies SwiGLU in their epilogues) and unfused (separate residual + RMSNorm
+// and SwiGLU kernels); fused rows carry their ratio to the unfused row of the same shape, head and batch.
 //   bench_decode_step [--json PATH] [--iters N] [--context C] [--kv bf16|int4|int4-hadamard] [--configs a,b]
-//                     [--batches 1,8,32] [--heads bf16,int4]
+//                     [--batches 1,8,32] [--heads bf16,int4] [--epilogues fused,unfused] [--profile]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +33,7 @@ namespace {
 struct Row {
   std::string shape;  // "llama-3.1-8b step" / "llama-3.1-8b block"
   std::string head;   // "bf16" / "int4"
+  bool fused = true;  // CudaEngineOptions::fused_epilogues
   int batch = 0, context = 0, layers = 0;
   double graph_us = 0, graph_p90_us = 0, host_us = 0, bytes = 0, roofline_us = 0;
 };
@@ -60,7 +64,7 @@ double step_bytes(const ModelConfig& c, int group, int batch, int context, forma
 int main(int argc, char** argv) {
   bool profile = false;  // --profile: per-op GPU times of the one-layer blocks (no graphs; bench_op_profile.h)
   std::string json_path, kv_name = "int4-hadamard", configs = "llama-3.1-8b,llama-3.1-70b", batches = "1,8,32";
-  std::string heads = "bf16,int4";
+  std::string heads = "bf16,int4", epilogues = "fused,unfused";
   int iters = 50, context = 1024;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -71,10 +75,12 @@ int main(int argc, char** argv) {
     else if (a == "--configs" && i + 1 < argc) configs = argv[++i];
     else if (a == "--batches" && i + 1 < argc) batches = argv[++i];
     else if (a == "--heads" && i + 1 < argc) heads = argv[++i];
+    else if (a == "--epilogues" && i + 1 < argc) epilogues = argv[++i];
     else if (a == "--profile") profile = true;
     else {
       std::fprintf(stderr, "usage: %s [--json PATH] [--iters N] [--context C] [--kv bf16|int4|int4-hadamard] "
-                           "[--configs llama-3.1-8b,llama-3.1-70b] [--batches 1,8,32] [--heads bf16,int4] [--profile]\n", argv[0]);
+                           "[--configs llama-3.1-8b,llama-3.1-70b] [--batches 1,8,32] [--heads bf16,int4] "
+                           "[--epilogues fused,unfused] [--profile]\n", argv[0]);
       return 2;
     }
   }
@@ -85,6 +91,14 @@ int main(int argc, char** argv) {
       return 2;
     }
     int4_heads.push_back(hd == "int4");
+  }
+  std::vector<bool> fused_modes;
+  for (const std::string& m : bench::split_list(epilogues)) {
+    if (m != "fused" && m != "unfused") {
+      std::fprintf(stderr, "bench_decode_step: --epilogues takes fused and/or unfused, got '%s'\n", m.c_str());
+      return 2;
+    }
+    fused_modes.push_back(m == "fused");
   }
   constexpr int kGroup = 128;
   try {
@@ -99,12 +113,17 @@ int main(int argc, char** argv) {
     const int max_batch = *std::max_element(bs.begin(), bs.end());
 
     std::vector<Row> rows;
-    // (block, INT4 head): the step once per head; the block (256-token vocabulary) with the BF16 head only.
-    std::vector<std::pair<bool, bool>> variants;
-    for (const bool int4_head : int4_heads) variants.emplace_back(false, int4_head);
-    variants.emplace_back(true, false);
+    // (block, INT4 head, fused epilogues): the step once per head; the block (256-token vocabulary) with the BF16
+    // head only; each once per epilogue mode.
+    struct Variant {
+      bool block, int4_head, fused;
+    };
+    std::vector<Variant> variants;
+    for (const bool int4_head : int4_heads)
+      for (const bool fused : fused_modes) variants.push_back({false, int4_head, fused});
+    for (const bool fused : fused_modes) variants.push_back({true, false, fused});
     for (const std::string& name : bench::split_list(configs)) {
-      for (const auto& [block, int4_head] : variants) {
+      for (const auto& [block, int4_head, fused] : variants) {
         ModelConfig c = synthetic_config(name);
         // One decoder block: a single layer with a 256-token vocabulary, so the embedding and head add ~1 µs of
         // their own instead of the real head's 1 GB (8B) read.
@@ -118,6 +137,7 @@ int main(int argc, char** argv) {
         o.max_sequence_length = context + 8;
         o.max_batch_tokens = 64;
         o.synthetic_int4_head = int4_head;
+        o.fused_epilogues = fused;
         std::unique_ptr<CudaEngine> e = make_synthetic_cuda_engine(c, kGroup, o);
         std::printf("%s%s: %s | GPU memory %.2f GB\n", name.c_str(), block ? " (1 layer)" : "", e->description().c_str(),
                     e->memory().total() / 1e9);
@@ -149,11 +169,14 @@ int main(int argc, char** argv) {
             pe->clear_op_profile();
             for (int k = 0; k < kRuns; ++k) pe->forward_greedy(batch);
             bench::print_op_profile(pe->op_profile(), name + " block decode step, batch " + std::to_string(b) +
-                                                          ", context " + std::to_string(context), kRuns);
+                                                          ", context " + std::to_string(context) +
+                                                          (fused ? ", fused epilogues" : ", unfused epilogues"),
+                                    kRuns);
           }
           Row r;
           r.shape = name + (block ? " block" : " step");
           r.head = int4_head ? "int4" : "bf16";
+          r.fused = fused;
           r.batch = b;
           r.context = context;
           r.layers = static_cast<int>(c.num_hidden_layers);
@@ -166,22 +189,27 @@ int main(int argc, char** argv) {
         }
       }
     }
-    // The BF16-head row of the same shape and batch (the baseline of an INT4-head row), or null.
-    auto bf16_twin = [&](const Row& r) -> const Row* {
+    // The row of the same shape and batch with the given head and epilogue mode (a ratio's baseline), or null.
+    auto twin = [&](const Row& r, const std::string& head, bool fused) -> const Row* {
       for (const Row& o : rows)
-        if (o.head == "bf16" && o.shape == r.shape && o.batch == r.batch) return &o;
+        if (o.head == head && o.fused == fused && o.shape == r.shape && o.batch == r.batch) return &o;
       return nullptr;
     };
-    std::printf("\n| shape | LM head | layers | batch | context | graph µs (median) | p90 | host step µs | tok/s | "
-                "bytes (MB) | roofline µs | × roofline | graph × bf16 head |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    auto ratio_text = [](const Row& r, const Row* base, char (&buf)[32]) {
+      if (base) std::snprintf(buf, sizeof buf, "%.3f", r.graph_us / base->graph_us);
+      else std::snprintf(buf, sizeof buf, "-");
+    };
+    std::printf("\n| shape | LM head | epilogues | layers | batch | context | graph µs (median) | p90 | host step µs | "
+                "tok/s | bytes (MB) | roofline µs | × roofline | graph × bf16 head | graph × unfused |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const Row& r : rows) {
-      const Row* base = r.head == "int4" ? bf16_twin(r) : nullptr;
-      char ratio[32] = "-";
-      if (base) std::snprintf(ratio, sizeof ratio, "%.3f", r.graph_us / base->graph_us);
-      std::printf("| %s | %s | %d | %d | %d | %.1f | %.1f | %.1f | %.0f | %.1f | %.1f | %.2f | %s |\n", r.shape.c_str(),
-                  r.head.c_str(), r.layers, r.batch, r.context, r.graph_us, r.graph_p90_us, r.host_us,
-                  r.batch / (r.host_us * 1e-6), r.bytes / 1e6, r.roofline_us, r.graph_us / r.roofline_us, ratio);
+      char head_ratio[32], fused_ratio[32];
+      ratio_text(r, r.head == "int4" ? twin(r, "bf16", r.fused) : nullptr, head_ratio);
+      ratio_text(r, r.fused ? twin(r, r.head, false) : nullptr, fused_ratio);
+      std::printf("| %s | %s | %s | %d | %d | %d | %.1f | %.1f | %.1f | %.0f | %.1f | %.1f | %.2f | %s | %s |\n",
+                  r.shape.c_str(), r.head.c_str(), r.fused ? "fused" : "unfused", r.layers, r.batch, r.context,
+                  r.graph_us, r.graph_p90_us, r.host_us, r.batch / (r.host_us * 1e-6), r.bytes / 1e6, r.roofline_us,
+                  r.graph_us / r.roofline_us, head_ratio, fused_ratio);
     }
     const int sm_now = bench::report_sm_clock_after_runs(d.dev);
     if (!json_path.empty()) {
@@ -191,10 +219,12 @@ int main(int argc, char** argv) {
       auto row = [&](FILE* f, size_t i) {
         const Row& r = rows[i];
         std::fprintf(f,
-                     "    {\"shape\": \"%s\", \"lm_head\": \"%s\", \"layers\": %d, \"batch\": %d, \"context\": %d, "
+                     "    {\"shape\": \"%s\", \"lm_head\": \"%s\", \"fused_epilogues\": %s, \"layers\": %d, "
+                     "\"batch\": %d, \"context\": %d, "
                      "\"graph_us\": %.2f, \"graph_p90_us\": %.2f, \"host_step_us\": %.2f, \"bytes\": %.0f, "
                      "\"roofline_us\": %.2f}",
-                     r.shape.c_str(), r.head.c_str(), r.layers, r.batch, r.context, r.graph_us, r.graph_p90_us,
+                     r.shape.c_str(), r.head.c_str(), r.fused ? "true" : "false", r.layers, r.batch, r.context,
+                     r.graph_us, r.graph_p90_us,
                      r.host_us, r.bytes, r.roofline_us);
       };
       if (!bench::write_json(json_path, "decode_step", d, sm_now, copy_tbps, extra, rows.size(), row)) return 1;

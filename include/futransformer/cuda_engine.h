@@ -45,6 +45,11 @@ struct CudaEngineOptions {
   // the BF16 embedding. make_cuda_engine ignores it: a loaded model's recipe decides (cuda_engine_options sets it
   // from the recipe's head part, so a report's synthetic rows follow their recipe).
   bool synthetic_int4_head = false;
+  // INT4 projections with the W4A16 GEMM's fused epilogues (BF16 passes): the o and down GEMMs add into the fp32
+  // residual stream and the gate|up GEMM applies SwiGLU (its weight is then packed gate/up-interleaved), so no
+  // separate residual or SwiGLU kernel runs; false: the GEMMs write BF16 and the separate kernels follow (residual
+  // adds fused with the next RMSNorm). Both give bit-identical results; the flag exists to compare and measure them.
+  bool fused_epilogues = true;
   // Diagnosis: time every op of every pass with CUDA events (CudaEngine::op_profile). Runs without CUDA graphs and
   // synchronises after each pass, so it slows the engine; the per-op times include each op's launch gap.
   bool profile_ops = false;

@@ -151,19 +151,33 @@ EnvVariant env_variant() {
   return v;
 }
 
-// Pointer checks shared by both entry points.
-cudaError_t check_pointers(const void* x, const void* w_packed, const void* scales, const void* y) {
-  if (!x || !w_packed || !scales || !y || !aligned(x, 16) || !aligned(w_packed, 16) || !aligned(scales, 16) ||
-      !aligned(y, 4)) {
-    return reject(&g_last_error,
-                  "gemm_w4a16: x, w_packed and scales must be non-null and 16-byte aligned, y 4-byte aligned");
+// Pointer checks shared by every entry point. The output's alignment follows its widest access: BF16 pairs for y,
+// float4 in the split-K reduce for the residual, four BF16 (8 bytes) there for the SwiGLU output.
+cudaError_t check_pointers(const void* x, const void* w_packed, const void* scales, const void* out,
+                           w4a16::Epilogue ep) {
+  if (!x || !w_packed || !scales || !aligned(x, 16) || !aligned(w_packed, 16) || !aligned(scales, 16))
+    return reject(&g_last_error, "gemm_w4a16: x, w_packed and scales must be non-null and 16-byte aligned");
+  switch (ep) {
+    case w4a16::Epilogue::store_bf16:
+      if (!out || !aligned(out, 4)) return reject(&g_last_error, "gemm_w4a16: y must be non-null and 4-byte aligned");
+      break;
+    case w4a16::Epilogue::residual_f32:
+      if (!out || !aligned(out, 16))
+        return reject(&g_last_error, "gemm_w4a16_residual: residual must be non-null and 16-byte aligned");
+      break;
+    case w4a16::Epilogue::swiglu_bf16:
+      if (!out || !aligned(out, 8))
+        return reject(&g_last_error, "gemm_w4a16_swiglu: h must be non-null and 8-byte aligned");
+      break;
+    default: return reject(&g_last_error, "gemm_w4a16: unknown epilogue");
   }
   return cudaSuccess;
 }
 
-// Launches a tiling that fits the device (smem checked by the callers) after the workspace check.
-cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, const __nv_bfloat16* x,
-                   const uint32_t* w_packed, const uint16_t* scales, __nv_bfloat16* y, int M, int N, int K, int group,
+// Launches a tiling that fits the device (smem checked by the callers) after the workspace check; `out` is y (BF16
+// [M, N]), the fp32 residual [M, N] or h (BF16 [M, N / 2]) as the epilogue says.
+cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16::Epilogue ep, const __nv_bfloat16* x,
+                   const uint32_t* w_packed, const uint16_t* scales, void* out, int M, int N, int K, int group,
                    formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   const int64_t smem = w4a16::smem_layout(t, K, group).total;
   if (print_choice()) std::fprintf(stderr, "%s\n", w4a16::describe_tiling(t, M, N, K, group, d).c_str());
@@ -172,8 +186,11 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, const
       e != cudaSuccess)
     return e;
 
+  const bool f32_out = ep == w4a16::Epilogue::residual_f32;
+  __nv_bfloat16* const y = f32_out ? nullptr : static_cast<__nv_bfloat16*>(out);
+  float* const residual = f32_out ? static_cast<float*>(out) : nullptr;
   const KernelArgs args{x, reinterpret_cast<const uint4*>(w_packed), scales, y, static_cast<float*>(workspace),
-                        M, N, K, group, t};
+                        M, N, K, group, t, residual, ep};
   const KernelFn kernel = scale_type == formats::ScaleType::F16 ? pick_kernel<true>(t) : pick_kernel<false>(t);
   if (kernel == nullptr)
     return reject(&g_last_error, "gemm_w4a16: no kernel is compiled for " + w4a16::describe_tiling(t, M, N, K, group, d));
@@ -190,18 +207,27 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, const
   if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args); e != cudaSuccess) return e;
   if (t.splits == 1) return cudaSuccess;
 
+  // The reduce kernel applies the epilogue: one launch either way (N % 32 == 0, so M * N / 4 is exact).
   const int64_t count4 = static_cast<int64_t>(M) * N / 4;
+  const int64_t items = ep == w4a16::Epilogue::swiglu_bf16 ? count4 / 2 : count4;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t rcfg{};
-  rcfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>((count4 + 255) / 256, int64_t{d.sm_count} * 8)));
+  rcfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>((items + 255) / 256, int64_t{d.sm_count} * 8)));
   rcfg.blockDim = dim3(256);
   rcfg.stream = stream;
   rcfg.attrs = attr;
   rcfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_kernel, static_cast<const float4*>(workspace), y, count4,
-                            t.splits);
+  const auto* partial = static_cast<const float4*>(workspace);
+  switch (ep) {
+    case w4a16::Epilogue::residual_f32:
+      return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_residual_kernel, partial,
+                                reinterpret_cast<float4*>(residual), count4, t.splits);
+    case w4a16::Epilogue::swiglu_bf16:
+      return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_swiglu_kernel, partial, y, count4, N / 8, t.splits);
+    default: return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_kernel, partial, y, count4, t.splits);
+  }
 }
 
 // The tiling gemm_w4a16 runs: the environment's v4 config for v4 decode sizes (when its tiling fits the device;
@@ -216,6 +242,31 @@ Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits&
   }
   t.variant = v;
   return t;
+}
+
+// The caller's tiling (checked) or the library's (planned), then the launch: every entry point runs through here.
+cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x, const uint32_t* w_packed,
+                const uint16_t* scales, void* out, int M, int N, int K, int group, formats::ScaleType scale_type,
+                void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  g_last_error.clear();
+  if (gemm_w4a16_can_implement(M, N, K, group, scale_type, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
+  if (const cudaError_t e = check_pointers(x, w_packed, scales, out, ep); e != cudaSuccess) return e;
+  w4a16::DeviceLimits d;
+  int dev = 0;
+  if (const cudaError_t e = device_limits(&d, &dev); e != cudaSuccess) return e;
+  if (tiling) {
+    if (!w4a16::tiling_is_valid(*tiling, M, N, K, group, d, &g_last_error)) return cudaErrorInvalidValue;
+    return launch(*tiling, d, dev, ep, x, w_packed, scales, out, M, N, K, group, scale_type, workspace,
+                  workspace_bytes, stream);
+  }
+  const Tiling t = library_tiling(M, N, K, group, d);
+  const int64_t smem = w4a16::smem_layout(t, K, group).total;
+  if (smem > d.smem_per_block) {
+    return reject(&g_last_error, "gemm_w4a16: the chosen tiling needs " + std::to_string(smem) +
+                                     " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block));
+  }
+  return launch(t, d, dev, ep, x, w_packed, scales, out, M, N, K, group, scale_type, workspace, workspace_bytes,
+                stream);
 }
 
 }  // namespace
@@ -292,34 +343,38 @@ cudaError_t gemm_w4a16_plan_config(int M, int N, int K, int group, formats::Scal
 cudaError_t gemm_w4a16(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales, __nv_bfloat16* y,
                        int M, int N, int K, int group, formats::ScaleType scale_type, void* workspace,
                        size_t workspace_bytes, cudaStream_t stream) {
-  g_last_error.clear();
-  if (gemm_w4a16_can_implement(M, N, K, group, scale_type, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
-  if (const cudaError_t e = check_pointers(x, w_packed, scales, y); e != cudaSuccess) return e;
-  w4a16::DeviceLimits d;
-  int dev = 0;
-  if (const cudaError_t e = device_limits(&d, &dev); e != cudaSuccess) return e;
-  const Tiling t = library_tiling(M, N, K, group, d);
-  const int64_t smem = w4a16::smem_layout(t, K, group).total;
-  if (smem > d.smem_per_block) {
-    return reject(&g_last_error, "gemm_w4a16: the chosen tiling needs " + std::to_string(smem) +
-                                     " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block));
-  }
-  return launch(t, d, dev, x, w_packed, scales, y, M, N, K, group, scale_type, workspace, workspace_bytes, stream);
+  return run(nullptr, w4a16::Epilogue::store_bf16, x, w_packed, scales, y, M, N, K, group, scale_type, workspace,
+             workspace_bytes, stream);
+}
+
+cudaError_t gemm_w4a16_residual(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
+                                float* residual, int M, int N, int K, int group, formats::ScaleType scale_type,
+                                void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  return run(nullptr, w4a16::Epilogue::residual_f32, x, w_packed, scales, residual, M, N, K, group, scale_type,
+             workspace, workspace_bytes, stream);
+}
+
+cudaError_t gemm_w4a16_swiglu(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
+                              __nv_bfloat16* h, int M, int N, int K, int group, formats::ScaleType scale_type,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  return run(nullptr, w4a16::Epilogue::swiglu_bf16, x, w_packed, scales, h, M, N, K, group, scale_type, workspace,
+             workspace_bytes, stream);
 }
 
 cudaError_t gemm_w4a16_with_tiling(const Tiling& tiling, const __nv_bfloat16* x, const uint32_t* w_packed,
                                    const uint16_t* scales, __nv_bfloat16* y, int M, int N, int K, int group,
                                    formats::ScaleType scale_type, void* workspace, size_t workspace_bytes,
                                    cudaStream_t stream) {
-  g_last_error.clear();
-  if (gemm_w4a16_can_implement(M, N, K, group, scale_type, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
-  if (const cudaError_t e = check_pointers(x, w_packed, scales, y); e != cudaSuccess) return e;
-  w4a16::DeviceLimits d;
-  int dev = 0;
-  if (const cudaError_t e = device_limits(&d, &dev); e != cudaSuccess) return e;
-  if (!w4a16::tiling_is_valid(tiling, M, N, K, group, d, &g_last_error)) return cudaErrorInvalidValue;
-  return launch(tiling, d, dev, x, w_packed, scales, y, M, N, K, group, scale_type, workspace, workspace_bytes,
-                stream);
+  return run(&tiling, w4a16::Epilogue::store_bf16, x, w_packed, scales, y, M, N, K, group, scale_type, workspace,
+             workspace_bytes, stream);
+}
+
+cudaError_t gemm_w4a16_epilogue_with_tiling(const Tiling& tiling, w4a16::Epilogue epilogue, const __nv_bfloat16* x,
+                                            const uint32_t* w_packed, const uint16_t* scales, void* out, int M, int N,
+                                            int K, int group, formats::ScaleType scale_type, void* workspace,
+                                            size_t workspace_bytes, cudaStream_t stream) {
+  return run(&tiling, epilogue, x, w_packed, scales, out, M, N, K, group, scale_type, workspace, workspace_bytes,
+             stream);
 }
 
 }  // namespace futransformer::cuda

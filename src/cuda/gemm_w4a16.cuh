@@ -16,6 +16,8 @@
 //   are scaled in fp32 when a group ends, so FP16 scales are applied exactly as well.
 // - warps_k > 1 warps are reduced through shared memory in warp order; split-K slices write fp32 partial sums
 //   that gemm_w4a16_reduce_kernel (gemm_w4a16_reduce.cuh) adds in slice order: the result is deterministic.
+// - The final store applies the launch's epilogue (gemm_w4a16_epilogue.cuh): BF16 y, an fp32 residual add, or
+//   SwiGLU of an interleaved gate|up weight; with split-K the reduce kernel applies it instead.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -24,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cuda/gemm_w4a16_epilogue.cuh"
 #include "cuda/gemm_w4a16_layout.h"
 #include "cuda/ptx/bits.cuh"
 #include "cuda/ptx/cp_async.cuh"
@@ -37,10 +40,14 @@ struct KernelArgs {
   const __nv_bfloat16* x;   // [M, K]
   const uint4* w;           // packed blocks, 16 bytes per lane
   const uint16_t* scales;   // packed scales
-  __nv_bfloat16* y;         // [M, N] (written when tiling.splits == 1)
+  __nv_bfloat16* y;         // [M, N], or h [M, N / 2] for swiglu_bf16 (written when tiling.splits == 1)
   float* partial;           // [splits, M, N] fp32 (written when tiling.splits > 1)
   int M, N, K, group;
   Tiling tiling;
+  float* residual = nullptr;                 // [M, N] fp32, read and written by residual_f32 (splits == 1)
+  Epilogue epilogue = Epilogue::store_bf16;  // with splits > 1 the reduce kernel applies it instead
+
+  __device__ EpilogueOut out() const { return EpilogueOut{epilogue, y, residual, partial, M, N, tiling.splits}; }
 };
 
 // bf16x2 {u_lo - 8, u_hi - 8} from slot `kShift / 4` of a packed word.
@@ -81,7 +88,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
   Tiling t = args.tiling;
   t.warps = kWarps;  // v2 runs the default shape only (tiling_is_valid); constants fold smem_layout
   t.stages = kStages;
-  const int M = args.M, K = args.K, group = args.group;
+  const int K = args.K, group = args.group;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wn = warp % t.warps_n, wk = warp / t.warps_n;
 
@@ -225,27 +232,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
   }
   if (wk != 0) return;
 
-  const int N = args.N;
+  const EpilogueOut o = args.out();
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int tile = 0; tile < kTilesPerBlock; ++tile) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = mt * 16 + c_frag_row(lane, 2 * r);
-        if (row >= M) continue;
-        const int64_t col = nb * kBlockN + tile * 8 + c_frag_col(lane, 0);
-        const float lo = acc[mt][tile][2 * r], hi = acc[mt][tile][2 * r + 1];
-        if (t.splits == 1) {
-          *reinterpret_cast<__nv_bfloat162*>(args.y + static_cast<int64_t>(row) * N + col) =
-              __floats2bfloat162_rn(lo, hi);
-        } else {
-          *reinterpret_cast<float2*>(args.partial + (static_cast<int64_t>(blockIdx.y) * M + row) * N + col) =
-              make_float2(lo, hi);
-        }
-      }
-    }
-  }
+  for (int mt = 0; mt < kMT; ++mt)
+    store_c16_tile(o, nb, lane, mt, blockIdx.y, [&](int tile, int e) { return acc[mt][tile][e]; });
 }
 
 }  // namespace futransformer::cuda::w4a16

@@ -37,4 +37,11 @@ cudaError_t gemm_w4a16_with_tiling(const w4a16::Tiling& tiling, const __nv_bfloa
                                    formats::ScaleType scale_type, void* workspace, size_t workspace_bytes,
                                    cudaStream_t stream);
 
+// gemm_w4a16_with_tiling with an epilogue (gemm_w4a16_residual / gemm_w4a16_swiglu on a given tiling): `out` is y
+// (BF16 [M, N]), the fp32 residual [M, N] or h (BF16 [M, N / 2]) as `epilogue` says.
+cudaError_t gemm_w4a16_epilogue_with_tiling(const w4a16::Tiling& tiling, w4a16::Epilogue epilogue,
+                                            const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
+                                            void* out, int M, int N, int K, int group, formats::ScaleType scale_type,
+                                            void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
 }  // namespace futransformer::cuda

@@ -234,4 +234,34 @@ FT_HD uint32_t scale_prmt_selector(int half, bool f16) {
   return f16 ? (half ? 0x4432u : 0x4410u) : (half ? 0x3244u : 0x1044u);
 }
 
+// --- Fused epilogues --------------------------------------------------------------------------------------
+// What the GEMM does with an output element acc[m, n] instead of storing bf16(acc) (with one K slice in the final
+// store of the GEMM kernel; with split-K in the reduce kernel, after the slice sum): nothing else changes, so the
+// rounding points are those of the plain GEMM followed by the separate op.
+//   store_bf16:   y[m, n] = bf16(acc)                                   (the plain GEMM)
+//   residual_f32: r[m, n] = r[m, n] + float(bf16(acc)), one fp32 rounding (= GEMM + add_residual_bf16)
+//   swiglu_bf16:  h[m, j] = bf16(silu(g) * u), g, u = float(bf16(acc)) of gate and up column j of a weight packed
+//                 in the SwiGLU-interleaved row order below (= GEMM on the canonical weight + swiglu_bf16)
+enum class Epilogue : uint8_t { store_bf16, residual_f32, swiglu_bf16 };
+
+// SwiGLU-interleaved row order of a gate|up weight [gate rows 0 .. inter - 1 | up rows inter .. 2 inter - 1]: in
+// every run of 16 packed rows, rows 0..7 are gate rows 8q .. 8q + 7 and rows 8..15 the up rows of the same
+// q. Every fragment layout the kernels store from gives one thread an accumulator of column c and of column c + 8
+// (c % 16 < 8) for the same token row (C tiles 2p and 2p + 1, element e; swapped: elements e and e + 2 of one
+// 16-row tile), so the thread that holds gate j also holds up j and no data moves between threads.
+constexpr int kSwiGluRun = 8;
+// The canonical row of packed row n (inter = packed rows / 2, a multiple of 16 since N is a multiple of 32).
+FT_HD int64_t swiglu_source_row(int64_t n, int64_t inter) {
+  const int64_t q = n / (2 * kSwiGluRun), r = n % (2 * kSwiGluRun);
+  return r < kSwiGluRun ? q * kSwiGluRun + r : inter + q * kSwiGluRun + (r - kSwiGluRun);
+}
+// Packed column of gate j (up j is kSwiGluRun further), and the output column of a packed gate column n.
+FT_HD int64_t swiglu_gate_col(int64_t j) { return (j / kSwiGluRun) * (2 * kSwiGluRun) + j % kSwiGluRun; }
+FT_HD int64_t swiglu_out_col(int64_t n) { return (n / (2 * kSwiGluRun)) * kSwiGluRun + n % (2 * kSwiGluRun); }
+// Where a thread finds the up partner of its gate accumulators: 16-row path, C tile 2p (gate) pairs with 2p + 1;
+// swapped path, element e < 2 (gate, column 16np + g) with e + 2 (column 16np + 8 + g), same token row.
+FT_HD int swiglu_gate_tile(int p) { return 2 * p; }
+FT_HD int swiglu_up_tile(int p) { return 2 * p + 1; }
+FT_HD int swiglu_up_elem(int e) { return e + 2; }
+
 }  // namespace futransformer::cuda::w4a16

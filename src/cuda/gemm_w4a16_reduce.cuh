@@ -1,17 +1,35 @@
-// Split-K epilogue of the W4A16 GEMM: y = bf16(sum over slices of the fp32 partial sums), in slice order so the
-// result is deterministic. Apart from the kernels' header because only the launcher (gemm_w4a16.cu) launches it,
-// while the kernels are instantiated in several translation units.
+// Split-K epilogue of the W4A16 GEMM: the fp32 partial sums of the slices added in slice order (so the result is
+// deterministic), then the launch's epilogue (w4a16::Epilogue): BF16 y, an fp32 residual add, or SwiGLU of an
+// interleaved gate|up weight — the fused epilogues need no pass of their own when K is split either. Apart from the
+// kernels' header because only the launcher (gemm_w4a16.cu) launches these, while the GEMM kernels are
+// instantiated in several translation units. Each kernel is launched as a programmatic dependent of the GEMM.
 #pragma once
 
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
+#include "cuda/gemm_w4a16_epilogue.cuh"
+#include "cuda/gemm_w4a16_layout.h"
 #include "cuda/ptx/griddep.cuh"
 
 namespace futransformer::cuda::w4a16 {
 
-// y = bf16(sum over slices of partial[s]) in slice order; count4 = M * N / 4.
+// Slices 0, 1, ... of float4 i added in that order; count4 = M * N / 4 is the slice stride.
+__device__ __forceinline__ float4 sum_slices(const float4* __restrict__ partial, int64_t i, int64_t count4,
+                                             int splits) {
+  float4 s = partial[i];
+  for (int sp = 1; sp < splits; ++sp) {
+    const float4 v = partial[sp * count4 + i];
+    s.x += v.x;
+    s.y += v.y;
+    s.z += v.z;
+    s.w += v.w;
+  }
+  return s;
+}
+
+// y = bf16(sum over slices of partial[s]); count4 = M * N / 4.
 __global__ void __launch_bounds__(256) gemm_w4a16_reduce_kernel(const float4* __restrict__ partial,
                                                                  __nv_bfloat16* __restrict__ y, int64_t count4,
                                                                  int splits) {
@@ -19,17 +37,50 @@ __global__ void __launch_bounds__(256) gemm_w4a16_reduce_kernel(const float4* __
   ptx::griddepcontrol_wait();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count4; i += stride) {
-    float4 s = partial[i];
-    for (int sp = 1; sp < splits; ++sp) {
-      const float4 v = partial[sp * count4 + i];
-      s.x += v.x;
-      s.y += v.y;
-      s.z += v.z;
-      s.w += v.w;
-    }
+    const float4 s = sum_slices(partial, i, count4, splits);
     __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(y) + 2 * i;
     out[0] = __floats2bfloat162_rn(s.x, s.y);
     out[1] = __floats2bfloat162_rn(s.z, s.w);
+  }
+}
+
+// residual[m, n] += float(bf16(sum over slices)) (Epilogue::residual_f32); residual is [M, N] fp32 like the
+// partial sums, so float4 i of both is the same four elements.
+__global__ void __launch_bounds__(256) gemm_w4a16_reduce_residual_kernel(const float4* __restrict__ partial,
+                                                                          float4* __restrict__ residual,
+                                                                          int64_t count4, int splits) {
+  ptx::griddepcontrol_wait();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count4; i += stride) {
+    const float4 s = sum_slices(partial, i, count4, splits);
+    float4 r = residual[i];
+    r.x = residual_add(r.x, s.x);
+    r.y = residual_add(r.y, s.y);
+    r.z = residual_add(r.z, s.z);
+    r.w = residual_add(r.w, s.w);
+    residual[i] = r;
+  }
+}
+
+// h[m, j .. j + 3] = bf16(silu(g) * u) (Epilogue::swiglu_bf16) for the gate|up partial sums of an interleaved
+// weight (N = 2 inter packed columns): gate j .. j + 3 are four consecutive packed columns (j % 4 == 0 and runs of
+// kSwiGluRun = 8 never split a float4), up j .. j + 3 the four kSwiGluRun columns further. count4 = M * N / 4 (the
+// slice stride), inter4 = inter / 4; h is 8-byte aligned.
+__global__ void __launch_bounds__(256) gemm_w4a16_reduce_swiglu_kernel(const float4* __restrict__ partial,
+                                                                        __nv_bfloat16* __restrict__ h,
+                                                                        int64_t count4, int inter4, int splits) {
+  static_assert(kSwiGluRun % 4 == 0, "a float4 of partial sums must lie inside one gate or up run");
+  ptx::griddepcontrol_wait();
+  const int64_t outputs4 = count4 / 2;  // M * inter / 4
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < outputs4; i += stride) {
+    const int64_t m = i / inter4, j = (i % inter4) * 4;
+    const int64_t g4 = (m * 8 * inter4 + swiglu_gate_col(j)) / 4;  // row m of the N = 8 inter4 packed columns
+    const float4 g = sum_slices(partial, g4, count4, splits);
+    const float4 u = sum_slices(partial, g4 + kSwiGluRun / 4, count4, splits);
+    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(h) + 2 * i;
+    out[0] = __floats2bfloat162_rn(swiglu_value(g.x, u.x), swiglu_value(g.y, u.y));
+    out[1] = __floats2bfloat162_rn(swiglu_value(g.z, u.z), swiglu_value(g.w, u.w));
   }
 }
 

@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   Tiling t = args.tiling;
   t.warps = kCtaWarps;  // equal on the host (tiling_is_valid, v4_kernel_any); constants fold smem_layout
   t.stages = kRing;
-  const int M = args.M, K = args.K, group = args.group;
+  const int K = args.K, group = args.group;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wn = warp % t.warps_n, wk = warp / t.warps_n;
 
@@ -337,48 +337,14 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   }
   if (wk != 0) return;
 
-  const int N = args.N;
+  const EpilogueOut o = args.out();
   if constexpr (kSwap) {
-    // Accumulator (mt, np, e) is y[m][n]: m = 8 mt + 2t + (e & 1), n = 16np + 8 (e >> 1) + g; single 2-byte
-    // stores (the output is M x N with M <= 16: a few KB).
-#pragma unroll
-    for (int mt = 0; mt < kSwapTiles; ++mt) {
-#pragma unroll
-      for (int np = 0; np < 2; ++np) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int m = 8 * mt + swap_c_m(lane, e);
-          if (m >= M) continue;
-          const int64_t n = nb * kBlockN + swap_c_n(lane, np, e);
-          if (t.splits == 1) {
-            args.y[static_cast<int64_t>(m) * N + n] = __float2bfloat16_rn(acc[mt * 2 + np][e]);
-          } else {
-            args.partial[(static_cast<int64_t>(blockIdx.y) * M + m) * N + n] = acc[mt * 2 + np][e];
-          }
-        }
-      }
-    }
+    store_swapped<kSwapTiles>(o, nb, lane, blockIdx.y, [&](int j, int e) { return acc[j][e]; });
   } else {
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-      for (int tile = 0; tile < kTilesPerBlock; ++tile) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = mt * 16 + c_frag_row(lane, 2 * r);
-          if (row >= M) continue;
-          const int64_t col = nb * kBlockN + tile * 8 + c_frag_col(lane, 0);
-          const float lo = acc[mt * kTilesPerBlock + tile][2 * r], hi = acc[mt * kTilesPerBlock + tile][2 * r + 1];
-          if (t.splits == 1) {
-            *reinterpret_cast<__nv_bfloat162*>(args.y + static_cast<int64_t>(row) * N + col) =
-                __floats2bfloat162_rn(lo, hi);
-          } else {
-            *reinterpret_cast<float2*>(args.partial + (static_cast<int64_t>(blockIdx.y) * M + row) * N + col) =
-                make_float2(lo, hi);
-          }
-        }
-      }
-    }
+    for (int mt = 0; mt < kMT; ++mt)
+      store_c16_tile(o, nb, lane, mt, blockIdx.y,
+                     [&](int tile, int e) { return acc[mt * kTilesPerBlock + tile][e]; });
   }
 }
 

@@ -1,6 +1,7 @@
 // Offline repack of canonical INT4 weights into the W4A16 GEMM layout, and the GEMM's CPU twin.
 #include "futransformer/formats/int4_mma.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -27,7 +28,20 @@ void check_int4_mma_compatible(const Int4Weight& w, const std::string& what) {
         w.scales.size(), " values, expected ", w.rows * w.groups_per_row());
 }
 
-std::vector<uint32_t> repack_int4_for_mma(const Int4Weight& w) {
+namespace {
+
+// The canonical row whose values go to packed row n.
+int64_t source_row(const Int4Weight& w, Int4MmaRows rows, int64_t n) {
+  return rows == Int4MmaRows::swiglu_interleaved ? w4::swiglu_source_row(n, w.rows / 2) : n;
+}
+
+// N is a multiple of kBlockN (check_int4_mma_compatible), so inter = N / 2 is a whole number of runs of 16 packed
+// rows and no run mixes gate rows with up rows of another q.
+static_assert((w4::kBlockN / 2) % (2 * w4::kSwiGluRun) == 0, "inter = N / 2 must be a multiple of 2 * kSwiGluRun");
+
+}  // namespace
+
+std::vector<uint32_t> repack_int4_for_mma(const Int4Weight& w, Int4MmaRows rows) {
   check_int4_mma_compatible(w, "repack_int4_for_mma");
   const int64_t n_blocks = w.rows / w4::kBlockN, k_blocks = w.cols / w4::kBlockK;
   std::vector<uint32_t> out(static_cast<size_t>(w.rows * w.cols / 8));
@@ -41,7 +55,7 @@ std::vector<uint32_t> repack_int4_for_mma(const Int4Weight& w) {
           for (int p = 0; p < 4; ++p) {
             for (int h = 0; h < 2; ++h) {
               const w4::NK c = w4::nibble_coords(lane, word, p, h);
-              const uint32_t u = w.nibble(nb * w4::kBlockN + c.n, kb * w4::kBlockK + c.k);
+              const uint32_t u = w.nibble(source_row(w, rows, nb * w4::kBlockN + c.n), kb * w4::kBlockK + c.k);
               v |= u << w4::nibble_shift(p, h);
             }
           }
@@ -53,7 +67,7 @@ std::vector<uint32_t> repack_int4_for_mma(const Int4Weight& w) {
   return out;
 }
 
-std::vector<uint16_t> repack_int4_scales_for_mma(const Int4Weight& w) {
+std::vector<uint16_t> repack_int4_scales_for_mma(const Int4Weight& w, Int4MmaRows rows) {
   check_int4_mma_compatible(w, "repack_int4_scales_for_mma");
   const int64_t n_blocks = w.rows / w4::kBlockN, groups = w.groups_per_row();
   std::vector<uint16_t> out(w.scales.size());
@@ -62,13 +76,25 @@ std::vector<uint16_t> repack_int4_scales_for_mma(const Int4Weight& w) {
       for (int t = 0; t < 4; ++t) {
         for (int tile = 0; tile < w4::kTilesPerBlock; ++tile) {
           for (int half = 0; half < 2; ++half) {
-            const int64_t n = nb * w4::kBlockN + w4::scale_column(t, tile, half);
+            const int64_t n = source_row(w, rows, nb * w4::kBlockN + w4::scale_column(t, tile, half));
             out[static_cast<size_t>(w4::packed_scale_index(nb, g, groups, t, tile, half))] =
                 w.scales[static_cast<size_t>(n * groups + g)];
           }
         }
       }
     }
+  }
+  return out;
+}
+
+Int4Weight int4_swiglu_interleave_rows(const Int4Weight& w) {
+  check_int4_mma_compatible(w, "int4_swiglu_interleave_rows");
+  Int4Weight out = w;
+  const int64_t row_bytes = w.cols / 2, groups = w.groups_per_row();
+  for (int64_t n = 0; n < w.rows; ++n) {
+    const int64_t src = w4::swiglu_source_row(n, w.rows / 2);
+    std::copy_n(w.qweight.begin() + src * row_bytes, row_bytes, out.qweight.begin() + n * row_bytes);
+    std::copy_n(w.scales.begin() + src * groups, groups, out.scales.begin() + n * groups);
   }
   return out;
 }

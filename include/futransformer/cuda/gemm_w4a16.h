@@ -39,7 +39,24 @@ cudaError_t gemm_w4a16(const __nv_bfloat16* x, const uint32_t* w_packed, const u
                        int M, int N, int K, int group, formats::ScaleType scale_type, void* workspace,
                        size_t workspace_bytes, cudaStream_t stream);
 
-// Why the last gemm_w4a16 call on this thread returned cudaErrorInvalidValue ("" after a success).
+// The same GEMM with a fused epilogue (decode: no separate op, no extra pass over memory). Each is applied to the
+// fp32 sums in the GEMM's final store, or in its split-K reduce kernel when K is split, after the same BF16 rounding
+// the plain GEMM's output gets — so the results are bit for bit those of gemm_w4a16 followed by the separate op.
+// Arguments, checks, workspace (gemm_w4a16_workspace_bytes(M, N, K)) and errors as gemm_w4a16, except the output:
+//
+// residual[m, n] += float(bf16(y[m, n])): fp32 [M, N] row-major, 16-byte aligned, read and written (= gemm_w4a16,
+// then add_residual_bf16(residual, y)).
+cudaError_t gemm_w4a16_residual(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
+                                float* residual, int M, int N, int K, int group, formats::ScaleType scale_type,
+                                void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// h[m, j] = bf16(silu(g) * u), g and u the BF16-rounded gate and up outputs j, for a gate|up weight of N = 2 * inter
+// rows (gate rows first) packed in the SwiGLU-interleaved row order (formats::Int4MmaRows::swiglu_interleaved).
+// h: BF16 [M, N / 2] row-major, 8-byte aligned (= gemm_w4a16 on the canonical packing, then swiglu_bf16).
+cudaError_t gemm_w4a16_swiglu(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
+                              __nv_bfloat16* h, int M, int N, int K, int group, formats::ScaleType scale_type,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// Why the last gemm_w4a16* call on this thread returned cudaErrorInvalidValue ("" after a success).
 const char* gemm_w4a16_last_error();
 
 }  // namespace futransformer::cuda

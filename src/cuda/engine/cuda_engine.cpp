@@ -350,6 +350,8 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
     << (layers_.empty() ? "-" : (layers_[0].qkv.kind() == DeviceLinear::Kind::Int4 ? "W4A16 INT4" : "BF16 cuBLAS"))
     << " | KV " << formats::kv_format_name(opt_.kv) << " (" << (fast_ok ? "fast" : "generic") << " attention)"
     << " | CUDA graphs " << (opt_.cuda_graphs ? "on" : "off");
+  if (!layers_.empty() && layers_[0].o.kind() == DeviceLinear::Kind::Int4)
+    d << " | GEMM epilogues " << (opt_.fused_epilogues ? "fused (residual, SwiGLU)" : "separate kernels");
   if (fp8_prefill_) d << " | FP8 prefill (" << src.prefill_recipe_name << ", FP8 E4M3 GEMMs for prompt chunks)";
   if (lm_head_.kind() == DeviceLinear::Kind::Int4) d << " | LM head W4A16 INT4 g" << head_group_;
   description_ = d.str();
@@ -389,14 +391,16 @@ void CudaEngineImpl::upload_weights(const WeightSource& src) {
   auto bf16_weight = [&](const std::string& name) { return to_bf16_bits(src.model->get(name).to_f32()); };
   // Fused projections: rows of the parts one after another (q|k|v, gate|up), one GEMM per group.
   // n x k: the fused group's shape from the config (what synthetic weights get; loaded ones are checked against it).
+  // rows: the packing of INT4 weights (gate|up is interleaved for the fused SwiGLU epilogue).
   auto fused = [&](int64_t li, std::initializer_list<const char*> parts, const std::string& label, int64_t n,
-                   int64_t k) {
+                   int64_t k, formats::Int4MmaRows rows = formats::Int4MmaRows::canonical) {
     const std::string p = "model.layers." + std::to_string(li) + ".";
     std::vector<std::string> names;
     for (const char* s : parts) names.push_back(p + s);
     if (!src.model) {
       const uint64_t seed = src.seed * 1000003 + static_cast<uint64_t>(li) * 16 + label.size();
-      return src.synthetic_group > 0 ? DeviceLinear::synthetic_int4(n, k, src.synthetic_group, seed, p + label)
+      return src.synthetic_group > 0 ? DeviceLinear::synthetic_int4(n, k, src.synthetic_group, seed, p + label,
+                                                                    formats::ScaleType::F16, rows)
                                      : DeviceLinear::synthetic_bf16(n, k, seed, p + label);
     }
     if (src.int4 && src.int4->count(names[0])) {
@@ -406,7 +410,7 @@ void CudaEngineImpl::upload_weights(const WeightSource& src) {
         check(it != src.int4->end(), nm, ": missing from the quantised model's INT4 weights");
         ws.push_back(&it->second);
       }
-      return DeviceLinear::from_int4(ws, p + label);
+      return DeviceLinear::from_int4(ws, p + label, rows);
     }
     std::vector<uint16_t> w;
     for (const std::string& nm : names) {
@@ -435,7 +439,8 @@ void CudaEngineImpl::upload_weights(const WeightSource& src) {
     l.qkv = fused(li, {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}, "qkv",
                   qkv_width_, h);
     l.o = fused(li, {"self_attn.o_proj.weight"}, "o_proj", h, q_width_);
-    l.gate_up = fused(li, {"mlp.gate_proj.weight", "mlp.up_proj.weight"}, "gate_up", 2 * inter, h);
+    l.gate_up = fused(li, {"mlp.gate_proj.weight", "mlp.up_proj.weight"}, "gate_up", 2 * inter, h,
+                      opt_.fused_epilogues ? formats::Int4MmaRows::swiglu_interleaved : formats::Int4MmaRows::canonical);
     l.down = fused(li, {"mlp.down_proj.weight"}, "down_proj", h, inter);
     check(l.qkv.out_features() == qkv_width_ && l.qkv.in_features() == h && l.o.out_features() == h &&
               l.o.in_features() == q_width_ && l.gate_up.out_features() == 2 * inter &&
@@ -795,17 +800,44 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       if (li + 1 < layers_.size()) rmsnorm_to_fp8(layers_[li + 1].attn_norm.get(), "attention RMSNorm (FP8)");
       continue;
     }
-    l.o.forward(bf(att_), rows, delta_.get(), false, g);
-    mark("o GEMM");
-    check_op(cuda::add_residual_rmsnorm_bf16(x_.get(), bf(delta_), l.mlp_norm.get(), bf(xn_), r, hh, eps, stream_),
-             "residual + MLP RMSNorm", cuda::fused_ops_last_error);
-    l.gate_up.forward(bf(xn_), rows, gate_up_.get(), false, g);
-    mark("gate|up GEMM");
-    check_op(cuda::swiglu_bf16(bf(gate_up_), bf(act_), r, inter, stream_), "SwiGLU", decoder_ops_last_error);
+    // INT4 o and down GEMMs with fused epilogues add straight into the residual stream, leaving the RMSNorm that
+    // follows on its own; otherwise the GEMM writes BF16 and the residual add is fused with that RMSNorm instead.
+    // Same values either way (the fused epilogue rounds like the BF16 store; add_residual_rmsnorm_bf16 is
+    // add_residual_bf16 + rmsnorm_bf16 bit for bit).
+    const bool fused_o = opt_.fused_epilogues && l.o.kind() == DeviceLinear::Kind::Int4;
+    const bool fused_down = opt_.fused_epilogues && l.down.kind() == DeviceLinear::Kind::Int4;
+    if (fused_o) {
+      l.o.forward_residual(bf(att_), rows, x_.get(), g);
+      mark("o GEMM + residual");
+      check_op(cuda::rmsnorm_bf16(x_.get(), l.mlp_norm.get(), bf(xn_), r, hh, eps, stream_), "MLP RMSNorm",
+               decoder_ops_last_error);
+    } else {
+      l.o.forward(bf(att_), rows, delta_.get(), false, g);
+      mark("o GEMM");
+      check_op(cuda::add_residual_rmsnorm_bf16(x_.get(), bf(delta_), l.mlp_norm.get(), bf(xn_), r, hh, eps, stream_),
+               "residual + MLP RMSNorm", cuda::fused_ops_last_error);
+    }
+    if (l.gate_up.swiglu_packed()) {
+      l.gate_up.forward_swiglu(bf(xn_), rows, bf(act_), g);
+      mark("gate|up GEMM + SwiGLU");
+    } else {
+      l.gate_up.forward(bf(xn_), rows, gate_up_.get(), false, g);
+      mark("gate|up GEMM");
+      check_op(cuda::swiglu_bf16(bf(gate_up_), bf(act_), r, inter, stream_), "SwiGLU", decoder_ops_last_error);
+    }
+    const bool last = li + 1 == layers_.size();
+    if (fused_down) {
+      l.down.forward_residual(bf(act_), rows, x_.get(), g);
+      mark("down GEMM + residual");
+      if (!last)
+        check_op(cuda::rmsnorm_bf16(x_.get(), layers_[li + 1].attn_norm.get(), bf(xn_), r, hh, eps, stream_),
+                 "attention RMSNorm", decoder_ops_last_error);
+      continue;
+    }
     l.down.forward(bf(act_), rows, delta_.get(), false, g);
     mark("down GEMM");
     // The last layer keeps a plain add: the head normalises only the rows it needs (possibly gathered).
-    if (li + 1 < layers_.size())
+    if (!last)
       check_op(cuda::add_residual_rmsnorm_bf16(x_.get(), bf(delta_), layers_[li + 1].attn_norm.get(), bf(xn_), r, hh,
                                                eps, stream_),
                "residual + attention RMSNorm", cuda::fused_ops_last_error);

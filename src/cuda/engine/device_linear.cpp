@@ -21,8 +21,12 @@ void check_w4a16_shape(int64_t N, int64_t K, int64_t group, formats::ScaleType s
 
 }  // namespace
 
-DeviceLinear DeviceLinear::from_int4(std::span<const formats::Int4Weight* const> parts, const std::string& name) {
+DeviceLinear DeviceLinear::from_int4(std::span<const formats::Int4Weight* const> parts, const std::string& name,
+                                     formats::Int4MmaRows rows) {
   check(!parts.empty(), name, ": no weights");
+  const bool swiglu = rows == formats::Int4MmaRows::swiglu_interleaved;
+  check(!swiglu || (parts.size() == 2 && parts[0]->rows == parts[1]->rows), name,
+        ": a SwiGLU-interleaved weight is two parts, gate and up, of equal row counts");
   const formats::Int4Weight& first = *parts[0];
   formats::Int4Weight fused;
   fused.cols = first.cols;
@@ -46,8 +50,9 @@ DeviceLinear DeviceLinear::from_int4(std::span<const formats::Int4Weight* const>
   l.K_ = fused.cols;
   l.group_ = fused.group;
   l.scale_type_ = fused.spec.scale_type;
-  l.packed_.upload(formats::repack_int4_for_mma(fused), name + " (packed INT4)");
-  l.scales_.upload(formats::repack_int4_scales_for_mma(fused), name + " (scales)");
+  l.rows_ = rows;
+  l.packed_.upload(formats::repack_int4_for_mma(fused, rows), name + " (packed INT4)");
+  l.scales_.upload(formats::repack_int4_scales_for_mma(fused, rows), name + " (scales)");
   return l;
 }
 
@@ -75,7 +80,7 @@ DeviceLinear DeviceLinear::borrow_bf16(const uint16_t* device_w, int64_t N, int6
 }
 
 DeviceLinear DeviceLinear::synthetic_int4(int64_t N, int64_t K, int64_t group, uint64_t seed, const std::string& name,
-                                          formats::ScaleType scale_type) {
+                                          formats::ScaleType scale_type, formats::Int4MmaRows rows) {
   check_w4a16_shape(N, K, group, scale_type, name);
   DeviceLinear l;
   l.kind_ = Kind::Int4;
@@ -84,6 +89,7 @@ DeviceLinear DeviceLinear::synthetic_int4(int64_t N, int64_t K, int64_t group, u
   l.K_ = K;
   l.group_ = group;
   l.scale_type_ = scale_type;
+  l.rows_ = rows;
   l.packed_.allocate(static_cast<size_t>(N * K / 8), name + " (packed INT4)");
   l.scales_.allocate(static_cast<size_t>(N * (K / group)), name + " (scales)");
   // Any nibbles are valid codes; scales near 1/(8·sqrt(K)) keep each output of unit-RMS inputs near unit size.
@@ -187,6 +193,7 @@ void DeviceLinear::forward(const __nv_bfloat16* x, int64_t M, void* y, bool y_f3
   check(kind_ != Kind::Fp8, name_, ": FP8 weights run through forward_fp8");
   if (kind_ == Kind::Int4) {
     check(!y_f32, name_, ": INT4 projections write BF16");
+    check(!swiglu_packed(), name_, ": packed SwiGLU-interleaved, so it runs through forward_swiglu only");
     auto* out = static_cast<__nv_bfloat16*>(y);
     for (int64_t m0 = 0; m0 < M; m0 += kW4A16MaxM) {
       const int mc = static_cast<int>(std::min<int64_t>(kW4A16MaxM, M - m0));
@@ -206,6 +213,30 @@ void DeviceLinear::forward(const __nv_bfloat16* x, int64_t M, void* y, bool y_f3
       bf16_ptr_, CUDA_R_16BF, static_cast<int>(K_), x, CUDA_R_16BF, static_cast<int>(K_), &beta, y,
       y_f32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(N_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS) fail("CUDA engine: ", name_, ": cuBLAS BF16 GEMM (M ", M, "): status ", int(st));
+}
+
+void DeviceLinear::forward_residual(const __nv_bfloat16* x, int64_t M, float* residual, const GemmContext& ctx) const {
+  check(kind_ == Kind::Int4 && !swiglu_packed(), name_, ": forward_residual runs canonically packed INT4 weights");
+  for (int64_t m0 = 0; m0 < M; m0 += kW4A16MaxM) {
+    const int mc = static_cast<int>(std::min<int64_t>(kW4A16MaxM, M - m0));
+    const cudaError_t e = gemm_w4a16_residual(x + m0 * K_, packed_.get(), scales_.get(), residual + m0 * N_, mc,
+                                              static_cast<int>(N_), static_cast<int>(K_), static_cast<int>(group_),
+                                              scale_type_, ctx.workspace, ctx.workspace_bytes, ctx.stream);
+    if (e != cudaSuccess) fail("CUDA engine: ", name_, ": W4A16 GEMM + residual (M ", mc, "): ",
+                               e == cudaErrorInvalidValue ? gemm_w4a16_last_error() : cudaGetErrorString(e));
+  }
+}
+
+void DeviceLinear::forward_swiglu(const __nv_bfloat16* x, int64_t M, __nv_bfloat16* h, const GemmContext& ctx) const {
+  check(swiglu_packed(), name_, ": forward_swiglu needs INT4 gate|up weights packed SwiGLU-interleaved");
+  for (int64_t m0 = 0; m0 < M; m0 += kW4A16MaxM) {
+    const int mc = static_cast<int>(std::min<int64_t>(kW4A16MaxM, M - m0));
+    const cudaError_t e = gemm_w4a16_swiglu(x + m0 * K_, packed_.get(), scales_.get(), h + m0 * (N_ / 2), mc,
+                                            static_cast<int>(N_), static_cast<int>(K_), static_cast<int>(group_),
+                                            scale_type_, ctx.workspace, ctx.workspace_bytes, ctx.stream);
+    if (e != cudaSuccess) fail("CUDA engine: ", name_, ": W4A16 GEMM + SwiGLU (M ", mc, "): ",
+                               e == cudaErrorInvalidValue ? gemm_w4a16_last_error() : cudaGetErrorString(e));
+  }
 }
 
 }  // namespace futransformer::cuda

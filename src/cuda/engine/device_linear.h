@@ -14,6 +14,7 @@
 #include "cuda/engine/device_memory.h"
 #include "futransformer/formats/fp8.h"
 #include "futransformer/formats/int4.h"
+#include "futransformer/formats/int4_mma.h"
 
 struct __nv_bfloat16;
 
@@ -32,8 +33,10 @@ class DeviceLinear {
 
   DeviceLinear() = default;
   // The parts' rows concatenated in order (same K, group and scale type; symmetric). Throws Error naming `name`
-  // when the W4A16 kernel cannot run the fused shape.
-  static DeviceLinear from_int4(std::span<const formats::Int4Weight* const> parts, const std::string& name);
+  // when the W4A16 kernel cannot run the fused shape. rows = swiglu_interleaved: the parts are gate and up (equal
+  // row counts), packed for forward_swiglu, which is then the only way to run this weight.
+  static DeviceLinear from_int4(std::span<const formats::Int4Weight* const> parts, const std::string& name,
+                                formats::Int4MmaRows rows = formats::Int4MmaRows::canonical);
   // BF16 bit patterns, row-major [N, K].
   static DeviceLinear from_bf16(const std::vector<uint16_t>& w, int64_t N, int64_t K, const std::string& name);
   // Another linear's BF16 storage (the tied LM head reads the embedding); `source` must outlive this.
@@ -42,15 +45,19 @@ class DeviceLinear {
   // (same K). Throws Error naming `name` when a part is not per-channel or gemm_fp8 cannot run the fused shape
   // (K % 128, N % 8).
   static DeviceLinear from_fp8(std::span<const formats::Fp8Matrix* const> parts, const std::string& name);
-  // Random weights generated on the device (INT4: F16 scales unless scale_type says BF16).
+  // Random weights generated on the device (INT4: F16 scales unless scale_type says BF16; rows as from_int4's, which
+  // for random values only decides which forward runs the weight).
   static DeviceLinear synthetic_int4(int64_t N, int64_t K, int64_t group, uint64_t seed, const std::string& name,
-                                     formats::ScaleType scale_type = formats::ScaleType::F16);
+                                     formats::ScaleType scale_type = formats::ScaleType::F16,
+                                     formats::Int4MmaRows rows = formats::Int4MmaRows::canonical);
   static DeviceLinear synthetic_bf16(int64_t N, int64_t K, uint64_t seed, const std::string& name);
   static DeviceLinear synthetic_fp8(int64_t N, int64_t K, uint64_t seed, const std::string& name);
   // Empty reason when gemm_fp8 runs an [N, K] weight (any M), else the sentence saying why. Needs no device.
   static std::string fp8_shape_problem(int64_t N, int64_t K);
 
   Kind kind() const { return kind_; }
+  // INT4 weights packed for forward_swiglu (gate|up rows interleaved).
+  bool swiglu_packed() const { return kind_ == Kind::Int4 && rows_ == formats::Int4MmaRows::swiglu_interleaved; }
   int64_t out_features() const { return N_; }
   int64_t in_features() const { return K_; }
   int64_t device_bytes() const {
@@ -61,6 +68,11 @@ class DeviceLinear {
   size_t workspace_bytes(int64_t max_rows) const;
   // y: BF16 [M, N], or fp32 when y_f32 (BF16 weights only). M >= 1; any M (INT4 runs 64 rows per launch).
   void forward(const __nv_bfloat16* x, int64_t M, void* y, bool y_f32, const GemmContext& ctx) const;
+  // INT4 weights with the W4A16 GEMM's fused epilogues (cuda/gemm_w4a16.h), bit for bit forward + the separate op:
+  // residual[M, N] (fp32, 16-byte aligned) += float(bf16(y)) (any canonical INT4 weight), and
+  // h[M, N / 2] = bf16(silu(gate) * up) for a gate|up weight packed swiglu_interleaved (h 8-byte aligned).
+  void forward_residual(const __nv_bfloat16* x, int64_t M, float* residual, const GemmContext& ctx) const;
+  void forward_swiglu(const __nv_bfloat16* x, int64_t M, __nv_bfloat16* h, const GemmContext& ctx) const;
   // FP8 weights only: y BF16 [M, N] = (a_codes[M, K] · codesᵀ) · a_scales[m] · scales[n] (gemm_fp8), where a_codes /
   // a_scales are per-token FP8 (cuda/fp8_producers.h). Throws Error naming the projection when the GEMM refuses.
   void forward_fp8(const uint8_t* a_codes, const float* a_scales, int64_t M, __nv_bfloat16* y,
@@ -71,6 +83,7 @@ class DeviceLinear {
   std::string name_;
   int64_t N_ = 0, K_ = 0, group_ = 0;
   formats::ScaleType scale_type_ = formats::ScaleType::F16;
+  formats::Int4MmaRows rows_ = formats::Int4MmaRows::canonical;
   DeviceArray<uint32_t> packed_;
   DeviceArray<uint16_t> scales_;
   DeviceArray<uint16_t> bf16_;

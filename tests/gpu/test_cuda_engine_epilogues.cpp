@@ -1,0 +1,176 @@
+// The CUDA engine with and without the W4A16 GEMM's fused epilogues (CudaEngineOptions::fused_epilogues): the o and
+// down GEMMs adding into the residual stream and the gate|up GEMM applying SwiGLU give exactly the values of the
+// unfused chain (BF16 GEMM outputs, then residual + RMSNorm and SwiGLU kernels), so two engines differing only in the
+// flag must return identical logits and tokens — over prompts (several sequences in one pass, W4A16 launches of 64
+// rows and a remainder), decode steps replayed as CUDA graphs, greedy ids chosen on the GPU, INT4 caches, FP8
+// prefill passes, and a real checkpoint. The op profile shows which kernels ran.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "futransformer/cuda_engine.h"
+#include "futransformer/engine.h"
+#include "futransformer/model.h"
+#include "futransformer/quant/quantize_model.h"
+#include "futransformer/tokenizer.h"
+#include "gpu_test_util.h"
+#include "test_paths.h"
+#include "tiny_llama.h"
+
+namespace {
+
+using namespace futransformer;
+using test::bf16_model;
+
+quant::QuantizedModel quantise(const Model& m, const std::string& recipe) {
+  quant::QuantizeOptions qo;
+  qo.recipe = PrecisionRecipe::parse(recipe);
+  return quant::quantize_model(m, quant::CalibrationSet{}, qo);
+}
+
+int32_t argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// A tiny Llama whose projections take the W4A16 GEMM at several tilings: hidden 256, intermediate 768 (gate|up
+// 256 -> 1536, down 768 -> 256), head_dim 64.
+test::TinyLlama tiny_shape() {
+  test::TinyLlama s;
+  s.hidden = 256;
+  s.inter = 768;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  s.vocab = 300;
+  return s;
+}
+
+// Both engines run the same batches: three prompts in one pass (122 rows: W4A16 launches of 64 + 58 rows), every
+// position's logits; then decode steps (graphs captured on the second and replayed) fed the fused engine's greedy
+// tokens; then forward_greedy. Everything must be identical bit for bit.
+void expect_identical(CudaEngine& fused, CudaEngine& unfused, int64_t vocab, uint32_t seed, int steps) {
+  std::mt19937 rng(seed);
+  std::vector<SequenceChunk> batch = {{0, test::random_token_ids(100, vocab, rng)},
+                                      {1, test::random_token_ids(17, vocab, rng)},
+                                      {2, test::random_token_ids(5, vocab, rng)}};
+  const std::vector<std::vector<float>> pf = fused.forward(batch, true), pu = unfused.forward(batch, true);
+  ASSERT_EQ(pf.size(), batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    ASSERT_EQ(pf[i].size(), batch[i].tokens.size() * static_cast<size_t>(vocab));
+    EXPECT_EQ(pf[i], pu[i]) << "prompt logits of sequence " << batch[i].seq_id;
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const std::vector<float> last(pf[i].end() - vocab, pf[i].end());
+    batch[i].tokens = {argmax(last)};
+  }
+  for (int s = 0; s < steps; ++s) {
+    const std::vector<std::vector<float>> lf = fused.forward(batch), lu = unfused.forward(batch);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      ASSERT_EQ(lf[i], lu[i]) << "decode step " << s << ", sequence " << batch[i].seq_id;
+      batch[i].tokens = {argmax(lf[i])};
+    }
+  }
+  EXPECT_EQ(fused.forward_greedy(batch), unfused.forward_greedy(batch));
+}
+
+class CudaEngineEpilogues : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaEngineEpilogues, TinyInt4FusedEqualsUnfused) {
+  FT_REQUIRE_HOPPER();
+  const test::TinyLlama s = tiny_shape();
+  const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 41)), GetParam());
+  CudaEngineOptions co = cuda_engine_options(q.recipe);
+  co.max_sequences = 4;
+  EXPECT_TRUE(co.fused_epilogues) << "fused epilogues are the default";
+  std::unique_ptr<CudaEngine> fused = make_cuda_engine(q, co);
+  co.fused_epilogues = false;
+  std::unique_ptr<CudaEngine> unfused = make_cuda_engine(q, co);
+  EXPECT_NE(fused->description().find("GEMM epilogues fused"), std::string::npos) << fused->description();
+  EXPECT_NE(unfused->description().find("GEMM epilogues separate"), std::string::npos) << unfused->description();
+  expect_identical(*fused, *unfused, s.vocab, 5, 12);
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, CudaEngineEpilogues,
+                         ::testing::Values("int4-rtn-g32+kv-bf16", "int4-rtn-g64-bf16+kv-int4-hadamard",
+                                           "int4-rtn-g128+kv-int4"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+// The op profile names what ran: fused engines launch no SwiGLU or residual-add kernel, one "+ SwiGLU" and two
+// "+ residual" GEMMs per layer and pass; unfused engines the reverse. Profiling (no graphs) changes no logit.
+TEST(CudaEngineEpiloguesProfile, OpLabelsFollowTheFlag) {
+  FT_REQUIRE_HOPPER();
+  const test::TinyLlama s = tiny_shape();
+  const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 43)), "int4-rtn-g64+kv-bf16");
+  for (bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused" : "unfused");
+    CudaEngineOptions co = cuda_engine_options(q.recipe);
+    co.fused_epilogues = fused;
+    std::unique_ptr<CudaEngine> plain = make_cuda_engine(q, co);
+    co.profile_ops = true;
+    std::unique_ptr<CudaEngine> profiled = make_cuda_engine(q, co);
+    std::mt19937 rng(9);
+    const SequenceChunk prompt{0, test::random_token_ids(30, s.vocab, rng)};
+    EXPECT_EQ(plain->forward(std::span(&prompt, 1), true), profiled->forward(std::span(&prompt, 1), true));
+    const SequenceChunk step{0, {7}};
+    EXPECT_EQ(plain->forward(std::span(&step, 1)), profiled->forward(std::span(&step, 1)));
+    int64_t swiglu_gemm = 0, residual_gemm = 0, swiglu = 0, residual_norm = 0, mlp_norm = 0;
+    for (const CudaEngine::OpTime& t : profiled->op_profile()) {
+      if (t.op == "gate|up GEMM + SwiGLU") swiglu_gemm += t.calls;
+      if (t.op == "o GEMM + residual" || t.op == "down GEMM + residual") residual_gemm += t.calls;
+      if (t.op == "SwiGLU") swiglu += t.calls;
+      if (t.op == "residual + MLP RMSNorm" || t.op == "residual + attention RMSNorm" || t.op == "residual")
+        residual_norm += t.calls;
+      if (t.op == "MLP RMSNorm") mlp_norm += t.calls;
+    }
+    const int64_t per_pass = s.layers * 2;  // prompt + step
+    EXPECT_EQ(swiglu_gemm, fused ? per_pass : 0);
+    EXPECT_EQ(residual_gemm, fused ? 2 * per_pass : 0);
+    EXPECT_EQ(mlp_norm, fused ? per_pass : 0);
+    EXPECT_EQ(swiglu, fused ? 0 : per_pass);
+    EXPECT_EQ(residual_norm, fused ? 0 : 2 * per_pass);
+  }
+}
+
+// FP8 prefill passes keep their own FP8 weights and unfused ops; the INT4 decode passes around them use the fused
+// epilogues (gate|up packed interleaved). Same values either way.
+TEST(CudaEngineEpiloguesModels, Fp8PrefillFusedEqualsUnfused) {
+  FT_REQUIRE_HOPPER();
+  test::TinyLlama s = tiny_shape();
+  s.inter = 512;  // the FP8 GEMM's K % 128
+  const Model m = bf16_model(test::make_tiny_llama(s, 47));
+  const quant::QuantizedModel dec = quantise(m, "int4-rtn-g64");
+  const quant::QuantizedModel pre = quantise(m, "fp8+act-fp8");
+  CudaEngineOptions co;
+  co.kv = formats::KvFormat::BF16;
+  co.max_sequences = 4;
+  std::unique_ptr<CudaEngine> fused = make_cuda_engine(dec, pre, co);
+  co.fused_epilogues = false;
+  std::unique_ptr<CudaEngine> unfused = make_cuda_engine(dec, pre, co);
+  expect_identical(*fused, *unfused, s.vocab, 6, 8);
+}
+
+// SmolLM2-135M (hidden 576, intermediate 1536, 30 layers): the real shapes, INT4 cache.
+TEST(CudaEngineEpiloguesModels, SmolLM2Int4FusedEqualsUnfused) {
+  FT_REQUIRE_HOPPER();
+  const std::string path = test::smollm2_gguf_path();
+  FT_REQUIRE_FILE(path);
+  const Model model = bf16_model(load_model(path));
+  const quant::QuantizedModel q = quantise(model, "int4-rtn-g64+kv-int4-hadamard");
+  CudaEngineOptions co = cuda_engine_options(q.recipe);
+  co.max_sequences = 4;
+  std::unique_ptr<CudaEngine> fused = make_cuda_engine(q, co);
+  co.fused_epilogues = false;
+  std::unique_ptr<CudaEngine> unfused = make_cuda_engine(q, co);
+  expect_identical(*fused, *unfused, model.config.vocab_size, 7, 16);
+}
+
+}  // namespace

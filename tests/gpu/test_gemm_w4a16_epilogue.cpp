@@ -1,0 +1,300 @@
+// GPU tests of the W4A16 GEMM's fused epilogues (gemm_w4a16_residual, gemm_w4a16_swiglu and the internal
+// gemm_w4a16_epilogue_with_tiling) against the unfused chain they replace, run on the device on the same inputs:
+// gemm_w4a16 (BF16 y) followed by add_residual_bf16 or swiglu_bf16. The fused epilogues accumulate exactly as the
+// plain GEMM and round at the same points, so the comparison is bit for bit (no tolerance). Every tiling path is
+// reached: v4 swapped (M <= 8), v4 swapped two-tile (swap16), v4 and v2 16-row tiles (one to four), each with one K
+// slice (epilogue in the GEMM kernel) and with split-K (epilogue in the reduce kernel). Outputs and the split-K
+// workspace are NaN-poisoned before each launch. The plain GEMM itself is checked against the CPU twin in
+// test_gemm_w4a16.cpp; here the residual chain is also checked against the host's fp32 add of its BF16 y.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/gemm_w4a16_heuristics.h"
+#include "cuda/gemm_w4a16_internal.h"
+#include "futransformer/cuda/decoder_ops.h"
+#include "futransformer/cuda/gemm_w4a16.h"
+#include "futransformer/dtype.h"
+#include "futransformer/formats/int4_mma.h"
+#include "gpu_test_util.h"
+#include "w4a16_cases.h"
+
+namespace {
+
+using namespace futransformer;
+using formats::Int4MmaRows;
+using formats::Int4Weight;
+using formats::ScaleType;
+using test::DeviceBuffer;
+using test::w4a16::random_weight;
+using test::w4a16::random_x;
+namespace w4 = futransformer::cuda::w4a16;
+
+const std::vector<int> kMs = {1, 3, 8, 9, 16, 17, 32, 64};
+constexpr int kSplitK = 3;  // K slices of the split-K runs (the shapes below have at least 4 groups)
+
+struct Packed {
+  DeviceBuffer<uint32_t> words;
+  DeviceBuffer<uint16_t> scales;
+  Packed(const Int4Weight& w, Int4MmaRows rows)
+      : words(formats::repack_int4_for_mma(w, rows)), scales(formats::repack_int4_scales_for_mma(w, rows)) {}
+};
+
+const char* variant_name(w4::Variant v) { return v == w4::Variant::v4 ? "v4" : "v2"; }
+
+std::string describe(const w4::Tiling& t) {
+  return std::string(variant_name(t.variant)) + (t.rows8 ? " rows8" : "") + (t.swap16 ? " swap16" : "") +
+         " m_tiles " + std::to_string(t.m_tiles) + " warps_n " + std::to_string(t.warps_n) + " warps_k " +
+         std::to_string(t.warps_k) + " splits " + std::to_string(t.splits);
+}
+
+// The tilings one M runs: v4 and v2 on the default tiling, and for M = 9..16 the swapped two-tile path, each with
+// one K slice and with kSplitK. Every one must be launchable on an H200 (the shapes are chosen so).
+std::vector<w4::Tiling> tilings_for(int M, int N, int K, int group, ScaleType st) {
+  std::vector<w4::Tiling> bases;
+  w4::Tiling t;
+  EXPECT_EQ(cuda::gemm_w4a16_plan_config(M, N, K, group, st, w4::V4Config{}, &t), cudaSuccess);
+  for (w4::Variant v : {w4::Variant::v4, w4::Variant::v2}) {
+    t.variant = v;
+    bases.push_back(t);
+  }
+  if (M >= 9 && M <= 16) {
+    w4::V4Config c;
+    c.swap16 = true;
+    EXPECT_EQ(cuda::gemm_w4a16_plan_config(M, N, K, group, st, c, &t), cudaSuccess);
+    EXPECT_TRUE(t.swap16);
+    bases.push_back(t);
+  }
+  std::vector<w4::Tiling> out;
+  for (w4::Tiling b : bases) {
+    for (int splits : {1, kSplitK}) {
+      b.splits = splits;
+      std::string why;
+      EXPECT_TRUE(w4::tiling_is_valid(b, M, N, K, group, w4::DeviceLimits{}, &why)) << describe(b) << ": " << why;
+      out.push_back(b);
+    }
+  }
+  return out;
+}
+
+size_t workspace_for(const w4::Tiling* t, int M, int N, int K) {
+  size_t bytes = cuda::gemm_w4a16_workspace_bytes(M, N, K);
+  if (t) bytes = std::max<size_t>(bytes, static_cast<size_t>(w4::workspace_bytes_for(*t, M, N)));
+  return bytes;
+}
+
+const __nv_bfloat16* bf(const uint16_t* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
+__nv_bfloat16* bf(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+
+// Plain GEMM into a poisoned BF16 y (the library's tiling when t is null).
+void plain_gemm(const w4::Tiling* t, const Packed& p, const Int4Weight& w, const DeviceBuffer<uint16_t>& x, int M,
+                DeviceBuffer<uint16_t>& y) {
+  const int N = static_cast<int>(w.rows), K = static_cast<int>(w.cols), group = static_cast<int>(w.group);
+  const size_t ws_bytes = workspace_for(t, M, N, K);
+  DeviceBuffer<unsigned char> ws(ws_bytes);
+  ASSERT_EQ(ws.poison(), cudaSuccess);
+  ASSERT_EQ(y.poison(), cudaSuccess);
+  const cudaError_t e =
+      t ? cuda::gemm_w4a16_with_tiling(*t, bf(x.p), p.words.p, p.scales.p, bf(y.p), M, N, K, group,
+                                       w.spec.scale_type, ws.p, ws_bytes, nullptr)
+        : cuda::gemm_w4a16(bf(x.p), p.words.p, p.scales.p, bf(y.p), M, N, K, group, w.spec.scale_type, ws.p,
+                           ws_bytes, nullptr);
+  ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::gemm_w4a16_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// Fused GEMM + epilogue into `out` (the library's tiling and public launcher when t is null).
+void fused_gemm(const w4::Tiling* t, w4::Epilogue ep, const Packed& p, const Int4Weight& w,
+                const DeviceBuffer<uint16_t>& x, int M, void* out) {
+  const int N = static_cast<int>(w.rows), K = static_cast<int>(w.cols), group = static_cast<int>(w.group);
+  const size_t ws_bytes = workspace_for(t, M, N, K);
+  DeviceBuffer<unsigned char> ws(ws_bytes);
+  ASSERT_EQ(ws.poison(), cudaSuccess);
+  const ScaleType st = w.spec.scale_type;
+  cudaError_t e;
+  if (t) {
+    e = cuda::gemm_w4a16_epilogue_with_tiling(*t, ep, bf(x.p), p.words.p, p.scales.p, out, M, N, K, group, st, ws.p,
+                                              ws_bytes, nullptr);
+  } else if (ep == w4::Epilogue::residual_f32) {
+    e = cuda::gemm_w4a16_residual(bf(x.p), p.words.p, p.scales.p, static_cast<float*>(out), M, N, K, group, st, ws.p,
+                                  ws_bytes, nullptr);
+  } else {
+    e = cuda::gemm_w4a16_swiglu(bf(x.p), p.words.p, p.scales.p, static_cast<__nv_bfloat16*>(out), M, N, K, group, st,
+                                ws.p, ws_bytes, nullptr);
+  }
+  ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::gemm_w4a16_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+std::vector<float> random_residual(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> r(n);
+  for (float& v : r) v = dist(rng);
+  return r;
+}
+
+uint32_t f32_bits(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, 4);
+  return b;
+}
+
+// residual_f32 on tiling t (or the public launcher): fused == gemm then add_residual_bf16, bit for bit, and both ==
+// the host's fp32 add of the plain GEMM's BF16 output.
+void check_residual(const w4::Tiling* t, const Packed& p, const Int4Weight& w, int M, uint32_t seed) {
+  const int N = static_cast<int>(w.rows), K = static_cast<int>(w.cols);
+  SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K << " group " << w.group << " scales "
+                                  << (w.spec.scale_type == ScaleType::F16 ? "fp16" : "bf16") << " tiling "
+                                  << (t ? describe(*t) : std::string("library")));
+  const DeviceBuffer<uint16_t> x(random_x(M, K, seed));
+  const std::vector<float> r0 = random_residual(static_cast<size_t>(M) * N, seed + 1);
+
+  DeviceBuffer<uint16_t> y(static_cast<size_t>(M) * N);
+  plain_gemm(t, p, w, x, M, y);
+  DeviceBuffer<float> unfused(r0);
+  ASSERT_EQ(cuda::add_residual_bf16(unfused.p, bf(y.p), M, N, nullptr), cudaSuccess);
+  DeviceBuffer<float> fused(r0);
+  fused_gemm(t, w4::Epilogue::residual_f32, p, w, x, M, fused.p);
+
+  const std::vector<uint16_t> yh = y.download();
+  const std::vector<float> a = unfused.download(), b = fused.download();
+  for (size_t i = 0; i < a.size(); ++i) {
+    const float want = r0[i] + bf16_to_f32(yh[i]);  // one IEEE fp32 rounding on the host
+    ASSERT_FALSE(std::isnan(b[i])) << "element " << i << " (row " << i / N << ", col " << i % N << ")";
+    ASSERT_EQ(f32_bits(a[i]), f32_bits(want))
+        << "unfused chain, element " << i << ": " << a[i] << " vs host " << want;
+    ASSERT_EQ(f32_bits(b[i]), f32_bits(a[i]))
+        << "fused residual, row " << i / N << " col " << i % N << ": " << b[i] << " vs unfused " << a[i];
+  }
+}
+
+// swiglu_bf16 on tiling t (or the public launcher): fused on the interleaved packing == gemm on the canonical packing
+// then swiglu_bf16, bit for bit. Also: the plain GEMM on the interleaved packing gives, column for column, the plain
+// GEMM's output on the canonical one (what makes the first comparison exact; a failure here says the accumulation
+// depends on a column's position).
+void check_swiglu(const w4::Tiling* t, const Packed& canon, const Packed& inter_p, const Int4Weight& w, int M,
+                  uint32_t seed) {
+  const int N = static_cast<int>(w.rows), K = static_cast<int>(w.cols), inter = N / 2;
+  SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K << " group " << w.group << " scales "
+                                  << (w.spec.scale_type == ScaleType::F16 ? "fp16" : "bf16") << " tiling "
+                                  << (t ? describe(*t) : std::string("library")));
+  const DeviceBuffer<uint16_t> x(random_x(M, K, seed));
+
+  DeviceBuffer<uint16_t> y(static_cast<size_t>(M) * N);
+  plain_gemm(t, canon, w, x, M, y);
+  DeviceBuffer<uint16_t> unfused(static_cast<size_t>(M) * inter);
+  ASSERT_EQ(unfused.poison(), cudaSuccess);
+  ASSERT_EQ(cuda::swiglu_bf16(bf(y.p), bf(unfused.p), M, inter, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  DeviceBuffer<uint16_t> fused(static_cast<size_t>(M) * inter);
+  ASSERT_EQ(fused.poison(), cudaSuccess);
+  fused_gemm(t, w4::Epilogue::swiglu_bf16, inter_p, w, x, M, fused.p);
+
+  const std::vector<uint16_t> yc = y.download(), a = unfused.download(), b = fused.download();
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_FALSE(std::isnan(bf16_to_f32(a[i]))) << "unfused SwiGLU element " << i << " not written";
+    ASSERT_EQ(b[i], a[i]) << "fused SwiGLU, row " << i / inter << " col " << i % inter << ": " << bf16_to_f32(b[i])
+                          << " vs unfused " << bf16_to_f32(a[i]);
+  }
+  if (t) {
+    DeviceBuffer<uint16_t> yi(static_cast<size_t>(M) * N);
+    plain_gemm(t, inter_p, w, x, M, yi);
+    const std::vector<uint16_t> yih = yi.download();
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n)
+        ASSERT_EQ(yih[static_cast<size_t>(m) * N + n],
+                  yc[static_cast<size_t>(m) * N + static_cast<size_t>(w4::swiglu_source_row(n, inter))])
+            << "plain GEMM on the interleaved packing, row " << m << " packed column " << n;
+  }
+}
+
+struct NK {
+  int N, K;
+};
+
+TEST(GemmW4A16EpilogueGpu, ResidualMatchesGemmThenAddResidual) {
+  FT_REQUIRE_CUDA_DEVICE();
+  uint32_t seed = 100;
+  for (const NK& s : {NK{1024, 1024}, NK{576, 512}}) {
+    for (int group : {128, 64}) {
+      for (ScaleType st : {ScaleType::BF16, ScaleType::F16}) {
+        const Int4Weight w = random_weight(s.N, s.K, group, st, ++seed);
+        const Packed p(w, Int4MmaRows::canonical);
+        for (int M : kMs) {
+          for (const w4::Tiling& t : tilings_for(M, s.N, s.K, group, st)) check_residual(&t, p, w, M, ++seed);
+          check_residual(nullptr, p, w, M, ++seed);
+        }
+      }
+    }
+  }
+}
+
+TEST(GemmW4A16EpilogueGpu, SwiGluMatchesGemmThenSwiGlu) {
+  FT_REQUIRE_CUDA_DEVICE();
+  uint32_t seed = 200;
+  for (const NK& s : {NK{1024, 1024}, NK{96, 512}}) {  // inter 512 and 48 (three 16-column runs)
+    for (int group : {128, 64}) {
+      for (ScaleType st : {ScaleType::BF16, ScaleType::F16}) {
+        const Int4Weight w = random_weight(s.N, s.K, group, st, ++seed);
+        const Packed canon(w, Int4MmaRows::canonical), inter_p(w, Int4MmaRows::swiglu_interleaved);
+        for (int M : kMs) {
+          for (const w4::Tiling& t : tilings_for(M, s.N, s.K, group, st))
+            check_swiglu(&t, canon, inter_p, w, M, ++seed);
+          check_swiglu(nullptr, canon, inter_p, w, M, ++seed);
+        }
+      }
+    }
+  }
+}
+
+// An 8B-sized decode shape at M = 1 (the library's tiling, whatever split it picks): gate|up 4096 -> 2 x 14336 and
+// down 14336 -> 4096 as the engine runs them.
+TEST(GemmW4A16EpilogueGpu, LlamaDecodeShapes) {
+  FT_REQUIRE_CUDA_DEVICE();
+  const Int4Weight gu = random_weight(2 * 14336, 4096, 128, ScaleType::F16, 301);
+  const Packed canon(gu, Int4MmaRows::canonical), inter_p(gu, Int4MmaRows::swiglu_interleaved);
+  const Int4Weight down = random_weight(4096, 14336, 128, ScaleType::F16, 302);
+  const Packed dp(down, Int4MmaRows::canonical);
+  for (int M : {1, 4, 16}) {
+    check_swiglu(nullptr, canon, inter_p, gu, M, 310 + M);
+    check_residual(nullptr, dp, down, M, 330 + M);
+  }
+}
+
+// The checks of the output pointer run before anything touches the device: a rejected call names the parameter.
+TEST(GemmW4A16EpilogueHost, RejectsBadOutputPointers) {
+  alignas(16) static unsigned char storage[64];
+  const auto* x = reinterpret_cast<const __nv_bfloat16*>(storage);
+  const auto* w = reinterpret_cast<const uint32_t*>(storage);
+  const auto* s = reinterpret_cast<const uint16_t*>(storage);
+  const int M = 1, N = 256, K = 256, group = 128;
+  EXPECT_EQ(cuda::gemm_w4a16_residual(x, w, s, nullptr, M, N, K, group, ScaleType::F16, nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cuda::gemm_w4a16_last_error()).find("residual"), std::string::npos)
+      << cuda::gemm_w4a16_last_error();
+  EXPECT_EQ(cuda::gemm_w4a16_residual(x, w, s, reinterpret_cast<float*>(storage + 8), M, N, K, group, ScaleType::F16,
+                                      nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cuda::gemm_w4a16_last_error()).find("16-byte"), std::string::npos)
+      << cuda::gemm_w4a16_last_error();
+  EXPECT_EQ(cuda::gemm_w4a16_swiglu(x, w, s, reinterpret_cast<__nv_bfloat16*>(storage + 4), M, N, K, group,
+                                    ScaleType::F16, nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cuda::gemm_w4a16_last_error()).find("h must be"), std::string::npos)
+      << cuda::gemm_w4a16_last_error();
+  EXPECT_EQ(cuda::gemm_w4a16_swiglu(x, w, s, reinterpret_cast<__nv_bfloat16*>(storage), M, 250, K, group,
+                                    ScaleType::F16, nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cuda::gemm_w4a16_last_error()).find("N = 250"), std::string::npos)
+      << cuda::gemm_w4a16_last_error();
+}
+
+}  // namespace

@@ -3,13 +3,57 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/kv_append.cuh"
+
 namespace futransformer::cuda {
 namespace {
 
 constexpr int kMaxHeadDim = 1024;
+constexpr int kWarp = kv::kWarp;
+constexpr int kRotateWarps = 4;         // warps per CTA of rotate_heads_warp_kernel
+constexpr int kRotateHeadsPerWarp = 2;  // heads one warp loads before it transforms any
+constexpr int kRotateWarpMaxHeadDim = kv::kMaxPerLane * kWarp;
 
-// One CTA per (row, head), one thread per element; the butterflies run in shared memory stage by stage (the head
-// is at most a few hundred values, so the barrier per stage is cheap next to the launch).
+// One warp per kRotateHeadsPerWarp consecutive (row, head) items, in kv_append.cuh's register layout (lane l holds
+// channels 32 i + l), transformed by its hadamard_warp: the CPU's butterfly order and final scale multiply, with
+// no barrier at all (strides below 32 are shuffles, larger ones registers of one lane). The previous shape, one CTA
+// per head with a __syncthreads per butterfly stage, kept one 256-byte head in flight per 128 threads and spent
+// most of its time in barriers: 2048 rows x 32 heads were 65536 CTAs of serial load → 7 barriers → store.
+// Here a warp has all its heads' loads in flight before the first shuffle, and an SM holds 64 warps: 32 KB of
+// loads in flight per SM, about what 4.25 TB/s over ~0.8 us of DRAM latency needs (26 KB per SM).
+// Requirements (launcher): head_dim % 32 == 0, head_dim <= kRotateWarpMaxHeadDim, block 1 (copy) or a power of
+// two dividing head_dim. In place (src == dst) is safe: a warp writes only the heads it read, after reading them.
+__global__ void __launch_bounds__(kRotateWarps * kWarp)
+    rotate_heads_warp_kernel(const __nv_bfloat16* src, int src_row_stride, __nv_bfloat16* dst, int n_heads,
+                             int head_dim, int64_t items, int block, float scale) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t first =
+      (static_cast<int64_t>(blockIdx.x) * kRotateWarps + threadIdx.x / kWarp) * kRotateHeadsPerWarp;
+  const int nv = head_dim / kWarp;
+  float x[kRotateHeadsPerWarp][kv::kMaxPerLane];
+#pragma unroll
+  for (int k = 0; k < kRotateHeadsPerWarp; ++k) {
+    const int64_t item = first + k;
+    if (item >= items) break;  // warp-uniform
+    const int64_t r = item / n_heads, h = item % n_heads;
+    kv::load_head(src + r * src_row_stride + h * head_dim, head_dim, lane, x[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < kRotateHeadsPerWarp; ++k) {
+    const int64_t item = first + k;
+    if (item >= items) break;
+    if (block > 1) kv::hadamard_warp(x[k], nv, block, scale, lane);
+    __nv_bfloat16* d = dst + item * head_dim;  // dst rows are [n_heads, head_dim]: item = r * n_heads + h
+#pragma unroll
+    for (int i = 0; i < kv::kMaxPerLane; ++i) {
+      const int c = i * kWarp + lane;
+      if (c < head_dim) d[c] = __float2bfloat16_rn(x[k][i]);
+    }
+  }
+}
+
+// The general shape (any even head_dim up to kMaxHeadDim, any block): one CTA per (row, head), one thread per
+// element, the butterflies in shared memory stage by stage.
 __global__ void rotate_heads_kernel(const __nv_bfloat16* src, int src_row_stride, __nv_bfloat16* dst, int n_heads,
                                     int head_dim, int block, float scale) {
   __shared__ float v[kMaxHeadDim];
@@ -91,6 +135,14 @@ cudaError_t rotate_heads_bf16(const __nv_bfloat16* src, int src_row_stride, __nv
   const int block = hadamard_block > 1 ? hadamard_block : 1;
   float scale = 1.0f;
   if (block > 1) scale = static_cast<float>(1.0 / __builtin_sqrt(static_cast<double>(block)));
+  const bool pow2 = (block & (block - 1)) == 0;
+  if (head_dim % kWarp == 0 && head_dim <= kRotateWarpMaxHeadDim && pow2) {
+    const int64_t items = static_cast<int64_t>(rows) * n_heads;
+    constexpr int64_t kPerCta = int64_t{kRotateWarps} * kRotateHeadsPerWarp;
+    rotate_heads_warp_kernel<<<static_cast<unsigned>((items + kPerCta - 1) / kPerCta), kRotateWarps * kWarp, 0,
+                               stream>>>(src, src_row_stride, dst, n_heads, head_dim, items, block, scale);
+    return cudaGetLastError();
+  }
   const int threads = head_dim >= 256 ? 256 : (head_dim < 32 ? 32 : head_dim);
   rotate_heads_kernel<<<rows * n_heads, threads, 0, stream>>>(src, src_row_stride, dst, n_heads, head_dim, block,
                                                               scale);

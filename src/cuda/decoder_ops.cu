@@ -54,10 +54,15 @@ cudaError_t embed_rows_bf16(const __nv_bfloat16* table, const int32_t* tokens, f
   if (check_rows(op, rows) || check_width(op, "hidden", hidden) || check_width(op, "vocab", vocab))
     return cudaErrorInvalidValue;
   const bool vec = hidden % ops::kVecElems == 0 && aligned(table, 16) && aligned(x, 16);
-  const int64_t per_block = int64_t{ops::kEltThreads} * (vec ? ops::kVecElems : 1);
-  const dim3 grid(static_cast<unsigned>(ceil_div(hidden, per_block)), static_cast<unsigned>(rows));
-  return launch_maybe_programmatic(vec ? ops::embed_rows_kernel<true> : ops::embed_rows_kernel<false>, grid,
-                                   dim3(ops::kEltThreads), stream, table, tokens, x, hidden, vocab);
+  if (vec) {
+    const int64_t per_block = int64_t{ops::kEmbedThreads} * ops::kEmbedUnroll * ops::kVecElems;
+    const dim3 grid(static_cast<unsigned>(ceil_div(hidden, per_block)), static_cast<unsigned>(rows));
+    return launch_maybe_programmatic(ops::embed_rows_kernel<true>, grid, dim3(ops::kEmbedThreads), stream, table,
+                                     tokens, x, hidden, vocab);
+  }
+  const dim3 grid(static_cast<unsigned>(ceil_div(hidden, ops::kEltThreads)), static_cast<unsigned>(rows));
+  return launch_maybe_programmatic(ops::embed_rows_kernel<false>, grid, dim3(ops::kEltThreads), stream, table, tokens,
+                                   x, hidden, vocab);
 }
 
 cudaError_t rmsnorm_bf16(const float* x, const float* weight, __nv_bfloat16* y, int rows, int hidden, float eps,
@@ -120,6 +125,13 @@ cudaError_t rope_qk_bf16(__nv_bfloat16* qkv, const int32_t* positions, const flo
                                      ", expected an even value in 2.." + to_string(kRopeMaxHeadDim));
   const int rot_heads = n_heads + n_kv_heads;  // q heads then k heads, contiguous at the start of the row
   const int row_width = (n_heads + 2 * n_kv_heads) * head_dim;
+  // 16-byte pair groups when every head's halves start on a 16-byte boundary (row_width is a multiple of head_dim).
+  if (head_dim % (2 * ops::kVecElems) == 0 && aligned(qkv, 16)) {
+    const int64_t units = int64_t{rot_heads} * (head_dim / 2 / ops::kVecElems);
+    const dim3 grid(static_cast<unsigned>(ceil_div(units, ops::kRopeThreads)), static_cast<unsigned>(rows));
+    return launch_maybe_programmatic(ops::rope_qk_vec_kernel, grid, dim3(ops::kRopeThreads), stream, qkv, positions,
+                                     inv_freq, rot_heads, row_width, head_dim);
+  }
   const dim3 grid(static_cast<unsigned>(ceil_div(rot_heads, ops::kRopeHeadsPerCta)), static_cast<unsigned>(rows));
   return launch_maybe_programmatic(ops::rope_qk_kernel, grid, dim3(ops::kRopeThreads), stream, qkv, positions, inv_freq,
                                    rot_heads, row_width, head_dim);

@@ -64,6 +64,12 @@ __device__ __forceinline__ uint32_t pack_bf16x2_rn(float lo, float hi) {
 // ---------------------------------------------------------------------------------------------------------------
 // Embedding gather. grid = (column chunks, rows). The table row is read once per step and not reused: __ldg
 // (read-only path). An id outside [0, vocab) writes NaNs and reads nothing.
+// kVec: a CTA of kEmbedThreads covers kEmbedUnroll x kEmbedThreads 16-byte vectors (4096 values: a whole Llama-8B
+// row), each thread issuing its kEmbedUnroll table loads before any store. Every CTA first waits for its token id
+// (a dependent load), so fewer, fuller CTAs pay that latency once per row rather than once per 2048 values, and
+// each SM keeps 16 CTAs x 8 KB of table reads in flight.
+constexpr int kEmbedThreads = 128;
+constexpr int kEmbedUnroll = 4;
 template <bool kVec>
 __global__ void __launch_bounds__(kEltThreads)
     embed_rows_kernel(const __nv_bfloat16* table, const int32_t* tokens, float* x, int hidden, int vocab) {
@@ -73,20 +79,30 @@ __global__ void __launch_bounds__(kEltThreads)
   const bool ok = tok >= 0 && tok < vocab;
   const __nv_bfloat16* er = table + static_cast<int64_t>(ok ? tok : 0) * hidden;
   float* xr = x + static_cast<int64_t>(r) * hidden;
-  const int t = blockIdx.x * kEltThreads + threadIdx.x;
-  if constexpr (kVec) {
-    const int i = t * kVecElems;  // hidden % 8 == 0, table and x 16-byte aligned
-    if (i >= hidden) return;
-    float f[kVecElems];
-    if (ok) {
-      bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(er + i)), f);
-    } else {
+  if constexpr (kVec) {  // hidden % 8 == 0, table and x 16-byte aligned; blockDim.x == kEmbedThreads
+    const int base = blockIdx.x * kEmbedUnroll * kEmbedThreads + threadIdx.x;
+    uint4 v[kEmbedUnroll];
 #pragma unroll
-      for (int k = 0; k < kVecElems; ++k) f[k] = nan_f32();
+    for (int k = 0; k < kEmbedUnroll; ++k) {
+      const int i = (base + k * kEmbedThreads) * kVecElems;
+      if (ok && i < hidden) v[k] = __ldg(reinterpret_cast<const uint4*>(er + i));
     }
-    reinterpret_cast<float4*>(xr + i)[0] = make_float4(f[0], f[1], f[2], f[3]);
-    reinterpret_cast<float4*>(xr + i)[1] = make_float4(f[4], f[5], f[6], f[7]);
+#pragma unroll
+    for (int k = 0; k < kEmbedUnroll; ++k) {
+      const int i = (base + k * kEmbedThreads) * kVecElems;
+      if (i >= hidden) break;
+      float f[kVecElems];
+      if (ok) {
+        bf16x8_to_f32(v[k], f);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVecElems; ++e) f[e] = nan_f32();
+      }
+      reinterpret_cast<float4*>(xr + i)[0] = make_float4(f[0], f[1], f[2], f[3]);
+      reinterpret_cast<float4*>(xr + i)[1] = make_float4(f[4], f[5], f[6], f[7]);
+    }
   } else {
+    const int t = blockIdx.x * kEltThreads + threadIdx.x;
     if (t >= hidden) return;
     xr[t] = ok ? __bfloat162float(er[t]) : nan_f32();
   }
@@ -291,6 +307,42 @@ static __global__ void __launch_bounds__(kRopeThreads)
     p[i] = __float2bfloat16_rn(rope_lo(x0, x1, cs[i]));
     p[i + half] = __float2bfloat16_rn(rope_hi(x0, x1, cs[i]));
   }
+}
+
+// RoPE, 16-byte vector instance (head_dim % 16 == 0, qkv 16-byte aligned). grid = (ceil(rot_heads · head_dim / 16
+// / kRopeThreads), rows). Thread t of the row's units owns 8 consecutive pairs (i .. i + 7, i + d/2 .. i + d/2 + 7)
+// of one head: two 16-byte loads and two 16-byte stores, where rope_qk_kernel made 2-byte accesses. A CTA covers
+// kRopeThreads · 8 pairs (16 heads of 128), so the fp64 cos/sin table is built 3 times per 40-head row instead of
+// 10, and a 2048-row prefill is 6144 CTAs of 128 threads streaming 16-byte vectors. Same arithmetic per pair.
+static __global__ void __launch_bounds__(kRopeThreads)
+    rope_qk_vec_kernel(__nv_bfloat16* qkv, const int32_t* positions, const float* inv_freq, int rot_heads,
+                       int row_width, int head_dim) {
+  pdl_prologue();
+  __shared__ float2 cs[kRopeMaxHalf];
+  const int half = head_dim / 2;
+  const int r = blockIdx.y;
+  const double pos = static_cast<double>(positions[r]);
+  for (int i = threadIdx.x; i < half; i += kRopeThreads) cs[i] = rope_cos_sin(pos, inv_freq[i]);
+  __syncthreads();
+  const int groups = half / kVecElems;  // 8-pair groups per head
+  const int unit = blockIdx.x * kRopeThreads + threadIdx.x;
+  if (unit >= rot_heads * groups) return;
+  const int h = unit / groups, i0 = (unit - h * groups) * kVecElems;
+  __nv_bfloat16* p = qkv + static_cast<int64_t>(r) * row_width + static_cast<int64_t>(h) * head_dim + i0;
+  uint4* lo = reinterpret_cast<uint4*>(p);
+  uint4* hi = reinterpret_cast<uint4*>(p + half);
+  float x0[kVecElems], x1[kVecElems];
+  bf16x8_to_f32(*lo, x0);
+  bf16x8_to_f32(*hi, x1);
+  uint32_t a[kVecElems / 2], b[kVecElems / 2];
+#pragma unroll
+  for (int k = 0; k < kVecElems / 2; ++k) {
+    const float2 c0 = cs[i0 + 2 * k], c1 = cs[i0 + 2 * k + 1];
+    a[k] = pack_bf16x2_rn(rope_lo(x0[2 * k], x1[2 * k], c0), rope_lo(x0[2 * k + 1], x1[2 * k + 1], c1));
+    b[k] = pack_bf16x2_rn(rope_hi(x0[2 * k], x1[2 * k], c0), rope_hi(x0[2 * k + 1], x1[2 * k + 1], c1));
+  }
+  *lo = make_uint4(a[0], a[1], a[2], a[3]);
+  *hi = make_uint4(b[0], b[1], b[2], b[3]);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -54,15 +54,10 @@ cudaError_t embed_rows_bf16(const __nv_bfloat16* table, const int32_t* tokens, f
   if (check_rows(op, rows) || check_width(op, "hidden", hidden) || check_width(op, "vocab", vocab))
     return cudaErrorInvalidValue;
   const bool vec = hidden % ops::kVecElems == 0 && aligned(table, 16) && aligned(x, 16);
-  if (vec) {
-    const int64_t per_block = int64_t{ops::kEmbedThreads} * ops::kEmbedUnroll * ops::kVecElems;
-    const dim3 grid(static_cast<unsigned>(ceil_div(hidden, per_block)), static_cast<unsigned>(rows));
-    return launch_maybe_programmatic(ops::embed_rows_kernel<true>, grid, dim3(ops::kEmbedThreads), stream, table,
-                                     tokens, x, hidden, vocab);
-  }
-  const dim3 grid(static_cast<unsigned>(ceil_div(hidden, ops::kEltThreads)), static_cast<unsigned>(rows));
-  return launch_maybe_programmatic(ops::embed_rows_kernel<false>, grid, dim3(ops::kEltThreads), stream, table, tokens,
-                                   x, hidden, vocab);
+  const int64_t per_block = int64_t{ops::kEltThreads} * (vec ? ops::kVecElems : 1);
+  const dim3 grid(static_cast<unsigned>(ceil_div(hidden, per_block)), static_cast<unsigned>(rows));
+  return launch_maybe_programmatic(vec ? ops::embed_rows_kernel<true> : ops::embed_rows_kernel<false>, grid,
+                                   dim3(ops::kEltThreads), stream, table, tokens, x, hidden, vocab);
 }
 
 cudaError_t rmsnorm_bf16(const float* x, const float* weight, __nv_bfloat16* y, int rows, int hidden, float eps,

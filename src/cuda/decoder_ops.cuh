@@ -64,12 +64,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2_rn(float lo, float hi) {
 // ---------------------------------------------------------------------------------------------------------------
 // Embedding gather. grid = (column chunks, rows). The table row is read once per step and not reused: __ldg
 // (read-only path). An id outside [0, vocab) writes NaNs and reads nothing.
-// kVec: a CTA of kEmbedThreads covers kEmbedUnroll x kEmbedThreads 16-byte vectors (4096 values: a whole Llama-8B
-// row), each thread issuing its kEmbedUnroll table loads before any store. Every CTA first waits for its token id
-// (a dependent load), so fewer, fuller CTAs pay that latency once per row rather than once per 2048 values, and
-// each SM keeps 16 CTAs x 8 KB of table reads in flight.
-constexpr int kEmbedThreads = 128;
-constexpr int kEmbedUnroll = 4;
 template <bool kVec>
 __global__ void __launch_bounds__(kEltThreads)
     embed_rows_kernel(const __nv_bfloat16* table, const int32_t* tokens, float* x, int hidden, int vocab) {
@@ -79,30 +73,20 @@ __global__ void __launch_bounds__(kEltThreads)
   const bool ok = tok >= 0 && tok < vocab;
   const __nv_bfloat16* er = table + static_cast<int64_t>(ok ? tok : 0) * hidden;
   float* xr = x + static_cast<int64_t>(r) * hidden;
-  if constexpr (kVec) {  // hidden % 8 == 0, table and x 16-byte aligned; blockDim.x == kEmbedThreads
-    const int base = blockIdx.x * kEmbedUnroll * kEmbedThreads + threadIdx.x;
-    uint4 v[kEmbedUnroll];
+  const int t = blockIdx.x * kEltThreads + threadIdx.x;
+  if constexpr (kVec) {
+    const int i = t * kVecElems;  // hidden % 8 == 0, table and x 16-byte aligned
+    if (i >= hidden) return;
+    float f[kVecElems];
+    if (ok) {
+      bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(er + i)), f);
+    } else {
 #pragma unroll
-    for (int k = 0; k < kEmbedUnroll; ++k) {
-      const int i = (base + k * kEmbedThreads) * kVecElems;
-      if (ok && i < hidden) v[k] = __ldg(reinterpret_cast<const uint4*>(er + i));
+      for (int k = 0; k < kVecElems; ++k) f[k] = nan_f32();
     }
-#pragma unroll
-    for (int k = 0; k < kEmbedUnroll; ++k) {
-      const int i = (base + k * kEmbedThreads) * kVecElems;
-      if (i >= hidden) break;
-      float f[kVecElems];
-      if (ok) {
-        bf16x8_to_f32(v[k], f);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kVecElems; ++e) f[e] = nan_f32();
-      }
-      reinterpret_cast<float4*>(xr + i)[0] = make_float4(f[0], f[1], f[2], f[3]);
-      reinterpret_cast<float4*>(xr + i)[1] = make_float4(f[4], f[5], f[6], f[7]);
-    }
+    reinterpret_cast<float4*>(xr + i)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    reinterpret_cast<float4*>(xr + i)[1] = make_float4(f[4], f[5], f[6], f[7]);
   } else {
-    const int t = blockIdx.x * kEltThreads + threadIdx.x;
     if (t >= hidden) return;
     xr[t] = ok ? __bfloat162float(er[t]) : nan_f32();
   }

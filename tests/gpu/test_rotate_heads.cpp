@@ -1,8 +1,9 @@
 // rotate_heads_bf16 (src/cuda/engine/engine_kernels.h) against its CPU twin, bit for bit: each head of each row
 // widened to fp32, formats::hadamard_blocks with the same block (that function's stage order and final scale
 // multiply), rounded once to BF16 (f32_to_bf16: round to nearest even). Every fp32 operation of the twin is a
-// single IEEE operation, so the kernel must give the same bits. Shapes cover the warp kernel (head_dim a multiple
-// of 32 up to 256, a power-of-two block) and the shared-memory kernel it falls back to (head_dim 80, 512),
+// single IEEE operation, so the kernel must give the same bits. Shapes cover the three kernels: 16-byte lanes
+// (head_dim 16 · 2^k up to 512, 16-byte aligned rows), the 32-channel register layout (other multiples of 32 up to
+// 256, or rows not 16-byte aligned) and shared memory (head_dim 80, 1024),
 // decode-sized and prefill-sized row counts (2048, 4097: a partial last CTA), a strided source (the fused q|k|v
 // rows) and the in-place un-rotation of the attention output. Inputs are fresh seeded random BF16 values, the
 // output buffer is NaN-poisoned before every launch and guarded past its end.
@@ -97,10 +98,17 @@ TEST(RotateHeadsBf16, BitExactAgainstCpuHadamard) {
       {65, 3, 256, 128, 0},  // 8 registers per lane
       {65, 3, 256, 256, 3 * 256 + 32},
       {5, 1, 32, 2, 0},
+      {5, 2, 512, 128, 0},  // 32 lanes per head
+      {7, 3, 16, 16, 0},    // 1 lane per head: register strides only
+      {7, 3, 16, 8, 3 * 16 + 8},
+      // The 32-channel register kernel: rows not on 16-byte boundaries, head_dim 160 (10 lanes of 16).
+      {33, 5, 128, 128, 5 * 128 + 2},
+      {2048, 4, 128, 128, 4 * 128 + 2},
+      {9, 3, 160, 32, 0},
       // The shared-memory kernel: head_dim not a multiple of 32, or past 8 registers per lane.
       {17, 5, 80, 16, 0},
       {2048, 2, 80, 16, 2 * 80 + 16},
-      {5, 2, 512, 128, 0},
+      {3, 2, 1024, 128, 0},
   };
   uint32_t seed = 1;
   for (const RotateCase& c : cases) check_case(c, ++seed);

@@ -5,7 +5,8 @@
 // (the same instructions on the same inputs give the same bits) and writes the codes. Recomputing instead of
 // staging y keeps shared memory free for any width (a 28672-wide fp32 row would need 112 KB) and costs only L1/L2
 // re-reads: the row was just read by pass 1. y itself is computed by decoder_ops.cuh's device functions, so it is
-// bit for bit the value the BF16 ops would round.
+// bit for bit the value the BF16 ops would round. Rows up to kRegUnits units per thread (every Llama-8B/70B shape
+// except SwiGLU at inter 28672) take the row-in-registers kernels below instead: one pass over memory, same bits.
 #pragma once
 
 #include <cuda_bf16.h>

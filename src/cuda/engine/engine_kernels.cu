@@ -14,13 +14,15 @@ constexpr int kRotateWarps = 4;         // warps per CTA of rotate_heads_warp_ke
 constexpr int kRotateHeadsPerWarp = 2;  // heads one warp loads before it transforms any
 constexpr int kRotateWarpMaxHeadDim = kv::kMaxPerLane * kWarp;
 
+// Three kernels, picked by shape (launcher): rotate_heads_vec_kernel (16-byte lanes) for head_dim 16 * 2^k with
+// 16-byte aligned rows; rotate_heads_warp_kernel for the other multiples of 32 up to 256; rotate_heads_kernel for
+// everything else. The first replaced one CTA per head with a __syncthreads per butterfly stage (2048 rows x 32
+// heads: 65536 CTAs of serial load → 7 barriers → store, 101 us; now 12 us including ~4 us of event overhead).
+//
 // One warp per kRotateHeadsPerWarp consecutive (row, head) items, in kv_append.cuh's register layout (lane l holds
 // channels 32 i + l), transformed by its hadamard_warp: the CPU's butterfly order and final scale multiply, with
-// no barrier at all (strides below 32 are shuffles, larger ones registers of one lane). The previous shape, one CTA
-// per head with a __syncthreads per butterfly stage, kept one 256-byte head in flight per 128 threads and spent
-// most of its time in barriers: 2048 rows x 32 heads were 65536 CTAs of serial load → 7 barriers → store.
-// Here a warp has all its heads' loads in flight before the first shuffle, and an SM holds 64 warps: 32 KB of
-// loads in flight per SM, about what 4.25 TB/s over ~0.8 us of DRAM latency needs (26 KB per SM).
+// no barrier at all (strides below 32 are shuffles, larger ones registers of one lane). 2-byte accesses and 20
+// shuffles per 128-wide head make it issue-bound at prefill sizes (~1 TB/s), hence the 16-byte kernel below.
 // Requirements (launcher): head_dim % 32 == 0, head_dim <= kRotateWarpMaxHeadDim, block 1 (copy) or a power of
 // two dividing head_dim. In place (src == dst) is safe: a warp writes only the heads it read, after reading them.
 __global__ void __launch_bounds__(kRotateWarps * kWarp)

@@ -120,6 +120,13 @@ cudaError_t rope_qk_bf16(__nv_bfloat16* qkv, const int32_t* positions, const flo
                                      ", expected an even value in 2.." + to_string(kRopeMaxHeadDim));
   const int rot_heads = n_heads + n_kv_heads;  // q heads then k heads, contiguous at the start of the row
   const int row_width = (n_heads + 2 * n_kv_heads) * head_dim;
+  // 16-byte pair groups when every head's halves start on a 16-byte boundary (row_width is a multiple of head_dim).
+  if (head_dim % (2 * ops::kVecElems) == 0 && aligned(qkv, 16)) {
+    const int64_t units = int64_t{rot_heads} * (head_dim / 2 / ops::kVecElems);
+    const dim3 grid(static_cast<unsigned>(ceil_div(units, ops::kRopeThreads)), static_cast<unsigned>(rows));
+    return launch_maybe_programmatic(ops::rope_qk_vec_kernel, grid, dim3(ops::kRopeThreads), stream, qkv, positions,
+                                     inv_freq, rot_heads, row_width, head_dim);
+  }
   const dim3 grid(static_cast<unsigned>(ceil_div(rot_heads, ops::kRopeHeadsPerCta)), static_cast<unsigned>(rows));
   return launch_maybe_programmatic(ops::rope_qk_kernel, grid, dim3(ops::kRopeThreads), stream, qkv, positions, inv_freq,
                                    rot_heads, row_width, head_dim);

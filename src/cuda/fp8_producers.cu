@@ -78,6 +78,15 @@ int row_threads(int64_t units) {
   return static_cast<int>(threads < fp8p::kMaxBlockThreads ? threads : fp8p::kMaxBlockThreads);
 }
 
+// The row-in-registers kernels: kRegUnits units per thread, whole warps (at most kRegMaxThreads by the callers'
+// width check).
+int reg_threads(int64_t units) {
+  const int64_t per_thread = (units + fp8p::kRegUnits - 1) / fp8p::kRegUnits;
+  return static_cast<int>((per_thread + fp8p::kWarp - 1) / fp8p::kWarp * fp8p::kWarp);
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 template <typename... Args>
 cudaError_t launch(void (*kernel)(Args...), int rows, int threads, cudaStream_t stream,
                    std::type_identity_t<Args>... args) {
@@ -103,6 +112,20 @@ cudaError_t rmsnorm_fp8(const float* x, const float* weight, uint8_t* codes, flo
   // the squares in the same order.
   const bool vec = hidden % fp8p::kRmsnormVec == 0 && aligned(x, 16) && aligned(weight, 16) && aligned(codes, 4);
   const int threads = ops::rmsnorm_threads(hidden, vec);
+  if (vec) {
+    // The row-in-registers kernel plays the same `threads`-thread block with threads / K real threads (K virtual
+    // warps per real warp), each virtual thread's kIter units in registers; wider rows keep the two-pass kernel.
+    const int virtual_warps = threads / fp8p::kWarp;
+    const int k = virtual_warps % 4 == 0 ? 4 : virtual_warps % 2 == 0 ? 2 : 1;
+    const int64_t iters = ceil_div(hidden / fp8p::kRmsnormVec, threads);
+    // More than one unit per virtual thread only happens with the full 1024-thread block (32 virtual warps: K = 4).
+    if (iters <= 2) {
+      auto kernel = k == 4   ? (iters == 1 ? fp8p::rmsnorm_fp8_reg_kernel<4, 1> : fp8p::rmsnorm_fp8_reg_kernel<4, 2>)
+                    : k == 2 ? fp8p::rmsnorm_fp8_reg_kernel<2, 1>
+                             : fp8p::rmsnorm_fp8_reg_kernel<1, 1>;
+      return launch(kernel, rows, threads / k, stream, x, weight, codes, scales, y_debug, hidden, eps);
+    }
+  }
   return launch(vec ? fp8p::rmsnorm_fp8_kernel<true> : fp8p::rmsnorm_fp8_kernel<false>, rows, threads, stream, x,
                 weight, codes, scales, y_debug, hidden, eps);
 }
@@ -122,6 +145,9 @@ cudaError_t quantize_rows_fp8(const __nv_bfloat16* x, int row_stride, uint8_t* c
     return cudaErrorInvalidValue;
   const bool vec =
       cols % fp8p::kBf16Vec == 0 && row_stride % fp8p::kBf16Vec == 0 && aligned(x, 16) && aligned(codes, 8);
+  if (vec && cols / fp8p::kBf16Vec <= fp8p::kRegUnits * fp8p::kRegMaxThreads)
+    return launch(fp8p::quantize_rows_fp8_reg_kernel, rows, reg_threads(cols / fp8p::kBf16Vec), stream, x,
+                  int64_t{row_stride}, codes, scales, cols);
   const int threads = row_threads(vec ? cols / fp8p::kBf16Vec : cols);
   return launch(vec ? fp8p::quantize_rows_fp8_kernel<true> : fp8p::quantize_rows_fp8_kernel<false>, rows, threads,
                 stream, x, int64_t{row_stride}, codes, scales, cols);
@@ -138,6 +164,9 @@ cudaError_t swiglu_fp8(const __nv_bfloat16* gate_up, uint8_t* codes, float* scal
                      {{"codes", codes, n}, {"scales", scales, int64_t{rows} * 4}, {"y_debug", y_debug, n * 4}}))
     return cudaErrorInvalidValue;
   const bool vec = inter % fp8p::kBf16Vec == 0 && aligned(gate_up, 16) && aligned(codes, 8);
+  if (vec && inter / fp8p::kBf16Vec <= fp8p::kRegUnits * fp8p::kRegMaxThreads)
+    return launch(fp8p::swiglu_fp8_reg_kernel, rows, reg_threads(inter / fp8p::kBf16Vec), stream, gate_up, codes,
+                  scales, y_debug, inter);
   const int threads = row_threads(vec ? inter / fp8p::kBf16Vec : inter);
   return launch(vec ? fp8p::swiglu_fp8_kernel<true> : fp8p::swiglu_fp8_kernel<false>, rows, threads, stream, gate_up,
                 codes, scales, y_debug, inter);

@@ -5,7 +5,8 @@
 // (the same instructions on the same inputs give the same bits) and writes the codes. Recomputing instead of
 // staging y keeps shared memory free for any width (a 28672-wide fp32 row would need 112 KB) and costs only L1/L2
 // re-reads: the row was just read by pass 1. y itself is computed by decoder_ops.cuh's device functions, so it is
-// bit for bit the value the BF16 ops would round.
+// bit for bit the value the BF16 ops would round. Rows up to kRegUnits units per thread (every Llama-8B/70B shape
+// except SwiGLU at inter 28672) take the row-in-registers kernels below instead: one pass over memory, same bits.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -88,6 +89,222 @@ __device__ __forceinline__ void quantize_row(const Gen& gen, int units, uint8_t*
 #pragma unroll
     for (int k = 0; k < V; ++k) y[k] = __fdiv_rn(y[k], s);
     store_codes<V>(codes + u * V, y);
+  }
+}
+
+// The scale step of quantize_row, once every thread holds its amax and finite flag: the same reduction, the same
+// IEEE division and the same special cases, so the same bits. Every thread of the block must call this.
+__device__ __forceinline__ float row_scale(float amax, int finite, float* scale, float* red /* [kWarp] shared */) {
+  const bool all_finite = __syncthreads_and(finite) != 0;
+  amax = block_max(amax, red);
+  float s = __fdiv_rn(amax, kFp8Max);
+  if (!(s > 0.0f)) s = 1.0f;
+  if (!all_finite) s = ops::nan_f32();
+  if (threadIdx.x == 0) *scale = s;
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Row-in-registers variants (the prefill shapes). quantize_row above computes y twice and, with one thread per
+// 16-byte unit up to 1024, gives an SM two 1024-thread rows whose threads all wait at the same barriers: the load,
+// the reductions and the stores of a row never overlap another's (SwiGLU at 2048 x 14336 ran at a third of the DRAM
+// roofline). Here a thread keeps kRegUnits units of y in registers, so each input byte is read once and y is
+// computed once (SwiGLU's expf and two divisions are the kernel's arithmetic bound), and a row takes a quarter of
+// the threads, so several rows at different phases share an SM. amax, the finite flag and hence the scale and codes
+// do not depend on which thread owns which unit (max is exact and commutative): the bits are quantize_row's.
+constexpr int kRegUnits = 4;         // 16-byte units per thread held in registers
+constexpr int kRegMaxThreads = 512;  // rows of up to kRegUnits * 512 units take this path (SwiGLU: inter <= 16384)
+
+// Codes of one thread's units (unit u = threadIdx.x + k * blockDim.x) from its y registers.
+template <int V, int kUnits>
+__device__ __forceinline__ void store_units(const float (&y)[kUnits][V], int units, uint8_t* codes, float s) {
+#pragma unroll
+  for (int k = 0; k < kUnits; ++k) {
+    const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    if (u >= units) break;
+    float q[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) q[e] = __fdiv_rn(y[k][e], s);
+    store_codes<V>(codes + static_cast<int64_t>(u) * V, q);
+  }
+}
+
+// amax, finite flag and debug copy of one thread's y registers.
+template <int V, int kUnits>
+__device__ __forceinline__ void scan_units(const float (&y)[kUnits][V], int units, float* y_debug, float& amax,
+                                           int& finite) {
+#pragma unroll
+  for (int k = 0; k < kUnits; ++k) {
+    const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    if (u >= units) break;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      finite &= isfinite(y[k][e]) ? 1 : 0;
+      amax = fmaxf(amax, fabsf(y[k][e]));
+      if (y_debug) y_debug[static_cast<int64_t>(u) * V + e] = y[k][e];
+    }
+  }
+}
+
+// SwiGLU → FP8, row in registers: 16-byte units of 8 values, gate_up 16-byte aligned, inter % 8 == 0, codes 8-byte
+// aligned, inter / 8 <= kRegUnits * blockDim.x. The gate and up halves are read exactly once (evict-first: 117 MB
+// at 2048 rows would otherwise push the next GEMM's weights out of L2).
+__global__ void __launch_bounds__(kRegMaxThreads)
+    swiglu_fp8_reg_kernel(const __nv_bfloat16* gate_up, uint8_t* codes, float* scales, float* y_debug, int inter) {
+  ops::pdl_prologue();
+  __shared__ float red_max[kWarp];
+  const int units = inter / kBf16Vec;
+  const uint4* g8 = reinterpret_cast<const uint4*>(gate_up + static_cast<int64_t>(blockIdx.x) * 2 * inter);
+  const uint4* u8 = g8 + units;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * inter;
+  // All loads first: 2 x kRegUnits 16-byte loads in flight per thread before any arithmetic.
+  uint4 gr[kRegUnits], ur[kRegUnits];
+#pragma unroll
+  for (int k = 0; k < kRegUnits; ++k) {
+    const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    if (u < units) {
+      gr[k] = __ldcs(g8 + u);
+      ur[k] = __ldcs(u8 + u);
+    }
+  }
+  float y[kRegUnits][kBf16Vec];
+#pragma unroll
+  for (int k = 0; k < kRegUnits; ++k) {
+    const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    if (u >= units) break;
+    float gf[kBf16Vec], uf[kBf16Vec];
+    ops::bf16x8_to_f32(gr[k], gf);
+    ops::bf16x8_to_f32(ur[k], uf);
+#pragma unroll
+    for (int e = 0; e < kBf16Vec; ++e) y[k][e] = ops::silu_mul(gf[e], uf[e]);
+  }
+  float amax = 0.0f;
+  int finite = 1;
+  scan_units<kBf16Vec, kRegUnits>(y, units, y_debug ? y_debug + row : nullptr, amax, finite);
+  const float s = row_scale(amax, finite, scales + blockIdx.x, red_max);
+  store_units<kBf16Vec, kRegUnits>(y, units, codes + row, s);
+}
+
+// BF16 rows → FP8, row in registers: cols % 8 == 0, row_stride % 8 == 0, x 16-byte and codes 8-byte aligned,
+// cols / 8 <= kRegUnits * blockDim.x. The attention output is read once (evict-first).
+__global__ void __launch_bounds__(kRegMaxThreads)
+    quantize_rows_fp8_reg_kernel(const __nv_bfloat16* x, int64_t row_stride, uint8_t* codes, float* scales,
+                                 int cols) {
+  ops::pdl_prologue();
+  __shared__ float red_max[kWarp];
+  const int units = cols / kBf16Vec;
+  const uint4* x8 = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(blockIdx.x) * row_stride);
+  uint4 xr[kRegUnits];
+#pragma unroll
+  for (int k = 0; k < kRegUnits; ++k) {
+    const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    if (u < units) xr[k] = __ldcs(x8 + u);
+  }
+  float y[kRegUnits][kBf16Vec];
+#pragma unroll
+  for (int k = 0; k < kRegUnits; ++k) {
+    if (static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x) >= units) break;
+    ops::bf16x8_to_f32(xr[k], y[k]);
+  }
+  float amax = 0.0f;
+  int finite = 1;
+  scan_units<kBf16Vec, kRegUnits>(y, units, nullptr, amax, finite);
+  const float s = row_scale(amax, finite, scales + blockIdx.x, red_max);
+  store_units<kBf16Vec, kRegUnits>(y, units, codes + static_cast<int64_t>(blockIdx.x) * cols, s);
+}
+
+// RMSNorm → FP8, row in registers, with rmsnorm_kernel's summation order kept exactly. That order is defined by a
+// block of VT = ops::rmsnorm_threads(hidden, true) threads: virtual thread v sums the squares of float4 units
+// v, v + VT, ... (one fused multiply-add per element, in index order), each warp of 32 virtual threads reduces by
+// the xor butterfly, and the VT / 32 warp partials are added in warp order. Here a real CTA of VT / K threads plays
+// that block: real warp w, lane l is virtual thread (w K + i) 32 + l for each i < K, holding that virtual thread's
+// kIter units in registers; the K butterflies are the same shuffles on K registers, and red_sum[] receives the
+// same VT / 32 partials in the same slots. So s, y and the codes are rmsnorm_fp8_kernel's bits, the BF16 sibling
+// rmsnorm_bf16 still rounds the same y, and x is read from DRAM once (16 KB per row at hidden 4096, 8 rows per SM
+// in flight instead of 2 rows of 1024 threads). Requirements (launcher): hidden % 4 == 0, x and weight 16-byte
+// aligned, codes 4-byte aligned, (VT / 32) % K == 0, hidden / 4 <= kIter * VT.
+template <int K, int kIter>
+__global__ void __launch_bounds__(kMaxBlockThreads)
+    rmsnorm_fp8_reg_kernel(const float* x, const float* weight, uint8_t* codes, float* scales, float* y_debug,
+                           int hidden, float eps) {
+  ops::pdl_prologue();
+  __shared__ float red_sum[kWarp], red_max[kWarp];
+  const int units = hidden / kRmsnormVec;
+  const int vt_count = K * static_cast<int>(blockDim.x);
+  const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * hidden;
+  const float4* x4 = reinterpret_cast<const float4*>(x + row);
+  float4 v[K][kIter];
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+#pragma unroll
+    for (int k = 0; k < kIter; ++k) {
+      const int j = (warp * K + i) * kWarp + lane + k * vt_count;
+      if (j < units) v[i][k] = x4[j];
+    }
+  }
+  float ss[K];
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    ss[i] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kIter; ++k) {
+      if ((warp * K + i) * kWarp + lane + k * vt_count < units) ss[i] = ops::sum_squares_add(ss[i], v[i][k]);
+    }
+  }
+  // ops::block_sum, once per virtual warp.
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off >>= 1) {
+#pragma unroll
+    for (int i = 0; i < K; ++i) ss[i] = __fadd_rn(ss[i], __shfl_xor_sync(0xffffffffu, ss[i], off));
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < K; ++i) red_sum[warp * K + i] = ss[i];
+  }
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < vt_count / kWarp; ++w) total = __fadd_rn(total, red_sum[w]);
+  const float s = ops::rms_scale(total, hidden, eps);
+
+  const float4* w4 = reinterpret_cast<const float4*>(weight);
+  float* yd = y_debug ? y_debug + row : nullptr;
+  float amax = 0.0f;
+  int finite = 1;
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+#pragma unroll
+    for (int k = 0; k < kIter; ++k) {
+      const int j = (warp * K + i) * kWarp + lane + k * vt_count;
+      if (j >= units) continue;
+      const float4 w = __ldg(w4 + j);
+      float4& y = v[i][k];  // y replaces x in place
+      y.x = __fmul_rn(w.x, __fmul_rn(s, y.x));
+      y.y = __fmul_rn(w.y, __fmul_rn(s, y.y));
+      y.z = __fmul_rn(w.z, __fmul_rn(s, y.z));
+      y.w = __fmul_rn(w.w, __fmul_rn(s, y.w));
+      finite &= (isfinite(y.x) && isfinite(y.y) && isfinite(y.z) && isfinite(y.w)) ? 1 : 0;
+      amax = fmaxf(fmaxf(amax, fmaxf(fabsf(y.x), fabsf(y.y))), fmaxf(fabsf(y.z), fabsf(y.w)));
+      if (yd) {  // y_debug carries no alignment requirement
+        yd[kRmsnormVec * j] = y.x;
+        yd[kRmsnormVec * j + 1] = y.y;
+        yd[kRmsnormVec * j + 2] = y.z;
+        yd[kRmsnormVec * j + 3] = y.w;
+      }
+    }
+  }
+  const float q_scale = row_scale(amax, finite, scales + blockIdx.x, red_max);
+  uint8_t* cr = codes + row;
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+#pragma unroll
+    for (int k = 0; k < kIter; ++k) {
+      const int j = (warp * K + i) * kWarp + lane + k * vt_count;
+      if (j >= units) continue;
+      const float q[kRmsnormVec] = {__fdiv_rn(v[i][k].x, q_scale), __fdiv_rn(v[i][k].y, q_scale),
+                                    __fdiv_rn(v[i][k].z, q_scale), __fdiv_rn(v[i][k].w, q_scale)};
+      store_codes<kRmsnormVec>(cr + static_cast<int64_t>(j) * kRmsnormVec, q);
+    }
   }
 }
 

@@ -139,6 +139,10 @@ TEST(DecoderOpsGpu, EmbedIsExact) {
     }
   }
   check_embed(2, 8, 1, 0, ++seed);
+  // Prefill row counts; 4104 and 12296: a CTA of 4096 values plus a partial one (one vector, then 2 CTAs + one).
+  check_embed(2048, 4096, 1000, 0, ++seed);
+  check_embed(2049, 4104, 300, 0, ++seed);
+  check_embed(3, 12296, 50, 0, ++seed);
 }
 
 TEST(DecoderOpsGpu, EmbedWritesNanRowsForOutOfRangeIds) {
@@ -362,6 +366,9 @@ TEST(DecoderOpsGpu, RopeIsExactOnQAndKAndLeavesV) {
   check_rope(2, 9, 3, 64, RopeScaling{}, 10000.0, ++seed);        // 12 rotated heads: several CTAs per row
   check_rope(1, 64, 8, 128, llama3_scaling(), 500000.0, ++seed);  // Llama-3-70B
   check_rope(3, 1, 1, 512, RopeScaling{}, 10000.0, ++seed);       // the largest head_dim
+  check_rope(5, 7, 2, 80, RopeScaling{}, 10000.0, ++seed);         // 5 vector groups per half head
+  check_rope(5, 7, 2, 72, RopeScaling{}, 10000.0, ++seed);         // head_dim % 16 != 0: the 2-byte kernel
+  check_rope(2048, 32, 8, 128, llama3_scaling(), 500000.0, ++seed);  // a Llama-3-8B prefill pass
 }
 
 // --- argmax --------------------------------------------------------------------------------------------------------

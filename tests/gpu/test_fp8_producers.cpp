@@ -201,7 +201,9 @@ TEST(Fp8ProducersGpu, RmsnormFp8QuantisesItsOwnYExactlyAndMatchesTheTwin) {
   FT_REQUIRE_CUDA_DEVICE();
   uint32_t seed = 100;
   for (int rows : kRows) {
-    for (int hidden : {64, 576, 4096, 8192, 575, 5}) {
+    // 64, 576: one unit per thread (K = 1); 192, 1280: two virtual warps per real one (K = 2); 4096, 8192: K = 4
+    // with one and two units per virtual thread; 12288: the two-pass kernel; 575, 5: scalar.
+    for (int hidden : {64, 192, 576, 1280, 4096, 8192, 12288, 575, 5}) {
       for (int off : {0, 1}) check_rmsnorm_fp8(rows, hidden, off, ++seed);
     }
   }
@@ -298,10 +300,24 @@ TEST(Fp8ProducersGpu, SwigluFp8QuantisesItsOwnYExactlyAndMatchesTheTwin) {
   FT_REQUIRE_CUDA_DEVICE();
   uint32_t seed = 300;
   for (int rows : kRows) {
-    for (int inter : {64, 1536, 14336, 1535, 3}) {
+    // 16384: the widest row-in-registers row (512 threads x 4 units); 16392: the two-pass kernel.
+    for (int inter : {64, 1536, 14336, 16384, 16392, 1535, 3}) {
       for (int off : {0, 1}) check_swiglu_fp8(rows, inter, off, ++seed);
     }
   }
+}
+
+// --- prefill-sized passes ------------------------------------------------------------------------------------------
+// The Llama-3.1-8B FP8 prefill shapes at 2048 rows (and one more: a row count no CTA grouping divides): hidden
+// 4096 for both RMSNorms, the 4096-wide attention output in its q_width-strided rows, inter 14336; and hidden 8192
+// (two float4 units per virtual thread of the RMSNorm block).
+TEST(Fp8ProducersGpu, PrefillRowCounts) {
+  FT_REQUIRE_CUDA_DEVICE();
+  check_rmsnorm_fp8(2048, 4096, 0, 401);
+  check_rmsnorm_fp8(2049, 8192, 0, 402);
+  check_quantize_rows(2048, 4096, 4096, 0, 403);
+  check_quantize_rows(2049, 4096, 4104, 0, 404);
+  check_swiglu_fp8(2048, 14336, 0, 405);
 }
 
 // --- non-finite rows -------------------------------------------------------------------------------------------------

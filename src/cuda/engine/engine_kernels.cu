@@ -3,13 +3,142 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/kv_append.cuh"
+
 namespace futransformer::cuda {
 namespace {
 
 constexpr int kMaxHeadDim = 1024;
+constexpr int kWarp = kv::kWarp;
+constexpr int kRotateWarps = 4;         // warps per CTA of rotate_heads_warp_kernel
+constexpr int kRotateHeadsPerWarp = 2;  // heads one warp loads before it transforms any
+constexpr int kRotateWarpMaxHeadDim = kv::kMaxPerLane * kWarp;
 
-// One CTA per (row, head), one thread per element; the butterflies run in shared memory stage by stage (the head
-// is at most a few hundred values, so the barrier per stage is cheap next to the launch).
+// Three kernels, picked by shape (launcher): rotate_heads_vec_kernel (16-byte lanes) for head_dim 16 * 2^k with
+// 16-byte aligned rows; rotate_heads_warp_kernel for the other multiples of 32 up to 256; rotate_heads_kernel for
+// everything else. The first replaced one CTA per head with a __syncthreads per butterfly stage (2048 rows x 32
+// heads: 65536 CTAs of serial load → 7 barriers → store, 101 us; now 12 us including ~4 us of event overhead).
+//
+// One warp per kRotateHeadsPerWarp consecutive (row, head) items, in kv_append.cuh's register layout (lane l holds
+// channels 32 i + l), transformed by its hadamard_warp: the CPU's butterfly order and final scale multiply, with
+// no barrier at all (strides below 32 are shuffles, larger ones registers of one lane). 2-byte accesses and 20
+// shuffles per 128-wide head make it issue-bound at prefill sizes (~1 TB/s), hence the 16-byte kernel below.
+// Requirements (launcher): head_dim % 32 == 0, head_dim <= kRotateWarpMaxHeadDim, block 1 (copy) or a power of
+// two dividing head_dim. In place (src == dst) is safe: a warp writes only the heads it read, after reading them.
+__global__ void __launch_bounds__(kRotateWarps * kWarp)
+    rotate_heads_warp_kernel(const __nv_bfloat16* src, int src_row_stride, __nv_bfloat16* dst, int n_heads,
+                             int head_dim, int64_t items, int block, float scale) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t first =
+      (static_cast<int64_t>(blockIdx.x) * kRotateWarps + threadIdx.x / kWarp) * kRotateHeadsPerWarp;
+  const int nv = head_dim / kWarp;
+  float x[kRotateHeadsPerWarp][kv::kMaxPerLane];
+#pragma unroll
+  for (int k = 0; k < kRotateHeadsPerWarp; ++k) {
+    const int64_t item = first + k;
+    if (item >= items) break;  // warp-uniform
+    const int64_t r = item / n_heads, h = item % n_heads;
+    kv::load_head(src + r * src_row_stride + h * head_dim, head_dim, lane, x[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < kRotateHeadsPerWarp; ++k) {
+    const int64_t item = first + k;
+    if (item >= items) break;
+    if (block > 1) kv::hadamard_warp(x[k], nv, block, scale, lane);
+    __nv_bfloat16* d = dst + item * head_dim;  // dst rows are [n_heads, head_dim]: item = r * n_heads + h
+#pragma unroll
+    for (int i = 0; i < kv::kMaxPerLane; ++i) {
+      const int c = i * kWarp + lane;
+      if (c < head_dim) d[c] = __float2bfloat16_rn(x[k][i]);
+    }
+  }
+}
+
+// The 16-byte shape, for head_dim = 16 * kLanes (kLanes a power of two <= 32: head_dim 16 .. 512): kLanes lanes
+// per head, lane s of a head holding channels 16 s .. 16 s + 15 (two 16-byte loads and stores), 32 / kLanes heads
+// per warp. Butterfly strides 1..8 pair registers of one lane, strides 16 m pair lane s with lane s ^ m (the lane
+// with bit m clear holds the pair's first element a, its partner b: a + b there, a - b here), stage by stage in the
+// CPU's ascending order, then the one scale multiply: the CPU's operations on every pair, so its bits. Compared with
+// the 32-channel-per-register layout of kv_append.cuh, a 128-wide head takes 12 shuffles instead of 20 and 4
+// instructions per 16 bytes moved instead of 16 (at 2048 x 32 heads the former kernel was issue-bound, ~1 TB/s).
+// Lanes past the last item still join the shuffles (on zeros) and store nothing.
+template <int kLanes>
+__global__ void __launch_bounds__(kRotateWarps * kWarp)
+    rotate_heads_vec_kernel(const __nv_bfloat16* src, int src_row_stride, __nv_bfloat16* dst, int n_heads,
+                            int64_t items, int block, float scale) {
+  constexpr int kVec = 16;  // channels per lane
+  constexpr int kHeadDim = kVec * kLanes;
+  static_assert(kLanes >= 1 && kLanes <= kWarp && (kLanes & (kLanes - 1)) == 0, "lanes per head: 1, 2, 4 .. 32");
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int s = lane % kLanes;
+  const int64_t item = (static_cast<int64_t>(blockIdx.x) * kRotateWarps + threadIdx.x / kWarp) * (kWarp / kLanes) +
+                       lane / kLanes;
+  const bool active = item < items;
+  uint4 v[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+  if (active) {
+    const int64_t r = item / n_heads, h = item % n_heads;
+    const uint4* p = reinterpret_cast<const uint4*>(src + r * src_row_stride + h * kHeadDim + s * kVec);
+    v[0] = p[0];
+    v[1] = p[1];
+  }
+  float x[kVec];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const uint32_t w[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {  // a BF16 is the top half of an fp32: exact widening
+      x[8 * k + 2 * e] = __uint_as_float(w[e] << 16);
+      x[8 * k + 2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+    }
+  }
+  if (block > 1) {
+#pragma unroll
+    for (int h = 1; h < kVec; h *= 2) {  // compile-time strides: register indices stay static
+      if (h < block) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          if ((j & h) == 0) {
+            const float a = x[j], b = x[j + h];
+            x[j] = __fadd_rn(a, b);
+            x[j + h] = __fsub_rn(a, b);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 1; m < kLanes; m *= 2) {
+      if (kVec * m < block) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float other = __shfl_xor_sync(0xffffffffu, x[j], m);
+          x[j] = (s & m) ? __fsub_rn(other, x[j]) : __fadd_rn(x[j], other);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) x[j] = __fmul_rn(x[j], scale);
+  }
+  if (!active) return;
+  uint32_t o[kVec / 2];
+#pragma unroll
+  for (int j = 0; j < kVec / 2; ++j)
+    o[j] = static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(x[2 * j]))) |
+           (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(x[2 * j + 1]))) << 16);
+  uint4* d = reinterpret_cast<uint4*>(dst + item * kHeadDim + s * kVec);  // dst rows [n_heads, head_dim]
+  d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+  d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+template <int kLanes>
+void launch_rotate_vec(const __nv_bfloat16* src, int src_row_stride, __nv_bfloat16* dst, int n_heads, int64_t items,
+                       int block, float scale, cudaStream_t stream) {
+  const int64_t per_cta = int64_t{kRotateWarps} * (kWarp / kLanes);
+  rotate_heads_vec_kernel<kLanes><<<static_cast<unsigned>((items + per_cta - 1) / per_cta), kRotateWarps * kWarp, 0,
+                                    stream>>>(src, src_row_stride, dst, n_heads, items, block, scale);
+}
+
+// The general shape (any even head_dim up to kMaxHeadDim, any block): one CTA per (row, head), one thread per
+// element, the butterflies in shared memory stage by stage.
 __global__ void rotate_heads_kernel(const __nv_bfloat16* src, int src_row_stride, __nv_bfloat16* dst, int n_heads,
                                     int head_dim, int block, float scale) {
   __shared__ float v[kMaxHeadDim];
@@ -91,6 +220,28 @@ cudaError_t rotate_heads_bf16(const __nv_bfloat16* src, int src_row_stride, __nv
   const int block = hadamard_block > 1 ? hadamard_block : 1;
   float scale = 1.0f;
   if (block > 1) scale = static_cast<float>(1.0 / __builtin_sqrt(static_cast<double>(block)));
+  const bool pow2 = (block & (block - 1)) == 0;
+  const int lanes = head_dim / 16;
+  if (pow2 && head_dim % 16 == 0 && lanes <= kWarp && (lanes & (lanes - 1)) == 0 && src_row_stride % 8 == 0 &&
+      reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+    const int64_t items = static_cast<int64_t>(rows) * n_heads;
+    switch (lanes) {
+      case 1: launch_rotate_vec<1>(src, src_row_stride, dst, n_heads, items, block, scale, stream); break;
+      case 2: launch_rotate_vec<2>(src, src_row_stride, dst, n_heads, items, block, scale, stream); break;
+      case 4: launch_rotate_vec<4>(src, src_row_stride, dst, n_heads, items, block, scale, stream); break;
+      case 8: launch_rotate_vec<8>(src, src_row_stride, dst, n_heads, items, block, scale, stream); break;
+      case 16: launch_rotate_vec<16>(src, src_row_stride, dst, n_heads, items, block, scale, stream); break;
+      default: launch_rotate_vec<32>(src, src_row_stride, dst, n_heads, items, block, scale, stream); break;
+    }
+    return cudaGetLastError();
+  }
+  if (head_dim % kWarp == 0 && head_dim <= kRotateWarpMaxHeadDim && pow2) {
+    const int64_t items = static_cast<int64_t>(rows) * n_heads;
+    constexpr int64_t kPerCta = int64_t{kRotateWarps} * kRotateHeadsPerWarp;
+    rotate_heads_warp_kernel<<<static_cast<unsigned>((items + kPerCta - 1) / kPerCta), kRotateWarps * kWarp, 0,
+                               stream>>>(src, src_row_stride, dst, n_heads, head_dim, items, block, scale);
+    return cudaGetLastError();
+  }
   const int threads = head_dim >= 256 ? 256 : (head_dim < 32 ? 32 : head_dim);
   rotate_heads_kernel<<<rows * n_heads, threads, 0, stream>>>(src, src_row_stride, dst, n_heads, head_dim, block,
                                                               scale);

@@ -77,6 +77,10 @@ class Buf {
   void upload(const T* host, const char* what) {
     if (n_) cuda_ok(cudaMemcpy(p_, host, n_ * sizeof(T), cudaMemcpyHostToDevice), what);
   }
+  // Every byte set to `byte` (nothing for an empty buffer).
+  void fill_bytes(int byte, const char* what) {
+    if (n_) cuda_ok(cudaMemset(p_, byte, n_ * sizeof(T)), what);
+  }
   std::vector<T> download(const char* what) const {
     std::vector<T> h(n_);
     if (n_) cuda_ok(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), what);
@@ -136,7 +140,7 @@ CudaHessianAccumulator::CudaHessianAccumulator(int64_t k, std::string name)
   check(k > 0 && k <= detail::kMaxHessianInputs, detail::hessian_label(name_), ": Hessian input size must be in [1, ",
         detail::kMaxHessianInputs, "], got ", k);
   impl_->h = Buf<double>(static_cast<size_t>(k * k), "the Hessian");
-  cuda_ok(cudaMemset(impl_->h.get(), 0, impl_->h.size() * sizeof(double)), "clear the Hessian");
+  impl_->h.fill_bytes(0, "clear the Hessian");
 }
 
 CudaHessianAccumulator::CudaHessianAccumulator(const HessianAccumulator& host)
@@ -253,7 +257,7 @@ Factored factor(const double* h, const detail::GptqColumnPlan& plan, const Buf<i
     ops::build_reversed_kernel<<<grid, kThreads>>>(h, diag.get(), perm.get(), damp * plan.mean_diag, K, r.get(),
                                                   r_diag.get());
     cuda_ok(cudaGetLastError(), "damped Hessian");
-    cuda_ok(cudaMemset(info.get(), 0, 2 * sizeof(int)), "clear factorization status");
+    info.fill_bytes(0, "clear factorization status");
     cusolver_ok(cusolverDnXpotrf(hd.solver, hd.params, CUBLAS_FILL_MODE_UPPER, K, CUDA_R_64F, r.get(), K, CUDA_R_64F,
                                  work.get(), work.size(), host_work.data(), host_work.size(), info.get()),
                 "Cholesky factorization (potrf)");
@@ -327,7 +331,10 @@ GptqResult gptq_quantize_detailed_cuda(std::span<const float> w, int64_t rows, i
   Buf<uint16_t> scale_bits(static_cast<size_t>(N * n_groups), "INT4 scales");
   Buf<uint8_t> zeros(sym ? 0 : static_cast<size_t>(N * n_groups), "INT4 zero-points");
   Buf<int32_t> row_fail(static_cast<size_t>(N), "row status");
-  cuda_ok(cudaMemset(row_fail.get(), 0x7f, row_fail.size() * sizeof(int32_t)), "clear row status");
+  row_fail.fill_bytes(0x7f, "clear row status");
+  // Outputs start as 0xFF bytes (NaN scales, nibbles > 15): a value the kernels fail to write shows in the result.
+  scale_bits.fill_bytes(0xff, "poison the scales");
+  zeros.fill_bytes(0xff, "poison the zero-points");
   if (act) {
     // Static groups from the original (dead-zeroed) weights, then the columns in quantisation order.
     const int64_t pairs = N * n_groups;
@@ -355,9 +362,12 @@ GptqResult gptq_quantize_detailed_cuda(std::span<const float> w, int64_t rows, i
   Buf<float> err(static_cast<size_t>(N * B), "the block errors");
   Buf<uint8_t> nibbles(static_cast<size_t>(N * K), "the nibbles");
   Buf<double> row_loss(static_cast<size_t>(N), "the row losses");
-  cuda_ok(cudaMemset(row_loss.get(), 0, row_loss.size() * sizeof(double)), "clear the row losses");
+  row_loss.fill_bytes(0, "clear the row losses");
   Buf<float> rounded(record_inputs ? static_cast<size_t>(N * K) : 0, "the rounded inputs");
   Buf<float> group_inputs(record_inputs && !act ? static_cast<size_t>(N * K) : 0, "the group inputs");
+  nibbles.fill_bytes(0xff, "poison the nibbles");
+  rounded.fill_bytes(0xff, "poison the rounded inputs");
+  group_inputs.fill_bytes(0xff, "poison the group inputs");
   const size_t smem = static_cast<size_t>(B * B) * sizeof(float);
   cuda_ok(cudaFuncSetAttribute(ops::block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
           "block kernel shared memory");

@@ -440,7 +440,7 @@ TEST(GptqCuda, RejectsBadInputsNamingTheTensor) {
   expect_error([&] { gptq_quantize_detailed_cuda(w, 8, 96, h96, GptqOptions{Int4Spec{48}}, name); }, {name, "48"});
   // Weights so large that the FP16 scale overflows: named with the row.
   std::vector<float> huge(w.size(), 1.0f);
-  huge[3 * 96 + 7] = 4e5f;
+  huge[3 * 96 + 7] = 1e6f;  // scale 1e6·2/15 > 65504
   for (bool act : {false, true})
     expect_error(
         [&] { gptq_quantize_detailed_cuda(huge, 8, 96, h96, GptqOptions{Int4Spec{32}, 0.01, 128, act}, name); },

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/device_choice.h"
 #include "cli/progress.h"
 #include "futransformer/error.h"
 #include "futransformer/model.h"
@@ -25,6 +26,7 @@ struct QuantizeArgs {
   std::string head = "full";
   std::string tokenizer;
   std::string calibration;
+  std::string device = "auto";
   int64_t samples = 32;
   int64_t sample_tokens = 512;
   uint64_t seed = 0;
@@ -65,7 +67,12 @@ int run_quantize(const QuantizeArgs& a, bool weights_given, bool group_given, bo
   opt.act_order = a.act_order;
 
   std::unique_ptr<Tokenizer> tokenizer;
-  if (recipe.weights == WeightFormat::Int4Gptq) tokenizer = load_tokenizer_for_model(model, a.tokenizer);
+  if (recipe.weights == WeightFormat::Int4Gptq) {
+    // The calibration forward runs on the CPU reference engine; each layer's Hessians and GPTQ on the chosen device.
+    opt.gptq_device = choose_backend(a.device) == Backend::Cuda ? quant::GptqDevice::Cuda : quant::GptqDevice::Cpu;
+    if (!a.quiet) std::fprintf(stderr, "GPTQ on %s\n", quant::gptq_device_name(opt.gptq_device));
+    tokenizer = load_tokenizer_for_model(model, a.tokenizer);
+  }
   ProgressLine progress(!a.quiet);
   const quant::QuantizedModel q =
       tokenizer ? quant::quantize_model(model, *tokenizer, opt, progress.callback())
@@ -105,6 +112,11 @@ Command add_quantize_command(CLI::App& app) {
   sub->add_option("--tokenizer", args->tokenizer, "Tokenizer file, if the model has none of its own (copied along)");
   sub->add_option("--calibration", args->calibration,
                   "GPTQ calibration text (default: The Devil's Dictionary, from scripts/fetch_calibration.sh)");
+  sub->add_option("--device", args->device,
+                  "Where GPTQ's Hessians and column loop run: cuda, cpu, or auto (cuda when this build has CUDA and a "
+                  "Hopper GPU is present); the calibration forward stays on the CPU")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
   sub->add_option("--samples", args->samples, "GPTQ calibration windows")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));

@@ -8,22 +8,20 @@
 
 #include "futransformer/error.h"
 #include "quant/dense.h"
+#include "quant/gptq_common.h"
 
 namespace futransformer::quant {
 namespace {
 
-// K x K doubles: 65536 inputs is already a 32 GiB Hessian, far beyond any layer we quantise; larger values are
-// treated as a corrupt size rather than attempted.
-constexpr int64_t kMaxHessianInputs = 65536;
 // Activations are converted to double in chunks of this many tokens, bounding the temporary copy.
 constexpr int64_t kAddChunkTokens = 512;
-// A Hessian that is not positive definite after the requested damping gets this many more attempts, each with
-// kRetryDampFactor times more damping, starting from at least kMinRetryDamp (for a request of 0).
-constexpr int kMaxDampRetries = 4;
+// Each damping retry uses kRetryDampFactor times more damping, starting from at least kMinRetryDamp (for a request
+// of 0); detail::kMaxDampRetries of them.
 constexpr double kRetryDampFactor = 10.0;
 constexpr double kMinRetryDamp = 0.01;
 
-std::string hessian_label(const std::string& name) { return name.empty() ? std::string("Hessian") : name; }
+using detail::hessian_label;
+using detail::kMaxHessianInputs;
 
 }  // namespace
 
@@ -38,13 +36,11 @@ void HessianAccumulator::add(const float* x, int64_t n_tokens) {
   check(n_tokens >= 0, label, ": negative calibration token count ", n_tokens);
   if (n_tokens == 0) return;
   check(x != nullptr, label, ": null calibration activations for ", n_tokens, " tokens");
-  check(n_tokens <= std::numeric_limits<int64_t>::max() / k_ - n_, label, ": calibration token count overflows (",
-        n_, " + ", n_tokens, " tokens of ", k_, " inputs)");
+  detail::check_token_count(n_, n_tokens, k_, label);
   // Reject before touching H, so that a bad batch leaves the accumulator as it was.
   for (int64_t t = 0; t < n_tokens; ++t)
     for (int64_t i = 0; i < k_; ++i)
-      check(std::isfinite(x[t * k_ + i]), label, ": calibration activation (token ", t, " of this batch, input ", i,
-            ") is not finite: ", x[t * k_ + i]);
+      if (!std::isfinite(x[t * k_ + i])) detail::fail_activation_not_finite(label, t, i, x[t * k_ + i]);
   // Running mean: H ← H·n/(n+m) + (2/(n+m))·Σ xᵀx, with x pre-scaled by sqrt(2/(n+m)) so syrk does the sum.
   const int64_t total = n_ + n_tokens;
   const double scale = std::sqrt(2.0 / static_cast<double>(total));
@@ -76,26 +72,42 @@ std::vector<double> HessianAccumulator::hessian() const {
   return full;
 }
 
-namespace {
+namespace detail {
 
-// Block size actually used. Without act_order a group's scale/zero come from the group's *current* weights when
-// the loop reaches its first column; that is only true for columns inside the current block (already updated
-// by every earlier column) or at a block start (all lazy updates applied). So a block must hold whole groups,
-// or a group must start on a block boundary. (The reference gptq.py reads a mid-block group's params from W, which
-// has not yet received the in-block updates of the block's earlier columns; we use the updated values.)
-int64_t effective_block(int64_t requested, int64_t group, int64_t K) {
+std::string hessian_label(const std::string& name) { return name.empty() ? std::string("Hessian") : name; }
+
+void check_token_count(int64_t seen, int64_t n_tokens, int64_t k, const std::string& label) {
+  check(n_tokens <= std::numeric_limits<int64_t>::max() / k - seen, label, ": calibration token count overflows (",
+        seen, " + ", n_tokens, " tokens of ", k, " inputs)");
+}
+
+void fail_activation_not_finite(const std::string& label, int64_t token, int64_t input, float value) {
+  fail(label, ": calibration activation (token ", token, " of this batch, input ", input, ") is not finite: ", value);
+}
+
+double gptq_retry_damp(double requested, int attempt) {
+  if (attempt == 0) return requested;
+  return std::max(requested, kMinRetryDamp) * std::pow(kRetryDampFactor, attempt - 1);
+}
+
+// Without act_order a group's scale/zero come from the group's *current* weights when the loop reaches its first
+// column; that is only true for columns inside the current block (already updated by every earlier column) or at a
+// block start (all lazy updates applied). So a block must hold whole groups, or a group must start on a block
+// boundary. (The reference gptq.py reads a mid-block group's params from W, which has not yet received the in-block
+// updates of the block's earlier columns; we use the updated values.)
+int64_t gptq_effective_block(int64_t requested, int64_t group, int64_t K) {
   if (group == K || group % requested == 0) return requested;
   return requested > group ? requested - requested % group : group;
 }
 
-void validate(std::span<const float> w, int64_t rows, int64_t cols, const HessianAccumulator& h,
-              const GptqOptions& opt, const std::string& name) {
+void gptq_validate(std::span<const float> w, int64_t rows, int64_t cols, int64_t h_k, int64_t h_samples,
+                   const std::string& h_name, const GptqOptions& opt, const std::string& name) {
   check(rows > 0 && cols > 0, name, ": GPTQ needs a non-empty weight, got ", rows, " x ", cols);
   check(rows <= std::numeric_limits<int64_t>::max() / cols && static_cast<int64_t>(w.size()) == rows * cols, name,
         ": GPTQ got ", w.size(), " values for a ", rows, " x ", cols, " weight");
-  check(h.k() == cols, name, ": the Hessian (", hessian_label(h.name()), ") has ", h.k(),
-        " inputs but the weight has ", cols, " columns");
-  check(h.n_samples() > 0, name, ": GPTQ needs calibration data, but the Hessian saw no tokens");
+  check(h_k == cols, name, ": the Hessian (", hessian_label(h_name), ") has ", h_k, " inputs but the weight has ", cols,
+        " columns");
+  check(h_samples > 0, name, ": GPTQ needs calibration data, but the Hessian saw no tokens");
   check(std::isfinite(opt.damp_percent) && opt.damp_percent >= 0.0, name,
         ": GPTQ damping must be a finite fraction >= 0, got ", opt.damp_percent);
   check(opt.block_size > 0, name, ": GPTQ block size must be positive, got ", opt.block_size);
@@ -106,30 +118,59 @@ void validate(std::span<const float> w, int64_t rows, int64_t cols, const Hessia
     }
 }
 
-}  // namespace
+// Dead inputs (never active in calibration) cannot be judged by the Hessian: their weights are zeroed and they get a
+// unit diagonal so H stays invertible, as the reference does.
+GptqColumnPlan gptq_plan_columns(std::span<const double> h_diag, bool act_order) {
+  GptqColumnPlan plan;
+  const int64_t K = static_cast<int64_t>(h_diag.size());
+  plan.diag.assign(h_diag.begin(), h_diag.end());
+  for (int64_t i = 0; i < K; ++i) {
+    if (plan.diag[static_cast<size_t>(i)] == 0.0) {
+      plan.diag[static_cast<size_t>(i)] = 1.0;
+      plan.dead.push_back(i);
+    }
+  }
+  // Column order: descending diag(H) with act_order (stable, so ties keep their index order deterministically).
+  plan.perm.resize(static_cast<size_t>(K));
+  std::iota(plan.perm.begin(), plan.perm.end(), 0);
+  if (act_order)
+    std::stable_sort(plan.perm.begin(), plan.perm.end(), [&](int64_t a, int64_t b) {
+      return plan.diag[static_cast<size_t>(a)] > plan.diag[static_cast<size_t>(b)];
+    });
+  plan.mean_diag = std::accumulate(plan.diag.begin(), plan.diag.end(), 0.0) / static_cast<double>(K);
+  return plan;
+}
+
+void gptq_fail_not_positive_definite(const std::string& tensor_name, double damp) {
+  fail(tensor_name, ": the calibration Hessian is not positive definite even with damping ", damp,
+       " x mean(diag H) after ", kMaxDampRetries, " retries (degenerate calibration data?)");
+}
+
+void gptq_fail_row_non_finite(const std::string& tensor_name, int64_t row) {
+  fail(tensor_name, ": GPTQ error updates made row ", row, " non-finite (ill-conditioned Hessian?)");
+}
+
+}  // namespace detail
 
 GptqResult gptq_quantize_detailed(std::span<const float> w, int64_t rows, int64_t cols, const HessianAccumulator& h,
                                   const GptqOptions& opt, const std::string& tensor_name, bool record_inputs) {
-  validate(w, rows, cols, h, opt, tensor_name);
+  detail::gptq_validate(w, rows, cols, h.k(), h.n_samples(), h.name(), opt, tensor_name);
   const int64_t N = rows, K = cols;
   const int64_t G = opt.spec.resolved_group(K, tensor_name);
   const int64_t n_groups = K / G;
   const bool act = opt.act_order;
   GptqResult res;
 
-  // Dead inputs (never active in calibration) cannot be judged by the Hessian: zero their weights and give them a
-  // unit diagonal so H stays invertible, as the reference does.
-  std::vector<float> W(w.begin(), w.end());
   const std::span<const double> hu = h.upper();
-  std::vector<double> diag(static_cast<size_t>(K));
-  for (int64_t i = 0; i < K; ++i) {
-    diag[static_cast<size_t>(i)] = hu[static_cast<size_t>(i * K + i)];
-    if (diag[static_cast<size_t>(i)] == 0.0) {
-      diag[static_cast<size_t>(i)] = 1.0;
-      ++res.stats.dead_inputs;
-      for (int64_t r = 0; r < N; ++r) W[static_cast<size_t>(r * K + i)] = 0.0f;
-    }
-  }
+  std::vector<double> h_diag(static_cast<size_t>(K));
+  for (int64_t i = 0; i < K; ++i) h_diag[static_cast<size_t>(i)] = hu[static_cast<size_t>(i * K + i)];
+  detail::GptqColumnPlan plan = detail::gptq_plan_columns(h_diag, act);
+  const std::vector<double>& diag = plan.diag;
+  const std::vector<int64_t>& perm = plan.perm;
+  res.stats.dead_inputs = static_cast<int64_t>(plan.dead.size());
+  std::vector<float> W(w.begin(), w.end());
+  for (int64_t i : plan.dead)
+    for (int64_t r = 0; r < N; ++r) W[static_cast<size_t>(r * K + i)] = 0.0f;
 
   std::vector<formats::GroupParams> params(static_cast<size_t>(N * n_groups));
   if (record_inputs) res.group_inputs.assign(static_cast<size_t>(N * K), 0.0f);
@@ -141,14 +182,6 @@ GptqResult gptq_quantize_detailed(std::span<const float> w, int64_t rows, int64_
         params[static_cast<size_t>(r * n_groups + g)] = formats::int4_group_params(
             std::span<const float>(W.data() + r * K + g * G, static_cast<size_t>(G)), opt.spec);
     if (record_inputs) res.group_inputs = W;
-  }
-
-  // Column order: descending diag(H) with act_order (stable, so ties keep their index order deterministically).
-  std::vector<int64_t> perm(static_cast<size_t>(K));
-  std::iota(perm.begin(), perm.end(), 0);
-  if (act) {
-    std::stable_sort(perm.begin(), perm.end(),
-                     [&](int64_t a, int64_t b) { return diag[static_cast<size_t>(a)] > diag[static_cast<size_t>(b)]; });
     std::vector<float> Wp(W.size());
     for (int64_t r = 0; r < N; ++r)
       for (int64_t j = 0; j < K; ++j)
@@ -157,14 +190,14 @@ GptqResult gptq_quantize_detailed(std::span<const float> w, int64_t rows, int64_
   }
 
   // U: upper Cholesky factor of (H_perm + λI)⁻¹, retried with more damping when H is not positive definite.
-  const double mean_diag = std::accumulate(diag.begin(), diag.end(), 0.0) / static_cast<double>(K);
+  const double mean_diag = plan.mean_diag;
   std::vector<double> R(static_cast<size_t>(K * K));
   std::vector<float> U;
   std::vector<double> u_diag;
   bool factored = false;
   double damp = opt.damp_percent;
-  for (int attempt = 0; attempt <= kMaxDampRetries && !factored; ++attempt) {
-    if (attempt > 0) damp = std::max(opt.damp_percent, kMinRetryDamp) * std::pow(kRetryDampFactor, attempt - 1);
+  for (int attempt = 0; attempt <= detail::kMaxDampRetries && !factored; ++attempt) {
+    damp = detail::gptq_retry_damp(opt.damp_percent, attempt);
     const double lambda = damp * mean_diag;
 #pragma omp parallel for schedule(dynamic, 32) if (K * K / 2 >= detail::kMinParallelWork)
     for (int64_t a = 0; a < K; ++a) {
@@ -178,12 +211,11 @@ GptqResult gptq_quantize_detailed(std::span<const float> w, int64_t rows, int64_
     factored = detail::upper_cholesky_of_inverse_reversed(R, K, U, u_diag);
     res.stats.damp_retries = attempt;
   }
-  check(factored, tensor_name, ": the calibration Hessian is not positive definite even with damping ", damp,
-        " x mean(diag H) after ", kMaxDampRetries, " retries (degenerate calibration data?)");
+  if (!factored) detail::gptq_fail_not_positive_definite(tensor_name, damp);
   res.stats.damp_percent = damp;
   R = {};
 
-  const int64_t B = effective_block(opt.block_size, G, K);
+  const int64_t B = detail::gptq_effective_block(opt.block_size, G, K);
   std::vector<uint8_t> nibbles(static_cast<size_t>(N * K));  // quantisation order (permuted with act_order)
   std::vector<float> rounded(record_inputs ? static_cast<size_t>(N * K) : 0);
   std::vector<float> err(static_cast<size_t>(N * B));
@@ -230,8 +262,7 @@ GptqResult gptq_quantize_detailed(std::span<const float> w, int64_t rows, int64_
     }
     if (failure) std::rethrow_exception(failure);
     for (int64_t r = 0; r < N; ++r)
-      check(!row_bad[static_cast<size_t>(r)], tensor_name, ": GPTQ error updates made row ", r,
-            " non-finite (ill-conditioned Hessian?)");
+      if (row_bad[static_cast<size_t>(r)]) detail::gptq_fail_row_non_finite(tensor_name, r);
     // Lazy batch update: the block's errors reach the remaining columns in one GEMM.
     detail::gemm_sub(err.data(), B, U.data() + i1 * K + i2, K, W.data() + i2, K, N, K - i2, i2 - i1);
   }

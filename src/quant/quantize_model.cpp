@@ -8,7 +8,9 @@
 #include "core/sha256.h"
 #include "futransformer/error.h"
 #include "futransformer/mapped_file.h"
+#include "futransformer/device.h"
 #include "futransformer/quant/gptq.h"
+#include "quant/gptq_backend.h"
 #include "ref/kv_cache.h"
 #include "ref/ref_model.h"
 
@@ -192,6 +194,7 @@ void quantise_gptq(const Model& source, const CalibrationSet& calib, const Quant
   gopt.damp_percent = o.damp_percent;
   gopt.block_size = o.block_size;
   gopt.act_order = o.act_order;
+  const std::unique_ptr<GptqBackend> backend = make_gptq_backend(o.gptq_device);
   json& tensors = out.recipe_json["tensors"];
   json layer_stats = json::array();
   const int64_t total = c.num_hidden_layers * ref::kNumProjections;
@@ -200,13 +203,12 @@ void quantise_gptq(const Model& source, const CalibrationSet& calib, const Quant
     json layer = {{"layer", i}, {"tensors", json::object()}};
     double layer_loss = 0.0;
     auto hook = [&](int64_t li, ProjectionInput g, const float* in, int64_t n, int64_t k) {
-      HessianAccumulator h(k, "layer " + std::to_string(li) + " " + ref::projection_input_name(g) + " inputs");
-      h.add(in, n);
+      backend->set_inputs(in, n, k, "layer " + std::to_string(li) + " " + ref::projection_input_name(g) + " inputs");
       for (Projection p : ref::projections_of(g)) {
         const std::string name = ref::projection_tensor_name(li, p);
         const ref::RefLinear& lin = model.projection(li, p);
-        GptqResult res = gptq_quantize_detailed(lin.weight(), lin.out_features(), lin.in_features(), h, gopt,
-                                                source.source + ": tensor '" + name + "'");
+        GptqResult res = backend->quantize(lin.weight(), lin.out_features(), lin.in_features(), gopt,
+                                           source.source + ": tensor '" + name + "'");
         std::vector<float> deq = formats::int4_dequantize(res.weight);
         replace_with_dequantised(out.model, name, res.weight.rows, res.weight.cols, deq);
         model.set_projection_weights(li, p, std::move(deq));
@@ -234,6 +236,7 @@ void quantise_gptq(const Model& source, const CalibrationSet& calib, const Quant
   int64_t sample_tokens = 0;
   for (const auto& w : calib.windows) sample_tokens = std::max<int64_t>(sample_tokens, static_cast<int64_t>(w.size()));
   out.recipe_json["gptq"] = {
+      {"device", gptq_device_name(o.gptq_device)},
       {"damp_percent", o.damp_percent},
       {"block_size", o.block_size},
       {"act_order", o.act_order},
@@ -247,6 +250,7 @@ void quantise_gptq(const Model& source, const CalibrationSet& calib, const Quant
         {"seed", o.seed}}},
       {"layers", std::move(layer_stats)},
   };
+  if (o.gptq_device == GptqDevice::Cuda) out.recipe_json["gptq"]["device_name"] = query_device().name;
 }
 
 }  // namespace

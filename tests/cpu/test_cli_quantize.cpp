@@ -2,9 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli_runner.h"
+#include "futransformer/device.h"
 #include "test_paths.h"
 #include "tiny_llama.h"
 
@@ -53,6 +55,11 @@ TEST_F(CliQuantize, GptqPerChannelThenGenerateAndInfo) {
   for (const char* f : {"config.json", "model.safetensors", "quantization.json", "tokenizer.model"})
     EXPECT_TRUE(test::file_exists(out + "/" + f)) << f;
   EXPECT_NE(slurp(out + "/quantization.json").find(calibration_), std::string::npos);
+  // --device auto: GPTQ ran on the GPU exactly when this build has CUDA and a Hopper GPU is present.
+  const DeviceInfo dev = query_device();
+  const std::string want_device = dev.cuda_built && dev.hopper ? "cuda" : "cpu";
+  EXPECT_EQ(nlohmann::json::parse(slurp(out + "/quantization.json")).at("gptq").at("device"), want_device);
+  EXPECT_NE(q.err.find("GPTQ on " + want_device), std::string::npos) << q.err;
 
   const Result info = run_cli("info --model " + out);
   ASSERT_EQ(info.exit_code, 0) << info.err;
@@ -109,6 +116,9 @@ TEST_F(CliQuantize, Fp8AndArgumentErrors) {
   const Result bad_group = run_cli("quantize --model " + model() + " --out " + out + " --group-size 48");
   EXPECT_NE(bad_group.exit_code, 0);
   EXPECT_NE(bad_group.err.find("group-size"), std::string::npos) << bad_group.err;
+  const Result bad_device = run_cli("quantize --model " + model() + " --out " + out + " --device gpu");
+  EXPECT_NE(bad_device.exit_code, 0);
+  EXPECT_NE(bad_device.err.find("--device"), std::string::npos) << bad_device.err;
   const Result no_calib = run_cli("quantize --model " + model() + " --out " + out +
                                   " --group-size ch --calibration /nonexistent/calib.txt");
   EXPECT_EQ(no_calib.exit_code, 1);

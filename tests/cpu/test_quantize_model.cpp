@@ -200,6 +200,8 @@ TEST(QuantizeModel, GptqRecordsItsSettingsAndLosses) {
   EXPECT_EQ(last_total, 14);
   EXPECT_EQ(stages.back(), "gptq");
   const nlohmann::json& g = q.recipe_json.at("gptq");
+  EXPECT_EQ(g.at("device"), "cpu");
+  EXPECT_FALSE(g.contains("device_name"));
   EXPECT_EQ(g.at("damp_percent"), 0.02);
   EXPECT_EQ(g.at("act_order"), true);
   EXPECT_EQ(g.at("block_size"), 128);

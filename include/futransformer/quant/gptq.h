@@ -46,6 +46,10 @@ class HessianAccumulator {
   std::vector<double> h_;
 };
 
+// Where GPTQ (and its Hessian) runs: gptq_quantize_detailed or gptq_quantize_detailed_cuda (quant/gptq_cuda.h).
+enum class GptqDevice : uint8_t { Cpu, Cuda };
+inline const char* gptq_device_name(GptqDevice d) { return d == GptqDevice::Cuda ? "cuda" : "cpu"; }
+
 struct GptqOptions {
   formats::Int4Spec spec;
   double damp_percent = 0.01;  // λ = damp_percent · mean(diag H) is added to the diagonal

@@ -22,6 +22,7 @@
 #include "futransformer/formats/fp8.h"
 #include "futransformer/formats/int4.h"
 #include "futransformer/model.h"
+#include "futransformer/quant/gptq.h"
 #include "futransformer/recipe.h"
 #include "futransformer/reference_engine.h"
 #include "futransformer/tokenizer.h"
@@ -39,6 +40,9 @@ struct QuantizeOptions {
   // GPTQ descending-diag(H) column order with static groups (packed layout unchanged). On by default: on SmolLM2
   // without it GPTQ came out worse than RTN (docs/results.md), with it clearly better.
   bool act_order = true;
+  // Where each projection group's Hessian and GPTQ run (the calibration forward stays on the CPU reference
+  // engine). Recorded in the recipe JSON as gptq.device.
+  GptqDevice gptq_device = GptqDevice::Cpu;
 };
 
 // (stage, done, total): e.g. ("calibration", 0, 1), ("gptq", 7, 210), ("rtn", 3, 210).

@@ -27,12 +27,10 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMaxPerLane = kKvAppendMaxHeadDim / kWarp;  // registers per lane for the largest head
 constexpr int kAppendWarps = 4;  // warps per CTA of kv_append_kernel, each one (row, KV head, K or V)
 constexpr int kAnchorWarps = 16;  // warps per CTA of kv_key_anchor_kernel
-// Elements (BF16 raw and fp32 rotated) of one kv_key_anchor_kernel tile: 32 tokens at head_dim 128, at least
-// kAnchorWarps tokens at the largest head. Shared memory: kAnchorStages raw tiles (8 KB each) + one fp32 tile (16 KB)
-// = 48 KB, the static limit.
+// BF16 elements of one kv_key_anchor_kernel tile (32 tokens at head_dim 128, 16 at 256) and the depth of its
+// ring: 6 × 8 KB of shared memory, five tiles' copies in flight while one is summed.
 constexpr int kAnchorTileElems = 4096;
-constexpr int kAnchorStages = 4;
-static_assert(kAnchorTileElems / kKvAppendMaxHeadDim >= kAnchorWarps, "every warp rotates a row of the largest head");
+constexpr int kAnchorStages = 6;
 constexpr int kPageTokens = static_cast<int>(formats::kKvPageTokens);
 constexpr int kInt4Group = static_cast<int>(formats::kKvInt4Group);
 constexpr float kInt4Levels = 15.0f;  // int4.cpp: 16 levels, 15 steps
@@ -295,19 +293,19 @@ __global__ void __launch_bounds__(kAppendWarps * kWarp) kv_append_kernel(const A
   }
 }
 
-// One CTA per (KV head, sequence). The chunk's keys stream through shared memory in tiles of
-// kAnchorTileElems / head_dim tokens (32 at head_dim 128): a kAnchorStages-deep ring of raw BF16 tiles filled by
-// 16-byte cp.async copies, so several tiles' loads are in flight while one is summed (a latency-bound kernel on 8
-// SMs: per-lane 2-byte loads with one tile in flight measured ~7 µs per 64 tokens, bench_kv_append --probe). Warp
-// w rotates tile rows w, w + kAnchorWarps, ... into an fp32 tile; then thread c adds channel c of the tile's
-// tokens to its fp64 sum in token order, which is the CPU's summation order (fp64 addition is not associative, so
-// the order is part of the result). `vector_loads` is false when a key row is not 16-byte aligned (the host
-// checks row_stride, k_offset and the pointer); the ring is then filled with 2-byte loads.
+// One CTA per (KV head, sequence), formats::kv_key_anchor: c = fp16(H·m), m the fp64 token-order mean of the
+// chunk's raw keys. The keys stream through shared memory in tiles of kAnchorTileElems / head_dim tokens (32 at
+// head_dim 128), a kAnchorStages-deep ring filled by 16-byte cp.async copies (2-byte loads when a key row is not
+// 16-byte aligned: `vector_loads` false, decided by the host), so several tiles are in flight while one is summed:
+// thread c adds channel c of the tile's tokens to its fp64 sum in token order (the CPU's order: fp64 addition is
+// not associative, so the order is part of the result). The sum is one dependent chain per channel (about 12 ns
+// per token on an H200), which sets the kernel's time; at the end one warp rotates the mean vector (hadamard_warp,
+// the CPU's butterflies) and rounds it to fp16.
 // static: this header is included by more than one .cu file (fused_ops.cu reuses its device functions).
 static __global__ void __launch_bounds__(kAnchorWarps * kWarp) kv_key_anchor_kernel(const AnchorArgs a,
                                                                                       const bool vector_loads) {
   __shared__ alignas(16) uint16_t raw[kAnchorStages][kAnchorTileElems];
-  __shared__ float rotated[kAnchorTileElems];
+  __shared__ float mean[kKvAppendMaxHeadDim];
   const int h = static_cast<int>(blockIdx.x);
   const int seq = static_cast<int>(blockIdx.y);
   const int first = a.first_row[seq];
@@ -317,8 +315,7 @@ static __global__ void __launch_bounds__(kAnchorWarps * kWarp) kv_key_anchor_ker
   const int warp = static_cast<int>(threadIdx.x) / kWarp;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int c = static_cast<int>(threadIdx.x);
-  const int nv = a.head_dim / kWarp;
-  const int tile_tokens = kAnchorTileElems / a.head_dim / kAnchorWarps * kAnchorWarps;  // host: >= kAnchorWarps
+  const int tile_tokens = kAnchorTileElems / a.head_dim;  // >= 16 (head_dim <= 256)
   const int n_tiles = (count + tile_tokens - 1) / tile_tokens;
   const uint16_t* keys = reinterpret_cast<const uint16_t*>(a.qkv) + static_cast<int64_t>(first) * a.row_stride +
                          a.k_offset + static_cast<int64_t>(h) * a.head_dim;
@@ -347,38 +344,35 @@ static __global__ void __launch_bounds__(kAnchorWarps * kWarp) kv_key_anchor_ker
   }
   double sum = 0.0;
   for (int tile = 0; tile < n_tiles; ++tile) {
-    load_tile(tile + kAnchorStages - 1);  // into the stage read two barriers ago
+    load_tile(tile + kAnchorStages - 1);  // into the stage summed in the previous iteration
     ptx::cp_async_commit_group();
     ptx::cp_async_wait_group<kAnchorStages - 1>();  // this thread's copies of `tile` have landed
     __syncthreads();                                 // ... and everyone else's
-    const uint16_t* src = raw[tile % kAnchorStages];
-    const int t0 = tile * tile_tokens;
-    const int rows = min(tile_tokens, count - t0);
-    for (int row = warp; row < rows; row += kAnchorWarps) {
-      float x[kMaxPerLane];
-#pragma unroll
-      for (int i = 0; i < kMaxPerLane; ++i) {
-        const int ch = i * kWarp + lane;
-        x[i] = ch < a.head_dim ? __uint_as_float(static_cast<uint32_t>(src[row * a.head_dim + ch]) << 16) : 0.0f;
-      }
-      hadamard_warp(x, nv, a.hadamard_block, a.hadamard_scale, lane);
-#pragma unroll
-      for (int i = 0; i < kMaxPerLane; ++i) {
-        if (i < nv) rotated[row * a.head_dim + i * kWarp + lane] = x[i];
-      }
-    }
-    __syncthreads();
     if (c < a.head_dim) {
-      for (int w = 0; w < rows; ++w) sum = __dadd_rn(sum, static_cast<double>(rotated[w * a.head_dim + c]));
+      const uint16_t* src = raw[tile % kAnchorStages];
+      const int rows = min(tile_tokens, count - tile * tile_tokens);
+      for (int w = 0; w < rows; ++w)
+        sum = __dadd_rn(sum, static_cast<double>(__uint_as_float(static_cast<uint32_t>(src[w * a.head_dim + c]) << 16)));
     }
-    // No third barrier: `rotated` is rewritten only after the next iteration's first barrier, which the summing
-    // threads reach when done; the raw stage refilled next was last read before this iteration's second barrier.
+    __syncthreads();  // the stage is refilled by the next iteration's copies
   }
   ptx::cp_async_wait_group<0>();  // nothing may be in flight into shared memory when the CTA exits
-  if (c < a.head_dim) {
-    const float mean = __double2float_rn(__ddiv_rn(sum, static_cast<double>(count)));
-    const float clamped = fminf(fmaxf(mean, -kF16Max), kF16Max);
-    a.key_anchors[(static_cast<int64_t>(index) * a.n_kv_heads + h) * a.head_dim + c] = f32_to_f16_bits(clamped);
+  if (c < a.head_dim) mean[c] = __double2float_rn(__ddiv_rn(sum, static_cast<double>(count)));
+  __syncthreads();
+  if (warp == 0) {
+    const int nv = a.head_dim / kWarp;
+    float x[kMaxPerLane];
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) x[i] = i < nv ? mean[i * kWarp + lane] : 0.0f;
+    hadamard_warp(x, nv, a.hadamard_block, a.hadamard_scale, lane);
+    uint16_t* out = a.key_anchors + (static_cast<int64_t>(index) * a.n_kv_heads + h) * a.head_dim;
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      if (i < nv) {
+        const float v = isnan(x[i]) ? 0.0f : x[i];  // inf − inf in a butterfly of means near fp32's limit
+        out[i * kWarp + lane] = f32_to_f16_bits(fminf(fmaxf(v, -kF16Max), kF16Max));
+      }
+    }
   }
 }
 

@@ -168,26 +168,30 @@ void kv_decode_token(const KvPageLayout& L, const uint8_t* page, int64_t slot, K
   }
 }
 
-std::vector<uint16_t> kv_key_anchor(std::span<const float> rotated_keys, int64_t tokens, int64_t head_dim) {
+std::vector<uint16_t> kv_key_anchor(KvFormat format, std::span<const float> keys, int64_t tokens, int64_t head_dim) {
   check(tokens > 0 && head_dim > 0 && head_dim <= kKvMaxHeadDim, "KV key anchor: ", tokens, " tokens of head_dim ",
         head_dim, " (expected a positive count and head_dim 1..", kKvMaxHeadDim, ")");
   // tokens · head_dim cannot overflow once tokens is bounded by the span's size.
-  check(static_cast<uint64_t>(tokens) <= rotated_keys.size() &&
-            static_cast<int64_t>(rotated_keys.size()) == tokens * head_dim,
-        "KV key anchor: got ", rotated_keys.size(), " values, expected ", tokens, " x ", head_dim);
+  check(static_cast<uint64_t>(tokens) <= keys.size() && static_cast<int64_t>(keys.size()) == tokens * head_dim,
+        "KV key anchor: got ", keys.size(), " values, expected ", tokens, " x ", head_dim);
   std::vector<double> sum(static_cast<size_t>(head_dim), 0.0);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t i = 0; i < head_dim; ++i) {
-      const float x = rotated_keys[static_cast<size_t>(t * head_dim + i)];
+      const float x = keys[static_cast<size_t>(t * head_dim + i)];
       check(std::isfinite(x), "KV key anchor: key of token ", t, " channel ", i, " is not finite");
       sum[static_cast<size_t>(i)] += x;
     }
   }
+  std::vector<float> mean(static_cast<size_t>(head_dim));
+  for (size_t i = 0; i < mean.size(); ++i) mean[i] = static_cast<float>(sum[i] / static_cast<double>(tokens));
+  kv_rotate_query(format, head_dim, mean);  // the keys' H (no-op for formats that do not rotate)
   constexpr float kF16Max = 65504.0f;
   std::vector<uint16_t> c(static_cast<size_t>(head_dim));
   for (size_t i = 0; i < c.size(); ++i) {
-    const float mean = static_cast<float>(sum[i] / static_cast<double>(tokens));
-    c[i] = f32_to_f16(std::clamp(mean, -kF16Max, kF16Max));
+    // Butterflies of means near fp32's limit can overflow to inf and then give inf − inf = NaN: any anchor keeps
+    // attention invariant, so such a channel gets 0.
+    const float v = std::isnan(mean[i]) ? 0.0f : mean[i];
+    c[i] = f32_to_f16(std::clamp(v, -kF16Max, kF16Max));
   }
   return c;
 }

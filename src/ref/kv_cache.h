@@ -54,7 +54,8 @@ std::unique_ptr<KvStore> make_f32_kv_store(int64_t width);
 // decoding the whole history at every step. Reads are in the cache's domain: for int4-hadamard the keys and values
 // stay rotated (H·k, H·v), and the engine rotates queries and un-rotates the attention output, as the GPU does.
 // int4-hadamard keys are also anchored: the first append (prefill chunk, or one token) fixes, per KV head, the
-// anchor c = kv_key_anchor(H·k of that chunk), and every key is stored as H·k − c; read_keys returns those anchored
+// anchor c = kv_key_anchor(format, k of that chunk) = fp16(H · mean of the chunk's keys), and every key is stored
+// as H·k − c; read_keys returns those anchored
 // keys. Attention is unchanged by it (each query's logits shift by the same q'·c, which softmax cancels).
 class PagedKvStore final : public KvStore {
  public:

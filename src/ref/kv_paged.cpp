@@ -48,12 +48,12 @@ void PagedKvStore::append(const float* k, const float* v, int64_t tokens) {
 
 void PagedKvStore::set_anchors(const float* k, int64_t tokens) {
   const int64_t hd = layout_.head_dim, w = width();
-  std::vector<float> rotated(static_cast<size_t>(tokens * hd));
+  std::vector<float> keys(static_cast<size_t>(tokens * hd));
   anchors_.clear();
   for (int64_t h = 0; h < heads_; ++h) {
-    for (int64_t t = 0; t < tokens; ++t) std::copy_n(k + t * w + h * hd, hd, &rotated[static_cast<size_t>(t * hd)]);
-    formats::kv_rotate_query(layout_.format, hd, rotated);  // the keys' H (the same transform as the queries')
-    const std::vector<uint16_t> c = formats::kv_key_anchor(rotated, tokens, hd);
+    for (int64_t t = 0; t < tokens; ++t) std::copy_n(k + t * w + h * hd, hd, &keys[static_cast<size_t>(t * hd)]);
+    // fp16(H · mean of the chunk's keys): the keys' H is the queries' transform.
+    const std::vector<uint16_t> c = formats::kv_key_anchor(layout_.format, keys, tokens, hd);
     anchors_.insert(anchors_.end(), c.begin(), c.end());
   }
 }

@@ -50,31 +50,51 @@ std::vector<float> offset_outlier_keys(std::mt19937& rng, int64_t tokens, int64_
   return k;
 }
 
-std::vector<uint16_t> anchor_by_hand(const std::vector<float>& rot, int64_t tokens, int64_t hd) {
-  std::vector<uint16_t> c(static_cast<size_t>(hd));
+// The anchor spelled out: the fp64 token-order mean of the raw keys, rounded to fp32, rotated once, to fp16.
+std::vector<uint16_t> anchor_by_hand(const std::vector<float>& keys, int64_t tokens, int64_t hd) {
+  std::vector<float> m(static_cast<size_t>(hd));
   for (int64_t i = 0; i < hd; ++i) {
     double s = 0;
-    for (int64_t t = 0; t < tokens; ++t) s += rot[static_cast<size_t>(t * hd + i)];
-    c[static_cast<size_t>(i)] = f32_to_f16(static_cast<float>(s / static_cast<double>(tokens)));
+    for (int64_t t = 0; t < tokens; ++t) s += keys[static_cast<size_t>(t * hd + i)];
+    m[static_cast<size_t>(i)] = static_cast<float>(s / static_cast<double>(tokens));
   }
+  const std::vector<float> hm = rotated(m, hd);
+  std::vector<uint16_t> c(static_cast<size_t>(hd));
+  for (int64_t i = 0; i < hd; ++i) c[static_cast<size_t>(i)] = f32_to_f16(hm[static_cast<size_t>(i)]);
   return c;
 }
 
 TEST(KvAnchor, AnchorIsFp16OfTheRotatedChunkMean) {
   std::mt19937 rng(7);
+  // |fp16(H·m) − fp16(mean of H·k)|: H·m and the mean of the rotated keys differ by fp32 rounding only, so after
+  // fp16 rounding they agree to within one fp16 ulp (2^-10 relative) plus an absolute 2^-14 near zero.
+  constexpr double kFp16Ulp = 1.0 / 1024.0, kNearZero = 1.0 / 16384.0;
   for (int64_t hd : {64, 128}) {
     for (int64_t n : {1, 37, 64}) {
-      const std::vector<float> rot = rotated(offset_outlier_keys(rng, n, hd, 2, 50.0f), hd);
-      const std::vector<uint16_t> c = kv_key_anchor(rot, n, hd);
-      EXPECT_EQ(c, anchor_by_hand(rot, n, hd)) << "head_dim " << hd << " tokens " << n;
+      const std::vector<float> keys = offset_outlier_keys(rng, n, hd, 2, 50.0f);
+      const std::vector<uint16_t> c = kv_key_anchor(kHad, keys, n, hd);
+      EXPECT_EQ(c, anchor_by_hand(keys, n, hd)) << "head_dim " << hd << " tokens " << n;
+      const std::vector<float> rot = rotated(keys, hd);
       if (n == 1) {  // a decode-only start: the anchor is the token's rotated key, rounded to fp16
         for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(c[i], f32_to_f16(rot[i]));
       }
+      for (int64_t i = 0; i < hd; ++i) {  // the mean of the rotated keys, up to rounding
+        double s = 0;
+        for (int64_t t = 0; t < n; ++t) s += rot[static_cast<size_t>(t * hd + i)];
+        const double mean_rot = s / static_cast<double>(n);
+        EXPECT_NEAR(f16_to_f32(c[static_cast<size_t>(i)]), mean_rot, 2 * kFp16Ulp * std::abs(mean_rot) + kNearZero)
+            << "head_dim " << hd << " tokens " << n << " channel " << i;
+      }
     }
   }
-  // Means beyond fp16's range saturate to the largest finite value instead of inf.
+  // Means beyond fp16's range saturate to the largest finite value instead of inf (INT4: no rotation, so the
+  // values are the means themselves).
   const std::vector<float> huge = {1e6f, -1e6f, 65504.0f, 1.0f};
-  EXPECT_EQ(kv_key_anchor(huge, 1, 4), (std::vector<uint16_t>{0x7BFF, 0xFBFF, 0x7BFF, 0x3C00}));
+  EXPECT_EQ(kv_key_anchor(KvFormat::INT4, huge, 1, 4), (std::vector<uint16_t>{0x7BFF, 0xFBFF, 0x7BFF, 0x3C00}));
+  // Butterflies of means near fp32's limit overflow to ±inf and then inf − inf = NaN: saturated or 0, never NaN.
+  std::vector<float> edge(64, 3.0e38f);
+  edge[1] = -3.0e38f;
+  for (uint16_t b : kv_key_anchor(kHad, edge, 1, 64)) EXPECT_NE(b & 0x7C00, 0x7C00) << "fp16 bits " << b;
 }
 
 TEST(KvAnchor, AnchoredEncodeIsTheInt4RuleOnRotatedKeyMinusAnchor) {
@@ -87,8 +107,8 @@ TEST(KvAnchor, AnchoredEncodeIsTheInt4RuleOnRotatedKeyMinusAnchor) {
     const std::vector<float> k = offset_outlier_keys(rng, P, hd, 4, 40.0f);
     const std::vector<float> v = normal(static_cast<size_t>(P * hd), rng);
     const std::vector<float> rk = rotated(k, hd), rv = rotated(v, hd);
-    const std::span<const float> chunk = std::span<const float>(rk).first(static_cast<size_t>(16 * hd));
-    const std::vector<uint16_t> c = kv_key_anchor(chunk, 16, hd);
+    const std::span<const float> chunk = std::span<const float>(k).first(static_cast<size_t>(16 * hd));
+    const std::vector<uint16_t> c = kv_key_anchor(kHad, chunk, 16, hd);
     std::vector<uint8_t> got(static_cast<size_t>(L.page_bytes), 0xAB), want(got.size(), 0xCD);
     std::vector<float> y(static_cast<size_t>(hd));
     for (int64_t s = 0; s < P; ++s) {
@@ -140,13 +160,13 @@ TEST(KvAnchor, RejectedWhereItDoesNotApply) {
     EXPECT_THROW(kv_encode_token(L, page.data(), 0, KvPart::K, x, b), Error);
   }
   const std::vector<float> two(128, 1.0f);
-  EXPECT_THROW(kv_key_anchor(two, 0, 64), Error);
-  EXPECT_THROW(kv_key_anchor(two, 3, 64), Error);   // 128 values are not 3 x 64
-  EXPECT_THROW(kv_key_anchor(two, 2, -64), Error);
-  EXPECT_THROW(kv_key_anchor(two, int64_t{1} << 62, 64), Error);  // tokens x head_dim would overflow
+  EXPECT_THROW(kv_key_anchor(kHad, two, 0, 64), Error);
+  EXPECT_THROW(kv_key_anchor(kHad, two, 3, 64), Error);   // 128 values are not 3 x 64
+  EXPECT_THROW(kv_key_anchor(kHad, two, 2, -64), Error);
+  EXPECT_THROW(kv_key_anchor(kHad, two, int64_t{1} << 62, 64), Error);  // tokens x head_dim would overflow
   std::vector<float> nan = two;
   nan[70] = std::nanf("");
-  EXPECT_THROW(kv_key_anchor(nan, 2, 64), Error);
+  EXPECT_THROW(kv_key_anchor(kHad, nan, 2, 64), Error);
 }
 
 std::vector<double> attention(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v) {
@@ -188,8 +208,7 @@ void encode_decode(KvFormat f, const Case& d, const std::vector<uint16_t>& ancho
 
 // The anchor of the first `tokens` keys (a prefill chunk of that length).
 std::vector<uint16_t> prefill_anchor(const std::vector<float>& k, int64_t tokens) {
-  const std::vector<float> rot = rotated(std::vector<float>(k.begin(), k.begin() + tokens * kHd), kHd);
-  return kv_key_anchor(rot, tokens, kHd);
+  return kv_key_anchor(kHad, std::span<const float>(k.data(), static_cast<size_t>(tokens * kHd)), tokens, kHd);
 }
 
 TEST(KvAnchor, AttentionIsInvariantToSubtractingOneVectorFromEveryKey) {

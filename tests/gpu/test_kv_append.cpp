@@ -127,15 +127,14 @@ std::vector<uint8_t> cpu_append(KvFormat f, const Qkv& q, const Placement& p, co
   return pool;
 }
 
-// The CPU anchor of rows [first, first + count), head h: kv_key_anchor of the keys rotated as attention rotates q.
+// The CPU anchor of rows [first, first + count), head h: kv_key_anchor (int4-hadamard) of the raw keys.
 std::vector<uint16_t> cpu_anchor(const Qkv& q, int first, int count, int h) {
   std::vector<float> keys;
   for (int t = 0; t < count; ++t) {
     const std::vector<float> k = q.head(first + t, q.k_offset, h);
     keys.insert(keys.end(), k.begin(), k.end());
   }
-  formats::kv_rotate_query(KvFormat::INT4_HADAMARD, q.head_dim, keys);
-  return formats::kv_key_anchor(keys, count, q.head_dim);
+  return formats::kv_key_anchor(KvFormat::INT4_HADAMARD, keys, count, q.head_dim);
 }
 
 // kAnchors anchors per head: anchor 0 from the first rows (as the engine's first chunk would give), 1 and 2

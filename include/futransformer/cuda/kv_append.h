@@ -55,10 +55,10 @@ cudaError_t kv_key_anchor_compute_can_implement(int n_kv_heads, int head_dim, in
                                                 std::string* why);
 
 // For each of n_seqs sequences whose first chunk is rows [first_row[i], first_row[i] + row_count[i]) of qkv:
-// key_anchors[(anchor_index[i] * n_kv_heads + h) * head_dim + c] = formats::kv_key_anchor of that chunk's keys of
-// head h rotated as formats::kv_rotate_query(KvFormat::INT4_HADAMARD, head_dim, ...) does (hadamard_blocks with
-// kv_hadamard_block(INT4_HADAMARD, head_dim)): fp64 sums in token order, fp32 mean, fp16 RNE with saturation to
-// ±65504; bit-identical. A sequence with row_count[i] <= 0, first_row[i] < 0 or anchor_index[i] < 0 is skipped.
+// key_anchors[(anchor_index[i] * n_kv_heads + h) * head_dim + c] = formats::kv_key_anchor(INT4_HADAMARD, that
+// chunk's keys of head h): fp64 sums of the raw keys in token order, fp32 mean, the mean rotated as
+// formats::kv_rotate_query does (hadamard_blocks with kv_hadamard_block(INT4_HADAMARD, head_dim)), fp16 RNE with
+// saturation to ±65504 (NaN → 0); bit-identical. A sequence with row_count[i] <= 0, first_row[i] < 0 or anchor_index[i] < 0 is skipped.
 // Call it before kv_append of the same rows, on the same stream. Pointers and errors as for kv_append.
 cudaError_t kv_key_anchor_compute(const __nv_bfloat16* qkv, int row_stride, int k_offset, int n_kv_heads, int head_dim,
                                   int n_seqs, const int32_t* first_row, const int32_t* row_count,

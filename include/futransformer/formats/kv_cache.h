@@ -84,13 +84,17 @@ void kv_encode_token(const KvPageLayout& layout, uint8_t* page, int64_t slot, Kv
 void kv_decode_token(const KvPageLayout& layout, const uint8_t* page, int64_t slot, KvPart part,
                      std::span<float> out);
 
-// The key anchor of int4-hadamard: c_i = fp16(mean over the `tokens` rows of rotated_keys ([tokens][head_dim],
-// already rotated with kv_rotate_query's H) of channel i), summed in fp64 in token order, rounded to fp32, then to
-// fp16 with round-to-nearest-even (f32_to_f16). A mean beyond fp16's range saturates to ±65504 (any c keeps
-// attention invariant; the finite value keeps y finite). The engine passes the sequence's first appended chunk
-// (one token for a decode-only start). tokens must be positive, head_dim positive, the values finite and
-// rotated_keys.size() == tokens · head_dim; anything else is an Error.
-std::vector<uint16_t> kv_key_anchor(std::span<const float> rotated_keys, int64_t tokens, int64_t head_dim);
+// The key anchor of int4-hadamard: c = fp16(H·m), m_i = the mean over the `tokens` rows of keys ([tokens][head_dim],
+// in the model's basis, i.e. not rotated) of channel i, summed in fp64 in token order and rounded to fp32; then H·m
+// is kv_rotate_query(format, ...) of m in fp32 (the queries' and keys' transform; nothing for a format that does not
+// rotate), and each value is rounded to fp16 with round-to-nearest-even (f32_to_f16). A value beyond fp16's range
+// saturates to ±65504, a NaN (butterflies of means near fp32's limit) becomes 0 (any c keeps attention invariant;
+// the finite value keeps y finite). H·m equals the mean of the rotated keys H·k up to fp32 rounding: the mean is
+// taken before the rotation so that a GPU computes it as one fp64 chain per channel over the raw keys and rotates one
+// vector, instead of rotating every key of the chunk first. The engine passes the sequence's first appended chunk
+// (one token for a decode-only start: c = fp16(H·k)). tokens must be positive, head_dim positive, the values
+// finite and keys.size() == tokens · head_dim; anything else is an Error.
+std::vector<uint16_t> kv_key_anchor(KvFormat format, std::span<const float> keys, int64_t tokens, int64_t head_dim);
 
 // The Hadamard block a format applies to a head (0 for the formats that do not rotate).
 int64_t kv_hadamard_block(KvFormat f, int64_t head_dim);

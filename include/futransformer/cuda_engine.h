@@ -48,7 +48,9 @@ struct CudaEngineOptions {
   // INT4 projections with the W4A16 GEMM's fused epilogues (BF16 passes): the o and down GEMMs add into the fp32
   // residual stream and the gate|up GEMM applies SwiGLU (its weight is then packed gate/up-interleaved), so no
   // separate residual or SwiGLU kernel runs; false: the GEMMs write BF16 and the separate kernels follow (residual
-  // adds fused with the next RMSNorm). Both give bit-identical results; the flag exists to compare and measure them.
+  // adds fused with the next RMSNorm). FP8 prefill passes: the o and down FP8 GEMMs add into the residual stream
+  // in their epilogue (gemm_fp8_residual) instead of storing BF16 for a separate add. Both give bit-identical
+  // results; the flag exists to compare and measure them.
   bool fused_epilogues = true;
   // Diagnosis: time every op of every pass with CUDA events (CudaEngine::op_profile). Runs without CUDA graphs and
   // synchronises after each pass, so it slows the engine; the per-op times include each op's launch gap.

@@ -86,12 +86,12 @@ cudaError_t device_limits(DeviceLimits* d, bool* hopper) {
   return cudaSuccess;
 }
 
-template <int kBlockN>
+template <int kBlockN, bool kResidual>
 cudaError_t launch(const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& md, const fp8::KernelParams& p,
                    const Config& c, cudaStream_t stream) {
   constexpr int kStages = fp8::stages_for(kBlockN);
   constexpr uint32_t smem = fp8::smem_layout(kBlockN, kStages).alloc_bytes;
-  auto kernel = fp8::gemm_fp8_kernel<kBlockN, kStages>;
+  auto kernel = fp8::gemm_fp8_kernel<kBlockN, kStages, kResidual>;
   // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
   if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       e != cudaSuccess)
@@ -128,16 +128,23 @@ cudaError_t gemm_fp8_can_implement(int M, int N, int K, std::string* why) {
 
 const char* gemm_fp8_last_error() { return g_last_error.c_str(); }
 
-cudaError_t gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale, __nv_bfloat16* D,
-                     int M, int N, int K, cudaStream_t stream) {
+namespace {
+
+// Both entry points: D (BF16 store) or residual (fp32 in-place add), exactly one non-null.
+cudaError_t run_gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale,
+                         __nv_bfloat16* D, float* residual, int M, int N, int K, cudaStream_t stream) {
   g_last_error.clear();
   if (gemm_fp8_can_implement(M, N, K, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
-  if (!A || !B || !D || !a_scale || !b_scale || !aligned(A, 16) || !aligned(B, 16) || !aligned(D, 16) ||
-      !aligned(a_scale, 4) || !aligned(b_scale, 4)) {
+  if (!A || !B || !a_scale || !b_scale || !aligned(A, 16) || !aligned(B, 16) || !aligned(a_scale, 4) ||
+      !aligned(b_scale, 4)) {
     return reject(&g_last_error,
-                  "gemm_fp8: A, B and D must be non-null and 16-byte aligned, a_scale and b_scale non-null and "
-                  "4-byte aligned");
+                  "gemm_fp8: A and B must be non-null and 16-byte aligned, a_scale and b_scale non-null and 4-byte "
+                  "aligned");
   }
+  if (residual == nullptr && (!D || !aligned(D, 16)))
+    return reject(&g_last_error, "gemm_fp8: D must be non-null and 16-byte aligned");
+  if (D == nullptr && !aligned(residual, 8))
+    return reject(&g_last_error, "gemm_fp8_residual: residual must be non-null and 8-byte aligned");
   DeviceLimits d;
   bool hopper = false;
   if (const cudaError_t e = device_limits(&d, &hopper); e != cudaSuccess) return e;
@@ -152,20 +159,46 @@ cudaError_t gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, c
                                      " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block));
   }
 
-  CUtensorMap ma, mb, md;
+  CUtensorMap ma, mb, md{};  // md stays unused (and unencoded) for the residual epilogue
   if (!make_map(&ma, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, A, M, K, fp8::kBlockM, fp8::kBlockK,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, &g_last_error, "A") ||
       !make_map(&mb, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, B, N, K, c.block_n, fp8::kBlockK,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, &g_last_error, "B") ||
-      !make_map(&md, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, D, M, N, fp8::kWgmmaM, fp8::kDBoxCols,
-                CU_TENSOR_MAP_L2_PROMOTION_NONE, &g_last_error, "D"))
+      (residual == nullptr && !make_map(&md, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, D, M, N, fp8::kWgmmaM,
+                                        fp8::kDBoxCols, CU_TENSOR_MAP_L2_PROMOTION_NONE, &g_last_error, "D")))
     return cudaErrorInvalidValue;
 
-  const fp8::KernelParams p{a_scale, b_scale, M, N, K, c.m_blocks, c.n_blocks, c.group_m};
-  switch (c.block_n) {
-    case 192: return launch<192>(ma, mb, md, p, c, stream);
-    default: return launch<128>(ma, mb, md, p, c, stream);
+  const fp8::KernelParams p{a_scale, b_scale, M, N, K, c.m_blocks, c.n_blocks, c.group_m, residual};
+  if (residual != nullptr) {
+    switch (c.block_n) {
+      case 192: return launch<192, true>(ma, mb, md, p, c, stream);
+      default: return launch<128, true>(ma, mb, md, p, c, stream);
+    }
   }
+  switch (c.block_n) {
+    case 192: return launch<192, false>(ma, mb, md, p, c, stream);
+    default: return launch<128, false>(ma, mb, md, p, c, stream);
+  }
+}
+
+}  // namespace
+
+cudaError_t gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale, __nv_bfloat16* D,
+                     int M, int N, int K, cudaStream_t stream) {
+  if (D == nullptr) {
+    g_last_error = "gemm_fp8: D must be non-null and 16-byte aligned";
+    return cudaErrorInvalidValue;
+  }
+  return run_gemm_fp8(A, B, a_scale, b_scale, D, nullptr, M, N, K, stream);
+}
+
+cudaError_t gemm_fp8_residual(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale,
+                              float* residual, int M, int N, int K, cudaStream_t stream) {
+  if (residual == nullptr) {
+    g_last_error = "gemm_fp8_residual: residual must be non-null and 8-byte aligned";
+    return cudaErrorInvalidValue;
+  }
+  return run_gemm_fp8(A, B, a_scale, b_scale, nullptr, residual, M, N, K, stream);
 }
 
 }  // namespace futransformer::cuda

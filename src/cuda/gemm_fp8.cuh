@@ -40,6 +40,7 @@ struct KernelParams {
   const float* b_scale;  // [N]
   int M, N, K;
   int m_blocks, n_blocks, group_m;
+  float* residual;  // kResidual: fp32 [M, N], 8-byte aligned; D is not written
 };
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
@@ -47,7 +48,10 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-template <int kBlockN, int kStages>
+// kResidual: instead of storing D, each consumer thread adds its BF16-rounded outputs into the fp32 residual
+// stream in place, residual[m][n] = residual[m][n] + float(bf16(D[m][n])) — the BF16 store followed by
+// add_residual_bf16, bit for bit, without D's round trip through memory or a second kernel.
+template <int kBlockN, int kStages, bool kResidual = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                     const __grid_constant__ CUtensorMap tma_d, const KernelParams p) {
@@ -78,7 +82,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&tma_a);
     ptx::prefetch_tensormap(&tma_b);
-    ptx::prefetch_tensormap(&tma_d);
+    if constexpr (!kResidual) ptx::prefetch_tensormap(&tma_d);
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(full_bar + 8u * s, 1);  // the producer's arrive.expect_tx; TMA bytes complete it
       ptx::mbarrier_init(empty_bar + 8u * s, kEmptyArrivals);
@@ -172,6 +176,52 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int m0 = tc.m_block * kBlockM + cw * kWgmmaM;  // first row of this warpgroup
     const int n0 = tc.n_block * kBlockN;
     const int r_lo = acc_row(warp, lane, 0), r_hi = acc_row(warp, lane, 2);
+    if constexpr (kResidual) {
+      ptx::mbarrier_wait_parity(scale_full, scale_phase);
+      const float sa_lo = ptx::ld_shared_f32(scales + 4u * (cw * kWgmmaM + r_lo));
+      const float sa_hi = ptx::ld_shared_f32(scales + 4u * (cw * kWgmmaM + r_hi));
+      // Rows r_lo and r_hi, columns c and c + 1 of each 8-column group j: a quad of lanes covers 32 contiguous
+      // bytes of a row, so each warp access is eight full 32-byte sectors. N is a multiple of 8, so c < N implies
+      // c + 1 < N. Loads of a group of columns are issued before their adds so they overlap.
+      const int row_lo = m0 + r_lo, row_hi = m0 + r_hi;
+      constexpr int kChunk = 4;  // 8-column groups per batch of loads (bounds the live registers: 240 per thread)
+#pragma unroll
+      for (int j0 = 0; j0 < kBlockN / 8; j0 += kChunk) {
+        float2 lo[kChunk], hi[kChunk];
+#pragma unroll
+        for (int jj = 0; jj < kChunk; ++jj) {
+          const int col = n0 + acc_col(lane, 4 * (j0 + jj));
+          float2* plo = reinterpret_cast<float2*>(p.residual + static_cast<int64_t>(row_lo) * p.N + col);
+          float2* phi = reinterpret_cast<float2*>(p.residual + static_cast<int64_t>(row_hi) * p.N + col);
+          lo[jj] = (row_lo < p.M && col < p.N) ? *plo : make_float2(0.0f, 0.0f);
+          hi[jj] = (row_hi < p.M && col < p.N) ? *phi : make_float2(0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int jj = 0; jj < kChunk; ++jj) {
+          const int j = j0 + jj;
+          const int col = n0 + acc_col(lane, 4 * j);
+          if (col >= p.N) continue;
+          const float2 sb = ptx::ld_shared_v2_f32(scales + 4u * (kBlockM + acc_col(lane, 4 * j)));  // 0 past N
+          if (row_lo < p.M) {
+            float2 v = lo[jj];
+            v.x = __fadd_rn(v.x, __bfloat162float(__float2bfloat16_rn(sum[4 * j] * sa_lo * sb.x)));
+            v.y = __fadd_rn(v.y, __bfloat162float(__float2bfloat16_rn(sum[4 * j + 1] * sa_lo * sb.y)));
+            *reinterpret_cast<float2*>(p.residual + static_cast<int64_t>(row_lo) * p.N + col) = v;
+          }
+          if (row_hi < p.M) {
+            float2 v = hi[jj];
+            v.x = __fadd_rn(v.x, __bfloat162float(__float2bfloat16_rn(sum[4 * j + 2] * sa_hi * sb.x)));
+            v.y = __fadd_rn(v.y, __bfloat162float(__float2bfloat16_rn(sum[4 * j + 3] * sa_hi * sb.y)));
+            *reinterpret_cast<float2*>(p.residual + static_cast<int64_t>(row_hi) * p.N + col) = v;
+          }
+        }
+      }
+      // Every lane of this warp has read its scales: one arrival per consumer warp frees the slot.
+      __syncwarp();
+      if (lane == 0) ptx::mbarrier_arrive(scale_empty);
+      scale_phase ^= 1u;
+      continue;
+    }
     // The previous tile's TMA store must have finished reading the staging buffer before it is overwritten.
     if (tid == 0) ptx::bulk_wait_group_read<0>();
     ptx::mbarrier_wait_parity(scale_full, scale_phase);

@@ -34,6 +34,12 @@ cudaError_t gemm_fp8_can_implement(int M, int N, int K, std::string* why);
 cudaError_t gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale, __nv_bfloat16* D,
                      int M, int N, int K, cudaStream_t stream);
 
+// The o / down projection epilogue: residual[m][n] += float(bf16(D[m][n])) in place (fp32 [M, N] row-major, 8-byte
+// aligned, not overlapping the inputs) instead of storing D — bit-identical to gemm_fp8 into a BF16 buffer followed
+// by add_residual_bf16, without D's pass through memory or the second kernel. Same shapes and errors as gemm_fp8.
+cudaError_t gemm_fp8_residual(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale,
+                              float* residual, int M, int N, int K, cudaStream_t stream);
+
 // Why the last gemm_fp8 call on this thread returned cudaErrorInvalidValue ("" after a success).
 const char* gemm_fp8_last_error();
 

@@ -786,17 +786,28 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       check_op(cuda::quantize_rows_fp8(bf(att_), static_cast<int>(q_width_), codes, scales, r,
                                        static_cast<int>(q_width_), stream_),
                "attention output to FP8", cuda::fp8_producers_last_error);
-      l.o8.forward_fp8(codes, scales, rows, bf(delta_), g);
-      mark("o GEMM (FP8)");
-      check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
+      // Fused epilogues: the o and down GEMMs add into the residual stream themselves (bit-identical).
+      if (opt_.fused_epilogues) {
+        l.o8.forward_fp8_residual(codes, scales, rows, x_.get(), g);
+        mark("o GEMM (FP8) + residual");
+      } else {
+        l.o8.forward_fp8(codes, scales, rows, bf(delta_), g);
+        mark("o GEMM (FP8)");
+        check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
+      }
       rmsnorm_to_fp8(l.mlp_norm.get(), "MLP RMSNorm (FP8)");
       l.gate_up8.forward_fp8(codes, scales, rows, bf(gate_up_), g);
       mark("gate|up GEMM (FP8)");
       check_op(cuda::swiglu_fp8(bf(gate_up_), codes, scales, r, inter, stream_), "SwiGLU (FP8)",
                cuda::fp8_producers_last_error);
-      l.down8.forward_fp8(codes, scales, rows, bf(delta_), g);
-      mark("down GEMM (FP8)");
-      check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
+      if (opt_.fused_epilogues) {
+        l.down8.forward_fp8_residual(codes, scales, rows, x_.get(), g);
+        mark("down GEMM (FP8) + residual");
+      } else {
+        l.down8.forward_fp8(codes, scales, rows, bf(delta_), g);
+        mark("down GEMM (FP8)");
+        check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
+      }
       if (li + 1 < layers_.size()) rmsnorm_to_fp8(layers_[li + 1].attn_norm.get(), "attention RMSNorm (FP8)");
       continue;
     }

@@ -189,6 +189,15 @@ void DeviceLinear::forward_fp8(const uint8_t* a_codes, const float* a_scales, in
                              e == cudaErrorInvalidValue ? gemm_fp8_last_error() : cudaGetErrorString(e));
 }
 
+void DeviceLinear::forward_fp8_residual(const uint8_t* a_codes, const float* a_scales, int64_t M, float* residual,
+                                        const GemmContext& ctx) const {
+  check(kind_ == Kind::Fp8, name_, ": forward_fp8_residual needs FP8 weights");
+  const cudaError_t e = gemm_fp8_residual(a_codes, fp8_codes_.get(), a_scales, fp8_scales_.get(), residual,
+                                          static_cast<int>(M), static_cast<int>(N_), static_cast<int>(K_), ctx.stream);
+  if (e != cudaSuccess) fail("CUDA engine: ", name_, ": FP8 GEMM + residual (M ", M, "): ",
+                             e == cudaErrorInvalidValue ? gemm_fp8_last_error() : cudaGetErrorString(e));
+}
+
 void DeviceLinear::forward(const __nv_bfloat16* x, int64_t M, void* y, bool y_f32, const GemmContext& ctx) const {
   check(kind_ != Kind::Fp8, name_, ": FP8 weights run through forward_fp8");
   if (kind_ == Kind::Int4) {

@@ -77,6 +77,10 @@ class DeviceLinear {
   // a_scales are per-token FP8 (cuda/fp8_producers.h). Throws Error naming the projection when the GEMM refuses.
   void forward_fp8(const uint8_t* a_codes, const float* a_scales, int64_t M, __nv_bfloat16* y,
                    const GemmContext& ctx) const;
+  // FP8 weights only: residual fp32 [M, N] += the BF16-rounded forward_fp8 result, in the GEMM's epilogue
+  // (gemm_fp8_residual; bit-identical to forward_fp8 + add_residual_bf16).
+  void forward_fp8_residual(const uint8_t* a_codes, const float* a_scales, int64_t M, float* residual,
+                            const GemmContext& ctx) const;
 
  private:
   Kind kind_ = Kind::Bf16;

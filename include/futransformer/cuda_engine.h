@@ -50,6 +50,14 @@ struct CudaEngineOptions {
   // separate residual or SwiGLU kernel runs; false: the GEMMs write BF16 and the separate kernels follow (residual
   // adds fused with the next RMSNorm). Both give bit-identical results; the flag exists to compare and measure them.
   bool fused_epilogues = true;
+  // INT4 projections in passes of at least this many rows run as dequantise-to-BF16 (one BF16 copy of the weight in a
+  // scratch buffer) + the cuBLAS BF16 GEMM instead of the W4A16 GEMM's 64-row launches (docs/design.md "INT4
+  // projections at prefill sizes"): every weight rounded to BF16 once (relative error <= 2^-9). -1: the
+  // FT_INT4_DEQUANT_MIN_ROWS environment variable if set, else the heuristic (192 rows,
+  // src/cuda/engine/int4_dequant_heuristics.h); 0: never (every pass runs the W4A16 GEMM). The scratch (the largest
+  // INT4 projection, N·K BF16) is allocated only when max_batch_tokens reaches the threshold. An INT4 LM head always
+  // runs the W4A16 GEMM (its BF16 copy would be ~1 GB).
+  int64_t int4_dequant_min_rows = -1;
   // Diagnosis: time every op of every pass with CUDA events (CudaEngine::op_profile). Runs without CUDA graphs and
   // synchronises after each pass, so it slows the engine; the per-op times include each op's launch gap.
   bool profile_ops = false;
@@ -60,7 +68,8 @@ struct CudaEngineMemory {
   int64_t weights = 0;      // projections (packed INT4 + scales, or BF16), embedding, head (BF16 or INT4), norms
   int64_t kv_cache = 0;     // page pool of every layer (+ key anchors)
   int64_t activations = 0;  // per-pass buffers, logits
-  int64_t workspace = 0;    // GEMM split-K / attention split / cuBLAS scratch
+  int64_t workspace = 0;    // GEMM split-K / attention split / cuBLAS scratch, INT4 dequantisation scratch
+  int64_t int4_dequant_scratch = 0;  // part of workspace: the BF16 copy of the largest INT4 projection (0 when unused)
   int64_t total() const { return weights + kv_cache + activations + workspace; }
 };
 

@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kThreads) int4_dequant_bf16_kernel(const uint4
     for (int w = 0; w < w4a16::kWordsPerLane; ++w) {
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
-        const float sc = s[lane_row(lane, w, p) >> 3];
+        const float sc = s[slot_tile(w, p)];
         const uint32_t lo = (words[w] >> w4a16::nibble_shift(p, 0)) & 0xfu;
         const uint32_t hi = (words[w] >> w4a16::nibble_shift(p, 1)) & 0xfu;
         stage[stage_word(warp, lane, w, p)] = pack_bf16x2_rn(dequant_value(lo, sc), dequant_value(hi, sc));

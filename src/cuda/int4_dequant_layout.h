@@ -41,8 +41,10 @@ FT_HD int stage_word(int warp, int lane, int w, int p) {
   return c.n * kPitchWords + (warp * w4a16::kBlockK + c.k) / 2;
 }
 
-// The tile row (0..31) whose scale a lane applies to slot p of its words: row 8 · tile + g, tile = 2 np + (p >> 1).
-FT_HD int lane_row(int lane, int w, int p) { return w4a16::nibble_coords(lane, w, p, 0).n; }
+// The n8 tile (0..3) of slot p of word w (nibble_coords: tile = 2 np + (p >> 1), np = w & 1): the lane applies the
+// scale of tile row 8 · tile + lane / 4. A function of the unrolled loop indices only, so the kernel's four scales
+// stay in registers.
+FT_HD int slot_tile(int w, int p) { return (w & 1) * 2 + (p >> 1); }
 
 // Index in the packed scales (repack_int4_scales_for_mma) of row r (0..31) of n block nb for group g.
 FT_HD int64_t scale_index(int64_t nb, int64_t g, int64_t groups, int r) {

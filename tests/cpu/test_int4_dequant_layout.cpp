@@ -10,11 +10,18 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string>
 #include <set>
 #include <vector>
 
+#include "cuda/engine/int4_dequant_heuristics.h"
 #include "cuda/gemm_w4a16_layout.h"
 #include "cuda/int4_dequant_layout.h"
+#include "futransformer/eval/report.h"
+#include "futransformer/io/synthetic.h"
+#include "futransformer/recipe.h"
 #include "futransformer/dtype.h"
 #include "futransformer/error.h"
 #include "futransformer/formats/int4.h"
@@ -66,7 +73,8 @@ std::vector<uint16_t> emulate(const std::vector<uint32_t>& words, const std::vec
           }
           for (int w = 0; w < w4::kWordsPerLane; ++w) {
             for (int p = 0; p < 4; ++p) {
-              const float sc = s[dq::lane_row(lane, w, p) >> 3];
+              EXPECT_EQ(w4::nibble_coords(lane, w, p, 0).n, dq::slot_tile(w, p) * 8 + (lane >> 2));
+              const float sc = s[dq::slot_tile(w, p)];
               const uint32_t lo = (words[v + w] >> w4::nibble_shift(p, 0)) & 0xfu;
               const uint32_t hi = (words[v + w] >> w4::nibble_shift(p, 1)) & 0xfu;
               const int sw = dq::stage_word(warp, lane, w, p);
@@ -174,6 +182,49 @@ TEST(Int4DequantEmulation, StagingStoresAreBankConflictFree) {
     }
     EXPECT_EQ((dq::chunk_row(c) * dq::kPitchWords * 4) % 16, 0);
   }
+}
+
+// The engine's threshold: an explicit option wins, then FT_INT4_DEQUANT_MIN_ROWS, then the heuristic; 0 disables.
+TEST(Int4DequantHeuristics, OptionThenEnvironmentThenDefault) {
+  EXPECT_EQ(cuda::int4_dequant_min_rows(-1, nullptr), cuda::kInt4DequantMinRows);
+  EXPECT_EQ(cuda::int4_dequant_min_rows(-1, ""), cuda::kInt4DequantMinRows);
+  EXPECT_EQ(cuda::int4_dequant_min_rows(-1, "0"), 0);
+  EXPECT_EQ(cuda::int4_dequant_min_rows(-1, "128"), 128);
+  EXPECT_EQ(cuda::int4_dequant_min_rows(0, "128"), 0);
+  EXPECT_EQ(cuda::int4_dequant_min_rows(64, nullptr), 64);
+  for (const char* bad : {"-1", "12x", " 12", "1e3", "abc", "9999999999"}) {
+    SCOPED_TRACE(bad);
+    try {
+      cuda::int4_dequant_min_rows(-1, bad);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("FT_INT4_DEQUANT_MIN_ROWS"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The report's and info's GPU memory estimate counts the dequantisation scratch as the engine allocates it: the BF16
+// copy of the largest fused projection (8B: gate|up 28672 x 4096), only for INT4 weights and passes that reach the
+// threshold. The variable is cleared for the test (and restored) so the default applies.
+TEST(Int4DequantHeuristics, MemoryEstimateCountsTheScratch) {
+  const char* env = std::getenv("FT_INT4_DEQUANT_MIN_ROWS");
+  const std::optional<std::string> saved = env ? std::optional<std::string>(env) : std::nullopt;
+  unsetenv("FT_INT4_DEQUANT_MIN_ROWS");
+  const ModelConfig c = synthetic_config("llama-3.1-8b");
+  const PrecisionRecipe int4 = PrecisionRecipe::parse("int4-rtn-g128+kv-int4");
+  const eval::GpuMemoryEstimate big = eval::estimate_gpu_memory(c, int4, 1, 4096, 2048);
+  EXPECT_EQ(big.int4_dequant_scratch, 2LL * 28672 * 4096);
+  EXPECT_EQ(big.total(), big.weights + big.kv_cache + big.activations + big.int4_dequant_scratch);
+  EXPECT_EQ(eval::estimate_gpu_memory(c, int4, 1, 4096, cuda::kInt4DequantMinRows).int4_dequant_scratch,
+            big.int4_dequant_scratch);
+  EXPECT_EQ(eval::estimate_gpu_memory(c, int4, 1, 4096, cuda::kInt4DequantMinRows - 1).int4_dequant_scratch, 0);
+  EXPECT_EQ(eval::estimate_gpu_memory(c, PrecisionRecipe::parse("full"), 1, 4096, 2048).int4_dequant_scratch, 0);
+  setenv("FT_INT4_DEQUANT_MIN_ROWS", "0", 1);
+  EXPECT_EQ(eval::estimate_gpu_memory(c, int4, 1, 4096, 2048).int4_dequant_scratch, 0);
+  if (saved)
+    setenv("FT_INT4_DEQUANT_MIN_ROWS", saved->c_str(), 1);
+  else
+    unsetenv("FT_INT4_DEQUANT_MIN_ROWS");
 }
 
 }  // namespace

@@ -2,11 +2,12 @@
 // engine so one test drives both. docs/design.md ("CUDA engine") describes the data flow.
 //
 // Weights: a recipe's INT4 projections run the W4A16 tensor-core GEMM (futransformer/cuda/gemm_w4a16.h; symmetric
-// groups, repacked once at upload); full-precision projections, the embedding and the LM head are BF16 (cuBLAS,
-// fp32 accumulation). q/k/v and gate/up are fused into one GEMM each. The residual stream stays fp32; every GEMM
-// reads and writes BF16. KV cache: the paged formats of formats/kv_cache.h (bf16, int4, int4-hadamard) written by
-// cuda/kv_append.h and read by the decode attention kernels; prompt tokens attend over the cache they have just
-// written, exactly as the reference engine does. A batch whose chunks are all single tokens of existing sequences
+// groups, repacked once at upload) — in passes of >= int4_dequant_min_rows rows dequantised to BF16 and run through
+// cuBLAS instead (futransformer/cuda/int4_dequant.h); full-precision projections, the embedding and the LM head are
+// BF16 (cuBLAS, fp32 accumulation). q/k/v and gate/up are fused into one GEMM each. The residual stream stays fp32;
+// every GEMM reads and writes BF16. KV cache: the paged formats of formats/kv_cache.h (bf16, int4, int4-hadamard)
+// written by cuda/kv_append.h and read by the decode attention kernels; prompt tokens attend over the cache they have
+// just written, exactly as the reference engine does. A batch whose chunks are all single tokens of existing sequences
 // (a decode step) runs as one CUDA graph per (batch size, context bucket), captured on first use and replayed.
 // A head-int4 recipe's LM head runs the W4A16 GEMM instead of cuBLAS (BF16 logits, widened to fp32 on the GPU
 // before the argmax, the sampler and the copy to the host).

@@ -56,8 +56,8 @@ struct CudaEngineOptions {
   // projections at prefill sizes"): every weight rounded to BF16 once (relative error <= 2^-9). -1: the
   // FT_INT4_DEQUANT_MIN_ROWS environment variable if set, else the heuristic (192 rows,
   // src/cuda/engine/int4_dequant_heuristics.h); 0: never (every pass runs the W4A16 GEMM). The scratch (the largest
-  // INT4 projection, N·K BF16) is allocated only when max_batch_tokens reaches the threshold. An INT4 LM head always
-  // runs the W4A16 GEMM (its BF16 copy would be ~1 GB).
+  // INT4 projection, N·K BF16) is allocated only when an INT4 pass can reach the threshold (max_batch_tokens; with FP8
+  // prefill also max_sequences). An INT4 LM head always runs the W4A16 GEMM (its BF16 copy would be ~1 GB).
   int64_t int4_dequant_min_rows = -1;
   // Diagnosis: time every op of every pass with CUDA events (CudaEngine::op_profile). Runs without CUDA graphs and
   // synchronises after each pass, so it slows the engine; the per-op times include each op's launch gap.

@@ -572,9 +572,11 @@ void CudaEngineImpl::allocate_buffers() {
   gemm_ws = std::max(gemm_ws, lm_head_.workspace_bytes(logit_rows_));  // 0 unless the head is INT4
   gemm_ws_.allocate(gemm_ws, "W4A16 split-K workspace");
   // Passes of at least dequant_min_rows_ rows dequantise each INT4 projection in turn into one BF16 buffer, sized for
-  // the largest (8B: gate|up, 28672 x 4096, 235 MB; 70B: 940 MB). Only when a pass can be that large.
+  // the largest (8B: gate|up, 28672 x 4096, 235 MB; 70B: 940 MB). Only when an INT4 pass can be that large: with FP8
+  // prefill those are decode steps, one row per sequence.
+  const int64_t int4_pass_rows = fp8_prefill_ ? std::min(R, S) : R;
   size_t dequant = 0;
-  if (dequant_min_rows_ > 0 && R >= dequant_min_rows_)
+  if (dequant_min_rows_ > 0 && int4_pass_rows >= dequant_min_rows_)
     for (const DeviceLayer& l : layers_)
       for (const DeviceLinear* lin : {&l.qkv, &l.o, &l.gate_up, &l.down})
         dequant = std::max(dequant, lin->dequant_scratch_bytes());

@@ -1,12 +1,16 @@
 // Prefill of the CUDA engine on synthetic Llama-3.1 shapes (weights made in GPU memory): the FP8 prefill path
-// (gemm_fp8 with per-token FP8 inputs, docs/design.md "FP8 prefill") against the decode path running the prompt
-// (W4A16 INT4 group 128), measured in the same process on engines with the same seed. Rows: the whole model
+// (gemm_fp8 with per-token FP8 inputs, docs/design.md "FP8 prefill") against the INT4 engine running the prompt
+// (group 128) — by default its projections dequantised to BF16 + cuBLAS for passes of at least
+// CudaEngineOptions::int4_dequant_min_rows rows (FT_INT4_DEQUANT_MIN_ROWS, else 192; docs/design.md "INT4 projections
+// at prefill sizes"), and, unless --no-loop, the same engine with that path off (the W4A16 GEMM in 64-row launches,
+// "INT4 loop") — measured in the same process on engines with the same seed. Rows: the whole model
 // ("step": every layer, the final norm and the LM head of the last token) and one decoder block (one layer, a
 // 256-token vocabulary), each prompt one pass of `tokens` rows on a fresh sequence. Time: wall clock around
 // forward() (it returns after the last token's logits are on the host), one warm-up, median of --iters runs.
 // TFLOP/s counts the projections only (2 · tokens · parameters); attention (the decode kernel per row, the same in
 // both paths) is inside the time but not the count.
 //   bench_prefill [--json PATH] [--iters N] [--kv bf16|int4|int4-hadamard] [--configs a,b] [--tokens 2048,8192]
+//                 [--no-loop]   (skip the INT4 64-row-loop engine)
 //                 [--profile]   (also per-op GPU times of the one-layer blocks, bench_op_profile.h)
 #include <algorithm>
 #include <chrono>
@@ -20,6 +24,7 @@
 
 #include "bench_common.h"
 #include "bench_op_profile.h"
+#include "cuda/engine/int4_dequant_heuristics.h"
 #include "futransformer/cuda_engine.h"
 #include "futransformer/formats/kv_cache.h"
 #include "futransformer/io/synthetic.h"
@@ -31,7 +36,7 @@ namespace {
 struct Row {
   std::string shape;  // "llama-3.1-8b step" / "llama-3.1-8b block"
   int layers = 0, tokens = 0;
-  double int4_us = 0, fp8_us = 0, flops = 0;
+  double int4_us = 0, loop_us = 0, fp8_us = 0, flops = 0;  // loop_us 0: not measured
 };
 
 double projection_flops(const ModelConfig& c, int tokens) {
@@ -62,7 +67,7 @@ double time_prefill(CudaEngine& e, const std::vector<int32_t>& prompt, int iters
 int main(int argc, char** argv) {
   std::string json_path, kv_name = "int4-hadamard", configs = "llama-3.1-8b", token_list = "2048,8192";
   int iters = 5;
-  bool profile = false;
+  bool profile = false, loop = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
@@ -71,9 +76,11 @@ int main(int argc, char** argv) {
     else if (a == "--configs" && i + 1 < argc) configs = argv[++i];
     else if (a == "--tokens" && i + 1 < argc) token_list = argv[++i];
     else if (a == "--profile") profile = true;
+    else if (a == "--no-loop") loop = false;
     else {
       std::fprintf(stderr, "usage: %s [--json PATH] [--iters N] [--kv bf16|int4|int4-hadamard] "
-                           "[--configs llama-3.1-8b,llama-3.1-70b] [--tokens 2048,8192] [--profile]\n", argv[0]);
+                           "[--configs llama-3.1-8b,llama-3.1-70b] [--tokens 2048,8192] [--no-loop] [--profile]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -105,18 +112,28 @@ int main(int argc, char** argv) {
         o.max_sequences = 1;
         o.max_sequence_length = max_t;
         o.max_batch_tokens = max_t;  // each prompt is one pass
-        std::vector<double> int4_us, fp8_us;
-        for (const bool fp8 : {false, true}) {
+        std::vector<double> int4_us, loop_us, fp8_us;
+        // The engines: INT4 (default dequantise threshold), INT4 with that path off (64-row W4A16 launches), FP8.
+        enum class Path { int4, loop, fp8 };
+        std::vector<Path> paths = {Path::int4};
+        if (loop) paths.push_back(Path::loop);
+        paths.push_back(Path::fp8);
+        for (const Path path : paths) {
+          const bool fp8 = path == Path::fp8;
           o.synthetic_fp8_prefill = fp8;
+          o.int4_dequant_min_rows = path == Path::loop ? 0 : -1;
+          std::vector<double>& times = fp8 ? fp8_us : (path == Path::loop ? loop_us : int4_us);
+          const char* label = fp8 ? "FP8 prefill" : (path == Path::loop ? "INT4 64-row loop" : "INT4 path");
           std::unique_ptr<CudaEngine> e = make_synthetic_cuda_engine(c, kGroup, o);
-          std::printf("%s%s: %s | GPU memory %.2f GB\n", name.c_str(), block ? " (1 layer)" : "",
-                      e->description().c_str(), e->memory().total() / 1e9);
+          std::printf("%s%s: %s | GPU memory %.2f GB (INT4 dequantisation scratch %.2f GB)\n", name.c_str(),
+                      block ? " (1 layer)" : "", e->description().c_str(), e->memory().total() / 1e9,
+                      e->memory().int4_dequant_scratch / 1e9);
           std::mt19937 rng(1);
           std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
           for (const int t : ts) {
             std::vector<int32_t> prompt(static_cast<size_t>(t));
             for (int32_t& id : prompt) id = tok(rng);
-            (fp8 ? fp8_us : int4_us).push_back(time_prefill(*e, prompt, iters));
+            times.push_back(time_prefill(*e, prompt, iters));
           }
           // --profile: the one-layer blocks once more with per-op events (a separate engine: events change timing).
           if (profile && block) {
@@ -130,8 +147,8 @@ int main(int argc, char** argv) {
               time_prefill(*pe, prompt, 1);  // warm-up (per-shape launcher caches)
               pe->clear_op_profile();
               time_prefill(*pe, prompt, kRuns - 1);  // a warm-up run plus kRuns - 1 timed: kRuns in the profile
-              bench::print_op_profile(pe->op_profile(), name + " block, " + std::to_string(t) + " tokens, " +
-                                                            (fp8 ? "FP8 prefill" : "INT4 path"), kRuns);
+              bench::print_op_profile(pe->op_profile(), name + " block, " + std::to_string(t) + " tokens, " + label,
+                                      kRuns);
               pe->clear_op_profile();
             }
           }
@@ -142,29 +159,43 @@ int main(int argc, char** argv) {
           r.layers = static_cast<int>(c.num_hidden_layers);
           r.tokens = ts[i];
           r.int4_us = int4_us[i];
+          r.loop_us = loop ? loop_us[i] : 0;
           r.fp8_us = fp8_us[i];
           r.flops = projection_flops(c, ts[i]);
           rows.push_back(r);
         }
       }
     }
-    std::printf("\n| shape | layers | tokens | INT4 path ms | FP8 prefill ms | FP8 / INT4 | INT4 TFLOP/s | FP8 TFLOP/s | "
-                "FP8 tok/s |\n|---|---|---|---|---|---|---|---|---|\n");
-    for (const Row& r : rows)
-      std::printf("| %s | %d | %d | %.2f | %.2f | %.3f | %.0f | %.0f | %.0f |\n", r.shape.c_str(), r.layers, r.tokens,
-                  r.int4_us / 1e3, r.fp8_us / 1e3, r.fp8_us / r.int4_us, r.flops / (r.int4_us * 1e6),
-                  r.flops / (r.fp8_us * 1e6), r.tokens / (r.fp8_us * 1e-6));
+    // "INT4 path" is what the engine runs by default; "INT4 loop" the W4A16 GEMM at every pass size (loop / path > 1:
+    // the dequantise + cuBLAS path is faster).
+    std::printf("\n| shape | layers | tokens | INT4 path ms | INT4 loop ms | loop / path | FP8 prefill ms | "
+                "FP8 / INT4 | INT4 TFLOP/s | INT4 loop TFLOP/s | FP8 TFLOP/s | FP8 tok/s |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const Row& r : rows) {
+      char loop_ms[32] = "-", ratio[32] = "-", loop_tf[32] = "-";
+      if (r.loop_us > 0) {
+        std::snprintf(loop_ms, sizeof loop_ms, "%.2f", r.loop_us / 1e3);
+        std::snprintf(ratio, sizeof ratio, "%.3f", r.loop_us / r.int4_us);
+        std::snprintf(loop_tf, sizeof loop_tf, "%.0f", r.flops / (r.loop_us * 1e6));
+      }
+      std::printf("| %s | %d | %d | %.2f | %s | %s | %.2f | %.3f | %.0f | %s | %.0f | %.0f |\n", r.shape.c_str(),
+                  r.layers, r.tokens, r.int4_us / 1e3, loop_ms, ratio, r.fp8_us / 1e3, r.fp8_us / r.int4_us,
+                  r.flops / (r.int4_us * 1e6), loop_tf, r.flops / (r.fp8_us * 1e6), r.tokens / (r.fp8_us * 1e-6));
+    }
     const int sm_now = bench::report_sm_clock_after_runs(d.dev);
     if (!json_path.empty()) {
       auto extra = [&](FILE* f) {
         std::fprintf(f, "  \"kv\": \"%s\",\n  \"int4_group\": %d,\n  \"iters\": %d,\n", kv_name.c_str(), kGroup, iters);
+        std::fprintf(f, "  \"int4_dequant_min_rows\": %lld,\n",
+                     static_cast<long long>(cuda::int4_dequant_min_rows_from_env(-1, false)));
       };
       auto row = [&](FILE* f, size_t i) {
         const Row& r = rows[i];
         std::fprintf(f,
                      "    {\"shape\": \"%s\", \"layers\": %d, \"tokens\": %d, \"int4_path_us\": %.1f, "
-                     "\"fp8_prefill_us\": %.1f, \"projection_flops\": %.0f}",
-                     r.shape.c_str(), r.layers, r.tokens, r.int4_us, r.fp8_us, r.flops);
+                     "\"int4_loop_us\": %s, \"fp8_prefill_us\": %.1f, \"projection_flops\": %.0f}",
+                     r.shape.c_str(), r.layers, r.tokens, r.int4_us,
+                     r.loop_us > 0 ? std::to_string(r.loop_us).c_str() : "null", r.fp8_us, r.flops);
       };
       if (!bench::write_json(json_path, "prefill", d, sm_now, std::nullopt, extra, rows.size(), row)) return 1;
     }

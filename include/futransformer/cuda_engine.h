@@ -2,11 +2,12 @@
 // engine so one test drives both. docs/design.md ("CUDA engine") describes the data flow.
 //
 // Weights: a recipe's INT4 projections run the W4A16 tensor-core GEMM (futransformer/cuda/gemm_w4a16.h; symmetric
-// groups, repacked once at upload); full-precision projections, the embedding and the LM head are BF16 (cuBLAS,
-// fp32 accumulation). q/k/v and gate/up are fused into one GEMM each. The residual stream stays fp32; every GEMM
-// reads and writes BF16. KV cache: the paged formats of formats/kv_cache.h (bf16, int4, int4-hadamard) written by
-// cuda/kv_append.h and read by the decode attention kernels; prompt tokens attend over the cache they have just
-// written, exactly as the reference engine does. A batch whose chunks are all single tokens of existing sequences
+// groups, repacked once at upload) — in passes of >= int4_dequant_min_rows rows dequantised to BF16 and run through
+// cuBLAS instead (futransformer/cuda/int4_dequant.h); full-precision projections, the embedding and the LM head are
+// BF16 (cuBLAS, fp32 accumulation). q/k/v and gate/up are fused into one GEMM each. The residual stream stays fp32;
+// every GEMM reads and writes BF16. KV cache: the paged formats of formats/kv_cache.h (bf16, int4, int4-hadamard)
+// written by cuda/kv_append.h and read by the decode attention kernels; prompt tokens attend over the cache they have
+// just written, exactly as the reference engine does. A batch whose chunks are all single tokens of existing sequences
 // (a decode step) runs as one CUDA graph per (batch size, context bucket), captured on first use and replayed.
 // A head-int4 recipe's LM head runs the W4A16 GEMM instead of cuBLAS (BF16 logits, widened to fp32 on the GPU
 // before the argmax, the sampler and the copy to the host).
@@ -52,6 +53,14 @@ struct CudaEngineOptions {
   // in their epilogue (gemm_fp8_residual) instead of storing BF16 for a separate add. Both give bit-identical
   // results; the flag exists to compare and measure them.
   bool fused_epilogues = true;
+  // INT4 projections in passes of at least this many rows run as dequantise-to-BF16 (one BF16 copy of the weight in a
+  // scratch buffer) + the cuBLAS BF16 GEMM instead of the W4A16 GEMM's 64-row launches (docs/design.md "INT4
+  // projections at prefill sizes"): every weight rounded to BF16 once (relative error <= 2^-9). -1: the
+  // FT_INT4_DEQUANT_MIN_ROWS environment variable if set, else the heuristic (192 rows,
+  // src/cuda/engine/int4_dequant_heuristics.h); 0: never (every pass runs the W4A16 GEMM). The scratch (the largest
+  // INT4 projection, N·K BF16) is allocated only when an INT4 pass can reach the threshold (max_batch_tokens; with FP8
+  // prefill also max_sequences). An INT4 LM head always runs the W4A16 GEMM (its BF16 copy would be ~1 GB).
+  int64_t int4_dequant_min_rows = -1;
   // Diagnosis: time every op of every pass with CUDA events (CudaEngine::op_profile). Runs without CUDA graphs and
   // synchronises after each pass, so it slows the engine; the per-op times include each op's launch gap.
   bool profile_ops = false;
@@ -62,7 +71,8 @@ struct CudaEngineMemory {
   int64_t weights = 0;      // projections (packed INT4 + scales, or BF16), embedding, head (BF16 or INT4), norms
   int64_t kv_cache = 0;     // page pool of every layer (+ key anchors)
   int64_t activations = 0;  // per-pass buffers, logits
-  int64_t workspace = 0;    // GEMM split-K / attention split / cuBLAS scratch
+  int64_t workspace = 0;    // GEMM split-K / attention split / cuBLAS scratch, INT4 dequantisation scratch
+  int64_t int4_dequant_scratch = 0;  // part of workspace: the BF16 copy of the largest INT4 projection (0 when unused)
   int64_t total() const { return weights + kv_cache + activations + workspace; }
 };
 

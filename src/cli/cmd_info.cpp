@@ -92,8 +92,11 @@ void print_cuda_memory(const ModelConfig& c) {
       continue;
     }
     const eval::GpuMemoryEstimate m = eval::estimate_gpu_memory(c, r, 1, ctx);
-    std::printf("  %-36s %.2f GiB (weights %.2f, KV %.2f)\n", name.c_str(), m.total() / gib, m.weights / gib,
+    std::printf("  %-36s %.2f GiB (weights %.2f, KV %.2f", name.c_str(), m.total() / gib, m.weights / gib,
                 m.kv_cache / gib);
+    // Passes of >= FT_INT4_DEQUANT_MIN_ROWS (default 192) rows dequantise each INT4 projection into one BF16 buffer.
+    if (m.int4_dequant_scratch > 0) std::printf(", INT4 prefill dequant scratch %.2f", m.int4_dequant_scratch / gib);
+    std::printf(")\n");
   }
   const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
   const int64_t fp8_bytes = eval::fp8_prefill_copy_bytes(c);

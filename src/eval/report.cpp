@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
+#include "cuda/engine/int4_dequant_heuristics.h"
 #include "futransformer/error.h"
 #include "futransformer/formats/kv_cache.h"
 
@@ -101,6 +103,11 @@ GpuMemoryEstimate estimate_gpu_memory(const ModelConfig& c, const PrecisionRecip
                   (recipe.head == HeadFormat::Int4 ? 2 * logit_rows * ((V + 31) / 32 * 32) : 0) /* BF16 logits */ +
                   2 * (std::max(R, logit_rows) * h + R * (q + 2 * kvw) + 2 * R * q + R * h +
                        R * 3 * c.intermediate_size);
+  // The dequantise + cuBLAS path of large passes: one BF16 copy of the largest INT4 projection.
+  const int64_t dequant_rows = cuda::int4_dequant_min_rows(-1, std::getenv("FT_INT4_DEQUANT_MIN_ROWS"));
+  if (int4_weights(recipe) && dequant_rows > 0 && R >= dequant_rows)
+    for (const Projection& p : layer_projections(c))
+      m.int4_dequant_scratch = std::max(m.int4_dequant_scratch, 2 * p.n * p.k);
   return m;
 }
 

@@ -99,6 +99,24 @@ Int4Weight int4_swiglu_interleave_rows(const Int4Weight& w) {
   return out;
 }
 
+std::vector<uint16_t> int4_dequantize_bf16_mma_order(const Int4Weight& w, Int4MmaRows rows) {
+  check_int4_mma_compatible(w, "int4_dequantize_bf16_mma_order");
+  const int64_t groups = w.groups_per_row();
+  std::vector<uint16_t> out(static_cast<size_t>(w.rows * w.cols));
+  for (int64_t n = 0; n < w.rows; ++n) {
+    const int64_t src = source_row(w, rows, n);
+    for (int64_t g = 0; g < groups; ++g) {
+      const float s = w.scale(src, g);
+      for (int64_t k = g * w.group; k < (g + 1) * w.group; ++k) {
+        // (u - 8) * s is exact in fp32 (at most 4 + 11 significant bits): f32_to_bf16 is the only rounding.
+        const float v = static_cast<float>(static_cast<int>(w.nibble(src, k)) - 8) * s;
+        out[static_cast<size_t>(n * w.cols + k)] = f32_to_bf16(v);
+      }
+    }
+  }
+  return out;
+}
+
 std::vector<float> gemm_w4a16_reference(std::span<const uint16_t> x_bf16, int64_t M, const Int4Weight& w,
                                         std::vector<float>* abs_dot) {
   const int64_t N = w.rows, K = w.cols;

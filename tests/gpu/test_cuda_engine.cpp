@@ -257,6 +257,67 @@ TEST(CudaEngine, BatchedSequencesMatchReference) {
 }
 
 
+// INT4 projections of large passes run as dequantise to BF16 + cuBLAS (CudaEngineOptions::int4_dequant_min_rows):
+// a tiny random Llama (hidden 256, intermediate 768, head_dim 64) with the threshold lowered to 64 so its 150-token
+// prompt takes that path — with fused epilogues (gate|up packed interleaved, dequantised back to [gate | up]) and
+// without, FP16 and BF16 scales — meets the bounds the W4A16 path (threshold 0, run alongside) meets against the
+// act-bf16 reference: greedy tokens equal for 64 steps, last logits within kMaxLogitsRelL2. The weights' BF16
+// rounding (2^-9 relative) is of the size of the activations' own.
+TEST(CudaEngine, Int4DequantPrefillMatchesReference) {
+  FT_REQUIRE_HOPPER();
+  test::TinyLlama s;
+  s.hidden = 256;
+  s.inter = 768;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  s.vocab = 300;
+  const Model model = bf16_model(test::make_tiny_llama(s, 21));
+  std::mt19937 rng(22);
+  const std::vector<int32_t> prompt = test::random_token_ids(150, s.vocab, rng);
+  for (const char* recipe : {"int4-rtn-g64+kv-bf16", "int4-rtn-g32-bf16+kv-bf16"}) {
+    const quant::QuantizedModel q = quantise(model, recipe);
+    for (const bool fused : {true, false}) {
+      for (const int64_t threshold : {int64_t{64}, int64_t{0}}) {
+        SCOPED_TRACE(testing::Message() << recipe << (fused ? ", fused epilogues" : ", separate epilogues")
+                                        << ", dequantise + cuBLAS from " << threshold << " rows");
+        CudaEngineOptions co = cuda_engine_options(q.recipe);
+        co.fused_epilogues = fused;
+        co.int4_dequant_min_rows = threshold;
+        std::unique_ptr<CudaEngine> gpu = make_cuda_engine(q, co);
+        EXPECT_NE(gpu->description().find(threshold > 0 ? "dequantise to BF16 + cuBLAS" : "W4A16 GEMM at every pass"),
+                  std::string::npos)
+            << gpu->description();
+        std::unique_ptr<Engine> ref = reference_like_gpu(q);
+        expect_same_greedy(*gpu, *ref, prompt, kGreedySteps);
+      }
+    }
+  }
+}
+
+// The same path on SmolLM2-135M's shapes (hidden 576, intermediate 1536, 30 layers): the ~60-token prompt runs
+// through dequantise + cuBLAS (threshold 16) and stays within the reference's noise floor, as SmolLM2Recipe does.
+TEST(CudaEngine, SmolLM2Int4DequantPrefillWithinNoiseFloor) {
+  FT_REQUIRE_HOPPER();
+  const std::string path = test::smollm2_gguf_path();
+  FT_REQUIRE_FILE(path);
+  const Model model = bf16_model(load_model(path));
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer_for_model(model, "");
+  const std::vector<int32_t> prompt = encode_prompt(*tok, kLongPrompt);
+  ASSERT_GE(prompt.size(), 16u);
+  for (const char* recipe : {"int4-rtn-g64+kv-bf16", "int4-rtn-g32-bf16+kv-int4-hadamard"}) {
+    const quant::QuantizedModel q = quantise(model, recipe);
+    CudaEngineOptions co = cuda_engine_options(q.recipe);
+    co.int4_dequant_min_rows = 16;
+    std::unique_ptr<CudaEngine> gpu = make_cuda_engine(q, co);
+    EXPECT_NE(gpu->description().find(">= 16 rows"), std::string::npos) << gpu->description();
+    std::unique_ptr<Engine> ref = reference_like_gpu(q);
+    std::unique_ptr<Engine> ref32 = fp32_reference(q);
+    expect_within_noise_floor(*gpu, *ref, *ref32, prompt, kGreedySteps,
+                              std::string("dequantise + cuBLAS prefill, ") + recipe);
+  }
+}
+
 // Diagnosis of the GPU–reference gap: the same recipe with the fast and the generic attention kernel (printed,
 // and the two GPU runs must agree with each other to BF16-output precision).
 TEST(CudaEngine, FastAndGenericAttentionAgree) {

@@ -124,11 +124,13 @@ LatencyResult measure_latency(Engine& engine, const LatencyOptions& options, con
 // GPU memory a CUDA engine for `recipe` would hold: weights (INT4 codes + fp16 scales, or BF16; embedding BF16; LM head
 // BF16, or with head-int4 its own INT4 copy + BF16 scales; norms fp32), the paged KV cache for max_sequences ×
 // max_sequence_length tokens in the recipe's format (the CUDA engine keeps bf16 when the recipe has none), and the
-// per-pass activation buffers for max_batch_tokens rows. The arithmetic of CudaEngineMemory, without the workspaces
-// (the caller adds headroom).
+// per-pass activation buffers for max_batch_tokens rows, and — with INT4 projections and max_batch_tokens at least
+// the engine's dequantise + cuBLAS threshold (FT_INT4_DEQUANT_MIN_ROWS, else 192) — the BF16 copy of the largest
+// projection that path dequantises into (CudaEngineMemory::int4_dequant_scratch). The arithmetic of CudaEngineMemory,
+// without the other workspaces (the caller adds headroom).
 struct GpuMemoryEstimate {
-  int64_t weights = 0, kv_cache = 0, activations = 0;
-  int64_t total() const { return weights + kv_cache + activations; }
+  int64_t weights = 0, kv_cache = 0, activations = 0, int4_dequant_scratch = 0;
+  int64_t total() const { return weights + kv_cache + activations + int4_dequant_scratch; }
 };
 GpuMemoryEstimate estimate_gpu_memory(const ModelConfig& config, const PrecisionRecipe& recipe, int64_t max_sequences,
                                       int64_t max_sequence_length, int64_t max_batch_tokens = 1024);

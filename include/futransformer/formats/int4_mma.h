@@ -32,6 +32,12 @@ std::vector<uint16_t> repack_int4_scales_for_mma(const Int4Weight& w, Int4MmaRow
 // canonical packing of it is the interleaved packing of w. Checks as the repackers.
 Int4Weight int4_swiglu_interleave_rows(const Int4Weight& w);
 
+// CPU twin of cuda::int4_dequant_bf16: the weight as BF16 bit patterns, row-major [N, K], in the row order of its
+// packing under `rows` (row n holds canonical row swiglu_source_row(n) when interleaved; for canonical output of an
+// interleaved packing pass Int4MmaRows::canonical): bf16_rn((u − 8) · s), the fp32 product exact, one rounding.
+// Checks as the repackers.
+std::vector<uint16_t> int4_dequantize_bf16_mma_order(const Int4Weight& w, Int4MmaRows rows = Int4MmaRows::canonical);
+
 // CPU twin of gemm_w4a16: y[M, N] = x[M, K] * dequant(W)^T with x given as BF16 bit patterns, products summed
 // in fp64, returned in fp32 before the BF16 output rounding (callers round with f32_to_bf16 to compare).
 // When abs_dot is not null it receives sum_k |x[m, k] * W[n, k]|, the scale of rounding errors in y[m, n].

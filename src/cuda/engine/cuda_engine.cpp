@@ -14,6 +14,8 @@
 #include "cuda/engine/device_linear.h"
 #include "cuda/engine/device_memory.h"
 #include "cuda/engine/engine_kernels.h"
+#include "cuda/engine/int4_dequant_heuristics.h"
+#include "cuda/launch_status.h"
 #include "futransformer/cuda/attention_decode.h"
 #include "futransformer/cuda/attention_prefill.h"
 #include "futransformer/cuda/attention_generic.h"
@@ -154,7 +156,7 @@ class CudaEngineImpl final : public CudaEngine {
                                                                 static_cast<int>(config_.vocab_size)),
                           "sampling workspace");
       uniforms_.allocate(static_cast<size_t>(logit_rows_), "sampling draws");
-      memory_.workspace += static_cast<int64_t>(sample_ws_.bytes() + uniforms_.bytes());
+      update_workspace_bytes();
     }
     sample_params_ = &params;
     sample_u_ = uniforms;
@@ -195,6 +197,10 @@ class CudaEngineImpl final : public CudaEngine {
   // Final norm + LM head (+ argmax) of `rows` rows of `x_rows` (fp32 [rows, hidden]) into logits_ / ids_.
   void enqueue_head(const float* x_rows, int64_t rows);
   void ensure_attention_workspace(int64_t rows, int64_t max_len);
+  void update_workspace_bytes();
+  // The GEMM context of this engine's projections; dequant: INT4 layer projections may take the dequantise + cuBLAS
+  // path (not the LM head, which has no scratch of its size).
+  cuda::GemmContext gemm_context(bool dequant);
   bool fast_attention(int64_t rows, int64_t max_len) const;
   void clear_graphs();
   void check_op(cudaError_t e, const char* op, const char* (*last_error)());
@@ -222,6 +228,9 @@ class CudaEngineImpl final : public CudaEngine {
   // The pass being enqueued, as attention_prefill sees it: its chunks (0: attend row by row) and longest chunk.
   int pass_chunks_ = 0, pass_max_chunk_rows_ = 0;
   bool fp8_prefill_ = false;  // prompt passes run the FP8 GEMMs
+  // INT4 layer projections of passes with at least this many rows dequantise into dequant_ws_ and run cuBLAS; 0: never
+  // (the option says so, no projection is INT4, or no pass can be that large).
+  int64_t dequant_min_rows_ = 0;
   formats::KvPageLayout layout_;
   std::string description_;
   CudaEngineMemory memory_;
@@ -246,6 +255,7 @@ class CudaEngineImpl final : public CudaEngine {
   DeviceArray<int32_t> meta_, ids_;
   int32_t* meta_host_ = nullptr;      // pinned mirror of meta_
   DeviceArray<uint8_t> gemm_ws_, attn_ws_;
+  DeviceArray<uint8_t> dequant_ws_;  // BF16 copy of the largest INT4 projection (dequant_min_rows_ > 0)
   DeviceArray<double> uniforms_;       // forward_sample: one draw per head row
   DeviceArray<uint8_t> sample_ws_;     // forward_sample: sort workspace (allocated on first use)
   const SamplingParams* sample_params_ = nullptr;  // set only during forward_sample
@@ -280,6 +290,9 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
         "CUDA engine: max_batch_tokens must be in [1, 16384], got ", opt_.max_batch_tokens);
   check(opt_.kv != formats::KvFormat::FP8, "CUDA engine: the GPU attention kernels do not read an fp8 KV cache; ",
         "use kv-bf16, kv-int4 or kv-int4-hadamard");
+  check(opt_.int4_dequant_min_rows >= -1, "CUDA engine: int4_dequant_min_rows must be -1 (default), 0 (never) or a ",
+        "row count, got ", opt_.int4_dequant_min_rows);
+  dequant_min_rows_ = cuda::int4_dequant_min_rows_from_env(opt_.int4_dequant_min_rows, cuda::print_heuristics());
   pages_per_seq_ = (max_len_ + kPageTokens - 1) / kPageTokens;
   // By default every sequence can reach max_sequence_length at once: whole pages per sequence (a pool of
   // max_sequences · max_len tokens would be short when max_len is not a multiple of the page).
@@ -350,8 +363,13 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
     << (layers_.empty() ? "-" : (layers_[0].qkv.kind() == DeviceLinear::Kind::Int4 ? "W4A16 INT4" : "BF16 cuBLAS"))
     << " | KV " << formats::kv_format_name(opt_.kv) << " (" << (fast_ok ? "fast" : "generic") << " attention)"
     << " | CUDA graphs " << (opt_.cuda_graphs ? "on" : "off");
-  if (!layers_.empty() && layers_[0].o.kind() == DeviceLinear::Kind::Int4)
+  if (!layers_.empty() && layers_[0].o.kind() == DeviceLinear::Kind::Int4) {
     d << " | GEMM epilogues " << (opt_.fused_epilogues ? "fused (residual, SwiGLU)" : "separate kernels");
+    if (dequant_min_rows_ > 0)
+      d << " | INT4 passes of >= " << dequant_min_rows_ << " rows: dequantise to BF16 + cuBLAS";
+    else
+      d << " | INT4 W4A16 GEMM at every pass size";
+  }
   if (fp8_prefill_) d << " | FP8 prefill (" << src.prefill_recipe_name << ", FP8 E4M3 GEMMs for prompt chunks)";
   if (lm_head_.kind() == DeviceLinear::Kind::Int4) d << " | LM head W4A16 INT4 g" << head_group_;
   description_ = d.str();
@@ -553,6 +571,21 @@ void CudaEngineImpl::allocate_buffers() {
   }
   gemm_ws = std::max(gemm_ws, lm_head_.workspace_bytes(logit_rows_));  // 0 unless the head is INT4
   gemm_ws_.allocate(gemm_ws, "W4A16 split-K workspace");
+  // Passes of at least dequant_min_rows_ rows dequantise each INT4 projection in turn into one BF16 buffer, sized for
+  // the largest (8B: gate|up, 28672 x 4096, 235 MB; 70B: 940 MB). Only when an INT4 pass can be that large: with FP8
+  // prefill those are decode steps, one row per sequence.
+  const int64_t int4_pass_rows = fp8_prefill_ ? std::min(R, S) : R;
+  size_t dequant = 0;
+  if (dequant_min_rows_ > 0 && int4_pass_rows >= dequant_min_rows_)
+    for (const DeviceLayer& l : layers_)
+      for (const DeviceLinear* lin : {&l.qkv, &l.o, &l.gate_up, &l.down})
+        dequant = std::max(dequant, lin->dequant_scratch_bytes());
+  if (dequant > 0)
+    dequant_ws_.allocate(dequant, "INT4 -> BF16 dequantisation scratch");
+  else
+    dequant_min_rows_ = 0;
+  memory_.int4_dequant_scratch = static_cast<int64_t>(dequant_ws_.bytes());
+  update_workspace_bytes();
   ensure_attention_workspace(std::max(R, S), max_len_);
   ensure_attention_workspace(S, max_len_);
 }
@@ -577,7 +610,26 @@ void CudaEngineImpl::ensure_attention_workspace(int64_t rows, int64_t max_len) {
   cuda_check(cudaStreamSynchronize(stream_), "attention workspace");
   clear_graphs();
   attn_ws_.allocate(need, "attention split workspace");
-  memory_.workspace = static_cast<int64_t>(gemm_ws_.bytes() + attn_ws_.bytes() + cublas_ws_.bytes());
+  update_workspace_bytes();
+}
+
+void CudaEngineImpl::update_workspace_bytes() {
+  memory_.workspace = static_cast<int64_t>(gemm_ws_.bytes() + attn_ws_.bytes() + cublas_ws_.bytes() +
+                                           dequant_ws_.bytes() + sample_ws_.bytes() + uniforms_.bytes());
+}
+
+cuda::GemmContext CudaEngineImpl::gemm_context(bool dequant) {
+  cuda::GemmContext g;
+  g.cublas = cublas_;
+  g.workspace = gemm_ws_.get();
+  g.workspace_bytes = gemm_ws_.bytes();
+  g.stream = stream_;
+  if (dequant && dequant_min_rows_ > 0) {
+    g.int4_dequant_min_rows = dequant_min_rows_;
+    g.dequant_scratch = dequant_ws_.get();
+    g.dequant_scratch_bytes = dequant_ws_.bytes();
+  }
+  return g;
 }
 
 void CudaEngineImpl::check_op(cudaError_t e, const char* op, const char* (*last_error)()) {
@@ -688,7 +740,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
   const int hd = static_cast<int>(c.head_dim), hh = static_cast<int>(c.hidden_size);
   const int inter = static_cast<int>(c.intermediate_size), r = static_cast<int>(rows);
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const cuda::GemmContext g{cublas_, gemm_ws_.get(), gemm_ws_.bytes(), stream_};
+  const cuda::GemmContext g = gemm_context(true);
   const bool fast = fast_attention(rows, max_len);
   const size_t layer_pool = static_cast<size_t>(n_pages_ * nkv * layout_.page_bytes);
   using cuda::decoder_ops_last_error;
@@ -726,7 +778,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       mark("qkv GEMM (FP8)");
     } else {
       l.qkv.forward(bf(xn_), rows, qkv_.get(), false, g);
-      mark("qkv GEMM");
+      mark(l.qkv.dequant_path(rows, g) ? "qkv GEMM (dequant + cuBLAS)" : "qkv GEMM");
     }
     if (fused_qkv_ && !(anchors && n_new > 0)) {
       // Decode steps and passes without new int4-hadamard sequences: RoPE, cache append and the query gather in one.
@@ -814,31 +866,34 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     // INT4 o and down GEMMs with fused epilogues add straight into the residual stream, leaving the RMSNorm that
     // follows on its own; otherwise the GEMM writes BF16 and the residual add is fused with that RMSNorm instead.
     // Same values either way (the fused epilogue rounds like the BF16 store; add_residual_rmsnorm_bf16 is
-    // add_residual_bf16 + rmsnorm_bf16 bit for bit).
-    const bool fused_o = opt_.fused_epilogues && l.o.kind() == DeviceLinear::Kind::Int4;
-    const bool fused_down = opt_.fused_epilogues && l.down.kind() == DeviceLinear::Kind::Int4;
+    // add_residual_bf16 + rmsnorm_bf16 bit for bit). Passes on the dequantise + cuBLAS path have no fused epilogue:
+    // they take the second order, which is one pass over the residual stream fewer than forward_residual's there.
+    const bool fused_o = opt_.fused_epilogues && l.o.kind() == DeviceLinear::Kind::Int4 && !l.o.dequant_path(rows, g);
+    const bool fused_down =
+        opt_.fused_epilogues && l.down.kind() == DeviceLinear::Kind::Int4 && !l.down.dequant_path(rows, g);
     if (fused_o) {
-      l.o.forward_residual(bf(att_), rows, x_.get(), g);
+      l.o.forward_residual(bf(att_), rows, x_.get(), bf(delta_), g);
       mark("o GEMM + residual");
       check_op(cuda::rmsnorm_bf16(x_.get(), l.mlp_norm.get(), bf(xn_), r, hh, eps, stream_), "MLP RMSNorm",
                decoder_ops_last_error);
     } else {
       l.o.forward(bf(att_), rows, delta_.get(), false, g);
-      mark("o GEMM");
+      mark(l.o.dequant_path(rows, g) ? "o GEMM (dequant + cuBLAS)" : "o GEMM");
       check_op(cuda::add_residual_rmsnorm_bf16(x_.get(), bf(delta_), l.mlp_norm.get(), bf(xn_), r, hh, eps, stream_),
                "residual + MLP RMSNorm", cuda::fused_ops_last_error);
     }
     if (l.gate_up.swiglu_packed()) {
-      l.gate_up.forward_swiglu(bf(xn_), rows, bf(act_), g);
-      mark("gate|up GEMM + SwiGLU");
+      // On the dequantise + cuBLAS path: the GEMM into gate_up_ (canonical [gate | up] columns), then swiglu_bf16.
+      l.gate_up.forward_swiglu(bf(xn_), rows, bf(act_), bf(gate_up_), g);
+      mark(l.gate_up.dequant_path(rows, g) ? "gate|up GEMM (dequant + cuBLAS) + SwiGLU" : "gate|up GEMM + SwiGLU");
     } else {
       l.gate_up.forward(bf(xn_), rows, gate_up_.get(), false, g);
-      mark("gate|up GEMM");
+      mark(l.gate_up.dequant_path(rows, g) ? "gate|up GEMM (dequant + cuBLAS)" : "gate|up GEMM");
       check_op(cuda::swiglu_bf16(bf(gate_up_), bf(act_), r, inter, stream_), "SwiGLU", decoder_ops_last_error);
     }
     const bool last = li + 1 == layers_.size();
     if (fused_down) {
-      l.down.forward_residual(bf(act_), rows, x_.get(), g);
+      l.down.forward_residual(bf(act_), rows, x_.get(), bf(delta_), g);
       mark("down GEMM + residual");
       if (!last)
         check_op(cuda::rmsnorm_bf16(x_.get(), layers_[li + 1].attn_norm.get(), bf(xn_), r, hh, eps, stream_),
@@ -846,7 +901,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       continue;
     }
     l.down.forward(bf(act_), rows, delta_.get(), false, g);
-    mark("down GEMM");
+    mark(l.down.dequant_path(rows, g) ? "down GEMM (dequant + cuBLAS)" : "down GEMM");
     // The last layer keeps a plain add: the head normalises only the rows it needs (possibly gathered).
     if (!last)
       check_op(cuda::add_residual_rmsnorm_bf16(x_.get(), bf(delta_), layers_[li + 1].attn_norm.get(), bf(xn_), r, hh,
@@ -859,7 +914,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
 
 void CudaEngineImpl::enqueue_head(const float* x_rows, int64_t rows) {
   const ModelConfig& c = config_;
-  const cuda::GemmContext g{cublas_, gemm_ws_.get(), gemm_ws_.bytes(), stream_};
+  const cuda::GemmContext g = gemm_context(false);
   check_op(cuda::rmsnorm_bf16(x_rows, final_norm_.get(), bf(xn_), static_cast<int>(rows),
                               static_cast<int>(c.hidden_size), static_cast<float>(c.rms_norm_eps), stream_),
            "final RMSNorm", cuda::decoder_ops_last_error);

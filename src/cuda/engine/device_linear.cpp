@@ -1,10 +1,13 @@
 #include "cuda/engine/device_linear.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "cuda/engine/engine_kernels.h"
+#include "futransformer/cuda/decoder_ops.h"
 #include "futransformer/cuda/gemm_fp8.h"
 #include "futransformer/cuda/gemm_w4a16.h"
+#include "futransformer/cuda/int4_dequant.h"
 #include "futransformer/error.h"
 #include "futransformer/formats/int4_mma.h"
 
@@ -17,6 +20,15 @@ void check_w4a16_shape(int64_t N, int64_t K, int64_t group, formats::ScaleType s
   if (gemm_w4a16_can_implement(1, static_cast<int>(N), static_cast<int>(K), static_cast<int>(group), st, &why) !=
       cudaSuccess)
     fail(name, ": the W4A16 GEMM cannot run this INT4 weight: ", why);
+}
+
+// The large-M paths of forward_residual / forward_swiglu write the GEMM output to a caller's BF16 temp first.
+void check_tmp(const __nv_bfloat16* tmp, const void* out, int64_t tmp_elems, int64_t out_bytes, const std::string& name,
+               const char* what) {
+  const auto t0 = reinterpret_cast<uintptr_t>(tmp), o0 = reinterpret_cast<uintptr_t>(out);
+  const uintptr_t t1 = t0 + static_cast<uintptr_t>(tmp_elems) * 2, o1 = o0 + static_cast<uintptr_t>(out_bytes);
+  check(tmp != nullptr && t0 % 16 == 0 && !(t0 < o1 && o0 < t1), "CUDA engine: ", name, ": ", what,
+        " at this M runs dequantise + cuBLAS and needs a 16-byte aligned BF16 temp that does not overlap the output");
 }
 
 }  // namespace
@@ -180,6 +192,38 @@ size_t DeviceLinear::workspace_bytes(int64_t max_rows) const {
   return need;
 }
 
+size_t DeviceLinear::dequant_scratch_bytes() const {
+  return kind_ == Kind::Int4 ? static_cast<size_t>(N_ * K_) * sizeof(uint16_t) : 0;
+}
+
+bool DeviceLinear::dequant_path(int64_t M, const GemmContext& ctx) const {
+  return kind_ == Kind::Int4 && ctx.int4_dequant_min_rows > 0 && M >= ctx.int4_dequant_min_rows;
+}
+
+void DeviceLinear::cublas_gemm(const uint16_t* w, const __nv_bfloat16* x, int64_t M, void* y, bool y_f32,
+                               const GemmContext& ctx) const {
+  // Row-major y[M, N] = x[M, K] · W[N, K]ᵀ is column-major yᵀ[N, M] = W[N, K] (= colmajor K×N, transposed) · xᵀ.
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t st = cublasGemmEx(
+      ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N_), static_cast<int>(M), static_cast<int>(K_), &alpha, w,
+      CUDA_R_16BF, static_cast<int>(K_), x, CUDA_R_16BF, static_cast<int>(K_), &beta, y,
+      y_f32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(N_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS) fail("CUDA engine: ", name_, ": cuBLAS BF16 GEMM (M ", M, "): status ", int(st));
+}
+
+void DeviceLinear::forward_dequant(const __nv_bfloat16* x, int64_t M, __nv_bfloat16* y, const GemmContext& ctx) const {
+  check(ctx.dequant_scratch != nullptr && ctx.dequant_scratch_bytes >= dequant_scratch_bytes(), "CUDA engine: ", name_,
+        ": the dequantise + cuBLAS path needs ", dequant_scratch_bytes(), " bytes of BF16 scratch, the context has ",
+        ctx.dequant_scratch ? ctx.dequant_scratch_bytes : 0);
+  auto* w = static_cast<__nv_bfloat16*>(ctx.dequant_scratch);
+  const cudaError_t e = int4_dequant_bf16(packed_.get(), scales_.get(), w, static_cast<int>(N_), static_cast<int>(K_),
+                                          static_cast<int>(group_), scale_type_, rows_, Int4DequantRows::canonical,
+                                          ctx.stream);
+  if (e != cudaSuccess) fail("CUDA engine: ", name_, ": INT4 -> BF16 dequantisation: ",
+                             e == cudaErrorInvalidValue ? int4_dequant_last_error() : cudaGetErrorString(e));
+  cublas_gemm(reinterpret_cast<const uint16_t*>(w), x, M, y, false, ctx);
+}
+
 void DeviceLinear::forward_fp8(const uint8_t* a_codes, const float* a_scales, int64_t M, __nv_bfloat16* y,
                                const GemmContext& ctx) const {
   check(kind_ == Kind::Fp8, name_, ": forward_fp8 needs FP8 weights");
@@ -204,6 +248,10 @@ void DeviceLinear::forward(const __nv_bfloat16* x, int64_t M, void* y, bool y_f3
     check(!y_f32, name_, ": INT4 projections write BF16");
     check(!swiglu_packed(), name_, ": packed SwiGLU-interleaved, so it runs through forward_swiglu only");
     auto* out = static_cast<__nv_bfloat16*>(y);
+    if (dequant_path(M, ctx)) {
+      forward_dequant(x, M, out, ctx);
+      return;
+    }
     for (int64_t m0 = 0; m0 < M; m0 += kW4A16MaxM) {
       const int mc = static_cast<int>(std::min<int64_t>(kW4A16MaxM, M - m0));
       const cudaError_t e =
@@ -215,17 +263,21 @@ void DeviceLinear::forward(const __nv_bfloat16* x, int64_t M, void* y, bool y_f3
     }
     return;
   }
-  // Row-major y[M, N] = x[M, K] · W[N, K]ᵀ is column-major yᵀ[N, M] = W[N, K] (= colmajor K×N, transposed) · xᵀ.
-  const float alpha = 1.0f, beta = 0.0f;
-  const cublasStatus_t st = cublasGemmEx(
-      ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N_), static_cast<int>(M), static_cast<int>(K_), &alpha,
-      bf16_ptr_, CUDA_R_16BF, static_cast<int>(K_), x, CUDA_R_16BF, static_cast<int>(K_), &beta, y,
-      y_f32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(N_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  if (st != CUBLAS_STATUS_SUCCESS) fail("CUDA engine: ", name_, ": cuBLAS BF16 GEMM (M ", M, "): status ", int(st));
+  cublas_gemm(bf16_ptr_, x, M, y, y_f32, ctx);
 }
 
-void DeviceLinear::forward_residual(const __nv_bfloat16* x, int64_t M, float* residual, const GemmContext& ctx) const {
+
+void DeviceLinear::forward_residual(const __nv_bfloat16* x, int64_t M, float* residual, __nv_bfloat16* tmp,
+                                    const GemmContext& ctx) const {
   check(kind_ == Kind::Int4 && !swiglu_packed(), name_, ": forward_residual runs canonically packed INT4 weights");
+  if (dequant_path(M, ctx)) {
+    check_tmp(tmp, residual, M * N_, M * N_ * static_cast<int64_t>(sizeof(float)), name_, "forward_residual");
+    forward_dequant(x, M, tmp, ctx);
+    const cudaError_t e = add_residual_bf16(residual, tmp, static_cast<int>(M), static_cast<int>(N_), ctx.stream);
+    if (e != cudaSuccess) fail("CUDA engine: ", name_, ": residual add after the cuBLAS GEMM (M ", M, "): ",
+                               e == cudaErrorInvalidValue ? decoder_ops_last_error() : cudaGetErrorString(e));
+    return;
+  }
   for (int64_t m0 = 0; m0 < M; m0 += kW4A16MaxM) {
     const int mc = static_cast<int>(std::min<int64_t>(kW4A16MaxM, M - m0));
     const cudaError_t e = gemm_w4a16_residual(x + m0 * K_, packed_.get(), scales_.get(), residual + m0 * N_, mc,
@@ -236,8 +288,18 @@ void DeviceLinear::forward_residual(const __nv_bfloat16* x, int64_t M, float* re
   }
 }
 
-void DeviceLinear::forward_swiglu(const __nv_bfloat16* x, int64_t M, __nv_bfloat16* h, const GemmContext& ctx) const {
+void DeviceLinear::forward_swiglu(const __nv_bfloat16* x, int64_t M, __nv_bfloat16* h, __nv_bfloat16* tmp,
+                                  const GemmContext& ctx) const {
   check(swiglu_packed(), name_, ": forward_swiglu needs INT4 gate|up weights packed SwiGLU-interleaved");
+  if (dequant_path(M, ctx)) {
+    // Dequantised in canonical row order, so the GEMM writes [gate | up] rows as swiglu_bf16 reads them.
+    check_tmp(tmp, h, M * N_, M * (N_ / 2) * 2, name_, "forward_swiglu");
+    forward_dequant(x, M, tmp, ctx);
+    const cudaError_t e = swiglu_bf16(tmp, h, static_cast<int>(M), static_cast<int>(N_ / 2), ctx.stream);
+    if (e != cudaSuccess) fail("CUDA engine: ", name_, ": SwiGLU after the cuBLAS GEMM (M ", M, "): ",
+                               e == cudaErrorInvalidValue ? decoder_ops_last_error() : cudaGetErrorString(e));
+    return;
+  }
   for (int64_t m0 = 0; m0 < M; m0 += kW4A16MaxM) {
     const int mc = static_cast<int>(std::min<int64_t>(kW4A16MaxM, M - m0));
     const cudaError_t e = gemm_w4a16_swiglu(x + m0 * K_, packed_.get(), scales_.get(), h + m0 * (N_ / 2), mc,

@@ -25,6 +25,11 @@ struct GemmContext {
   void* workspace = nullptr;        // W4A16 split-K scratch
   size_t workspace_bytes = 0;
   cudaStream_t stream = nullptr;
+  // INT4 weights at M >= int4_dequant_min_rows (0: never) run as int4_dequant_bf16 into dequant_scratch (16-byte
+  // aligned, at least the weight's dequant_scratch_bytes()) followed by the cuBLAS BF16 GEMM.
+  int64_t int4_dequant_min_rows = 0;
+  void* dequant_scratch = nullptr;
+  size_t dequant_scratch_bytes = 0;
 };
 
 class DeviceLinear {
@@ -66,13 +71,25 @@ class DeviceLinear {
   }
   // Split-K scratch the forward needs for any M up to max_rows.
   size_t workspace_bytes(int64_t max_rows) const;
-  // y: BF16 [M, N], or fp32 when y_f32 (BF16 weights only). M >= 1; any M (INT4 runs 64 rows per launch).
+  // Bytes of the BF16 [N, K] copy the large-M INT4 path dequantises into (GemmContext::dequant_scratch); 0 unless INT4.
+  size_t dequant_scratch_bytes() const;
+  // Whether M rows run as dequantise + cuBLAS under ctx (INT4 weights, M >= ctx.int4_dequant_min_rows > 0). That
+  // path rounds every weight to BF16 once (relative error <= 2^-9; docs/kernels.md "INT4 → BF16 dequantisation")
+  // where the W4A16 GEMM multiplies the exact (u - 8) * s, so its outputs differ from the decode path's by that much.
+  bool dequant_path(int64_t M, const GemmContext& ctx) const;
+  // y: BF16 [M, N], or fp32 when y_f32 (BF16 weights only). M >= 1; any M (INT4 runs 64 rows per W4A16 launch, or
+  // one dequantise + cuBLAS GEMM when dequant_path).
   void forward(const __nv_bfloat16* x, int64_t M, void* y, bool y_f32, const GemmContext& ctx) const;
   // INT4 weights with the W4A16 GEMM's fused epilogues (cuda/gemm_w4a16.h), bit for bit forward + the separate op:
   // residual[M, N] (fp32, 16-byte aligned) += float(bf16(y)) (any canonical INT4 weight), and
   // h[M, N / 2] = bf16(silu(gate) * up) for a gate|up weight packed swiglu_interleaved (h 8-byte aligned).
-  void forward_residual(const __nv_bfloat16* x, int64_t M, float* residual, const GemmContext& ctx) const;
-  void forward_swiglu(const __nv_bfloat16* x, int64_t M, __nv_bfloat16* h, const GemmContext& ctx) const;
+  // When dequant_path(M, ctx) there is no fused epilogue: the GEMM writes BF16 [M, N] into tmp (16-byte aligned, not
+  // overlapping the output; unused otherwise and then may be null) — gate|up dequantised in canonical [gate | up] row
+  // order — and add_residual_bf16 / swiglu_bf16 follow: again forward + the separate op, bit for bit.
+  void forward_residual(const __nv_bfloat16* x, int64_t M, float* residual, __nv_bfloat16* tmp,
+                        const GemmContext& ctx) const;
+  void forward_swiglu(const __nv_bfloat16* x, int64_t M, __nv_bfloat16* h, __nv_bfloat16* tmp,
+                      const GemmContext& ctx) const;
   // FP8 weights only: y BF16 [M, N] = (a_codes[M, K] · codesᵀ) · a_scales[m] · scales[n] (gemm_fp8), where a_codes /
   // a_scales are per-token FP8 (cuda/fp8_producers.h). Throws Error naming the projection when the GEMM refuses.
   void forward_fp8(const uint8_t* a_codes, const float* a_scales, int64_t M, __nv_bfloat16* y,
@@ -83,6 +100,13 @@ class DeviceLinear {
                             const GemmContext& ctx) const;
 
  private:
+  // y[M, N] (BF16) = x · bf16(W)ᵀ through int4_dequant_bf16 and cuBLAS; columns in canonical row order (gate|up
+  // packed interleaved gives [gate | up], as swiglu_bf16 reads them).
+  void forward_dequant(const __nv_bfloat16* x, int64_t M, __nv_bfloat16* y, const GemmContext& ctx) const;
+  // cuBLAS BF16 GEMM y[M, N] = x[M, K] · w[N, K]ᵀ, fp32 accumulation.
+  void cublas_gemm(const uint16_t* w, const __nv_bfloat16* x, int64_t M, void* y, bool y_f32,
+                   const GemmContext& ctx) const;
+
   Kind kind_ = Kind::Bf16;
   std::string name_;
   int64_t N_ = 0, K_ = 0, group_ = 0;

@@ -333,7 +333,10 @@ void ReportRun::validate_and_plan() {
     for (const Plan& p : plans_)
       if (p.row->not_run.empty() || (p.device_refused && a_.cpu_fallback)) quantised.push_back(p.recipe);
     check_recipe_engine_args(a_.calibration, quantised);
-    factory_ = std::make_unique<RecipeEngineFactory>(model_, *tokenizer_, a_.calibration);
+    RecipeEngineArgs recipe_args = a_.calibration;
+    // On the GPU, GPTQ runs there too (quant/gptq_cuda.h): minutes instead of hours on large models.
+    if (backend_ == Backend::Cuda) recipe_args.gptq_device = quant::GptqDevice::Cuda;
+    factory_ = std::make_unique<RecipeEngineFactory>(model_, *tokenizer_, recipe_args);
   }
   if (quality_) {
     tokens_ = tokenizer_->encode(text);
@@ -610,7 +613,7 @@ int ReportRun::run() {
 
 void ReportRun::write_outputs() {
   if (factory_) report_.extra["quantisation"] = factory_->quantisation_records();
-  if (factory_) report_.extra["calibration"] = recipe_engine_args_json(a_.calibration);
+  if (factory_) report_.extra["calibration"] = recipe_engine_args_json(factory_->args());
   report_.extra["device_memory_gib"] = device_.memory_gib;
   report_.extra["phase_seconds"] = phases_;
   const std::filesystem::path dir(a_.out);

@@ -35,7 +35,8 @@ nlohmann::json recipe_engine_args_json(const RecipeEngineArgs& a) {
           {"samples", a.samples},
           {"sample_tokens", a.sample_tokens},
           {"seed", a.seed},
-          {"act_order", a.act_order}};
+          {"act_order", a.act_order},
+          {"gptq_device", quant::gptq_device_name(a.gptq_device)}};
 }
 
 std::unique_ptr<Engine> RecipeEngineFactory::make(const PrecisionRecipe& recipe, int64_t max_sequence_length) {
@@ -59,6 +60,7 @@ const quant::QuantizedModel& RecipeEngineFactory::quantised(const PrecisionRecip
     q.sample_tokens = args_.sample_tokens;
     q.seed = args_.seed;
     q.act_order = args_.act_order;
+    q.gptq_device = args_.gptq_device;
     ProgressLine progress(!args_.quiet);
     it = quantised_.emplace(key, quant::quantize_model(model_, tokenizer_, q, progress.callback())).first;
     progress.finish();

@@ -24,6 +24,8 @@ struct RecipeEngineArgs {
   uint64_t seed = 0;
   bool act_order = true;
   bool quiet = false;
+  // Where GPTQ's Hessians and column loop run (the report sets Cuda when it runs on the GPU).
+  quant::GptqDevice gptq_device = quant::GptqDevice::Cpu;
 };
 
 void add_recipe_engine_options(CLI::App& sub, RecipeEngineArgs& args);
@@ -46,6 +48,7 @@ class RecipeEngineFactory {
   RecipeEngineFactory(const Model& model, const Tokenizer& tokenizer, const RecipeEngineArgs& args)
       : model_(model), tokenizer_(tokenizer), args_(args) {}
   std::unique_ptr<Engine> make(const PrecisionRecipe& recipe, int64_t max_sequence_length);
+  const RecipeEngineArgs& args() const { return args_; }
   // The recipe's weights quantised (once per weight format; its activation and KV parts are ignored), e.g. for a
   // CUDA engine. Error for full-precision weights (there is nothing to quantise).
   const quant::QuantizedModel& quantised(const PrecisionRecipe& recipe);

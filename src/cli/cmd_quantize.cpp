@@ -92,8 +92,8 @@ int run_quantize(const QuantizeArgs& a, bool weights_given, bool group_given, bo
   if (!a.quiet) {
     const quant::QuantizeTimings& t = q.timings;
     std::fprintf(stderr,
-                 "times (s): load %.1f, calibration text %.1f, weight upload %.1f, calibration forward %.1f, "
-                 "Hessians %.1f, quantise %.1f, other %.1f, write %.1f, total %.1f\n",
+                 "times (s): load %.2f, calibration text %.2f, weight upload %.2f, calibration forward %.2f, "
+                 "Hessians %.2f, quantise %.2f, other %.2f, write %.2f, total %.2f\n",
                  load_s, t.calibration_text_s, t.weight_load_s, t.calibration_forward_s, t.hessian_s, t.gptq_s,
                  t.total_s - t.calibration_text_s - t.weight_load_s - t.calibration_forward_s - t.hessian_s - t.gptq_s,
                  write_s, s);

@@ -17,6 +17,10 @@
 namespace futransformer::cli {
 namespace {
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 struct QuantizeArgs {
   std::string model;
   std::string out;
@@ -56,6 +60,7 @@ int run_quantize(const QuantizeArgs& a, bool weights_given, bool group_given, bo
   check(recipe.quantises_weights(), "recipe ", recipe.name(), " quantises no weights; nothing to write");
   const auto t0 = std::chrono::steady_clock::now();
   const Model model = load_model(a.model);
+  const double load_s = seconds_since(t0);
   check(model.format != "quantized", a.model, ": is already a quantised checkpoint; quantise its source model");
   quant::QuantizeOptions opt;
   opt.recipe = recipe;
@@ -68,9 +73,11 @@ int run_quantize(const QuantizeArgs& a, bool weights_given, bool group_given, bo
 
   std::unique_ptr<Tokenizer> tokenizer;
   if (recipe.weights == WeightFormat::Int4Gptq) {
-    // The calibration forward runs on the CPU reference engine; each layer's Hessians and GPTQ on the chosen device.
+    // The calibration forward, the Hessians and GPTQ all run on the chosen device.
     opt.gptq_device = choose_backend(a.device) == Backend::Cuda ? quant::GptqDevice::Cuda : quant::GptqDevice::Cpu;
-    if (!a.quiet) std::fprintf(stderr, "GPTQ on %s\n", quant::gptq_device_name(opt.gptq_device));
+    if (!a.quiet)
+      std::fprintf(stderr, "GPTQ on %s (calibration forward, Hessians and column loop)\n",
+                   quant::gptq_device_name(opt.gptq_device));
     tokenizer = load_tokenizer_for_model(model, a.tokenizer);
   }
   ProgressLine progress(!a.quiet);
@@ -78,8 +85,19 @@ int run_quantize(const QuantizeArgs& a, bool weights_given, bool group_given, bo
       tokenizer ? quant::quantize_model(model, *tokenizer, opt, progress.callback())
                 : quant::quantize_model(model, quant::CalibrationSet{}, opt, progress.callback());
   progress.finish();
+  const auto w0 = std::chrono::steady_clock::now();
   quant::write_quantized_checkpoint(q, a.out, a.tokenizer);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double write_s = seconds_since(w0);
+  const double s = seconds_since(t0);
+  if (!a.quiet) {
+    const quant::QuantizeTimings& t = q.timings;
+    std::fprintf(stderr,
+                 "times (s): load %.2f, calibration text %.2f, weight upload %.2f, calibration forward %.2f, "
+                 "Hessians %.2f, quantise %.2f, other %.2f, write %.2f, total %.2f\n",
+                 load_s, t.calibration_text_s, t.weight_load_s, t.calibration_forward_s, t.hessian_s, t.gptq_s,
+                 t.total_s - t.calibration_text_s - t.weight_load_s - t.calibration_forward_s - t.hessian_s - t.gptq_s,
+                 write_s, s);
+  }
   const size_t heads = recipe.head == HeadFormat::Int4 ? 1 : 0;
   std::printf("wrote %s (%s, %zu projections%s) in %.1f s\n", a.out.c_str(), recipe.name().c_str(),
               q.int4.size() + q.fp8.size() - heads, heads ? " + INT4 LM head" : "", s);
@@ -113,8 +131,8 @@ Command add_quantize_command(CLI::App& app) {
   sub->add_option("--calibration", args->calibration,
                   "GPTQ calibration text (default: The Devil's Dictionary, from scripts/fetch_calibration.sh)");
   sub->add_option("--device", args->device,
-                  "Where GPTQ's Hessians and column loop run: cuda, cpu, or auto (cuda when this build has CUDA and a "
-                  "Hopper GPU is present); the calibration forward stays on the CPU")
+                  "Where GPTQ's calibration forward, Hessians and column loop run: cuda, cpu, or auto (cuda when this "
+                  "build has CUDA and a Hopper GPU is present)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
   sub->add_option("--samples", args->samples, "GPTQ calibration windows")

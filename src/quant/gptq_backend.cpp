@@ -15,6 +15,10 @@ class CpuBackend final : public GptqBackend {
     h_.emplace(k, hessian_name);
     h_->add(x, n_tokens);
   }
+  void set_inputs_device(const float*, int64_t, int64_t, const std::string& hessian_name) override {
+    fail(hessian_name, ": the CPU GPTQ backend takes host activations; device activations (the GPU calibration ",
+         "forward) need the GPU backend");
+  }
   GptqResult quantize(std::span<const float> w, int64_t rows, int64_t cols, const GptqOptions& opt,
                       const std::string& tensor_name) override {
     check(h_.has_value(), tensor_name, ": GPTQ backend has no calibration inputs yet");
@@ -32,6 +36,12 @@ class CudaBackend final : public GptqBackend {
     h_.reset();  // free the previous H on the device before the next one is allocated
     h_.emplace(k, hessian_name);
     h_->add(x, n_tokens);
+  }
+  void set_inputs_device(const float* x_device, int64_t n_tokens, int64_t k,
+                         const std::string& hessian_name) override {
+    h_.reset();
+    h_.emplace(k, hessian_name);
+    h_->add_device(x_device, n_tokens);
   }
   GptqResult quantize(std::span<const float> w, int64_t rows, int64_t cols, const GptqOptions& opt,
                       const std::string& tensor_name) override {

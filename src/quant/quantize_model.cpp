@@ -1,8 +1,10 @@
 // quantize_model: the recipe's weight format applied to every projection (RTN, FP8, or sequential GPTQ over the
-// reference model's layers), and the recipe JSON that records how.
+// model's layers, whose calibration forward runs on the reference engine or on the GPU), and the recipe JSON that
+// records how.
 #include "futransformer/quant/quantize_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <random>
 
 #include "core/sha256.h"
@@ -10,6 +12,7 @@
 #include "futransformer/mapped_file.h"
 #include "futransformer/device.h"
 #include "futransformer/quant/gptq.h"
+#include "quant/calibration_forward.h"
 #include "quant/gptq_backend.h"
 #include "ref/kv_cache.h"
 #include "ref/ref_model.h"
@@ -161,10 +164,131 @@ void quantise_independently(const Model& source, QuantizedModel& out, const Quan
   }
 }
 
-// Sequential GPTQ: the calibration windows go through the reference model layer by layer; inside layer i the hook
-// quantises each projection group from the inputs it is about to see (produced by the quantised groups and layers
-// before it) and swaps the dequantised weights in, so the layer's output — the next layer's input — is the
-// quantised layer's.
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// One GPTQ pass's bookkeeping shared by both calibration forwards: each group's Hessian from its inputs, each
+// projection quantised from it, its dequantised weights recorded in `out`, its stats in the recipe JSON and the
+// layer's record, progress and timings.
+struct GptqPass {
+  GptqPass(const Model& s, QuantizedModel& o, GptqBackend& b, const GptqOptions& g, const QuantizeProgress& p)
+      : source(s), out(o), backend(b), gopt(g), progress(p),
+        total(s.config.num_hidden_layers * ref::kNumProjections) {}
+
+  const Model& source;
+  QuantizedModel& out;
+  GptqBackend& backend;
+  GptqOptions gopt;
+  const QuantizeProgress& progress;
+  int64_t done = 0, total = 0;
+  json layer;
+  double layer_loss = 0.0;
+
+  void start_layer(int64_t i) {
+    layer = {{"layer", i}, {"tensors", json::object()}};
+    layer_loss = 0.0;
+  }
+  void set_inputs(int64_t li, ProjectionInput g, const float* x, int64_t n, int64_t k, bool on_device) {
+    const auto t0 = Clock::now();
+    const std::string name = "layer " + std::to_string(li) + " " + ref::projection_input_name(g) + " inputs";
+    if (on_device) {
+      backend.set_inputs_device(x, n, k, name);
+    } else {
+      backend.set_inputs(x, n, k, name);
+    }
+    out.timings.hessian_s += seconds_since(t0);
+  }
+  // GPTQ of projection p of layer li from weights w [rows, cols]; returns the dequantised weights.
+  std::vector<float> quantize(int64_t li, Projection p, std::span<const float> w, int64_t rows, int64_t cols) {
+    const auto t0 = Clock::now();
+    const std::string name = ref::projection_tensor_name(li, p);
+    GptqResult res = backend.quantize(w, rows, cols, gopt, source.source + ": tensor '" + name + "'");
+    std::vector<float> deq = formats::int4_dequantize(res.weight);
+    replace_with_dequantised(out.model, name, res.weight.rows, res.weight.cols, deq);
+    json t = int4_tensor_json(res.weight, "gptq");
+    t["gptq_loss"] = res.stats.loss;
+    out.recipe_json["tensors"][name] = t;
+    layer["tensors"][name] = {{"loss", res.stats.loss},
+                              {"damp_percent", res.stats.damp_percent},
+                              {"damp_retries", res.stats.damp_retries},
+                              {"dead_inputs", res.stats.dead_inputs}};
+    layer_loss += res.stats.loss;
+    out.int4.emplace(name, std::move(res.weight));
+    out.timings.gptq_s += seconds_since(t0);
+    if (progress) progress("gptq", ++done, total);
+    return deq;
+  }
+  json finish_layer() {
+    layer["loss"] = layer_loss;
+    return std::move(layer);
+  }
+};
+
+// The CPU forward: the reference model (fp32 activations and cache: calibration measures the weights alone) over
+// all windows, layer by layer.
+void gptq_cpu_forward(const Model& source, const CalibrationSet& calib, int64_t rows, GptqPass& pass,
+                      json& layer_stats) {
+  const ModelConfig& c = source.config;
+  const auto t0 = Clock::now();
+  double hooks_s = 0.0;
+  ref::RefModel model(source, {});
+  std::vector<float> x(static_cast<size_t>(rows * c.hidden_size));
+  std::vector<ref::SequenceRows> seqs;
+  for (int64_t r0 = 0; const auto& w : calib.windows) {
+    model.embed(w, &x[static_cast<size_t>(r0 * c.hidden_size)]);
+    seqs.push_back({r0, static_cast<int64_t>(w.size()), 0, nullptr});
+    r0 += static_cast<int64_t>(w.size());
+  }
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    pass.start_layer(i);
+    auto hook = [&](int64_t li, ProjectionInput g, const float* in, int64_t n, int64_t k) {
+      const auto h0 = Clock::now();
+      pass.set_inputs(li, g, in, n, k, /*on_device=*/false);
+      for (Projection p : ref::projections_of(g)) {
+        const ref::RefLinear& lin = model.projection(li, p);
+        model.set_projection_weights(li, p, pass.quantize(li, p, lin.weight(), lin.out_features(), lin.in_features()));
+      }
+      hooks_s += seconds_since(h0);
+    };
+    std::vector<std::unique_ptr<ref::KvStore>> caches;
+    for (ref::SequenceRows& s : seqs) {
+      caches.push_back(model.make_kv_store());
+      s.kv = caches.back().get();
+    }
+    model.run_layer(i, x.data(), rows, seqs, hook);
+    layer_stats.push_back(pass.finish_layer());
+  }
+  pass.out.timings.calibration_forward_s += seconds_since(t0) - hooks_s;
+}
+
+// The GPU forward (calibration_forward.h): activations stay on the device, each group's Hessian is accumulated from
+// them in place, and only the layer being run has weights on the device.
+void gptq_cuda_forward(const Model& source, const CalibrationSet& calib, GptqPass& pass, json& layer_stats) {
+  std::vector<int64_t> lengths;
+  for (const auto& w : calib.windows) lengths.push_back(static_cast<int64_t>(w.size()));
+  CudaCalibrationForward fwd(source, std::move(lengths));
+  const auto t0 = Clock::now();
+  fwd.embed(calib.windows);
+  const double embed_s = seconds_since(t0);
+  for (int64_t i = 0; i < source.config.num_hidden_layers; ++i) {
+    pass.start_layer(i);
+    auto hook = [&](int64_t li, ProjectionInput g, const float* in, int64_t n, int64_t k) {
+      pass.set_inputs(li, g, in, n, k, /*on_device=*/true);
+      for (Projection p : ref::projections_of(g)) {
+        const Tensor& t = source.get(ref::projection_tensor_name(li, p));
+        fwd.set_projection_weights(li, p, pass.quantize(li, p, fwd.projection(li, p), t.shape[0], t.shape[1]));
+      }
+    };
+    fwd.run_layer(i, hook);
+    layer_stats.push_back(pass.finish_layer());
+  }
+  pass.out.timings.calibration_forward_s += embed_s + fwd.forward_seconds();
+  pass.out.timings.weight_load_s += fwd.upload_seconds();
+}
+
+// Sequential GPTQ: the calibration windows go through the model layer by layer; inside layer i the hook quantises
+// each projection group from the inputs it is about to see (produced by the quantised groups and layers before it)
+// and swaps the dequantised weights in, so the layer's output — the next layer's input — is the quantised layer's.
 void quantise_gptq(const Model& source, const CalibrationSet& calib, const QuantizeOptions& o, QuantizedModel& out,
                    const QuantizeProgress& progress) {
   const ModelConfig& c = source.config;
@@ -180,14 +304,10 @@ void quantise_gptq(const Model& source, const CalibrationSet& calib, const Quant
             " is outside the model's vocabulary [0, ", c.vocab_size, ")");
     rows += static_cast<int64_t>(w.size());
   }
-  ref::RefModel model(source, {});  // fp32 activations and cache: calibration measures the weights alone
-  std::vector<float> x(static_cast<size_t>(rows * c.hidden_size));
-  std::vector<ref::SequenceRows> seqs;
-  for (int64_t r0 = 0; const auto& w : calib.windows) {
-    model.embed(w, &x[static_cast<size_t>(r0 * c.hidden_size)]);
-    seqs.push_back({r0, static_cast<int64_t>(w.size()), 0, nullptr});
-    r0 += static_cast<int64_t>(w.size());
-  }
+  const GptqDevice forward_device = o.calibration_device.value_or(o.gptq_device);
+  check(forward_device == GptqDevice::Cpu || o.gptq_device == GptqDevice::Cuda,
+        "GPTQ: the calibration forward on the GPU needs GPTQ on the GPU too (its activations stay on the device); ",
+        "got GPTQ on the CPU");
 
   GptqOptions gopt;
   gopt.spec = o.recipe.int4;
@@ -195,48 +315,18 @@ void quantise_gptq(const Model& source, const CalibrationSet& calib, const Quant
   gopt.block_size = o.block_size;
   gopt.act_order = o.act_order;
   const std::unique_ptr<GptqBackend> backend = make_gptq_backend(o.gptq_device);
-  json& tensors = out.recipe_json["tensors"];
+  GptqPass pass(source, out, *backend, gopt, progress);
   json layer_stats = json::array();
-  const int64_t total = c.num_hidden_layers * ref::kNumProjections;
-  int64_t done = 0;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    json layer = {{"layer", i}, {"tensors", json::object()}};
-    double layer_loss = 0.0;
-    auto hook = [&](int64_t li, ProjectionInput g, const float* in, int64_t n, int64_t k) {
-      backend->set_inputs(in, n, k, "layer " + std::to_string(li) + " " + ref::projection_input_name(g) + " inputs");
-      for (Projection p : ref::projections_of(g)) {
-        const std::string name = ref::projection_tensor_name(li, p);
-        const ref::RefLinear& lin = model.projection(li, p);
-        GptqResult res = backend->quantize(lin.weight(), lin.out_features(), lin.in_features(), gopt,
-                                           source.source + ": tensor '" + name + "'");
-        std::vector<float> deq = formats::int4_dequantize(res.weight);
-        replace_with_dequantised(out.model, name, res.weight.rows, res.weight.cols, deq);
-        model.set_projection_weights(li, p, std::move(deq));
-        json t = int4_tensor_json(res.weight, "gptq");
-        t["gptq_loss"] = res.stats.loss;
-        tensors[name] = t;
-        layer["tensors"][name] = {{"loss", res.stats.loss},
-                                  {"damp_percent", res.stats.damp_percent},
-                                  {"damp_retries", res.stats.damp_retries},
-                                  {"dead_inputs", res.stats.dead_inputs}};
-        layer_loss += res.stats.loss;
-        out.int4.emplace(name, std::move(res.weight));
-        if (progress) progress("gptq", ++done, total);
-      }
-    };
-    std::vector<std::unique_ptr<ref::KvStore>> caches;
-    for (ref::SequenceRows& s : seqs) {
-      caches.push_back(model.make_kv_store());
-      s.kv = caches.back().get();
-    }
-    model.run_layer(i, x.data(), rows, seqs, hook);
-    layer["loss"] = layer_loss;
-    layer_stats.push_back(std::move(layer));
+  if (forward_device == GptqDevice::Cuda) {
+    gptq_cuda_forward(source, calib, pass, layer_stats);
+  } else {
+    gptq_cpu_forward(source, calib, rows, pass, layer_stats);
   }
   int64_t sample_tokens = 0;
   for (const auto& w : calib.windows) sample_tokens = std::max<int64_t>(sample_tokens, static_cast<int64_t>(w.size()));
   out.recipe_json["gptq"] = {
       {"device", gptq_device_name(o.gptq_device)},
+      {"calibration_forward", gptq_device_name(forward_device)},
       {"damp_percent", o.damp_percent},
       {"block_size", o.block_size},
       {"act_order", o.act_order},
@@ -302,6 +392,7 @@ CalibrationSet load_calibration(const Tokenizer& tokenizer, const QuantizeOption
 
 QuantizedModel quantize_model(const Model& model, const Tokenizer& tokenizer, const QuantizeOptions& options,
                               const QuantizeProgress& progress) {
+  const auto t0 = Clock::now();
   CalibrationSet calib;
   if (options.recipe.weights == WeightFormat::Int4Gptq) {
     model.validate();
@@ -310,11 +401,16 @@ QuantizedModel quantize_model(const Model& model, const Tokenizer& tokenizer, co
     calib = load_calibration(tokenizer, options);
     if (progress) progress("calibration", 1, 1);
   }
-  return quantize_model(model, calib, options, progress);
+  const double text_s = seconds_since(t0);
+  QuantizedModel out = quantize_model(model, calib, options, progress);
+  out.timings.calibration_text_s = text_s;
+  out.timings.total_s = seconds_since(t0);
+  return out;
 }
 
 QuantizedModel quantize_model(const Model& model, const CalibrationSet& calibration, const QuantizeOptions& options,
                               const QuantizeProgress& progress) {
+  const auto t0 = Clock::now();
   model.validate();
   check_projection_shapes(model, options.recipe);
   QuantizedModel out;
@@ -325,7 +421,12 @@ QuantizedModel quantize_model(const Model& model, const CalibrationSet& calibrat
   switch (options.recipe.weights) {
     case WeightFormat::Full: break;
     case WeightFormat::Fp8:
-    case WeightFormat::Int4Rtn: quantise_independently(model, out, progress); break;
+    case WeightFormat::Int4Rtn: {
+      const auto q0 = Clock::now();
+      quantise_independently(model, out, progress);
+      out.timings.gptq_s += seconds_since(q0);
+      break;
+    }
     case WeightFormat::Int4Gptq: quantise_gptq(model, calibration, options, out, progress); break;
   }
   record_other_tensors(model, out.recipe_json["tensors"]);
@@ -334,7 +435,12 @@ QuantizedModel quantize_model(const Model& model, const CalibrationSet& calibrat
       if (is_quantised_projection(name)) out.recipe_json["tensors"][name] = {{"format", dtype_name(t.dtype)},
                                                                              {"shape", t.shape}};
   }
-  if (options.recipe.head == HeadFormat::Int4) quantise_head(model, out, progress);
+  if (options.recipe.head == HeadFormat::Int4) {
+    const auto q0 = Clock::now();
+    quantise_head(model, out, progress);
+    out.timings.gptq_s += seconds_since(q0);
+  }
+  out.timings.total_s = seconds_since(t0);
   return out;
 }
 

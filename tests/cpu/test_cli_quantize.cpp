@@ -59,6 +59,9 @@ TEST_F(CliQuantize, GptqPerChannelThenGenerateAndInfo) {
   const DeviceInfo dev = query_device();
   const std::string want_device = dev.cuda_built && dev.hopper ? "cuda" : "cpu";
   EXPECT_EQ(nlohmann::json::parse(slurp(out + "/quantization.json")).at("gptq").at("device"), want_device);
+  EXPECT_EQ(nlohmann::json::parse(slurp(out + "/quantization.json")).at("gptq").at("calibration_forward"),
+            want_device);
+  EXPECT_NE(q.err.find("times (s): load "), std::string::npos) << q.err;
   EXPECT_NE(q.err.find("GPTQ on " + want_device), std::string::npos) << q.err;
 
   const Result info = run_cli("info --model " + out);

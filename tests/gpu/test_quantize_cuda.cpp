@@ -1,4 +1,5 @@
-// quantize_model with GPTQ on the GPU (QuantizeOptions::gptq_device = Cuda) against the same run on the CPU, on a
+// quantize_model with GPTQ on the GPU (QuantizeOptions::gptq_device = Cuda, which also runs the calibration forward
+// there: quant/calibration_forward.h) against the same run on the CPU, on a
 // tiny random Llama: same settings recorded, device recorded, the same per-tensor damping and dead-input counts, and
 // layer output errors (the quantity GPTQ minimises, on held-out tokens) within kMaxErrorExcess of the CPU's and below
 // RTN's. Sequential GPTQ feeds each layer the outputs of the quantised layers before it, so the small per-layer

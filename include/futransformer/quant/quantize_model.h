@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,9 +41,23 @@ struct QuantizeOptions {
   // GPTQ descending-diag(H) column order with static groups (packed layout unchanged). On by default: on SmolLM2
   // without it GPTQ came out worse than RTN (docs/results.md), with it clearly better.
   bool act_order = true;
-  // Where each projection group's Hessian and GPTQ run (the calibration forward stays on the CPU reference
-  // engine). Recorded in the recipe JSON as gptq.device.
+  // Where each projection group's Hessian and GPTQ run. Recorded in the recipe JSON as gptq.device.
   GptqDevice gptq_device = GptqDevice::Cpu;
+  // Where the calibration forward runs (the layers producing each group's inputs): unset = on gptq_device. Cuda runs
+  // it in fp32 on the GPU (src/quant/calibration_forward.h) and needs gptq_device Cuda (its activations never leave
+  // the device); Cpu with gptq_device Cuda is the reference engine's forward feeding GPU GPTQ (for comparisons).
+  // Recorded as gptq.calibration_forward.
+  std::optional<GptqDevice> calibration_device;
+};
+
+// Wall-clock seconds of quantize_model's phases (0 for phases a recipe does not have).
+struct QuantizeTimings {
+  double calibration_text_s = 0;     // reading and tokenising the calibration text (the tokenizer overload)
+  double weight_load_s = 0;          // GPU forward: each layer's weights converted to fp32 and uploaded
+  double calibration_forward_s = 0;  // the layers' forward, hooks excluded (RefModel construction on the CPU path)
+  double hessian_s = 0;              // Hessian accumulation of every projection group
+  double gptq_s = 0;                 // GPTQ / RTN / FP8 of the projections (and the INT4 head), dequantised back
+  double total_s = 0;                // the whole quantize_model call
 };
 
 // (stage, done, total): e.g. ("calibration", 0, 1), ("gptq", 7, 210), ("rtn", 3, 210).
@@ -77,6 +92,8 @@ struct QuantizedModel {
   // Everything about how it was made (docs/formats.md "Quantised checkpoint"): recipe, per-tensor formats, GPTQ
   // settings, calibration source + sha256 + samples × tokens, per-layer GPTQ loss.
   nlohmann::json recipe_json;
+  // How long it took (not recorded in recipe_json, which stays deterministic).
+  QuantizeTimings timings;
 };
 
 // Quantises `model`'s projections per options.recipe. GPTQ reads and tokenises the calibration text with

@@ -56,6 +56,7 @@ struct ReportArgs {
   std::vector<std::string> configs;
   bool cpu_fallback = false;
   bool host_logits = false;  // --host-logits: quality passes download the logits (the CPU formulas) on the GPU too
+  std::string gptq_device = "auto";  // --gptq-device: auto = where the report runs
   RecipeEngineArgs calibration;
 };
 
@@ -334,8 +335,11 @@ void ReportRun::validate_and_plan() {
       if (p.row->not_run.empty() || (p.device_refused && a_.cpu_fallback)) quantised.push_back(p.recipe);
     check_recipe_engine_args(a_.calibration, quantised);
     RecipeEngineArgs recipe_args = a_.calibration;
-    // On the GPU, GPTQ runs there too (quant/gptq_cuda.h): minutes instead of hours on large models.
-    if (backend_ == Backend::Cuda) recipe_args.gptq_device = quant::GptqDevice::Cuda;
+    // On the GPU, GPTQ (calibration forward, Hessians, column loop) runs there too unless --gptq-device cpu:
+    // minutes instead of hours on large models.
+    const bool gptq_cuda = a_.gptq_device == "cuda" || (a_.gptq_device == "auto" && backend_ == Backend::Cuda);
+    check(!gptq_cuda || backend_ == Backend::Cuda, "--gptq-device cuda needs the report to run on the GPU (--device cuda)");
+    recipe_args.gptq_device = gptq_cuda ? quant::GptqDevice::Cuda : quant::GptqDevice::Cpu;
     factory_ = std::make_unique<RecipeEngineFactory>(model_, *tokenizer_, recipe_args);
   }
   if (quality_) {
@@ -671,6 +675,10 @@ Command add_report_command(CLI::App& app) {
   sub->add_flag("--host-logits", args->host_logits,
                 "On the GPU, download every logit row and compute perplexity / KL on the host (slower; the default keeps "
                 "the logits on the GPU and downloads per-row numbers)");
+  sub->add_option("--gptq-device", args->gptq_device,
+                  "Where GPTQ runs for the GPTQ recipes: cpu, cuda, or auto (where the report runs)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub->add_flag("--cpu-fallback", args->cpu_fallback,
                 "With --device cuda and --data: measure the quality of recipes the GPU does not run on the CPU "
                 "reference engine (slow for large models)");

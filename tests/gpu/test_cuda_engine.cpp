@@ -259,10 +259,10 @@ TEST(CudaEngine, BatchedSequencesMatchReference) {
 
 // The reference twin of an engine whose prefill passes run INT4 projections as dequantise to BF16 + cuBLAS: the
 // prompt through the dequantised weights rounded to BF16 (exactly the GPU's bf16_rn((u − 8)·s)), the single-token
-// decode steps through the exact INT4 values (the W4A16 path), both with BF16 activations over one cache.
-std::unique_ptr<Engine> reference_like_gpu_dequant_prefill(const quant::QuantizedModel& q) {
+// decode steps through the exact INT4 values (the W4A16 path), both with `activations` over one cache.
+std::unique_ptr<Engine> reference_like_gpu_dequant_prefill(const quant::QuantizedModel& q, ActivationFormat activations) {
   quant::QuantizedModel decode = q;
-  decode.recipe.activations = ActivationFormat::Bf16;
+  decode.recipe.activations = activations;
   if (!decode.recipe.kv) decode.recipe.kv = formats::KvFormat::BF16;
   quant::QuantizedModel prefill = decode;
   prefill.model = bf16_model(decode.model);
@@ -272,12 +272,13 @@ std::unique_ptr<Engine> reference_like_gpu_dequant_prefill(const quant::Quantize
 // INT4 projections of large passes run as dequantise to BF16 + cuBLAS (CudaEngineOptions::int4_dequant_min_rows):
 // a tiny random Llama (hidden 256, intermediate 768, head_dim 64) with the threshold lowered to 64 so its 150-token
 // prompt takes that path — with fused epilogues (gate|up packed interleaved, dequantised back to [gate | up]) and
-// without, FP16 and BF16 scales — against its own twin (reference_like_gpu_dequant_prefill: the recipe with the
-// prompt's weights rounded to BF16, which is what that path computes), and the W4A16 path (threshold 0, run
-// alongside) against the plain act-bf16 reference: greedy tokens equal for 64 steps, last logits within
-// kMaxLogitsRelL2. (Against the plain reference the dequant path measured 0.013 at the prompt end and up to 0.020
-// over the steps for int4-rtn-g32-bf16 on the H200: the weights' BF16 rounding, 2^-9 relative, is a change of
-// recipe this small random model amplifies, not a kernel error — hence the twin.)
+// without, FP16 and BF16 scales — against its own twin (reference_like_gpu_dequant_prefill: the prompt's weights
+// rounded to BF16, which is what that path computes), and the W4A16 path (threshold 0, run alongside) against the
+// plain reference. Both under the noise-floor rule of expect_within_noise_floor (teacher-forced steps; the floor is
+// the same twin with fp32 activations). Measured on the H200 before this rule: free-running greedy decoding of this
+// random model diverged at steps 25-37 for BOTH thresholds (near-ties flipped by BF16 activation rounding; logits rel
+// L2 0.010-0.019 there), and against the exact-weight reference the dequant path's prompt logits were 0.013 off for
+// int4-rtn-g32-bf16 — the weights' BF16 rounding (2^-9 relative) is a change of recipe, hence the twin.
 TEST(CudaEngine, Int4DequantPrefillMatchesReference) {
   FT_REQUIRE_HOPPER();
   test::TinyLlama s;
@@ -303,8 +304,13 @@ TEST(CudaEngine, Int4DequantPrefillMatchesReference) {
         EXPECT_NE(gpu->description().find(threshold > 0 ? "dequantise to BF16 + cuBLAS" : "W4A16 GEMM at every pass"),
                   std::string::npos)
             << gpu->description();
-        std::unique_ptr<Engine> ref = threshold > 0 ? reference_like_gpu_dequant_prefill(q) : reference_like_gpu(q);
-        expect_same_greedy(*gpu, *ref, prompt, kGreedySteps);
+        std::unique_ptr<Engine> ref = threshold > 0 ? reference_like_gpu_dequant_prefill(q, ActivationFormat::Bf16)
+                                                    : reference_like_gpu(q);
+        std::unique_ptr<Engine> ref32 = threshold > 0 ? reference_like_gpu_dequant_prefill(q, ActivationFormat::Fp32)
+                                                      : fp32_reference(q);
+        expect_within_noise_floor(*gpu, *ref, *ref32, prompt, kGreedySteps,
+                                  std::string(recipe) + (fused ? " fused" : " separate") + " threshold " +
+                                      std::to_string(threshold));
       }
     }
   }

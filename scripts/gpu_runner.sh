@@ -37,6 +37,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,me
   > "$out/gpu.csv" 2>&1
 log "GPU: $(tail -n 1 "$out/gpu.csv")"
 commit="${FT_GIT_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+# Without FT_GIT_COMMIT, a tree whose tracked files differ from HEAD (e.g. a working tree copied over an older
+# checkout) is marked: the commit alone would not name what ran.
+if [ -z "${FT_GIT_COMMIT:-}" ] && [ -n "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+  commit="$commit+dirty"
+fi
 export FT_GIT_COMMIT="$commit"
 
 build="$root/build-gpu"

@@ -26,7 +26,12 @@ mkdir -p "$out"
 py="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-/tmp/ft-inductor-cache}"
-export FT_GIT_COMMIT="${FT_GIT_COMMIT:-$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+if [ -z "${FT_GIT_COMMIT:-}" ]; then
+  FT_GIT_COMMIT="$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  # Tracked files that differ from HEAD: mark it, the commit alone would not name what ran.
+  [ -n "$(git -C "$here" status --porcelain --untracked-files=no 2>/dev/null)" ] && FT_GIT_COMMIT="$FT_GIT_COMMIT+dirty"
+fi
+export FT_GIT_COMMIT
 
 log() { echo "[run_all $(date +%T)] $*" | tee -a "$out/run_all.log"; }
 

@@ -106,13 +106,22 @@ std::string git_commit() {
   const std::string dir = ec ? std::string(".") : exe.parent_path().string();
   if (dir.find('\'') != std::string::npos) return "unknown";
   std::string out;
-  if (std::FILE* p = popen(("git -C '" + dir + "' rev-parse --short HEAD 2>/dev/null").c_str(), "r")) {
-    char buf[64];
-    while (std::fgets(buf, sizeof buf, p)) out += buf;
-    pclose(p);
-  }
+  auto run = [](const std::string& cmd) {
+    std::string text;
+    if (std::FILE* p = popen(cmd.c_str(), "r")) {
+      char buf[256];
+      while (std::fgets(buf, sizeof buf, p)) text += buf;
+      pclose(p);
+    }
+    return text;
+  };
+  out = run("git -C '" + dir + "' rev-parse --short HEAD 2>/dev/null");
   while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out.empty() ? "unknown" : out;
+  if (out.empty()) return "unknown";
+  // Tracked files that differ from HEAD: the commit alone does not name the tree that ran (a copied working tree
+  // over an older checkout, as on the lent GPU machine, looks exactly like this).
+  if (!run("git -C '" + dir + "' status --porcelain --untracked-files=no 2>/dev/null").empty()) out += "+dirty";
+  return out;
 }
 
 // The process's own command line (Linux), for the report's reproduction line.

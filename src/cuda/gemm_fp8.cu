@@ -130,9 +130,11 @@ const char* gemm_fp8_last_error() { return g_last_error.c_str(); }
 
 namespace {
 
-// Both entry points: D (BF16 store) or residual (fp32 in-place add), exactly one non-null.
+// Both entry points: D (BF16 store) or, with `residual_mode`, residual (fp32 in-place add). Shapes are checked
+// before pointers, so a bad shape is named whatever the pointers are.
 cudaError_t run_gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale,
-                         __nv_bfloat16* D, float* residual, int M, int N, int K, cudaStream_t stream) {
+                         __nv_bfloat16* D, float* residual, bool residual_mode, int M, int N, int K,
+                         cudaStream_t stream) {
   g_last_error.clear();
   if (gemm_fp8_can_implement(M, N, K, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
   if (!A || !B || !a_scale || !b_scale || !aligned(A, 16) || !aligned(B, 16) || !aligned(a_scale, 4) ||
@@ -141,9 +143,9 @@ cudaError_t run_gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scal
                   "gemm_fp8: A and B must be non-null and 16-byte aligned, a_scale and b_scale non-null and 4-byte "
                   "aligned");
   }
-  if (residual == nullptr && (!D || !aligned(D, 16)))
+  if (!residual_mode && (!D || !aligned(D, 16)))
     return reject(&g_last_error, "gemm_fp8: D must be non-null and 16-byte aligned");
-  if (D == nullptr && !aligned(residual, 8))
+  if (residual_mode && (!residual || !aligned(residual, 8)))
     return reject(&g_last_error, "gemm_fp8_residual: residual must be non-null and 8-byte aligned");
   DeviceLimits d;
   bool hopper = false;
@@ -164,12 +166,12 @@ cudaError_t run_gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scal
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, &g_last_error, "A") ||
       !make_map(&mb, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, B, N, K, c.block_n, fp8::kBlockK,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, &g_last_error, "B") ||
-      (residual == nullptr && !make_map(&md, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, D, M, N, fp8::kWgmmaM,
+      (!residual_mode && !make_map(&md, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, D, M, N, fp8::kWgmmaM,
                                         fp8::kDBoxCols, CU_TENSOR_MAP_L2_PROMOTION_NONE, &g_last_error, "D")))
     return cudaErrorInvalidValue;
 
   const fp8::KernelParams p{a_scale, b_scale, M, N, K, c.m_blocks, c.n_blocks, c.group_m, residual};
-  if (residual != nullptr) {
+  if (residual_mode) {
     switch (c.block_n) {
       case 192: return launch<192, true>(ma, mb, md, p, c, stream);
       default: return launch<128, true>(ma, mb, md, p, c, stream);
@@ -185,20 +187,12 @@ cudaError_t run_gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scal
 
 cudaError_t gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale, __nv_bfloat16* D,
                      int M, int N, int K, cudaStream_t stream) {
-  if (D == nullptr) {
-    g_last_error = "gemm_fp8: D must be non-null and 16-byte aligned";
-    return cudaErrorInvalidValue;
-  }
-  return run_gemm_fp8(A, B, a_scale, b_scale, D, nullptr, M, N, K, stream);
+  return run_gemm_fp8(A, B, a_scale, b_scale, D, nullptr, false, M, N, K, stream);
 }
 
 cudaError_t gemm_fp8_residual(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale,
                               float* residual, int M, int N, int K, cudaStream_t stream) {
-  if (residual == nullptr) {
-    g_last_error = "gemm_fp8_residual: residual must be non-null and 8-byte aligned";
-    return cudaErrorInvalidValue;
-  }
-  return run_gemm_fp8(A, B, a_scale, b_scale, nullptr, residual, M, N, K, stream);
+  return run_gemm_fp8(A, B, a_scale, b_scale, nullptr, residual, true, M, N, K, stream);
 }
 
 }  // namespace futransformer::cuda

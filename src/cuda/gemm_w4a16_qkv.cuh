@@ -13,6 +13,7 @@
 
 #include "cuda/decoder_ops.cuh"
 #include "cuda/fused_ops.cuh"
+#include "cuda/gemm_w4a16_layout.h"
 #include "cuda/gemm_w4a16_reduce.cuh"
 #include "futransformer/formats/kv_cache.h"
 
@@ -43,14 +44,14 @@ __global__ void __launch_bounds__(kQkvReduceWarps * fused::kWarp)
   const int item = static_cast<int>(blockIdx.x) * kQkvReduceWarps + static_cast<int>(threadIdx.x) / fused::kWarp;
   if (item >= a.n_heads + 2 * a.n_kv_heads) return;  // warp-uniform
 
-  // Float4 j of the head is elements (r, item * head_dim + 4 j .. + 3): index i = (r * N + item * head_dim) / 4 + j
-  // of the plain reduce (N and head_dim are multiples of 8, so the head starts on a float4), summed by the same
-  // sum_slices and stored by the same __floats2bfloat162_rn pairs.
-  const int64_t base = static_cast<int64_t>(r) * a.row_width + static_cast<int64_t>(item) * a.head_dim;
+  // Float4 j of the head is elements (r, item * head_dim + 4 j .. + 3), float4 i = qkv_head_float4 of the plain
+  // reduce (N and head_dim are multiples of 8, so the head starts on a float4), summed by the same sum_slices and
+  // stored by the same __floats2bfloat162_rn pairs at y pairs 2 i and 2 i + 1.
   const auto* partial4 = reinterpret_cast<const float4*>(partial);
   for (int j = lane; j < a.head_dim / 4; j += fused::kWarp) {
-    const float4 s = sum_slices(partial4, base / 4 + j, count4, splits);
-    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(a.qkv + base) + 2 * j;
+    const int64_t i = qkv_head_float4(r, item, j, a.row_width, a.head_dim);
+    const float4 s = sum_slices(partial4, i, count4, splits);
+    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(a.qkv) + 2 * i;
     out[0] = __floats2bfloat162_rn(s.x, s.y);
     out[1] = __floats2bfloat162_rn(s.z, s.w);
   }

@@ -364,7 +364,8 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
     << " | KV " << formats::kv_format_name(opt_.kv) << " (" << (fast_ok ? "fast" : "generic") << " attention)"
     << " | CUDA graphs " << (opt_.cuda_graphs ? "on" : "off");
   if (!layers_.empty() && layers_[0].o.kind() == DeviceLinear::Kind::Int4) {
-    d << " | GEMM epilogues " << (opt_.fused_epilogues ? "fused (residual, SwiGLU, qkv prologue when K is split)" : "separate kernels");
+    d << " | GEMM epilogues "
+      << (opt_.fused_epilogues ? "fused (residual, SwiGLU, qkv prologue when K is split)" : "separate kernels");
     if (dequant_min_rows_ > 0)
       d << " | INT4 passes of >= " << dequant_min_rows_ << " rows: dequantise to BF16 + cuBLAS";
     else

@@ -142,12 +142,14 @@ TEST(CudaEngineEpiloguesProfile, OpLabelsFollowTheFlag) {
   }
 }
 
-// hidden 2048 (qkv 2048 -> 512, head_dim 64, 4 / 2 heads): on an H200 the W4A16 heuristic splits the qkv GEMM's K at
-// M >= 41 for groups 32, 64 and 128 (M >= 40 for 32), and not below.
+// hidden 2048 (qkv 2048 -> 3072: 32 / 8 heads of 64): on an H200 the W4A16 heuristic splits the qkv GEMM's K at
+// M >= 41 for groups 64 and 128 (M >= 40 for 32), and not below (w4a16::choose_tiling, replayed on the CPU).
 test::TinyLlama wide_shape() {
   test::TinyLlama s = tiny_shape();
   s.hidden = 2048;
   s.inter = 256;
+  s.heads = 32;
+  s.kv_heads = 8;
   return s;
 }
 

@@ -55,30 +55,47 @@ cudaError_t qkv_append(const char* op, bool rope, KvFormat format, __nv_bfloat16
                        const int32_t* row_anchor, uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out,
                        cudaStream_t stream) {
   g_last_error.clear();
-  std::string why;
-  if (qkv_rope_kv_append_can_implement(format, rows, n_heads, n_kv_heads, head_dim, hadamard_block, &why) !=
+  fused::QkvArgs a{};
+  if (const cudaError_t e = fused::make_qkv_args(op, rope, format, qkv, rows, n_heads, n_kv_heads, head_dim, positions,
+                                                 inv_freq, row_page, row_slot, key_anchors, row_anchor, kv_pool,
+                                                 hadamard_block, q_out, &a, &g_last_error);
+      e != cudaSuccess)
+    return e;
+  return fused::launch_qkv_kernel(a, format, rows, rope, stream);
+}
+
+}  // namespace
+
+namespace fused {
+
+cudaError_t make_qkv_args(const char* op, bool rope, KvFormat format, __nv_bfloat16* qkv, int rows, int n_heads,
+                          int n_kv_heads, int head_dim, const int32_t* positions, const float* inv_freq,
+                          const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors,
+                          const int32_t* row_anchor, uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out,
+                          QkvArgs* args, std::string* why) {
+  std::string shape_why;
+  if (qkv_rope_kv_append_can_implement(format, rows, n_heads, n_kv_heads, head_dim, hadamard_block, &shape_why) !=
       cudaSuccess)
-    return reject(&g_last_error, std::string(op) + why.substr(why.find(':')));
+    return reject(why, std::string(op) + shape_why.substr(shape_why.find(':')));
   if (!qkv || !row_page || !row_slot || !kv_pool || !q_out || !aligned(qkv, 2) || !aligned(q_out, 2) ||
       !aligned(row_page, 4) || !aligned(row_slot, 4) || !aligned(kv_pool, 16))
-    return reject(&g_last_error, std::string(op) +
-                                     ": qkv, row_page, row_slot, kv_pool and q_out must be non-null; qkv and q_out "
-                                     "2-byte aligned, row_page and row_slot 4-byte aligned, kv_pool 16-byte aligned");
+    return reject(why, std::string(op) +
+                           ": qkv, row_page, row_slot, kv_pool and q_out must be non-null; qkv and q_out "
+                           "2-byte aligned, row_page and row_slot 4-byte aligned, kv_pool 16-byte aligned");
   if (rope && (!positions || !inv_freq || !aligned(positions, 4) || !aligned(inv_freq, 4)))
-    return reject(&g_last_error,
-                  std::string(op) + ": positions and inv_freq must be non-null and 4-byte aligned");
+    return reject(why, std::string(op) + ": positions and inv_freq must be non-null and 4-byte aligned");
   const bool hadamard = format == KvFormat::INT4_HADAMARD;
   if (hadamard && (!key_anchors || !row_anchor || !aligned(key_anchors, 2) || !aligned(row_anchor, 4)))
-    return reject(&g_last_error, std::string(op) +
-                                     ": int4-hadamard needs key_anchors (non-null, 2-byte aligned) and row_anchor "
-                                     "(non-null, 4-byte aligned)");
+    return reject(why, std::string(op) +
+                           ": int4-hadamard needs key_anchors (non-null, 2-byte aligned) and row_anchor "
+                           "(non-null, 4-byte aligned)");
   const int items = n_heads + 2 * n_kv_heads;
   const int row_width = items * head_dim;  // <= 3 * 65535 * 256: fits int32
   // Warps write q_out while others still read qkv: the buffers must be distinct.
   if (overlap(qkv, int64_t{rows} * row_width * 2, q_out, int64_t{rows} * n_heads * head_dim * 2))
-    return reject(&g_last_error, std::string(op) + ": q_out overlaps qkv; expected separate buffers");
+    return reject(why, std::string(op) + ": q_out overlaps qkv; expected separate buffers");
 
-  fused::QkvArgs a{};
+  QkvArgs a{};
   a.qkv = qkv;
   a.row_width = row_width;
   a.n_heads = n_heads;
@@ -101,9 +118,15 @@ cudaError_t qkv_append(const char* op, bool rope, KvFormat format, __nv_bfloat16
   a.q_hadamard_block = hadamard_block > 1 ? hadamard_block : 1;
   a.q_hadamard_scale = hadamard_block > 1 ? formats::hadamard_scale(hadamard_block) : 1.0f;
   a.q_out = q_out;
-  const dim3 grid(static_cast<unsigned>((items + fused::kQkvWarps - 1) / fused::kQkvWarps),
-                  static_cast<unsigned>(rows));
-  const dim3 block(fused::kQkvWarps * fused::kWarp);
+  *args = a;
+  if (why) why->clear();
+  return cudaSuccess;
+}
+
+cudaError_t launch_qkv_kernel(const QkvArgs& a, KvFormat format, int rows, bool rope, cudaStream_t stream) {
+  const int items = a.n_heads + 2 * a.n_kv_heads;
+  const dim3 grid(static_cast<unsigned>((items + kQkvWarps - 1) / kQkvWarps), static_cast<unsigned>(rows));
+  const dim3 block(kQkvWarps * kWarp);
   switch (format) {
     case KvFormat::BF16: return launch_maybe_programmatic(qkv_kernel<KvFormat::BF16>(rope), grid, block, stream, a);
     case KvFormat::FP8: return launch_maybe_programmatic(qkv_kernel<KvFormat::FP8>(rope), grid, block, stream, a);
@@ -111,10 +134,11 @@ cudaError_t qkv_append(const char* op, bool rope, KvFormat format, __nv_bfloat16
     case KvFormat::INT4_HADAMARD:
       return launch_maybe_programmatic(qkv_kernel<KvFormat::INT4_HADAMARD>(rope), grid, block, stream, a);
   }
-  return reject(&g_last_error, std::string(op) + ": unknown KV format");  // unreachable: checked above
+  return cudaErrorInvalidValue;  // unreachable: make_qkv_args checked the format
 }
 
-}  // namespace
+}  // namespace fused
+
 
 cudaError_t add_residual_rmsnorm_bf16(float* x, const __nv_bfloat16* delta, const float* weight, __nv_bfloat16* y,
                                       int rows, int hidden, float eps, cudaStream_t stream) {

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cuda/decoder_ops.cuh"
 #include "cuda/kv_append.cuh"
@@ -91,31 +93,28 @@ struct QkvArgs {
   __nv_bfloat16* q_out;  // [rows, n_heads, head_dim]
 };
 
-// grid = (ceil((n_heads + 2 n_kv_heads) / kQkvWarps), rows). Warp w of CTA (bx, r) owns head item
-// i = bx * kQkvWarps + w of row r, in row order: q heads, then k heads, then v heads (the item's slice of the row
-// starts at i * head_dim). Its channels are kv_append's register layout (lane l holds c = 32 k + l), so the
-// slot encoders and the Hadamard butterfly of kv_append.cuh apply unchanged. Steps of one item:
-//   q, k (kRope): RoPE from the row's cos/sin table, rounded to BF16, written back into qkv (as rope_qk_bf16);
+// The RoPE cos/sin pairs of row r's position into cs[0 .. head_dim / 2), by the CTA's threads (nthreads of them);
+// the caller synchronises before reading them.
+__device__ __forceinline__ void qkv_rope_table(const QkvArgs& a, int r, float2* cs, int nthreads) {
+  const double pos = static_cast<double>(a.positions[r]);
+  for (int i = static_cast<int>(threadIdx.x); i < a.head_dim / 2; i += nthreads)
+    cs[i] = ops::rope_cos_sin(pos, a.inv_freq[i]);
+}
+
+// The per-head work of qkv_rope_kv_append for head item `item` of row r, by one warp (lane = its lane), reading the
+// head's BF16 values from a.qkv — shared by qkv_rope_kv_append_kernel and the W4A16 GEMM's split-K QKV epilogue
+// (gemm_w4a16_qkv.cuh), so the two cannot drift apart. Items in row order: q heads, then k heads, then v heads (the
+// item's slice of the row starts at item * head_dim). Its channels are kv_append's register layout (lane l holds
+// c = 32 k + l), so the slot encoders and the Hadamard butterfly of kv_append.cuh apply unchanged. Steps:
+//   q, k (kRope): RoPE from the row's cos/sin table cs, rounded to BF16, written back into qkv (as rope_qk_bf16);
 //   q: Hadamard with the caller's block (rotate_heads_bf16: same butterfly order, same scale), BF16 into q_out;
 //   k, v: the slot encoding of kv_append_kernel (skipped for padding rows).
 // The channel pairs (i, i + d/2) of a RoPE'd head sit in other lanes when head_dim / 2 is not a multiple of 32, so
 // each lane reads both members of its pairs from memory, and a __syncwarp separates the warp's reads of the head
-// from its write-back (lanes of a warp are not in lock step since Volta).
+// from its write-back (lanes of a warp are not in lock step since Volta). The whole warp must call this (shuffles).
 template <formats::KvFormat F, bool kRope>
-__global__ void __launch_bounds__(kQkvWarps * kWarp) qkv_rope_kv_append_kernel(const QkvArgs a) {
-  ops::pdl_prologue();
-  __shared__ float2 cs[kRope ? kMaxHalf : 1];
-  const int r = static_cast<int>(blockIdx.y);
+__device__ __forceinline__ void qkv_head_item(const QkvArgs& a, const float2* cs, int r, int item, int lane) {
   const int half = a.head_dim / 2;
-  if constexpr (kRope) {
-    const double pos = static_cast<double>(a.positions[r]);
-    for (int i = static_cast<int>(threadIdx.x); i < half; i += kQkvWarps * kWarp)
-      cs[i] = ops::rope_cos_sin(pos, a.inv_freq[i]);
-    __syncthreads();  // the only barrier: the early return below is after it
-  }
-  const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  const int item = static_cast<int>(blockIdx.x) * kQkvWarps + static_cast<int>(threadIdx.x) / kWarp;
-  if (item >= a.n_heads + 2 * a.n_kv_heads) return;  // warp-uniform
   const bool is_q = item < a.n_heads;
   const bool is_v = item >= a.n_heads + a.n_kv_heads;
   const int hd = a.head_dim;
@@ -186,5 +185,33 @@ __global__ void __launch_bounds__(kQkvWarps * kWarp) qkv_rope_kv_append_kernel(c
     kv::encode_quantized<F>(x, hd, d, slot, a.geo.groups, anchor, a.kv_hadamard_block, a.kv_hadamard_scale, lane);
   }
 }
+
+// grid = (ceil((n_heads + 2 n_kv_heads) / kQkvWarps), rows). Warp w of CTA (bx, r) owns head item
+// i = bx * kQkvWarps + w of row r (qkv_head_item).
+template <formats::KvFormat F, bool kRope>
+__global__ void __launch_bounds__(kQkvWarps * kWarp) qkv_rope_kv_append_kernel(const QkvArgs a) {
+  ops::pdl_prologue();
+  __shared__ float2 cs[kRope ? kMaxHalf : 1];
+  const int r = static_cast<int>(blockIdx.y);
+  if constexpr (kRope) {
+    qkv_rope_table(a, r, cs, kQkvWarps * kWarp);
+    __syncthreads();  // the only barrier: the early return below is after it
+  }
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int item = static_cast<int>(blockIdx.x) * kQkvWarps + static_cast<int>(threadIdx.x) / kWarp;
+  if (item >= a.n_heads + 2 * a.n_kv_heads) return;  // warp-uniform
+  qkv_head_item<F, kRope>(a, cs, r, item, lane);
+}
+
+// Host side (fused_ops.cu), shared with the W4A16 GEMM's QKV epilogue (gemm_w4a16.cu): the checks of
+// qkv_rope_kv_append (rope) or kv_append_rotate_q (!rope) — messages start with `op` — then the kernel arguments.
+// cudaErrorInvalidValue with the reason in *why, else cudaSuccess.
+cudaError_t make_qkv_args(const char* op, bool rope, formats::KvFormat format, __nv_bfloat16* qkv, int rows,
+                          int n_heads, int n_kv_heads, int head_dim, const int32_t* positions, const float* inv_freq,
+                          const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors,
+                          const int32_t* row_anchor, uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out,
+                          QkvArgs* args, std::string* why);
+// Enqueues qkv_rope_kv_append_kernel<format, rope> for `rows` rows of checked arguments (no check here).
+cudaError_t launch_qkv_kernel(const QkvArgs& a, formats::KvFormat format, int rows, bool rope, cudaStream_t stream);
 
 }  // namespace futransformer::cuda::fused

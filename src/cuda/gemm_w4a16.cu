@@ -12,10 +12,13 @@
 
 #include "cuda/gemm_w4a16.cuh"
 #include "cuda/gemm_w4a16_heuristics.h"
+#include "cuda/fused_ops.cuh"
 #include "cuda/gemm_w4a16_internal.h"
+#include "cuda/gemm_w4a16_qkv.cuh"
 #include "cuda/gemm_w4a16_reduce.cuh"
 #include "cuda/gemm_w4a16_v4_dispatch.cuh"
 #include "cuda/launch_status.h"
+#include "futransformer/cuda/fused_ops.h"
 
 namespace futransformer::cuda {
 namespace {
@@ -174,11 +177,21 @@ cudaError_t check_pointers(const void* x, const void* w_packed, const void* scal
   return cudaSuccess;
 }
 
+// The attention prologue of gemm_w4a16_qkv_rope_append: checked qkv_rope_kv_append arguments (a.qkv is the GEMM's
+// BF16 output y) and the cache format, which picks the kernel instance.
+struct QkvEpilogue {
+  fused::QkvArgs args;
+  formats::KvFormat format;
+};
+
 // Launches a tiling that fits the device (smem checked by the callers) after the workspace check; `out` is y (BF16
-// [M, N]), the fp32 residual [M, N] or h (BF16 [M, N / 2]) as the epilogue says.
+// [M, N]), the fp32 residual [M, N] or h (BF16 [M, N / 2]) as the epilogue says. With qkv (ep store_bf16, out = qkv's
+// BF16 buffer): the split-K reduce is gemm_w4a16_reduce_qkv_kernel, and without a split the GEMM's BF16 store is
+// followed by qkv_rope_kv_append's kernel (see gemm_w4a16_qkv_rope_append).
 cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16::Epilogue ep, const __nv_bfloat16* x,
                    const uint32_t* w_packed, const uint16_t* scales, void* out, int M, int N, int K, int group,
-                   formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                   formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                   const QkvEpilogue* qkv = nullptr) {
   const int64_t smem = w4a16::smem_layout(t, K, group).total;
   if (print_choice()) std::fprintf(stderr, "%s\n", w4a16::describe_tiling(t, M, N, K, group, d).c_str());
   const int64_t need = w4a16::workspace_bytes_for(t, M, N);
@@ -205,7 +218,7 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
   if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args); e != cudaSuccess) return e;
-  if (t.splits == 1) return cudaSuccess;
+  if (t.splits == 1) return qkv ? fused::launch_qkv_kernel(qkv->args, qkv->format, M, true, stream) : cudaSuccess;
 
   // The reduce kernel applies the epilogue: one launch either way (N % 32 == 0, so M * N / 4 is exact).
   const int64_t count4 = static_cast<int64_t>(M) * N / 4;
@@ -220,6 +233,28 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   rcfg.attrs = attr;
   rcfg.numAttrs = 1;
   const auto* partial = static_cast<const float4*>(workspace);
+  if (qkv) {
+    const int items = qkv->args.n_heads + 2 * qkv->args.n_kv_heads;
+    rcfg.gridDim = dim3(static_cast<unsigned>((items + w4a16::kQkvReduceWarps - 1) / w4a16::kQkvReduceWarps),
+                        static_cast<unsigned>(M));
+    rcfg.blockDim = dim3(static_cast<unsigned>(w4a16::kQkvReduceWarps * fused::kWarp));
+    const auto* p = static_cast<const float*>(workspace);
+    switch (qkv->format) {
+      case formats::KvFormat::BF16:
+        return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::BF16>, p, count4,
+                                  t.splits, qkv->args);
+      case formats::KvFormat::FP8:
+        return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::FP8>, p, count4,
+                                  t.splits, qkv->args);
+      case formats::KvFormat::INT4:
+        return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::INT4>, p, count4,
+                                  t.splits, qkv->args);
+      case formats::KvFormat::INT4_HADAMARD:
+        return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::INT4_HADAMARD>, p,
+                                  count4, t.splits, qkv->args);
+    }
+    return reject(&g_last_error, "gemm_w4a16_qkv_rope_append: unknown KV format");  // unreachable: checked
+  }
   switch (ep) {
     case w4a16::Epilogue::residual_f32:
       return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_residual_kernel, partial,
@@ -247,7 +282,7 @@ Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits&
 // The caller's tiling (checked) or the library's (planned), then the launch: every entry point runs through here.
 cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x, const uint32_t* w_packed,
                 const uint16_t* scales, void* out, int M, int N, int K, int group, formats::ScaleType scale_type,
-                void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                void* workspace, size_t workspace_bytes, cudaStream_t stream, const QkvEpilogue* qkv = nullptr) {
   g_last_error.clear();
   if (gemm_w4a16_can_implement(M, N, K, group, scale_type, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
   if (const cudaError_t e = check_pointers(x, w_packed, scales, out, ep); e != cudaSuccess) return e;
@@ -257,7 +292,7 @@ cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x
   if (tiling) {
     if (!w4a16::tiling_is_valid(*tiling, M, N, K, group, d, &g_last_error)) return cudaErrorInvalidValue;
     return launch(*tiling, d, dev, ep, x, w_packed, scales, out, M, N, K, group, scale_type, workspace,
-                  workspace_bytes, stream);
+                  workspace_bytes, stream, qkv);
   }
   const Tiling t = library_tiling(M, N, K, group, d);
   const int64_t smem = w4a16::smem_layout(t, K, group).total;
@@ -266,7 +301,34 @@ cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x
                                      " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block));
   }
   return launch(t, d, dev, ep, x, w_packed, scales, out, M, N, K, group, scale_type, workspace, workspace_bytes,
-                stream);
+                stream, qkv);
+}
+
+constexpr const char* kQkvOp = "gemm_w4a16_qkv_rope_append";
+
+// gemm_w4a16_qkv_rope_append and its explicit-tiling twin: the combined shape check, qkv_rope_kv_append's argument
+// checks (messages naming this op), then run() with the QKV epilogue.
+cudaError_t run_qkv(const Tiling* tiling, const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
+                    int M, int K, int group, formats::ScaleType scale_type, void* workspace, size_t workspace_bytes,
+                    formats::KvFormat format, __nv_bfloat16* qkv, int n_heads, int n_kv_heads, int head_dim,
+                    const int32_t* positions, const float* inv_freq, const int32_t* row_page,
+                    const int32_t* row_slot, const uint16_t* key_anchors, const int32_t* row_anchor,
+                    uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream) {
+  g_last_error.clear();
+  if (gemm_w4a16_qkv_rope_append_can_implement(M, K, group, scale_type, format, n_heads, n_kv_heads, head_dim,
+                                               hadamard_block, &g_last_error) != cudaSuccess)
+    return cudaErrorInvalidValue;
+  QkvEpilogue q{};
+  q.format = format;
+  if (const cudaError_t e = fused::make_qkv_args(kQkvOp, true, format, qkv, M, n_heads, n_kv_heads, head_dim,
+                                                 positions, inv_freq, row_page, row_slot, key_anchors, row_anchor,
+                                                 kv_pool, hadamard_block, q_out, &q.args, &g_last_error);
+      e != cudaSuccess)
+    return e;
+  // The reduce stores BF16 pairs into qkv (gemm_w4a16's y rule): 4-byte alignment, checked again by run().
+  if (!aligned(qkv, 4)) return reject(&g_last_error, std::string(kQkvOp) + ": qkv must be 4-byte aligned");
+  return run(tiling, w4a16::Epilogue::store_bf16, x, w_packed, scales, qkv, M, q.args.row_width, K, group, scale_type,
+             workspace, workspace_bytes, stream, &q);
 }
 
 }  // namespace
@@ -375,6 +437,56 @@ cudaError_t gemm_w4a16_epilogue_with_tiling(const Tiling& tiling, w4a16::Epilogu
                                             size_t workspace_bytes, cudaStream_t stream) {
   return run(&tiling, epilogue, x, w_packed, scales, out, M, N, K, group, scale_type, workspace, workspace_bytes,
              stream);
+}
+
+cudaError_t gemm_w4a16_qkv_rope_append_can_implement(int M, int K, int group, formats::ScaleType scale_type,
+                                                     formats::KvFormat format, int n_heads, int n_kv_heads,
+                                                     int head_dim, int hadamard_block, std::string* why) {
+  std::string w;
+  if (qkv_rope_kv_append_can_implement(format, M, n_heads, n_kv_heads, head_dim, hadamard_block, &w) != cudaSuccess)
+    return reject(why, kQkvOp + w.substr(w.find(':')));
+  const int64_t N = (int64_t{n_heads} + 2 * int64_t{n_kv_heads}) * head_dim;
+  const std::string n_text = std::string(kQkvOp) + ": the qkv width (n_heads + 2 n_kv_heads) * head_dim = (" +
+                             std::to_string(n_heads) + " + 2 * " + std::to_string(n_kv_heads) + ") * " +
+                             std::to_string(head_dim) + " = " + std::to_string(N);
+  if (N > kW4A16MaxDim) return reject(why, n_text + " exceeds the W4A16 GEMM's " + std::to_string(kW4A16MaxDim));
+  if (gemm_w4a16_can_implement(M, static_cast<int>(N), K, group, scale_type, &w) != cudaSuccess)
+    return reject(why, n_text + " as N: " + w);
+  if (why) why->clear();
+  return cudaSuccess;
+}
+
+bool gemm_w4a16_splits_k(int M, int N, int K, int group) {
+  if (gemm_w4a16_can_implement(M, N, K, group, formats::ScaleType::BF16, nullptr) != cudaSuccess) return false;
+  w4a16::DeviceLimits d;
+  if (device_limits(&d) != cudaSuccess) {
+    cudaGetLastError();  // a missing device is answered with false, not left as a sticky error
+    return false;
+  }
+  return library_tiling(M, N, K, group, d).splits > 1;
+}
+
+cudaError_t gemm_w4a16_qkv_rope_append(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
+                                       int M, int K, int group, formats::ScaleType scale_type, void* workspace,
+                                       size_t workspace_bytes, formats::KvFormat format, __nv_bfloat16* qkv,
+                                       int n_heads, int n_kv_heads, int head_dim, const int32_t* positions,
+                                       const float* inv_freq, const int32_t* row_page, const int32_t* row_slot,
+                                       const uint16_t* key_anchors, const int32_t* row_anchor, uint8_t* kv_pool,
+                                       int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream) {
+  return run_qkv(nullptr, x, w_packed, scales, M, K, group, scale_type, workspace, workspace_bytes, format, qkv,
+                 n_heads, n_kv_heads, head_dim, positions, inv_freq, row_page, row_slot, key_anchors, row_anchor,
+                 kv_pool, hadamard_block, q_out, stream);
+}
+
+cudaError_t gemm_w4a16_qkv_rope_append_with_tiling(
+    const Tiling& tiling, const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales, int M, int K,
+    int group, formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, formats::KvFormat format,
+    __nv_bfloat16* qkv, int n_heads, int n_kv_heads, int head_dim, const int32_t* positions, const float* inv_freq,
+    const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors, const int32_t* row_anchor,
+    uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream) {
+  return run_qkv(&tiling, x, w_packed, scales, M, K, group, scale_type, workspace, workspace_bytes, format, qkv,
+                 n_heads, n_kv_heads, head_dim, positions, inv_freq, row_page, row_slot, key_anchors, row_anchor,
+                 kv_pool, hadamard_block, q_out, stream);
 }
 
 }  // namespace futransformer::cuda

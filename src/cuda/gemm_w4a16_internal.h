@@ -10,6 +10,7 @@
 
 #include "cuda/gemm_w4a16_heuristics.h"
 #include "futransformer/formats/int4.h"
+#include "futransformer/formats/kv_cache.h"
 
 struct __nv_bfloat16;
 
@@ -43,5 +44,14 @@ cudaError_t gemm_w4a16_epilogue_with_tiling(const w4a16::Tiling& tiling, w4a16::
                                             const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
                                             void* out, int M, int N, int K, int group, formats::ScaleType scale_type,
                                             void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// gemm_w4a16_qkv_rope_append on a given tiling (splits > 1: the prologue in the reduce kernel; 1: GEMM store, then
+// qkv_rope_kv_append's kernel), with w4a16::tiling_is_valid and the tiling's workspace checked as above.
+cudaError_t gemm_w4a16_qkv_rope_append_with_tiling(
+    const w4a16::Tiling& tiling, const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales, int M,
+    int K, int group, formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, formats::KvFormat format,
+    __nv_bfloat16* qkv, int n_heads, int n_kv_heads, int head_dim, const int32_t* positions, const float* inv_freq,
+    const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors, const int32_t* row_anchor,
+    uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream);
 
 }  // namespace futransformer::cuda

@@ -264,4 +264,12 @@ FT_HD int swiglu_gate_tile(int p) { return 2 * p; }
 FT_HD int swiglu_up_tile(int p) { return 2 * p + 1; }
 FT_HD int swiglu_up_elem(int e) { return e + 2; }
 
+// QKV epilogue (gemm_w4a16_reduce_qkv_kernel): float4 j (< head_dim / 4) of head item `item` of token row r, in a
+// qkv row of row_width = (n_heads + 2 n_kv_heads) * head_dim columns, is float4 index qkv_head_float4(...) of the
+// [M, N = row_width] partial sums — the index gemm_w4a16_reduce_kernel gives the same four elements (its BF16 pairs
+// go to y pairs 2 i, 2 i + 1). Needs head_dim % 4 == 0 (the formats' head_dim is a multiple of 8).
+FT_HD int64_t qkv_head_float4(int r, int item, int j, int row_width, int head_dim) {
+  return (static_cast<int64_t>(r) * row_width + static_cast<int64_t>(item) * head_dim) / 4 + j;
+}
+
 }  // namespace futransformer::cuda::w4a16

@@ -3,7 +3,8 @@
 // unfused chain (BF16 GEMM outputs, then residual + RMSNorm and SwiGLU kernels), so two engines differing only in the
 // flag must return identical logits and tokens — over prompts (several sequences in one pass, W4A16 launches of 64
 // rows and a remainder), decode steps replayed as CUDA graphs, greedy ids chosen on the GPU, INT4 caches, FP8
-// prefill passes, and a real checkpoint. The op profile shows which kernels ran.
+// prefill passes, and a real checkpoint. The op profile shows which kernels ran. A wide tiny model (K = 2048) makes the
+// qkv GEMM split K at 41..64 rows, so its passes of that size run the attention prologue in the split-K reduce.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "futransformer/cuda/gemm_w4a16.h"
 #include "futransformer/cuda_engine.h"
 #include "futransformer/engine.h"
 #include "futransformer/model.h"
@@ -138,6 +140,75 @@ TEST(CudaEngineEpiloguesProfile, OpLabelsFollowTheFlag) {
     EXPECT_EQ(swiglu, fused ? 0 : per_pass);
     EXPECT_EQ(residual_norm, fused ? 0 : 2 * per_pass);
   }
+}
+
+// hidden 2048 (qkv 2048 -> 3072: 32 / 8 heads of 64): on an H200 the W4A16 heuristic splits the qkv GEMM's K at
+// M >= 41 for groups 64 and 128 (M >= 40 for 32), and not below (w4a16::choose_tiling, replayed on the CPU).
+test::TinyLlama wide_shape() {
+  test::TinyLlama s = tiny_shape();
+  s.hidden = 2048;
+  s.inter = 256;
+  s.heads = 32;
+  s.kv_heads = 8;
+  return s;
+}
+
+// Fused (also profiled: no graphs), and unfused engines run: a prompt pass of 60 + 44 + 20 rows (W4A16 launches of
+// 64 and 60 rows, both split: the prologue in the reduce, except int4-hadamard, whose new sequences need their key
+// anchors first), a continuation pass of 30 + 20 rows (one split launch: in the reduce for every cache format), then
+// decode steps of 3 rows (no split: the two-kernel prologue). Logits identical bit for bit; the profile counts the
+// fused op once per layer and qualifying pass.
+TEST_P(CudaEngineEpilogues, WideQkvPrologueInSplitKReduceEqualsUnfused) {
+  FT_REQUIRE_HOPPER();
+  const test::TinyLlama s = wide_shape();
+  const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 53)), GetParam());
+  const int N = static_cast<int>((s.heads + 2 * s.kv_heads) * s.head_dim), K = static_cast<int>(s.hidden);
+  const int group = static_cast<int>(q.recipe.int4.group_size);
+  for (int M : {44, 50, 60, 64}) EXPECT_TRUE(cuda::gemm_w4a16_splits_k(M, N, K, group)) << "M " << M;
+  EXPECT_FALSE(cuda::gemm_w4a16_splits_k(3, N, K, group));
+  CudaEngineOptions co = cuda_engine_options(q.recipe);
+  co.max_sequences = 4;
+  std::unique_ptr<CudaEngine> fused = make_cuda_engine(q, co);
+  co.profile_ops = true;
+  std::unique_ptr<CudaEngine> profiled = make_cuda_engine(q, co);
+  co.profile_ops = false;
+  co.fused_epilogues = false;
+  std::unique_ptr<CudaEngine> unfused = make_cuda_engine(q, co);
+  const bool hadamard = co.kv == formats::KvFormat::INT4_HADAMARD;
+
+  std::mt19937 rng(17);
+  const std::vector<SequenceChunk> prompt = {{0, test::random_token_ids(60, s.vocab, rng)},
+                                             {1, test::random_token_ids(44, s.vocab, rng)},
+                                             {2, test::random_token_ids(20, s.vocab, rng)}};
+  const std::vector<SequenceChunk> more = {{0, test::random_token_ids(30, s.vocab, rng)},
+                                           {2, test::random_token_ids(20, s.vocab, rng)}};
+  for (const std::vector<SequenceChunk>* batch : {&prompt, &more}) {
+    const auto lf = fused->forward(*batch, true), lp = profiled->forward(*batch, true);
+    const auto lu = unfused->forward(*batch, true);
+    ASSERT_EQ(lf.size(), batch->size());
+    for (size_t i = 0; i < batch->size(); ++i) {
+      EXPECT_EQ(lf[i], lu[i]) << "pass of " << (batch == &prompt ? "prompts" : "continuations") << ", sequence "
+                              << (*batch)[i].seq_id;
+      EXPECT_EQ(lp[i], lu[i]) << "profiled engine, sequence " << (*batch)[i].seq_id;
+    }
+  }
+  std::vector<SequenceChunk> step = {{0, {5}}, {1, {6}}, {2, {7}}};
+  for (int k = 0; k < 6; ++k) {
+    const auto lf = fused->forward(step), lp = profiled->forward(step), lu = unfused->forward(step);
+    for (size_t i = 0; i < step.size(); ++i) {
+      ASSERT_EQ(lf[i], lu[i]) << "decode step " << k << ", sequence " << step[i].seq_id;
+      ASSERT_EQ(lp[i], lu[i]) << "profiled, decode step " << k << ", sequence " << step[i].seq_id;
+      step[i].tokens = {argmax(lf[i])};
+    }
+  }
+  int64_t in_gemm = 0, one_kernel = 0;
+  for (const CudaEngine::OpTime& t : profiled->op_profile()) {
+    if (t.op == "qkv GEMM + RoPE + KV append + q rotation") in_gemm += t.calls;
+    if (t.op == "RoPE + KV append + q rotation") one_kernel += t.calls;
+  }
+  const int64_t fused_passes = hadamard ? 1 : 2;
+  EXPECT_EQ(in_gemm, s.layers * fused_passes);
+  EXPECT_EQ(one_kernel, s.layers * 6);  // the decode steps
 }
 
 // FP8 prefill passes keep their own FP8 weights and unfused ops; the INT4 decode passes around them use the fused

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "futransformer/formats/int4.h"
+#include "futransformer/formats/kv_cache.h"
 
 struct __nv_bfloat16;  // cuda_bf16.h's type, used through pointers only
 
@@ -55,6 +56,36 @@ cudaError_t gemm_w4a16_residual(const __nv_bfloat16* x, const uint32_t* w_packed
 cudaError_t gemm_w4a16_swiglu(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
                               __nv_bfloat16* h, int M, int N, int K, int group, formats::ScaleType scale_type,
                               void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+
+// The qkv projection with the attention prologue as its epilogue: gemm_w4a16 of the fused [q | k | v] weight
+// (N = (n_heads + 2 n_kv_heads) * head_dim rows, canonical packing) into qkv, then qkv_rope_kv_append
+// (futransformer/cuda/fused_ops.h) with the other arguments — bit for bit those two calls, qkv included (it holds
+// the RoPE'd q and k and the GEMM's v afterwards), every written cache byte and q_out. When the GEMM's tiling splits
+// K (gemm_w4a16_splits_k), the whole prologue runs in the split-K reduce kernel (a warp per (row, head) sums the
+// head's partials in the plain reduce's order, rounds them as its store does, then runs qkv_rope_kv_append's per-head
+// code): one kernel after the GEMM instead of two. Without a split the GEMM's own store writes qkv and
+// qkv_rope_kv_append's kernel follows, exactly the unfused pair: forcing a split would not remove a launch (the
+// reduce kernel takes the place of the prologue kernel) and would change the GEMM's summation order, so the result
+// would no longer be the unfused one. Arguments and checks of both calls (qkv 4-byte aligned; workspace of
+// gemm_w4a16_workspace_bytes(M, N, K)); rejected calls return cudaErrorInvalidValue with gemm_w4a16_last_error().
+// Like qkv_rope_kv_append it cannot serve int4-hadamard passes that start sequences (their key anchors come first).
+cudaError_t gemm_w4a16_qkv_rope_append(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
+                                       int M, int K, int group, formats::ScaleType scale_type, void* workspace,
+                                       size_t workspace_bytes, formats::KvFormat format, __nv_bfloat16* qkv,
+                                       int n_heads, int n_kv_heads, int head_dim, const int32_t* positions,
+                                       const float* inv_freq, const int32_t* row_page, const int32_t* row_slot,
+                                       const uint16_t* key_anchors, const int32_t* row_anchor, uint8_t* kv_pool,
+                                       int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream);
+// cudaSuccess when gemm_w4a16_qkv_rope_append takes the shape (gemm_w4a16_can_implement with N = (n_heads +
+// 2 n_kv_heads) * head_dim, and qkv_rope_kv_append_can_implement with rows = M); otherwise cudaErrorInvalidValue and,
+// when why is not null, a sentence naming the parameter. Needs no device.
+cudaError_t gemm_w4a16_qkv_rope_append_can_implement(int M, int K, int group, formats::ScaleType scale_type,
+                                                     formats::KvFormat format, int n_heads, int n_kv_heads,
+                                                     int head_dim, int hadamard_block, std::string* why);
+// Whether gemm_w4a16 (and every epilogue variant) splits K for this shape on the current device, i.e. whether
+// gemm_w4a16_qkv_rope_append runs its prologue in the split-K reduce. false for rejected shapes or without a device.
+bool gemm_w4a16_splits_k(int M, int N, int K, int group);
 
 // Why the last gemm_w4a16* call on this thread returned cudaErrorInvalidValue ("" after a success).
 const char* gemm_w4a16_last_error();

@@ -364,7 +364,8 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
     << " | KV " << formats::kv_format_name(opt_.kv) << " (" << (fast_ok ? "fast" : "generic") << " attention)"
     << " | CUDA graphs " << (opt_.cuda_graphs ? "on" : "off");
   if (!layers_.empty() && layers_[0].o.kind() == DeviceLinear::Kind::Int4) {
-    d << " | GEMM epilogues " << (opt_.fused_epilogues ? "fused (residual, SwiGLU)" : "separate kernels");
+    d << " | GEMM epilogues "
+      << (opt_.fused_epilogues ? "fused (residual, SwiGLU, qkv prologue when K is split)" : "separate kernels");
     if (dequant_min_rows_ > 0)
       d << " | INT4 passes of >= " << dequant_min_rows_ << " rows: dequantise to BF16 + cuBLAS";
     else
@@ -773,14 +774,39 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     uint16_t* anchors = anchors_.get() ? anchors_.get() + li * static_cast<size_t>(opt_.max_sequences * kv_width_)
                                        : nullptr;
     const int32_t* row_anchor = anchors ? m + ml.row_anchor : nullptr;
+    // The attention prologue (RoPE, cache append, q rotation) in one kernel: decode steps and passes without new
+    // int4-hadamard sequences. With fused epilogues it runs inside the qkv GEMM's split-K reduce when every W4A16
+    // launch of the pass splits K (same bits: gemm_w4a16_qkv_rope_append); unsplit launches keep the two kernels.
+    const bool prologue_one_kernel = fused_qkv_ && !(anchors && n_new > 0);
+    const bool prologue_in_gemm =
+        !fp8 && opt_.fused_epilogues && prologue_one_kernel && l.qkv.qkv_prologue_in_reduce(rows, g);
     if (fp8) {
       l.qkv8.forward_fp8(codes, scales, rows, bf(qkv_), g);
       mark("qkv GEMM (FP8)");
+    } else if (prologue_in_gemm) {
+      cuda::QkvRopeAppend p;
+      p.format = opt_.kv;
+      p.n_heads = nh;
+      p.n_kv_heads = nkv;
+      p.head_dim = hd;
+      p.positions = m + ml.positions;
+      p.inv_freq = inv_freq_.get();
+      p.row_page = m + ml.row_page;
+      p.row_slot = m + ml.row_slot;
+      p.key_anchors = anchors;
+      p.row_anchor = row_anchor;
+      p.kv_pool = pool;
+      p.hadamard_block = hadamard_block_;
+      p.q_out = bf(q_);
+      l.qkv.forward_qkv_rope_append(bf(xn_), rows, bf(qkv_), p, g);
+      mark("qkv GEMM + RoPE + KV append + q rotation");
     } else {
       l.qkv.forward(bf(xn_), rows, qkv_.get(), false, g);
       mark(l.qkv.dequant_path(rows, g) ? "qkv GEMM (dequant + cuBLAS)" : "qkv GEMM");
     }
-    if (fused_qkv_ && !(anchors && n_new > 0)) {
+    if (prologue_in_gemm) {
+      // Nothing left: the qkv GEMM's split-K reduce ran the prologue.
+    } else if (prologue_one_kernel) {
       // Decode steps and passes without new int4-hadamard sequences: RoPE, cache append and the query gather in one.
       check_op(cuda::qkv_rope_kv_append(opt_.kv, bf(qkv_), r, nh, nkv, hd, m + ml.positions, inv_freq_.get(),
                                         m + ml.row_page, m + ml.row_slot, anchors, row_anchor, pool, hadamard_block_,

@@ -310,4 +310,32 @@ void DeviceLinear::forward_swiglu(const __nv_bfloat16* x, int64_t M, __nv_bfloat
   }
 }
 
+void DeviceLinear::forward_qkv_rope_append(const __nv_bfloat16* x, int64_t M, __nv_bfloat16* qkv,
+                                           const QkvRopeAppend& p, const GemmContext& ctx) const {
+  check(kind_ == Kind::Int4 && !swiglu_packed(), name_,
+        ": forward_qkv_rope_append runs canonically packed INT4 weights");
+  check(!dequant_path(M, ctx), "CUDA engine: ", name_, ": forward_qkv_rope_append at M = ", M,
+        " would take the dequantise + cuBLAS path, which has no fused prologue; use forward + qkv_rope_kv_append");
+  const int64_t q_width = int64_t{p.n_heads} * p.head_dim;
+  for (int64_t m0 = 0; m0 < M; m0 += kW4A16MaxM) {
+    const int mc = static_cast<int>(std::min<int64_t>(kW4A16MaxM, M - m0));
+    const cudaError_t e = gemm_w4a16_qkv_rope_append(
+        x + m0 * K_, packed_.get(), scales_.get(), mc, static_cast<int>(K_), static_cast<int>(group_), scale_type_,
+        ctx.workspace, ctx.workspace_bytes, p.format, qkv + m0 * N_, p.n_heads, p.n_kv_heads, p.head_dim,
+        p.positions + m0, p.inv_freq, p.row_page + m0, p.row_slot + m0, p.key_anchors,
+        p.row_anchor ? p.row_anchor + m0 : nullptr, p.kv_pool, p.hadamard_block, p.q_out + m0 * q_width, ctx.stream);
+    if (e != cudaSuccess) fail("CUDA engine: ", name_, ": W4A16 GEMM + RoPE + KV append (M ", mc, "): ",
+                               e == cudaErrorInvalidValue ? gemm_w4a16_last_error() : cudaGetErrorString(e));
+  }
+}
+
+bool DeviceLinear::qkv_prologue_in_reduce(int64_t M, const GemmContext& ctx) const {
+  if (kind_ != Kind::Int4 || swiglu_packed() || dequant_path(M, ctx)) return false;
+  for (int64_t m0 = 0; m0 < M; m0 += kW4A16MaxM) {
+    const int mc = static_cast<int>(std::min<int64_t>(kW4A16MaxM, M - m0));
+    if (!gemm_w4a16_splits_k(mc, static_cast<int>(N_), static_cast<int>(K_), static_cast<int>(group_))) return false;
+  }
+  return true;
+}
+
 }  // namespace futransformer::cuda

@@ -15,6 +15,7 @@
 #include "futransformer/formats/fp8.h"
 #include "futransformer/formats/int4.h"
 #include "futransformer/formats/int4_mma.h"
+#include "futransformer/formats/kv_cache.h"
 
 struct __nv_bfloat16;
 
@@ -30,6 +31,22 @@ struct GemmContext {
   int64_t int4_dequant_min_rows = 0;
   void* dequant_scratch = nullptr;
   size_t dequant_scratch_bytes = 0;
+};
+
+// The qkv_rope_kv_append arguments of DeviceLinear::forward_qkv_rope_append (futransformer/cuda/fused_ops.h), for
+// all M rows: positions, row_page, row_slot, row_anchor and q_out start at row 0.
+struct QkvRopeAppend {
+  formats::KvFormat format = formats::KvFormat::BF16;
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  const int32_t* row_page = nullptr;
+  const int32_t* row_slot = nullptr;
+  const uint16_t* key_anchors = nullptr;  // int4-hadamard only
+  const int32_t* row_anchor = nullptr;    // int4-hadamard only
+  uint8_t* kv_pool = nullptr;
+  int hadamard_block = 0;
+  __nv_bfloat16* q_out = nullptr;  // [M, n_heads, head_dim]
 };
 
 class DeviceLinear {
@@ -90,6 +107,14 @@ class DeviceLinear {
                         const GemmContext& ctx) const;
   void forward_swiglu(const __nv_bfloat16* x, int64_t M, __nv_bfloat16* h, __nv_bfloat16* tmp,
                       const GemmContext& ctx) const;
+  // Canonically packed INT4 [q | k | v] weights (N = (n_heads + 2 n_kv_heads) * head_dim): forward into qkv (BF16
+  // [M, N]) followed by qkv_rope_kv_append with p, one gemm_w4a16_qkv_rope_append per 64 rows — bit for bit
+  // forward + qkv_rope_kv_append, qkv included. Not on the dequantise + cuBLAS path (dequant_path(M, ctx)): Error.
+  void forward_qkv_rope_append(const __nv_bfloat16* x, int64_t M, __nv_bfloat16* qkv, const QkvRopeAppend& p,
+                               const GemmContext& ctx) const;
+  // Whether forward_qkv_rope_append runs the prologue inside the GEMM's split-K reduce for every one of its 64-row
+  // launches (gemm_w4a16_splits_k), i.e. saves a kernel per launch over forward + qkv_rope_kv_append.
+  bool qkv_prologue_in_reduce(int64_t M, const GemmContext& ctx) const;
   // FP8 weights only: y BF16 [M, N] = (a_codes[M, K] · codesᵀ) · a_scales[m] · scales[n] (gemm_fp8), where a_codes /
   // a_scales are per-token FP8 (cuda/fp8_producers.h). Throws Error naming the projection when the GEMM refuses.
   void forward_fp8(const uint8_t* a_codes, const float* a_scales, int64_t M, __nv_bfloat16* y,

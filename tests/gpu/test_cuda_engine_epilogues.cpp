@@ -167,6 +167,7 @@ TEST_P(CudaEngineEpilogues, WideQkvPrologueInSplitKReduceEqualsUnfused) {
   for (int M : {44, 50, 60, 64}) EXPECT_TRUE(cuda::gemm_w4a16_splits_k(M, N, K, group)) << "M " << M;
   EXPECT_FALSE(cuda::gemm_w4a16_splits_k(3, N, K, group));
   CudaEngineOptions co = cuda_engine_options(q.recipe);
+  co.fused_qkv_prologue = true;  // off by default until validated on a GPU
   co.max_sequences = 4;
   std::unique_ptr<CudaEngine> fused = make_cuda_engine(q, co);
   co.profile_ops = true;

@@ -779,7 +779,8 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     // launch of the pass splits K (same bits: gemm_w4a16_qkv_rope_append); unsplit launches keep the two kernels.
     const bool prologue_one_kernel = fused_qkv_ && !(anchors && n_new > 0);
     const bool prologue_in_gemm =
-        !fp8 && opt_.fused_epilogues && prologue_one_kernel && l.qkv.qkv_prologue_in_reduce(rows, g);
+        !fp8 && opt_.fused_epilogues && opt_.fused_qkv_prologue && prologue_one_kernel &&
+        l.qkv.qkv_prologue_in_reduce(rows, g);
     if (fp8) {
       l.qkv8.forward_fp8(codes, scales, rows, bf(qkv_), g);
       mark("qkv GEMM (FP8)");

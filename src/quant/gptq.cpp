@@ -33,14 +33,9 @@ HessianAccumulator::HessianAccumulator(int64_t k, std::string name) : k_(k), nam
 
 void HessianAccumulator::add(const float* x, int64_t n_tokens) {
   const std::string label = hessian_label(name_);
-  check(n_tokens >= 0, label, ": negative calibration token count ", n_tokens);
-  if (n_tokens == 0) return;
-  check(x != nullptr, label, ": null calibration activations for ", n_tokens, " tokens");
-  detail::check_token_count(n_, n_tokens, k_, label);
+  if (!detail::check_calibration_batch(x, n_tokens, n_, k_, label)) return;
   // Reject before touching H, so that a bad batch leaves the accumulator as it was.
-  for (int64_t t = 0; t < n_tokens; ++t)
-    for (int64_t i = 0; i < k_; ++i)
-      if (!std::isfinite(x[t * k_ + i])) detail::fail_activation_not_finite(label, t, i, x[t * k_ + i]);
+  detail::check_activations_finite(x, n_tokens, k_, label);
   // Running mean: H ← H·n/(n+m) + (2/(n+m))·Σ xᵀx, with x pre-scaled by sqrt(2/(n+m)) so syrk does the sum.
   const int64_t total = n_ + n_tokens;
   const double scale = std::sqrt(2.0 / static_cast<double>(total));
@@ -76,9 +71,19 @@ namespace detail {
 
 std::string hessian_label(const std::string& name) { return name.empty() ? std::string("Hessian") : name; }
 
-void check_token_count(int64_t seen, int64_t n_tokens, int64_t k, const std::string& label) {
+bool check_calibration_batch(const float* x, int64_t n_tokens, int64_t seen, int64_t k, const std::string& label) {
+  check(n_tokens >= 0, label, ": negative calibration token count ", n_tokens);
+  if (n_tokens == 0) return false;
+  check(x != nullptr, label, ": null calibration activations for ", n_tokens, " tokens");
   check(n_tokens <= std::numeric_limits<int64_t>::max() / k - seen, label, ": calibration token count overflows (",
         seen, " + ", n_tokens, " tokens of ", k, " inputs)");
+  return true;
+}
+
+void check_activations_finite(const float* x, int64_t n_tokens, int64_t k, const std::string& label) {
+  for (int64_t t = 0; t < n_tokens; ++t)
+    for (int64_t i = 0; i < k; ++i)
+      if (!std::isfinite(x[t * k + i])) fail_activation_not_finite(label, t, i, x[t * k + i]);
 }
 
 void fail_activation_not_finite(const std::string& label, int64_t token, int64_t input, float value) {

@@ -17,8 +17,13 @@ constexpr int64_t kMaxHessianInputs = 65536;
 
 // The Hessian's name in messages ("Hessian" when it has none).
 std::string hessian_label(const std::string& name);
-// Fails (naming label) when `seen` + n_tokens tokens of k inputs overflow int64.
-void check_token_count(int64_t seen, int64_t n_tokens, int64_t k, const std::string& label);
+// The checks every Hessian accumulator's add runs before touching H, naming `label`: a negative count, null
+// activations for a non-empty batch, `seen` + n_tokens tokens of k inputs overflowing int64. Returns false for an
+// empty batch (nothing to add). x may be a host or a device pointer (only compared with null).
+bool check_calibration_batch(const float* x, int64_t n_tokens, int64_t seen, int64_t k, const std::string& label);
+// Fails, naming label and the first non-finite value's token and input, unless every one of the n_tokens x k host
+// activations is finite.
+void check_activations_finite(const float* x, int64_t n_tokens, int64_t k, const std::string& label);
 [[noreturn]] void fail_activation_not_finite(const std::string& label, int64_t token, int64_t input, float value);
 
 // A Hessian that is not positive definite after the requested damping gets this many more attempts

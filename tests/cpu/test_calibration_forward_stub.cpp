@@ -12,18 +12,12 @@
 #include "futransformer/error.h"
 #include "futransformer/quant/quantize_model.h"
 #include "quant/calibration_forward.h"
+#include "quant_test_util.h"
 #include "tiny_llama.h"
 
 namespace futransformer {
 namespace {
-
-quant::CalibrationSet random_calibration(int64_t windows, int64_t tokens, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  quant::CalibrationSet c;
-  c.source = "random test windows";
-  for (int64_t i = 0; i < windows; ++i) c.windows.push_back(test::random_token_ids(size_t(tokens), vocab, rng));
-  return c;
-}
+using test::random_calibration;
 
 std::string error_of(const std::function<void()>& f) {
   try {

@@ -18,10 +18,13 @@
 #include "futransformer/reference_engine.h"
 #include "ref/ref_model.h"
 #include "test_paths.h"
+#include "quant_test_util.h"
 #include "tiny_llama.h"
 
 namespace futransformer {
 namespace {
+using test::random_calibration;
+using test::layer_output_error;
 
 using quant::CalibrationSet;
 using quant::QuantizedModel;
@@ -47,14 +50,6 @@ class ByteTokenizer final : public Tokenizer {
   int32_t vocab_;
   bool add_bos_;
 };
-
-CalibrationSet random_calibration(int64_t windows, int64_t tokens, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  CalibrationSet c;
-  c.source = "random test windows";
-  for (int64_t i = 0; i < windows; ++i) c.windows.push_back(test::random_token_ids(size_t(tokens), vocab, rng));
-  return c;
-}
 
 QuantizeOptions options_for(const std::string& recipe) {
   QuantizeOptions o;
@@ -139,28 +134,6 @@ TEST(QuantizeModel, EngineOnQuantisedModelEqualsEngineOnDequantisedWeights) {
     EXPECT_GT(change, 0.0) << recipe;
     EXPECT_LT(change, 0.5) << recipe;
   }
-}
-
-// Relative L2 error of each quantised layer's output against the fp32 layer's, both fed the fp32 model's input of
-// that layer on held-out tokens, summed over layers (the quantity GPTQ minimises, per layer).
-double layer_output_error(const Model& full, const Model& quantised, const std::vector<std::vector<int32_t>>& windows) {
-  ref::RefModel a(full, {}), b(quantised, {});
-  const int64_t h = full.config.hidden_size;
-  double total = 0;
-  for (const auto& w : windows) {
-    const int64_t n = static_cast<int64_t>(w.size());
-    std::vector<float> x(static_cast<size_t>(n * h));
-    a.embed(w, x.data());
-    for (int64_t i = 0; i < a.num_layers(); ++i) {
-      std::vector<float> y = x;
-      auto sa = a.make_kv_store(), sb = b.make_kv_store();
-      ref::SequenceRows ra{0, n, 0, sa.get()}, rb{0, n, 0, sb.get()};
-      a.run_layer(i, x.data(), n, std::span<const ref::SequenceRows>(&ra, 1));
-      b.run_layer(i, y.data(), n, std::span<const ref::SequenceRows>(&rb, 1));
-      total += test::relative_l2(y, x);
-    }
-  }
-  return total;
 }
 
 TEST(QuantizeModel, GptqLowersLayerOutputErrorVsRtn) {

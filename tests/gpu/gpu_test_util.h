@@ -8,12 +8,15 @@
 #include <algorithm>
 #include <cctype>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "futransformer/dtype.h"
 #include "futransformer/formats/kv_cache.h"
 #include "futransformer/model.h"
+#include "futransformer/quant/quantize_model.h"
+#include "futransformer/recipe.h"
 
 namespace futransformer::test {
 
@@ -79,6 +82,18 @@ inline std::string kv_param_name(const ::testing::TestParamInfo<formats::KvForma
   for (char& ch : n)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return n;
+}
+
+// `model` quantised to `recipe` without calibration data: RTN, FP8 or full weights (GPTQ needs a calibration set).
+inline quant::QuantizedModel quantise(const Model& model, const std::string& recipe) {
+  quant::QuantizeOptions qo;
+  qo.recipe = PrecisionRecipe::parse(recipe);
+  return quant::quantize_model(model, quant::CalibrationSet{}, qo);
+}
+
+// Index of the largest value (the first on ties): a greedy token.
+inline int32_t argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
 }  // namespace futransformer::test

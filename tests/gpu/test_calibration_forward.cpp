@@ -27,10 +27,13 @@
 #include "gpu_test_util.h"
 #include "ref/kv_cache.h"
 #include "ref/ref_model.h"
+#include "quant_test_util.h"
 #include "tiny_llama.h"
 
 namespace futransformer {
 namespace {
+using test::random_calibration;
+using test::layer_output_error;
 
 using quant::CalibrationForwardOptions;
 using quant::CudaCalibrationForward;
@@ -192,35 +195,6 @@ TEST(CalibrationForward, WeightsAreOnlyReplacedInTheirLayerBeforeTheirGemm) {
   EXPECT_EQ(hooks, 4);
   const std::vector<float> y = gpu.activations();
   for (float v : y) ASSERT_TRUE(std::isfinite(v));
-}
-
-quant::CalibrationSet random_calibration(int64_t windows, int64_t tokens, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  quant::CalibrationSet c;
-  c.source = "random test windows";
-  for (int64_t i = 0; i < windows; ++i) c.windows.push_back(test::random_token_ids(size_t(tokens), vocab, rng));
-  return c;
-}
-
-// Σ over layers of the relative L2 error of the quantised layer's output, both layers fed the fp32 model's input.
-double layer_output_error(const Model& full, const Model& quantised, const std::vector<std::vector<int32_t>>& windows) {
-  ref::RefModel a(full, {}), b(quantised, {});
-  const int64_t h = full.config.hidden_size;
-  double total = 0;
-  for (const auto& w : windows) {
-    const int64_t n = static_cast<int64_t>(w.size());
-    std::vector<float> x(static_cast<size_t>(n * h));
-    a.embed(w, x.data());
-    for (int64_t i = 0; i < a.num_layers(); ++i) {
-      std::vector<float> y = x;
-      auto sa = a.make_kv_store(), sb = b.make_kv_store();
-      ref::SequenceRows ra{0, n, 0, sa.get()}, rb{0, n, 0, sb.get()};
-      a.run_layer(i, x.data(), n, std::span<const ref::SequenceRows>(&ra, 1));
-      b.run_layer(i, y.data(), n, std::span<const ref::SequenceRows>(&rb, 1));
-      total += test::relative_l2(y, x);
-    }
-  }
-  return total;
 }
 
 TEST(CalibrationForward, GptqWithTheGpuForwardMatchesTheCpuForward) {

@@ -28,6 +28,8 @@
 namespace {
 
 using namespace futransformer;
+using test::quantise;
+using test::argmax;
 
 // The end-to-end bounds.
 constexpr double kMaxLogitsRelL2 = 1e-2;
@@ -58,17 +60,6 @@ std::unique_ptr<Engine> fp32_reference(const quant::QuantizedModel& q) {
   PrecisionRecipe r = q.recipe;
   if (!r.kv) r.kv = formats::KvFormat::BF16;
   return make_reference_engine(q.model, quant::reference_options(r));
-}
-
-// `model` quantised to `recipe` (RTN or full weights: no calibration text needed).
-quant::QuantizedModel quantise(const Model& model, const std::string& recipe) {
-  quant::QuantizeOptions qo;
-  qo.recipe = PrecisionRecipe::parse(recipe);
-  return quant::quantize_model(model, quant::CalibrationSet{}, qo);
-}
-
-int32_t argmax(const std::vector<float>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
 // Prefill `prompt` on both engines, then run greedy decode steps on both, feeding each engine its own choice: the

@@ -26,17 +26,9 @@
 namespace {
 
 using namespace futransformer;
+using test::quantise;
+using test::argmax;
 using test::bf16_model;
-
-quant::QuantizedModel quantise(const Model& m, const std::string& recipe) {
-  quant::QuantizeOptions qo;
-  qo.recipe = PrecisionRecipe::parse(recipe);
-  return quant::quantize_model(m, quant::CalibrationSet{}, qo);
-}
-
-int32_t argmax(const std::vector<float>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
 
 // A tiny Llama whose projections take the W4A16 GEMM at several tilings: hidden 256, intermediate 768 (gate|up
 // 256 -> 1536, down 768 -> 256), head_dim 64.

@@ -34,6 +34,8 @@
 namespace {
 
 using namespace futransformer;
+using test::quantise;
+using test::argmax;
 
 // The bounds for FP8 prefill + INT4 decode against its reference twin: prompt logits rel L2 <= 2e-2 and
 // greedy tokens equal for 32 steps. They hold only where the twin's own noise floor allows. What separates the GPU
@@ -70,10 +72,6 @@ double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-int32_t argmax(const std::vector<float>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
 // The FP8-qualifying tiny model, every tensor rounded through BF16.
 Model fp8_tiny_model(uint32_t seed) {
   test::TinyLlama s;
@@ -85,12 +83,6 @@ Model fp8_tiny_model(uint32_t seed) {
   s.layers = 2;
   s.vocab = 500;
   return test::bf16_model(test::make_tiny_llama(s, seed));
-}
-
-quant::QuantizedModel quantised(const Model& m, const std::string& recipe) {
-  quant::QuantizeOptions qo;
-  qo.recipe = PrecisionRecipe::parse(recipe);
-  return quant::quantize_model(m, quant::CalibrationSet{}, qo);
 }
 
 // The GPU engine's twin: prompts as act-fp8-bf16 over the FP8 model, steps as act-bf16 over the INT4 model.
@@ -168,8 +160,8 @@ void expect_fp8_prefill_matches(Engine& gpu, Engine& twin, Engine& floor, Engine
 
 struct Fp8Fixture {
   Model model = fp8_tiny_model(91);
-  quant::QuantizedModel dec = quantised(model, kDecodeRecipe);
-  quant::QuantizedModel pre = quantised(model, kPrefillRecipe);
+  quant::QuantizedModel dec = quantise(model, kDecodeRecipe);
+  quant::QuantizedModel pre = quantise(model, kPrefillRecipe);
 };
 
 class CudaEngineFp8Prefill : public ::testing::TestWithParam<formats::KvFormat> {};
@@ -210,7 +202,7 @@ TEST_P(SmolLM2Fp8Prefill, PromptLogitsAndStepsWithinTheTwinsFloor) {
   FT_REQUIRE_FILE(path);
   const Model model = test::bf16_model(load_model(path));
   const std::unique_ptr<Tokenizer> tok = load_tokenizer_for_model(model, "");
-  const quant::QuantizedModel dec = quantised(model, kDecodeRecipe), pre = quantised(model, kPrefillRecipe);
+  const quant::QuantizedModel dec = quantise(model, kDecodeRecipe), pre = quantise(model, kPrefillRecipe);
   const formats::KvFormat kv = GetParam();
   CudaEngineOptions co;
   co.kv = kv;
@@ -332,8 +324,8 @@ TEST(CudaEngineFp8Host, ShapesTheFp8GemmCannotRunAreRefusedByName) {
   s1.kv_heads = 1;
   s1.head_dim = 64;
   const Model m = test::make_tiny_llama(s1, 4);
-  const quant::QuantizedModel dec = quantised(m, "full");
-  const quant::QuantizedModel pre = quantised(m, kPrefillRecipe);
+  const quant::QuantizedModel dec = quantise(m, "full");
+  const quant::QuantizedModel pre = quantise(m, kPrefillRecipe);
   expect_error([&] { make_cuda_engine(dec, pre); }, {"FP8 prefill", "q_proj", "K = 72", "multiple of 16"});
   // Only the down projection fails: intermediate 200 (K of down_proj) while hidden and heads qualify.
   test::TinyLlama s;
@@ -343,7 +335,7 @@ TEST(CudaEngineFp8Host, ShapesTheFp8GemmCannotRunAreRefusedByName) {
   s.kv_heads = 1;
   s.head_dim = 64;
   const Model m2 = test::make_tiny_llama(s, 5);
-  expect_error([&] { make_cuda_engine(quantised(m2, "full"), quantised(m2, kPrefillRecipe)); },
+  expect_error([&] { make_cuda_engine(quantise(m2, "full"), quantise(m2, kPrefillRecipe)); },
                {"mlp.down_proj", "K = 200"});
   ModelConfig c = m2.config;
   CudaEngineOptions co;
@@ -353,12 +345,12 @@ TEST(CudaEngineFp8Host, ShapesTheFp8GemmCannotRunAreRefusedByName) {
 
 TEST(CudaEngineFp8Host, RecipesAreChecked) {
   const Model m = fp8_tiny_model(6);
-  const quant::QuantizedModel int4 = quantised(m, kDecodeRecipe);
-  const quant::QuantizedModel fp8 = quantised(m, kPrefillRecipe);
+  const quant::QuantizedModel int4 = quantise(m, kDecodeRecipe);
+  const quant::QuantizedModel fp8 = quantise(m, kPrefillRecipe);
   expect_error([&] { make_cuda_engine(int4, int4); }, {"no FP8 weights", "int4-rtn-g64"});
   expect_error([&] { make_cuda_engine(fp8, fp8); }, {"decode model", "FP8 weights"});
   expect_error([&] { make_cuda_engine(fp8); }, {"FP8 prefill path"});
-  expect_error([&] { make_cuda_engine(int4, quantised(m, "fp8+act-fp8+kv-int4")); }, {"KV-cache formats"});
+  expect_error([&] { make_cuda_engine(int4, quantise(m, "fp8+act-fp8+kv-int4")); }, {"KV-cache formats"});
   test::TinyLlama s;
   s.hidden = 256;
   s.inter = 512;
@@ -367,7 +359,7 @@ TEST(CudaEngineFp8Host, RecipesAreChecked) {
   s.head_dim = 64;
   s.layers = 3;  // a different model
   s.vocab = 500;
-  expect_error([&] { make_cuda_engine(int4, quantised(test::make_tiny_llama(s, 6), kPrefillRecipe)); },
+  expect_error([&] { make_cuda_engine(int4, quantise(test::make_tiny_llama(s, 6), kPrefillRecipe)); },
                {"different configs"});
 }
 

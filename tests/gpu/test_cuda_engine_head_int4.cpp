@@ -35,6 +35,8 @@
 namespace {
 
 using namespace futransformer;
+using test::quantise;
+using test::argmax;
 
 constexpr double kMaxLogitsRelL2 = 1e-2;
 constexpr int kGreedySteps = 64;
@@ -57,17 +59,7 @@ double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-int32_t argmax(const std::vector<float>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
 using test::bf16_model;
-
-quant::QuantizedModel quantise(const Model& m, const std::string& recipe) {
-  quant::QuantizeOptions qo;
-  qo.recipe = PrecisionRecipe::parse(recipe);
-  return quant::quantize_model(m, quant::CalibrationSet{}, qo);
-}
 
 // The reference running `q` with the GPU's activation rounding and cache (the head format comes from the recipe).
 std::unique_ptr<Engine> reference_like_gpu(const quant::QuantizedModel& q) {

@@ -28,13 +28,8 @@
 namespace {
 
 using namespace futransformer;
+using test::quantise;
 using test::bf16_model;
-
-quant::QuantizedModel quantise(const Model& m, const std::string& recipe) {
-  quant::QuantizeOptions qo;
-  qo.recipe = PrecisionRecipe::parse(recipe);
-  return quant::quantize_model(m, quant::CalibrationSet{}, qo);
-}
 
 // gate|up 1536 x 256 is the largest projection: 786432 bytes of BF16 scratch.
 test::TinyLlama tiny_shape() {

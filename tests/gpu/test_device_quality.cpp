@@ -19,16 +19,11 @@
 namespace {
 
 using namespace futransformer;
+using test::quantise;
 
 // fp64 sums of a few thousand terms in two orders: relative differences of order n · 2^-53; 1e-10 leaves room.
 constexpr double kMeanRel = 1e-10;
 constexpr double kKlAbs = 1e-12;
-
-quant::QuantizedModel quantise(const Model& m, const std::string& recipe) {
-  quant::QuantizeOptions qo;
-  qo.recipe = PrecisionRecipe::parse(recipe);
-  return quant::quantize_model(m, quant::CalibrationSet{}, qo);
-}
 
 TEST(DeviceQuality, MatchesTheHostPassesOnTheSameEngines) {
   FT_REQUIRE_HOPPER();

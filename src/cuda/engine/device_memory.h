@@ -1,4 +1,4 @@
-// Owning device allocations and CUDA status checks for the engine's host code: every failure becomes one
+// Owning device allocations and CUDA status checks for host code (the engine, GPU GPTQ): every failure becomes one
 // futransformer::Error naming what was being done.
 #pragma once
 
@@ -18,7 +18,13 @@ inline void cuda_check(cudaError_t e, const std::string& what) {
   if (e != cudaSuccess) fail("CUDA engine: ", what, ": ", cudaGetErrorString(e));
 }
 
-// A typed device array. Moves, never copies; freed on destruction.
+// A CUDA call's failure as an Error naming what was being done (the owner's name is in `what`).
+inline void cuda_status(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) fail(what, ": ", cudaGetErrorString(e));
+}
+
+// A typed device array (the engine's buffers, GPTQ's and the calibration forward's). Moves, never copies; freed
+// on destruction.
 template <typename T>
 class DeviceArray {
  public:
@@ -44,7 +50,7 @@ class DeviceArray {
     const cudaError_t e = cudaMalloc(&p, n * sizeof(T));
     if (e != cudaSuccess) {
       cudaGetLastError();
-      fail("CUDA engine: cannot allocate ", static_cast<double>(n * sizeof(T)) / (1 << 20), " MiB for ", what, ": ",
+      fail("cannot allocate ", static_cast<double>(n * sizeof(T)) / (1 << 20), " MiB of GPU memory for ", what, ": ",
            cudaGetErrorString(e));
     }
     p_ = static_cast<T*>(p);
@@ -52,9 +58,23 @@ class DeviceArray {
   }
   void upload(const T* host, size_t n, const std::string& what) {
     allocate(n, what);
-    if (n) cuda_check(cudaMemcpy(p_, host, n * sizeof(T), cudaMemcpyHostToDevice), "upload " + what);
+    if (n) cuda_status(cudaMemcpy(p_, host, n * sizeof(T), cudaMemcpyHostToDevice), "upload " + what);
   }
   void upload(const std::vector<T>& host, const std::string& what) { upload(host.data(), host.size(), what); }
+  // Into the existing allocation: n must equal size() (an Error naming `what` otherwise).
+  void copy_from_host(const T* host, size_t n, const std::string& what) {
+    check(n == n_, what, ": ", n, " values for a device array of ", n_);
+    if (n) cuda_status(cudaMemcpy(p_, host, n * sizeof(T), cudaMemcpyHostToDevice), "upload " + what);
+  }
+  // Every byte set to `byte` (nothing for an empty array).
+  void fill_bytes(int byte, const std::string& what) {
+    if (n_) cuda_status(cudaMemset(p_, byte, bytes()), what);
+  }
+  std::vector<T> download(const std::string& what) const {
+    std::vector<T> h(n_);
+    if (n_) cuda_status(cudaMemcpy(h.data(), p_, bytes(), cudaMemcpyDeviceToHost), "download " + what);
+    return h;
+  }
 
   T* get() const { return p_; }
   size_t size() const { return n_; }

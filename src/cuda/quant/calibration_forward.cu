@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "calibration_kernels.cuh"
+#include "cuda/engine/device_memory.h"
 #include "futransformer/dtype.h"
 #include "futransformer/error.h"
 #include "ref/ops.h"
@@ -50,43 +51,8 @@ int as_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// An fp32 device array, freed on destruction.
-class Buf {
- public:
-  Buf() = default;
-  Buf(size_t n, const std::string& what) : n_(n) {
-    if (n == 0) return;
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, n * sizeof(float));
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      fail(kWhat, ": cannot allocate ", static_cast<double>(n * sizeof(float)) / (1 << 20), " MiB for ", what, ": ",
-           cudaGetErrorString(e));
-    }
-    p_ = static_cast<float*>(p);
-  }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  Buf(Buf&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  Buf& operator=(Buf&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  ~Buf() {
-    if (p_) cudaFree(p_);
-  }
-  float* get() const { return p_; }
-  size_t size() const { return n_; }
-  void upload(const float* host, size_t n, const std::string& what) {
-    check(n == n_, kWhat, ": ", what, ": ", n, " values for a buffer of ", n_);
-    if (n) cuda_ok(cudaMemcpy(p_, host, n * sizeof(float), cudaMemcpyHostToDevice), "upload " + what);
-  }
-
- private:
-  float* p_ = nullptr;
-  size_t n_ = 0;
-};
+// fp32 device arrays (the engine's owning array, moves only).
+using Buf = cuda::DeviceArray<float>;
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -236,15 +202,15 @@ struct CudaCalibrationForward::Impl {
     const std::vector<float> an = model->get(p + "input_layernorm.weight", {c.hidden_size}).to_f32();
     const std::vector<float> mn = model->get(p + "post_attention_layernorm.weight", {c.hidden_size}).to_f32();
     attn_norm = Buf(an.size(), "attention norm");
-    attn_norm.upload(an.data(), an.size(), "attention norm");
+    attn_norm.copy_from_host(an.data(), an.size(), "attention norm");
     mlp_norm = Buf(mn.size(), "MLP norm");
-    mlp_norm.upload(mn.data(), mn.size(), "MLP norm");
+    mlp_norm.copy_from_host(mn.data(), mn.size(), "MLP norm");
     for (int j = 0; j < ref::kNumProjections; ++j) {
       const auto pj = static_cast<Projection>(j);
       const std::string name = ref::projection_tensor_name(i, pj);
       host_w[j] = model->get(name, {out_features(pj), in_features(pj)}).to_f32();
       dev_w[j] = Buf(host_w[j].size(), name);
-      dev_w[j].upload(host_w[j].data(), host_w[j].size(), name);
+      dev_w[j].copy_from_host(host_w[j].data(), host_w[j].size(), name);
     }
     used.fill(false);
     layer = i;
@@ -309,7 +275,7 @@ CudaCalibrationForward::CudaCalibrationForward(const Model& model, std::vector<i
 
   const std::vector<float> inv_freq = ref::rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling);
   m.inv_freq = Buf(inv_freq.size(), "RoPE frequencies");
-  m.inv_freq.upload(inv_freq.data(), inv_freq.size(), "RoPE frequencies");
+  m.inv_freq.copy_from_host(inv_freq.data(), inv_freq.size(), "RoPE frequencies");
   std::vector<int32_t> pos;
   pos.reserve(static_cast<size_t>(m.rows));
   for (int64_t n : m.lengths)
@@ -342,18 +308,15 @@ void CudaCalibrationForward::embed(std::span<const std::vector<int32_t>> windows
       embedding_row(emb, id, h, &x[static_cast<size_t>((m.starts[w] + i) * h)]);
     }
   }
-  m.x.upload(x.data(), x.size(), "embeddings");
+  m.x.copy_from_host(x.data(), x.size(), "embeddings");
 }
 
 void CudaCalibrationForward::set_activations(std::span<const float> x) {
-  impl_->x.upload(x.data(), x.size(), "activations");
+  impl_->x.copy_from_host(x.data(), x.size(), std::string(kWhat) + ": activations");
 }
 
 std::vector<float> CudaCalibrationForward::activations() const {
-  std::vector<float> x(impl_->x.size());
-  cuda_ok(cudaMemcpy(x.data(), impl_->x.get(), x.size() * sizeof(float), cudaMemcpyDeviceToHost),
-          "download activations");
-  return x;
+  return impl_->x.download(std::string(kWhat) + ": activations");
 }
 
 std::span<const float> CudaCalibrationForward::projection(int64_t layer, Projection p) const {
@@ -371,7 +334,7 @@ void CudaCalibrationForward::set_projection_weights(int64_t layer, Projection p,
   const size_t want = static_cast<size_t>(m.out_features(p) * m.in_features(p));
   check(weights.size() == want, kWhat, ": ", name, ": ", weights.size(), " replacement weights, expected ", want,
         " [", m.out_features(p), ", ", m.in_features(p), "]");
-  m.dev_w[static_cast<size_t>(p)].upload(weights.data(), weights.size(), name);
+  m.dev_w[static_cast<size_t>(p)].copy_from_host(weights.data(), weights.size(), name);
   m.host_w[static_cast<size_t>(p)] = std::move(weights);
 }
 

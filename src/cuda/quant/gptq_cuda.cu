@@ -15,6 +15,7 @@
 #include <numeric>
 #include <utility>
 
+#include "cuda/engine/device_memory.h"
 #include "futransformer/error.h"
 #include "gptq_kernels.cuh"
 #include "quant/gptq_common.h"
@@ -45,52 +46,9 @@ void cusolver_ok(cusolverStatus_t s, const char* what) {
 
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 
-// A typed device allocation, freed on destruction.
+// Device arrays: the engine's owning array (moves only, freed on destruction), named by what they hold.
 template <typename T>
-class Buf {
- public:
-  Buf() = default;
-  Buf(size_t n, const char* what) : n_(n) {
-    if (n == 0) return;
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, n * sizeof(T));
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      fail("GPTQ on the GPU: cannot allocate ", static_cast<double>(n * sizeof(T)) / (1 << 20), " MiB for ", what,
-           ": ", cudaGetErrorString(e));
-    }
-    p_ = static_cast<T*>(p);
-  }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  Buf(Buf&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  Buf& operator=(Buf&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  ~Buf() {
-    if (p_) cudaFree(p_);
-  }
-  T* get() const { return p_; }
-  size_t size() const { return n_; }
-  void upload(const T* host, const char* what) {
-    if (n_) cuda_ok(cudaMemcpy(p_, host, n_ * sizeof(T), cudaMemcpyHostToDevice), what);
-  }
-  // Every byte set to `byte` (nothing for an empty buffer).
-  void fill_bytes(int byte, const char* what) {
-    if (n_) cuda_ok(cudaMemset(p_, byte, n_ * sizeof(T)), what);
-  }
-  std::vector<T> download(const char* what) const {
-    std::vector<T> h(n_);
-    if (n_) cuda_ok(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), what);
-    return h;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_ = 0;
-};
+using Buf = cuda::DeviceArray<T>;
 
 // cuBLAS and cuSOLVER handles of this thread, created on first use and deliberately never destroyed: destroying
 // them from a thread_local or static destructor can run after the CUDA runtime has shut down at process exit.
@@ -145,7 +103,7 @@ CudaHessianAccumulator::CudaHessianAccumulator(int64_t k, std::string name)
 
 CudaHessianAccumulator::CudaHessianAccumulator(const HessianAccumulator& host)
     : CudaHessianAccumulator(host.k(), host.name()) {
-  impl_->h.upload(host.upper().data(), "upload the Hessian");
+  impl_->h.copy_from_host(host.upper().data(), impl_->h.size(), "the Hessian");
   n_ = host.n_samples();
 }
 
@@ -155,14 +113,9 @@ CudaHessianAccumulator& CudaHessianAccumulator::operator=(CudaHessianAccumulator
 
 void CudaHessianAccumulator::add(const float* x, int64_t n_tokens) {
   const std::string label = detail::hessian_label(name_);
-  check(n_tokens >= 0, label, ": negative calibration token count ", n_tokens);
-  if (n_tokens == 0) return;
-  check(x != nullptr, label, ": null calibration activations for ", n_tokens, " tokens");
-  detail::check_token_count(n_, n_tokens, k_, label);
+  if (!detail::check_calibration_batch(x, n_tokens, n_, k_, label)) return;
   // Reject before touching H (and before any transfer), so that a bad batch leaves the accumulator as it was.
-  for (int64_t t = 0; t < n_tokens; ++t)
-    for (int64_t i = 0; i < k_; ++i)
-      if (!std::isfinite(x[t * k_ + i])) detail::fail_activation_not_finite(label, t, i, x[t * k_ + i]);
+  detail::check_activations_finite(x, n_tokens, k_, label);
   const int64_t total = n_ + n_tokens;
   const double scale = std::sqrt(2.0 / static_cast<double>(total));
   double beta = static_cast<double>(n_) / static_cast<double>(total);
@@ -184,14 +137,11 @@ void CudaHessianAccumulator::add(const float* x, int64_t n_tokens) {
 
 void CudaHessianAccumulator::add_device(const float* x, int64_t n_tokens) {
   const std::string label = detail::hessian_label(name_);
-  check(n_tokens >= 0, label, ": negative calibration token count ", n_tokens);
-  if (n_tokens == 0) return;
-  check(x != nullptr, label, ": null calibration activations for ", n_tokens, " tokens");
-  detail::check_token_count(n_, n_tokens, k_, label);
+  if (!detail::check_calibration_batch(x, n_tokens, n_, k_, label)) return;
   {
     Buf<unsigned long long> first(1, "non-finite search");
     const unsigned long long none = ~0ull;
-    first.upload(&none, "non-finite search");
+    first.copy_from_host(&none, first.size(), "non-finite search");
     const int64_t n = n_tokens * k_;
     ops::first_non_finite_kernel<<<static_cast<unsigned>(std::min<int64_t>(blocks_for(n), 4096)), kThreads>>>(
         x, n, first.get());
@@ -219,7 +169,7 @@ void CudaHessianAccumulator::add_device(const float* x, int64_t n_tokens) {
   n_ = total;
 }
 
-std::vector<double> CudaHessianAccumulator::upper() const { return impl_->h.download("download the Hessian"); }
+std::vector<double> CudaHessianAccumulator::upper() const { return impl_->h.download("the Hessian"); }
 
 const double* CudaHessianAccumulator::device_upper() const { return impl_->h.get(); }
 
@@ -235,7 +185,7 @@ Factored factor(const double* h, const detail::GptqColumnPlan& plan, const Buf<i
                 const GptqOptions& opt, const std::string& tensor_name, Buf<float>& u) {
   Handles& hd = handles();
   Buf<double> diag(static_cast<size_t>(K), "diag(H)");
-  diag.upload(plan.diag.data(), "upload diag(H)");
+  diag.copy_from_host(plan.diag.data(), diag.size(), "diag(H)");
   Buf<double> r(static_cast<size_t>(K * K), "the damped Hessian");
   Buf<double> r_diag(static_cast<size_t>(K), "the damped diagonal");
   Buf<int> info(2, "factorization status");  // [0]: cuSOLVER's info, [1]: the pivot check
@@ -312,14 +262,14 @@ GptqResult gptq_quantize_detailed_cuda(std::span<const float> w, int64_t rows, i
   res.stats.dead_inputs = static_cast<int64_t>(plan.dead.size());
   std::vector<int32_t> perm_host(plan.perm.begin(), plan.perm.end());
   Buf<int32_t> perm(static_cast<size_t>(K), "the column order");
-  perm.upload(perm_host.data(), "upload the column order");
+  perm.copy_from_host(perm_host.data(), perm.size(), "the column order");
 
   Buf<float> W(static_cast<size_t>(N * K), "the weight");
-  W.upload(w.data(), "upload the weight");
+  W.copy_from_host(w.data(), W.size(), "the weight");
   if (!plan.dead.empty()) {
     std::vector<int32_t> dead(plan.dead.begin(), plan.dead.end());
     Buf<int32_t> dead_dev(dead.size(), "dead inputs");
-    dead_dev.upload(dead.data(), "upload dead inputs");
+    dead_dev.copy_from_host(dead.data(), dead_dev.size(), "dead inputs");
     const int64_t n = N * static_cast<int64_t>(dead.size());
     ops::zero_columns_kernel<<<blocks_for(n), kThreads>>>(W.get(), N, K, dead_dev.get(), static_cast<int>(dead.size()));
     cuda_ok(cudaGetLastError(), "zero dead inputs");
@@ -342,7 +292,7 @@ GptqResult gptq_quantize_detailed_cuda(std::span<const float> w, int64_t rows, i
         W.get(), N, K, G, static_cast<int>(n_groups), sym, bf16, scale_bits.get(), zeros.get(), row_fail.get());
     cuda_ok(cudaGetLastError(), "static group params");
     check_row_failures(row_fail, tensor_name);
-    if (record_inputs) res.group_inputs = W.download("download the weight");
+    if (record_inputs) res.group_inputs = W.download("the weight");
     Buf<float> Wp(W.size(), "the permuted weight");
     ops::permute_columns_kernel<<<blocks_for(N * K), kThreads>>>(W.get(), Wp.get(), N, K, perm.get());
     cuda_ok(cudaGetLastError(), "column permutation");
@@ -421,15 +371,15 @@ GptqResult gptq_quantize_detailed_cuda(std::span<const float> w, int64_t rows, i
     Buf<uint8_t> packed(static_cast<size_t>(N * K / 2), "the packed weight");
     ops::pack_kernel<<<blocks_for(N * K / 2), kThreads>>>(nibbles.get(), N * K / 2, packed.get());
     cuda_ok(cudaGetLastError(), "packing");
-    q.qweight = packed.download("download the packed weight");
+    q.qweight = packed.download("the packed weight");
   }
-  q.scales = scale_bits.download("download the scales");
-  if (!sym) q.zeros = zeros.download("download the zero-points");
-  const std::vector<double> losses = row_loss.download("download the row losses");
+  q.scales = scale_bits.download("the scales");
+  if (!sym) q.zeros = zeros.download("the zero-points");
+  const std::vector<double> losses = row_loss.download("the row losses");
   res.stats.loss = std::accumulate(losses.begin(), losses.end(), 0.0);
   if (record_inputs) {
-    res.rounded_inputs = rounded.download("download the rounded inputs");
-    if (!act) res.group_inputs = group_inputs.download("download the group inputs");
+    res.rounded_inputs = rounded.download("the rounded inputs");
+    if (!act) res.group_inputs = group_inputs.download("the group inputs");
   }
   g_timings.finish_s = seconds_since(t0);
   return res;

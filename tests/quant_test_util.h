@@ -1,0 +1,49 @@
+// Helpers shared by the quantiser tests (CPU and GPU): random calibration windows and the per-layer output error
+// that GPTQ minimises.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "futransformer/model.h"
+#include "futransformer/quant/quantize_model.h"
+#include "ref/ref_model.h"
+#include "tiny_llama.h"
+
+namespace futransformer::test {
+
+// `windows` windows of `tokens` uniformly random token ids below `vocab`.
+inline quant::CalibrationSet random_calibration(int64_t windows, int64_t tokens, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  quant::CalibrationSet c;
+  c.source = "random test windows";
+  for (int64_t i = 0; i < windows; ++i) c.windows.push_back(random_token_ids(size_t(tokens), vocab, rng));
+  return c;
+}
+
+// Relative L2 error of each quantised layer's output against the fp32 layer's, both fed the fp32 model's input of
+// that layer on `windows` (held-out tokens), summed over layers (the quantity GPTQ minimises, per layer).
+inline double layer_output_error(const Model& full, const Model& quantised,
+                                 const std::vector<std::vector<int32_t>>& windows) {
+  ref::RefModel a(full, {}), b(quantised, {});
+  const int64_t h = full.config.hidden_size;
+  double total = 0;
+  for (const auto& w : windows) {
+    const int64_t n = static_cast<int64_t>(w.size());
+    std::vector<float> x(static_cast<size_t>(n * h));
+    a.embed(w, x.data());
+    for (int64_t i = 0; i < a.num_layers(); ++i) {
+      std::vector<float> y = x;
+      auto sa = a.make_kv_store(), sb = b.make_kv_store();
+      ref::SequenceRows ra{0, n, 0, sa.get()}, rb{0, n, 0, sb.get()};
+      a.run_layer(i, x.data(), n, std::span<const ref::SequenceRows>(&ra, 1));
+      b.run_layer(i, y.data(), n, std::span<const ref::SequenceRows>(&rb, 1));
+      total += relative_l2(y, x);
+    }
+  }
+  return total;
+}
+
+}  // namespace futransformer::test

@@ -1,12 +1,18 @@
-// Helpers shared by the quantiser tests (CPU and GPU): random calibration windows and the per-layer output error
-// that GPTQ minimises.
+// Helpers shared by the quantiser tests (CPU and GPU): random calibration windows, the per-layer output error
+// that GPTQ minimises, byte comparison of packed INT4 weights, and error-message checks.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <random>
 #include <span>
 #include <vector>
 
+#include "futransformer/error.h"
+#include "futransformer/formats/int4.h"
 #include "futransformer/model.h"
 #include "futransformer/quant/quantize_model.h"
 #include "ref/ref_model.h"
@@ -44,6 +50,24 @@ inline double layer_output_error(const Model& full, const Model& quantised,
     }
   }
   return total;
+}
+
+// fn must throw futransformer::Error whose message contains every needle.
+inline void expect_error(const std::function<void()>& fn, const std::vector<std::string>& needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected futransformer::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+  }
+}
+
+// The packed bytes, scales and zero-points of two INT4 weights are identical.
+inline void expect_same_bytes(const formats::Int4Weight& a, const formats::Int4Weight& b, const std::string& what) {
+  EXPECT_EQ(a.qweight, b.qweight) << what;
+  EXPECT_EQ(a.scales, b.scales) << what;
+  EXPECT_EQ(a.zeros, b.zeros) << what;
 }
 
 }  // namespace futransformer::test

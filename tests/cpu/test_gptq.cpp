@@ -15,9 +15,12 @@
 #include "futransformer/formats/int4.h"
 #include "futransformer/quant/gptq.h"
 #include "quant/dense.h"
+#include "quant_test_util.h"
 
 namespace futransformer::quant {
 namespace {
+using test::expect_error;
+using test::expect_same_bytes;
 
 using formats::Int4Spec;
 using formats::Int4Weight;
@@ -93,22 +96,6 @@ std::vector<Int4Spec> all_specs() {
   for (int64_t g : {32, 64, 128, 0})
     for (bool sym : {true, false}) specs.push_back(Int4Spec{g, sym, ScaleType::F16});
   return specs;
-}
-
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected futransformer::Error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
-  }
-}
-
-void expect_same_bytes(const Int4Weight& a, const Int4Weight& b, const std::string& what) {
-  EXPECT_EQ(a.qweight, b.qweight) << what;
-  EXPECT_EQ(a.scales, b.scales) << what;
-  EXPECT_EQ(a.zeros, b.zeros) << what;
 }
 
 TEST(Gptq, BeatsRtnOnLayerOutputError) {

@@ -30,9 +30,12 @@
 #include "futransformer/formats/int4.h"
 #include "futransformer/quant/gptq.h"
 #include "gpu_test_util.h"
+#include "quant_test_util.h"
 
 namespace futransformer::quant {
 namespace {
+using test::expect_error;
+using test::expect_same_bytes;
 
 using formats::Int4Spec;
 using formats::Int4Weight;
@@ -107,22 +110,6 @@ double output_error(const HessianAccumulator& h, const std::vector<float>& w, co
     }
   }
   return 0.5 * static_cast<double>(h.n_samples()) * total;
-}
-
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected futransformer::Error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
-  }
-}
-
-void expect_same_bytes(const Int4Weight& a, const Int4Weight& b, const std::string& what) {
-  EXPECT_EQ(a.qweight, b.qweight) << what;
-  EXPECT_EQ(a.scales, b.scales) << what;
-  EXPECT_EQ(a.zeros, b.zeros) << what;
 }
 
 // Exact: q's scales/zeros are int4_group_params of the recorded group inputs, its nibbles int4_quantize_value of the

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -68,6 +69,38 @@ inline void expect_same_bytes(const formats::Int4Weight& a, const formats::Int4W
   EXPECT_EQ(a.qweight, b.qweight) << what;
   EXPECT_EQ(a.scales, b.scales) << what;
   EXPECT_EQ(a.zeros, b.zeros) << what;
+}
+
+// Correlated calibration activations: x = z·A with a random mixing matrix A, and a few channels 8x larger — the
+// structure of real LLM activations (shared directions, outlier channels) that makes GPTQ beat RTN.
+inline std::vector<float> correlated_activations(int64_t n, int64_t k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> a(static_cast<size_t>(k * k));
+  for (float& v : a) v = nd(rng) / std::sqrt(static_cast<float>(k));
+  for (int64_t i = 0; i < k; ++i) a[static_cast<size_t>(i * k + i)] += 0.5f;
+  std::vector<float> z(static_cast<size_t>(n * k));
+  for (float& v : z) v = nd(rng);
+  std::vector<float> x(static_cast<size_t>(n * k), 0.0f);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < k; ++i) {
+      const float zi = z[static_cast<size_t>(t * k + i)];
+      for (int64_t j = 0; j < k; ++j) x[static_cast<size_t>(t * k + j)] += zi * a[static_cast<size_t>(i * k + j)];
+    }
+  for (int64_t c : {3, 41, 100}) {
+    if (c >= k) continue;
+    for (int64_t t = 0; t < n; ++t) x[static_cast<size_t>(t * k + c)] *= 8.0f;
+  }
+  return x;
+}
+
+// A [rows, cols] weight of N(0, 0.05²) values.
+inline std::vector<float> random_weight(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  std::vector<float> w(static_cast<size_t>(rows * cols));
+  for (float& v : w) v = nd(rng);
+  return w;
 }
 
 }  // namespace futransformer::test

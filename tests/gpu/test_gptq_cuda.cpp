@@ -34,7 +34,9 @@
 
 namespace futransformer::quant {
 namespace {
+using test::correlated_activations;
 using test::expect_error;
+using test::random_weight;
 using test::expect_same_bytes;
 
 using formats::Int4Spec;
@@ -59,39 +61,6 @@ constexpr int kMaxNibbleDiff = 1;
 constexpr double kMinSameScalesPlain = 0.99;
 // fp64 unit roundoff, for the Hessian bound.
 constexpr double kU = 0x1.0p-53;
-
-// Correlated calibration activations: x = z·A with a random mixing matrix A, and a few channels 8x larger (the
-// structure of real LLM activations that makes GPTQ beat RTN). As tests/cpu/test_gptq.cpp.
-std::vector<float> correlated_activations(int64_t n, int64_t k, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> a(static_cast<size_t>(k * k));
-  for (float& v : a) v = nd(rng) / std::sqrt(static_cast<float>(k));
-  for (int64_t i = 0; i < k; ++i) a[static_cast<size_t>(i * k + i)] += 0.5f;
-  std::vector<float> z(static_cast<size_t>(n * k));
-  for (float& v : z) v = nd(rng);
-  std::vector<float> x(static_cast<size_t>(n * k), 0.0f);
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < k; ++i) {
-      const float zi = z[static_cast<size_t>(t * k + i)];
-      const float* ai = a.data() + i * k;
-      float* xt = x.data() + t * k;
-      for (int64_t j = 0; j < k; ++j) xt[j] += zi * ai[j];
-    }
-  for (int64_t c : {3, 41, 100}) {
-    if (c >= k) continue;
-    for (int64_t t = 0; t < n; ++t) x[static_cast<size_t>(t * k + c)] *= 8.0f;
-  }
-  return x;
-}
-
-std::vector<float> random_weight(int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 0.05f);
-  std::vector<float> w(static_cast<size_t>(rows * cols));
-  for (float& v : w) v = nd(rng);
-  return w;
-}
 
 // ‖X·(W − Q)ᵀ‖² = (n/2)·Σ_r d_rᵀ·H·d_r with d_r = w_r − q_r (H = (2/n)·XᵀX), in fp64.
 double output_error(const HessianAccumulator& h, const std::vector<float>& w, const std::vector<float>& q,

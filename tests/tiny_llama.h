@@ -19,6 +19,19 @@ struct TinyLlama {
   bool tied = false;
 };
 
+// A tiny Llama whose projections take the W4A16 GEMM at several tilings and whose heads are head_dim 64: hidden 256,
+// intermediate 768 (gate|up 256 -> 1536, down 768 -> 256), 4 query and 2 KV heads, vocabulary 300.
+inline TinyLlama tiny_llama_w4a16_shape() {
+  TinyLlama s;
+  s.hidden = 256;
+  s.inter = 768;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  s.vocab = 300;
+  return s;
+}
+
 inline Model make_tiny_llama(const TinyLlama& s, uint32_t seed) {
   Model m;
   m.source = "synthetic:tiny-llama";

@@ -272,13 +272,7 @@ std::unique_ptr<Engine> reference_like_gpu_dequant_prefill(const quant::Quantize
 // int4-rtn-g32-bf16 — the weights' BF16 rounding (2^-9 relative) is a change of recipe, hence the twin.
 TEST(CudaEngine, Int4DequantPrefillMatchesReference) {
   FT_REQUIRE_HOPPER();
-  test::TinyLlama s;
-  s.hidden = 256;
-  s.inter = 768;
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.head_dim = 64;
-  s.vocab = 300;
+  const test::TinyLlama s = test::tiny_llama_w4a16_shape();
   const Model model = bf16_model(test::make_tiny_llama(s, 21));
   std::mt19937 rng(22);
   const std::vector<int32_t> prompt = test::random_token_ids(150, s.vocab, rng);

@@ -30,19 +30,6 @@ using test::quantise;
 using test::argmax;
 using test::bf16_model;
 
-// A tiny Llama whose projections take the W4A16 GEMM at several tilings: hidden 256, intermediate 768 (gate|up
-// 256 -> 1536, down 768 -> 256), head_dim 64.
-test::TinyLlama tiny_shape() {
-  test::TinyLlama s;
-  s.hidden = 256;
-  s.inter = 768;
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.head_dim = 64;
-  s.vocab = 300;
-  return s;
-}
-
 // Both engines run the same batches: three prompts in one pass (122 rows: W4A16 launches of 64 + 58 rows), every
 // position's logits; then decode steps (graphs captured on the second and replayed) fed the fused engine's greedy
 // tokens; then forward_greedy. Everything must be identical bit for bit.
@@ -75,7 +62,7 @@ class CudaEngineEpilogues : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaEngineEpilogues, TinyInt4FusedEqualsUnfused) {
   FT_REQUIRE_HOPPER();
-  const test::TinyLlama s = tiny_shape();
+  const test::TinyLlama s = test::tiny_llama_w4a16_shape();
   const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 41)), GetParam());
   CudaEngineOptions co = cuda_engine_options(q.recipe);
   co.max_sequences = 4;
@@ -102,7 +89,7 @@ INSTANTIATE_TEST_SUITE_P(Recipes, CudaEngineEpilogues,
 // "+ residual" GEMMs per layer and pass; unfused engines the reverse. Profiling (no graphs) changes no logit.
 TEST(CudaEngineEpiloguesProfile, OpLabelsFollowTheFlag) {
   FT_REQUIRE_HOPPER();
-  const test::TinyLlama s = tiny_shape();
+  const test::TinyLlama s = test::tiny_llama_w4a16_shape();
   const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 43)), "int4-rtn-g64+kv-bf16");
   for (bool fused : {true, false}) {
     SCOPED_TRACE(fused ? "fused" : "unfused");
@@ -137,7 +124,7 @@ TEST(CudaEngineEpiloguesProfile, OpLabelsFollowTheFlag) {
 // hidden 2048 (qkv 2048 -> 3072: 32 / 8 heads of 64): on an H200 the W4A16 heuristic splits the qkv GEMM's K at
 // M >= 41 for groups 64 and 128 (M >= 40 for 32), and not below (w4a16::choose_tiling, replayed on the CPU).
 test::TinyLlama wide_shape() {
-  test::TinyLlama s = tiny_shape();
+  test::TinyLlama s = test::tiny_llama_w4a16_shape();
   s.hidden = 2048;
   s.inter = 256;
   s.heads = 32;
@@ -208,7 +195,7 @@ TEST_P(CudaEngineEpilogues, WideQkvPrologueInSplitKReduceEqualsUnfused) {
 // epilogues (gate|up packed interleaved). Same values either way.
 TEST(CudaEngineEpiloguesModels, Fp8PrefillFusedEqualsUnfused) {
   FT_REQUIRE_HOPPER();
-  test::TinyLlama s = tiny_shape();
+  test::TinyLlama s = test::tiny_llama_w4a16_shape();
   s.inter = 512;  // the FP8 GEMM's K % 128
   const Model m = bf16_model(test::make_tiny_llama(s, 47));
   const quant::QuantizedModel dec = quantise(m, "int4-rtn-g64");

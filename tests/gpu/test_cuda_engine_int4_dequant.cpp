@@ -31,17 +31,7 @@ using namespace futransformer;
 using test::quantise;
 using test::bf16_model;
 
-// gate|up 1536 x 256 is the largest projection: 786432 bytes of BF16 scratch.
-test::TinyLlama tiny_shape() {
-  test::TinyLlama s;
-  s.hidden = 256;
-  s.inter = 768;
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.head_dim = 64;
-  s.vocab = 300;
-  return s;
-}
+// tiny_llama_w4a16_shape's gate|up, 1536 x 256, is its largest projection: this many bytes of BF16 scratch.
 constexpr int64_t kTinyScratchBytes = 2 * 1536 * 256;
 
 // Sets an environment variable for a scope and restores the previous state.
@@ -82,7 +72,7 @@ int64_t calls_containing(const std::vector<CudaEngine::OpTime>& ops, const std::
 // A 228-token prompt in passes of 128 and 100 rows, then one decode step; every pass's choice shows in the op labels.
 TEST(CudaEngineInt4Dequant, PassesReachingTheThresholdTakeThePathAndOthersAreUnchanged) {
   FT_REQUIRE_HOPPER();
-  const test::TinyLlama s = tiny_shape();
+  const test::TinyLlama s = test::tiny_llama_w4a16_shape();
   const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 51)), "int4-rtn-g64+kv-bf16");
   std::mt19937 rng(3);
   const SequenceChunk prompt{0, test::random_token_ids(228, s.vocab, rng)};
@@ -132,7 +122,7 @@ TEST(CudaEngineInt4Dequant, PassesReachingTheThresholdTakeThePathAndOthersAreUnc
 
 TEST(CudaEngineInt4Dequant, ScratchIsTheLargestProjectionAndCountedInTheWorkspace) {
   FT_REQUIRE_HOPPER();
-  const test::TinyLlama s = tiny_shape();
+  const test::TinyLlama s = test::tiny_llama_w4a16_shape();
   const Model model = bf16_model(test::make_tiny_llama(s, 52));
   const quant::QuantizedModel q = quantise(model, "int4-rtn-g32+kv-bf16");
   auto engine = [&](int64_t threshold, int64_t batch_tokens) {
@@ -164,7 +154,7 @@ TEST(CudaEngineInt4Dequant, ScratchIsTheLargestProjectionAndCountedInTheWorkspac
 
 TEST(CudaEngineInt4Dequant, EnvironmentVariableAppliesUnlessTheOptionIsSet) {
   FT_REQUIRE_HOPPER();
-  const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(tiny_shape(), 53)), "int4-rtn-g64");
+  const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(test::tiny_llama_w4a16_shape(), 53)), "int4-rtn-g64");
   CudaEngineOptions co = cuda_engine_options(q.recipe);
   {
     const ScopedEnv env("FT_INT4_DEQUANT_MIN_ROWS", "48");

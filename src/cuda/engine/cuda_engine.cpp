@@ -860,33 +860,31 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                  "attention output un-rotation");
     mark("attention output un-rotation");
     if (fp8) {
-      // The o GEMM's input is the FP8 of the BF16 attention output (act-fp8-bf16's o_proj rule). The residual add and
-      // the RMSNorm stay unfused here: the fused op writes BF16, and the FP8 GEMM wants the fp32 norm quantised.
+      // The o GEMM's input is the FP8 of the BF16 attention output (act-fp8-bf16's o_proj rule). With fused
+      // epilogues the o and down GEMMs add into the residual stream themselves (gemm_fp8_residual, bit-identical to
+      // a BF16 output + add_residual_bf16); the RMSNorms after them stay separate: the FP8 GEMMs want the fp32 norm
+      // quantised per token.
+      // The labels are string literals: the profiler keeps the pointers.
+      auto fp8_into_residual = [&](const DeviceLinear& lin, const char* fused_label, const char* plain_label) {
+        if (opt_.fused_epilogues) {
+          lin.forward_fp8_residual(codes, scales, rows, x_.get(), g);
+          mark(fused_label);
+        } else {
+          lin.forward_fp8(codes, scales, rows, bf(delta_), g);
+          mark(plain_label);
+          check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
+        }
+      };
       check_op(cuda::quantize_rows_fp8(bf(att_), static_cast<int>(q_width_), codes, scales, r,
                                        static_cast<int>(q_width_), stream_),
                "attention output to FP8", cuda::fp8_producers_last_error);
-      // Fused epilogues: the o and down GEMMs add into the residual stream themselves (bit-identical).
-      if (opt_.fused_epilogues) {
-        l.o8.forward_fp8_residual(codes, scales, rows, x_.get(), g);
-        mark("o GEMM (FP8) + residual");
-      } else {
-        l.o8.forward_fp8(codes, scales, rows, bf(delta_), g);
-        mark("o GEMM (FP8)");
-        check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
-      }
+      fp8_into_residual(l.o8, "o GEMM (FP8) + residual", "o GEMM (FP8)");
       rmsnorm_to_fp8(l.mlp_norm.get(), "MLP RMSNorm (FP8)");
       l.gate_up8.forward_fp8(codes, scales, rows, bf(gate_up_), g);
       mark("gate|up GEMM (FP8)");
       check_op(cuda::swiglu_fp8(bf(gate_up_), codes, scales, r, inter, stream_), "SwiGLU (FP8)",
                cuda::fp8_producers_last_error);
-      if (opt_.fused_epilogues) {
-        l.down8.forward_fp8_residual(codes, scales, rows, x_.get(), g);
-        mark("down GEMM (FP8) + residual");
-      } else {
-        l.down8.forward_fp8(codes, scales, rows, bf(delta_), g);
-        mark("down GEMM (FP8)");
-        check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
-      }
+      fp8_into_residual(l.down8, "down GEMM (FP8) + residual", "down GEMM (FP8)");
       if (li + 1 < layers_.size()) rmsnorm_to_fp8(layers_[li + 1].attn_norm.get(), "attention RMSNorm (FP8)");
       continue;
     }

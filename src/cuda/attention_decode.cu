@@ -106,6 +106,15 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
   cfg.blockDim = dim3(attn::kThreads);
   cfg.dynamicSmemBytes = static_cast<size_t>(plan.smem_bytes);
   cfg.stream = stream;
+  // Under programmatic_launch() the attention kernel is a programmatic dependent of the kernel before it (it
+  // waits before reading anything, see the kernel): its launch overlaps that kernel's tail.
+  cudaLaunchAttribute decode_attr[1];
+  decode_attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  decode_attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (programmatic_launch()) {
+    cfg.attrs = decode_attr;
+    cfg.numAttrs = 1;
+  }
   if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args); e != cudaSuccess) return e;
   if (plan.splits == 1) return cudaSuccess;
 

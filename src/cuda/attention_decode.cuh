@@ -244,6 +244,9 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
     attention_decode_kernel(const DecodeArgs args) {
   using Geo = Geometry<kInt4, kD>;
   using T = Tile<kInt4, kD>;
+  // Launched as a programmatic dependent under FT_PDL: q and the cache come from the kernels before, so wait for
+  // them before any read (a no-op without the launch attribute).
+  ptx::griddepcontrol_wait();
   // The combine kernel waits for this grid's completion itself; letting it launch now hides its launch latency.
   ptx::griddepcontrol_launch_dependents();
 

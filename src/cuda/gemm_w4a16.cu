@@ -217,6 +217,15 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   cfg.blockDim = dim3(static_cast<unsigned>(t.warps * w4a16::kWarpSize));
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
+  // Under programmatic_launch() the GEMM is a programmatic dependent of the kernel before it: its CTAs fetch
+  // weights and scales before griddepcontrol.wait and stage the activations after it (see the kernels).
+  cudaLaunchAttribute gemm_attr[1];
+  gemm_attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  gemm_attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (programmatic_launch()) {
+    cfg.attrs = gemm_attr;
+    cfg.numAttrs = 1;
+  }
   if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args); e != cudaSuccess) return e;
   if (t.splits == 1) return qkv ? fused::launch_qkv_kernel(qkv->args, qkv->format, M, true, stream) : cudaSuccess;
 

@@ -104,13 +104,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
   uint16_t* s_s = reinterpret_cast<uint16_t*>(smem + lay.a_bytes);
   unsigned char* ring = smem + lay.ring_offset;
 
-  // Stage this slice's M activation rows (MMA rows past M are fed clamped addresses, see a_frag_offset).
-  const int rows = t.rows;
-  const int row_chunks = slice_k / 8;
-  for (int c = tid; c < rows * row_chunks; c += kThreads) {
-    const int r = c / row_chunks, cc = c % row_chunks;
-    ptx::cp_async_16(ptx::smem_addr(a_s + r * pitch + cc * 8), args.x + static_cast<int64_t>(r) * K + k0 + cc * 8);
-  }
+  // Weights first, activations last: the packed weights and scales never change between launches, so they are
+  // fetched before griddepcontrol.wait (as a programmatic dependent under FT_PDL, while the kernel before still
+  // runs; without the launch attribute the wait returns at once). Nothing is written before the wait.
   // Stage the scales of the CTA's warps_n blocks for this slice: contiguous 64 bytes per group and block.
   const int64_t nb0 = static_cast<int64_t>(blockIdx.x) * t.warps_n;
   const int chunks_per_block = static_cast<int>(gr.end - gr.begin) * (kScalesPerGroupBlock / 8);
@@ -131,10 +127,20 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     if (i < n_steps) ptx::cp_async_16(ring_lane + i * kThreads * 16, wsrc + i * kWarpSize);
-    ptx::cp_async_commit_group();  // empty groups keep the wait count below uniform
+    ptx::cp_async_commit_group();  // empty groups keep the wait count in the loop uniform
   }
-  // The activation/scale group is older than the kStages - 1 weight groups.
-  ptx::cp_async_wait_group<kStages - 1>();
+
+  ptx::griddepcontrol_wait();
+  // Stage this slice's M activation rows (MMA rows past M are fed clamped addresses, see a_frag_offset): the
+  // newest group, so waiting for it waits for the whole prologue.
+  const int rows = t.rows;
+  const int row_chunks = slice_k / 8;
+  for (int c = tid; c < rows * row_chunks; c += kThreads) {
+    const int r = c / row_chunks, cc = c % row_chunks;
+    ptx::cp_async_16(ptx::smem_addr(a_s + r * pitch + cc * 8), args.x + static_cast<int64_t>(r) * K + k0 + cc * 8);
+  }
+  ptx::cp_async_commit_group();
+  ptx::cp_async_wait_group<0>();
   __syncthreads();
 
   float acc[kMT][kTilesPerBlock][4] = {};

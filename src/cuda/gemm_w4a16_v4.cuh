@@ -94,13 +94,10 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   uint16_t* s_s = reinterpret_cast<uint16_t*>(smem + lay.a_bytes);
   unsigned char* ring = smem + lay.ring_offset;
 
-  // Staging: exactly as v2 (the M activation rows of the slice, the scales of the CTA's blocks).
-  const int rows = t.rows;
-  const int row_chunks = slice_k / 8;
-  for (int c = tid; c < rows * row_chunks; c += kThreadsCta) {
-    const int r = c / row_chunks, cc = c % row_chunks;
-    ptx::cp_async_16(ptx::smem_addr(a_s + r * pitch + cc * 8), args.x + static_cast<int64_t>(r) * K + k0 + cc * 8);
-  }
+  // Weights first, activations last. The packed weights and their scales never change between launches, so they
+  // are fetched before griddepcontrol.wait: launched as a programmatic dependent (FT_PDL), the CTA fills its ring
+  // while the kernel before it still runs and only the activation rows (that kernel's output) wait for it. Without
+  // the launch attribute the wait returns at once. Nothing is written before the wait (WAR on shared buffers).
   const int64_t nb0 = static_cast<int64_t>(blockIdx.x) * t.warps_n;
   const int chunks_per_block = static_cast<int>(gr.end - gr.begin) * (kScalesPerGroupBlock / 8);
   for (int c = tid; c < t.warps_n * chunks_per_block; c += kThreadsCta) {
@@ -122,9 +119,20 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
     if (2 * p < n_steps) ptx::cp_async_16(ring_lane + 2 * p * kThreadsCta * 16, wsrc + 2 * p * kWarpSize);
     if (2 * p + 1 < n_steps)
       ptx::cp_async_16(ring_lane + (2 * p + 1) * kThreadsCta * 16, wsrc + (2 * p + 1) * kWarpSize);
-    ptx::cp_async_commit_group();  // empty groups keep the wait count below uniform
+    ptx::cp_async_commit_group();  // empty groups keep the wait count in the loop uniform
   }
-  ptx::cp_async_wait_group<kPairs - 1>();  // the staging group is older than the kPairs - 1 pairs
+
+  ptx::griddepcontrol_wait();
+  // The M activation rows of the slice, staged exactly as v2 does; the newest group, so waiting for it waits for
+  // every prologue group (under PDL those were issued long before; otherwise one extra DRAM latency at the start).
+  const int rows = t.rows;
+  const int row_chunks = slice_k / 8;
+  for (int c = tid; c < rows * row_chunks; c += kThreadsCta) {
+    const int r = c / row_chunks, cc = c % row_chunks;
+    ptx::cp_async_16(ptx::smem_addr(a_s + r * pitch + cc * 8), args.x + static_cast<int64_t>(r) * K + k0 + cc * 8);
+  }
+  ptx::cp_async_commit_group();
+  ptx::cp_async_wait_group<0>();
   __syncthreads();
 
   float acc[kAccTiles][4] = {};

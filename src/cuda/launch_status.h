@@ -28,13 +28,15 @@ inline bool print_heuristics() {
   return on;
 }
 
-// FT_PDL=1: the small decoder ops, the fused ops and the FP8 producers are launched with programmatic
-// stream serialization, so each may be scheduled while the kernel before it on the stream still runs; their kernels
-// begin with griddepcontrol.wait (a no-op without the attribute). Read once per process.
+// Programmatic dependent launch, on by default (FT_PDL=0 turns it off): the small decoder ops, the fused ops, the
+// FP8 producers, the W4A16 GEMMs and decode attention are launched with programmatic stream serialization, so each
+// may be scheduled while the kernel before it on the stream still runs. Their kernels begin with
+// griddepcontrol.wait before touching anything the previous kernel writes (the W4A16 GEMMs first prefetch their
+// constant weights); the wait is a no-op without the attribute. Read once per process.
 inline bool programmatic_launch() {
   static const bool on = [] {
     const char* v = std::getenv("FT_PDL");
-    return v != nullptr && v[0] == '1';
+    return v == nullptr || v[0] != '0';
   }();
   return on;
 }

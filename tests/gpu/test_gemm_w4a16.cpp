@@ -156,6 +156,9 @@ void check_configs_against_twin(const UploadedWeight& uw, const std::vector<int>
       if (c.swap16 && (M < 9 || M > 16)) continue;
       const bool swap32_range = M >= w4::kSwap32MinM && M <= w4::kSwap32MaxM;
       if (M > w4::kV4DefaultMaxM && (!swap32_range || c.swap32 == w4::kSwap32ByDefault)) continue;
+      w4::V4Config rest = c;
+      rest.swap32 = w4::kSwap32ByDefault;
+      if (M <= w4::kV4DefaultMaxM && c.swap32 != w4::kSwap32ByDefault && rest == w4::V4Config{}) continue;  // default
       const w4::Tiling t = config_tiling(M, uw, c);
       SCOPED_TRACE(testing::Message() << configs[i].name << ": warps " << t.warps << " stages " << t.stages
                                       << " warps_n " << t.warps_n << " splits " << t.splits << " swap16 "

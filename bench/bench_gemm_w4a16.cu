@@ -1,8 +1,8 @@
 // Benchmark of the W4A16 decode GEMM against a cuBLASLt BF16 GEMM on Llama-3.1-8B / 70B projection shapes.
 //   bench_gemm_w4a16 [--json PATH] [--iters N] [--probe | --sweep]
 // --sweep: every v4 launch configuration of w4a16::v4_sweep_configs (CTA size, ring depth, CTAs per SM, swapped
-// two-tile path) on the same shapes at M = 1, 4, 8, 16, graph-timed in one process; prints a table (us per
-// candidate, the best with TB/s and % of 4.2 TB/s) and writes the JSON. See run_sweep.
+// two- and three/four-tile paths) on the same shapes at M = 1, 4, 8, 16, 32, graph-timed in one process; prints a
+// table (us per candidate, the best with TB/s and % of 4.2 TB/s) and writes the JSON. See run_sweep.
 // Each row, two timings after warm-up: (1) "launch": median of N (default 100) launches, each timed by its own
 // pair of CUDA events; a layer that runs faster than the host can submit it is measured at the host's pace;
 // (2) "graph": the median over N replays of a CUDA graph of kGraphLaunches launches (how a decode step runs),
@@ -12,8 +12,11 @@
 // BF16 weights for cuBLASLt (activations and outputs are tiny and left out).
 // Both kernel variants run on every row, on the same tiling (the library's choice for the shape), through the
 // internal per-tiling entry point: v2 (u - 8 operands, one block per iteration) and v4 (128 + u operands with the
-// offset removed per group, swapped MMA roles for M <= 8, two blocks per iteration). The "w4a16" columns and
-// JSON fields are the variant the library runs for that M (FT_W4A16_VARIANT, else v4 for M <= 16).
+// offset removed per group, swapped MMA roles for M <= 8, two blocks per iteration). For M = 17..32 a third
+// timing, "s32", runs v4's swapped three/four-tile path (swap32) on the same tiling, next to v2 and the v4 16-row
+// path, and a closing table compares the three there (JSON: v4_swap32_us, v4_swap32_launch_us,
+// swap32_speedup_over_v2; null at other M). The "w4a16" columns and JSON fields are what the library runs for that
+// M (FT_W4A16_VARIANT / FT_W4A16_SWAP32, else v4 for M <= 16, and v4 swap32 for M = 17..32 if kSwap32ByDefault).
 // The git commit in the JSON comes from -DFT_GIT_COMMIT=... or the FT_GIT_COMMIT environment variable.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -51,7 +54,7 @@ const Shape kShapes[] = {
     {"8B.qkv", 4096, 6144},   {"8B.o", 4096, 4096},  {"8B.gate_up", 4096, 28672},  {"8B.down", 14336, 4096},
     {"70B.qkv", 8192, 10240}, {"70B.o", 8192, 8192}, {"70B.gate_up", 8192, 57344}, {"70B.down", 28672, 8192},
 };
-const int kMs[] = {1, 2, 4, 8, 16, 32};
+const int kMs[] = {1, 2, 4, 8, 16, 17, 24, 32};
 
 uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 uint64_t next_random() {  // xorshift64*
@@ -91,12 +94,22 @@ double time_graph_us(int iters, cudaStream_t stream, F launch) {
 struct Row {
   std::string shape;
   int M, K, N;
-  const char* variant;                        // the one the library runs for this M
+  const char* variant;                        // the one the library runs for this M ("v4s32": v4 with swap32)
   double w4_us, w4_tbps, bf16_us, bf16_tbps;  // graph timing, library variant
   double w4_launch_us, bf16_launch_us;        // one event pair per launch
   double v2_us, v4_us, v2_launch_us, v4_launch_us;
-  std::string tiling;
+  double s32_us, s32_launch_us;  // v4 swap32 (M = 17..32; NAN elsewhere)
+  std::string tiling;            // the library's
+  std::string s32_tiling;        // swap32's (M = 17..32)
 };
+
+// A JSON number, or null for a timing that does not apply (NAN).
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f", v);
+  return buf;
+}
 
 // cuBLASLt y[M, N] = x[M, K] * W[N, K]^T in column-major terms: D (N x M) = op_T(W as K x N) * x (K x M).
 struct LtGemm {
@@ -194,14 +207,15 @@ void run_probe(cudaStream_t stream, int iters) {
 
 
 // --- --sweep --------------------------------------------------------------------------------------------------
-// Every configuration of w4a16::v4_sweep_configs on the issue shapes at M = 1, 4, 8, 16 (swap16 ones at M = 16
-// only, the only sweep M where they differ), each graph-timed like the main table, in one process so the rows
+// Every configuration of w4a16::v4_sweep_configs on the issue shapes at M = 1, 4, 8, 16, 32 (swap16 ones at M = 16
+// only, the only sweep M where they differ; the swap32 one at M = 32 only, where the others give the default
+// tiling and show as '=w8s16'), each graph-timed like the main table, in one process so the rows
 // compare. Candidates whose heuristic tiling equals an earlier candidate's are not run twice. Each candidate's
 // output (one extra launch) is compared with the default's: max |y - y_default| / max |y_default| above
 // kSweepDiffTol marks the row "DIFF" (a broken configuration; the orders of accumulation differ, so tiny
-// differences are expected). Cost: 8 shapes x 4 M x <= 9 candidates x iters x 20 GEMMs (about a minute at
+// differences are expected). Cost: 8 shapes x 5 M x <= 10 candidates x iters x 20 GEMMs (about a minute at
 // iters = 100).
-const int kSweepMs[] = {1, 4, 8, 16};
+const int kSweepMs[] = {1, 4, 8, 16, 32};
 constexpr double kSweepDiffTol = 1.0 / 64;
 
 struct SweepCandidate {
@@ -276,6 +290,7 @@ std::vector<SweepRow> run_sweep(cudaStream_t stream, int iters, size_t rotate_by
       size_t ws_bytes = 16;
       for (const auto& c : configs) {
         if (c.config.swap16 && M < 9) continue;
+        if (c.config.swap32 != w4k::kSwap32ByDefault && (M < w4k::kSwap32MinM || M > w4k::kSwap32MaxM)) continue;
         w4k::Tiling t;
         if (ftc::gemm_w4a16_plan_config(M, s.N, s.K, kGroup, ScaleType::BF16, c.config, &t) != cudaSuccess) {
           std::printf("  %s: no launchable tiling for %s M=%d, left out\n", c.name, s.name, M);
@@ -430,9 +445,10 @@ int main(int argc, char** argv) {
   std::printf("graph-timed (%d GEMMs per graph); 'launch' = one event pair per launch; lib = variant the library "
               "runs; TB/s and speedup (vs cuBLASLt BF16) for lib\n",
               kGraphLaunches);
-  std::printf("%-12s %3s %6s %6s | %8s %8s %6s | %8s %8s | %3s %7s %6s | %9s %9s | %7s\n", "shape", "M", "K", "N",
-              "v2 us", "v4 us", "v2/v4", "v2 lnch", "v4 lnch", "lib", "TB/s", "of4.2T", "bf16 us", "bf16 lnch",
-              "speedup");
+  std::printf("(v4 = v4 16-row path for M > 16; s32 = v4 swapped three/four-tile path, M = 17..32)\n");
+  std::printf("%-12s %3s %6s %6s | %8s %8s %6s | %8s %7s | %8s %8s | %5s %7s %6s | %9s %9s | %7s\n", "shape", "M", "K",
+              "N", "v2 us", "v4 us", "v2/v4", "s32 us", "v2/s32", "v2 lnch", "v4 lnch", "lib", "TB/s", "of4.2T",
+              "bf16 us", "bf16 lnch", "speedup");
 
   std::vector<Row> rows;
   w4k::DeviceLimits limits;  // for the tiling description only
@@ -475,31 +491,42 @@ int main(int argc, char** argv) {
       fill_random_bf16(hx, 0x3f00);
       CHECK_CUDA(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
     }
+    // v2 (and the v4 column) run the default tiling without swap32, even when an FT_W4A16_* config or
+    // kSwap32ByDefault changes the library's; s32 the same tiling with swap32.
+    w4k::V4Config no32, with32;
+    no32.swap32 = false;
+    with32.swap32 = true;
     size_t ws_bytes = 0;
     for (int M : kMs) {
-      w4k::Tiling dt;  // v2 runs the default tiling even when an FT_W4A16_* config changes the library's
-      CHECK_CUDA(futransformer::cuda::gemm_w4a16_plan_config(M, s.N, s.K, kGroup, ScaleType::BF16, w4k::V4Config{},
-                                                             &dt));
-      ws_bytes = std::max({ws_bytes, futransformer::cuda::gemm_w4a16_workspace_bytes(M, s.N, s.K),
-                           static_cast<size_t>(w4k::workspace_bytes_for(dt, M, s.N))});
+      for (const w4k::V4Config& c : {no32, with32}) {
+        w4k::Tiling dt;
+        CHECK_CUDA(futransformer::cuda::gemm_w4a16_plan_config(M, s.N, s.K, kGroup, ScaleType::BF16, c, &dt));
+        ws_bytes = std::max({ws_bytes, futransformer::cuda::gemm_w4a16_workspace_bytes(M, s.N, s.K),
+                             static_cast<size_t>(w4k::workspace_bytes_for(dt, M, s.N))});
+      }
     }
     void* ws = nullptr;
     CHECK_CUDA(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 16)));
 
     for (int M : kMs) {
-      // The library's tiling for its variant (with any FT_W4A16_* v4 config), the default tiling for the other.
-      w4k::Tiling t, tiles[2];
+      // The library's tiling for its variant (with any FT_W4A16_* v4 config), the default tiling for the other;
+      // [2] the swap32 tiling at M = 17..32.
+      w4k::Tiling t, tiles[3];
       CHECK_CUDA(futransformer::cuda::gemm_w4a16_plan(M, s.N, s.K, kGroup, ScaleType::BF16, &t));
       const w4k::Variant lib = t.variant;
-      CHECK_CUDA(futransformer::cuda::gemm_w4a16_plan_config(M, s.N, s.K, kGroup, ScaleType::BF16, w4k::V4Config{},
-                                                             &tiles[0]));
+      const bool lib_s32 = t.swap32;
+      const bool has_s32 = M >= w4k::kSwap32MinM && M <= w4k::kSwap32MaxM;
+      CHECK_CUDA(futransformer::cuda::gemm_w4a16_plan_config(M, s.N, s.K, kGroup, ScaleType::BF16, no32, &tiles[0]));
       tiles[0].variant = w4k::Variant::v2;
       tiles[1] = tiles[0];
       tiles[1].variant = w4k::Variant::v4;
-      tiles[lib == w4k::Variant::v4 ? 1 : 0] = t;
-      double us[2] = {0, 0}, launch_us[2] = {0, 0};
-      for (w4k::Variant v : {w4k::Variant::v2, w4k::Variant::v4}) {
-        t = tiles[v == w4k::Variant::v4 ? 1 : 0];
+      if (!lib_s32) tiles[lib == w4k::Variant::v4 ? 1 : 0] = t;
+      if (has_s32)
+        CHECK_CUDA(
+            futransformer::cuda::gemm_w4a16_plan_config(M, s.N, s.K, kGroup, ScaleType::BF16, with32, &tiles[2]));
+      double us[3] = {0, 0, NAN}, launch_us[3] = {0, 0, NAN};
+      for (int vi = 0; vi < (has_s32 ? 3 : 2); ++vi) {
+        t = tiles[vi];
         auto w4_launch = [&](int i) {
           const int r = i % r4;
           CHECK_CUDA(futransformer::cuda::gemm_w4a16_with_tiling(
@@ -507,11 +534,10 @@ int main(int argc, char** argv) {
               reinterpret_cast<const uint16_t*>(reinterpret_cast<uint8_t*>(sc) + r * sc_bytes), y, M, s.N, s.K,
               kGroup, ScaleType::BF16, ws, ws_bytes, stream));
         };
-        const int vi = v == w4k::Variant::v4 ? 1 : 0;
         launch_us[vi] = time_median_us(iters, stream, w4_launch);
         us[vi] = time_graph_us(iters, stream, w4_launch);
       }
-      const int li = lib == w4k::Variant::v4 ? 1 : 0;
+      const int li = lib_s32 ? 2 : (lib == w4k::Variant::v4 ? 1 : 0);
       t = tiles[li];
       LtGemm lg(lt, M, s.N, s.K, lt_ws);
       auto bf_launch = [&](int i) { lg.run(bf + (i % rb) * bf_bytes, x, y, stream); };
@@ -521,7 +547,7 @@ int main(int argc, char** argv) {
               M,
               s.K,
               s.N,
-              li ? "v4" : "v2",
+              li == 2 ? "v4s32" : (li ? "v4" : "v2"),
               us[li],
               (w4_bytes + sc_bytes) / (us[li] * 1e-6) / 1e12,
               bf_us,
@@ -532,9 +558,15 @@ int main(int argc, char** argv) {
               us[1],
               launch_us[0],
               launch_us[1],
-              w4k::describe_tiling(t, M, s.N, s.K, kGroup, limits)};
-      std::printf("%-12s %3d %6d %6d | %8.2f %8.2f %5.2fx | %8.2f %8.2f | %3s %7.2f %5.0f%% | %9.2f %9.2f | %6.2fx\n",
-                  s.name, M, s.K, s.N, row.v2_us, row.v4_us, row.v2_us / row.v4_us, row.v2_launch_us,
+              us[2],
+              launch_us[2],
+              w4k::describe_tiling(t, M, s.N, s.K, kGroup, limits),
+              has_s32 ? w4k::describe_tiling(tiles[2], M, s.N, s.K, kGroup, limits) : std::string()};
+      char s32_cols[32] = "       - |       -";
+      if (has_s32) std::snprintf(s32_cols, sizeof(s32_cols), "%8.2f | %6.2fx", row.s32_us, row.v2_us / row.s32_us);
+      std::printf("%-12s %3d %6d %6d | %8.2f %8.2f %5.2fx | %s | %8.2f %8.2f | %5s %7.2f %5.0f%% | %9.2f %9.2f | "
+                  "%6.2fx\n",
+                  s.name, M, s.K, s.N, row.v2_us, row.v4_us, row.v2_us / row.v4_us, s32_cols, row.v2_launch_us,
                   row.v4_launch_us, row.variant, row.w4_tbps, 100.0 * row.w4_tbps / kNominalTBps, row.bf16_us,
                   row.bf16_launch_us, row.bf16_us / row.w4_us);
       rows.push_back(row);
@@ -545,6 +577,18 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFree(w4));
     CHECK_CUDA(cudaFree(sc));
     CHECK_CUDA(cudaFree(bf));
+  }
+  // M = 17..32: v2 (the library's default there unless kSwap32ByDefault), the v4 16-row path and v4 swap32, all on
+  // the same tiling; TB/s and % of 4.2 TB/s for swap32 (the tiling column: the swap32 one).
+  std::printf("\nswap32 (M = %d..%d), graph-timed us per GEMM:\n", w4k::kSwap32MinM, w4k::kSwap32MaxM);
+  std::printf("%-12s %3s | %8s %8s %8s | %7s %7s | %6s %6s | %s\n", "shape", "M", "v2 us", "v4 us", "s32 us",
+              "v2/s32", "v4/s32", "TB/s", "of4.2T", "swap32 tiling");
+  for (const Row& r : rows) {
+    if (!std::isfinite(r.s32_us)) continue;
+    const double tbps = static_cast<double>(r.N) * r.K / 2 * (1 + 4.0 / kGroup) / (r.s32_us * 1e-6) / 1e12;
+    std::printf("%-12s %3d | %8.2f %8.2f %8.2f | %6.2fx %6.2fx | %6.2f %5.0f%% | %s\n", r.shape.c_str(), r.M, r.v2_us,
+                r.v4_us, r.s32_us, r.v2_us / r.s32_us, r.v4_us / r.s32_us, tbps, 100.0 * tbps / kNominalTBps,
+                r.s32_tiling.c_str());
   }
   const int sm_mhz_now = report_sm_clock_after_runs(d.dev);
 
@@ -564,10 +608,13 @@ int main(int argc, char** argv) {
                    "\"cublaslt_bf16_us\": %.3f, \"cublaslt_bf16_tbps\": %.4f, \"speedup\": %.3f, "
                    "\"w4a16_launch_us\": %.3f, \"cublaslt_bf16_launch_us\": %.3f, "
                    "\"v2_us\": %.3f, \"v4_us\": %.3f, \"v2_launch_us\": %.3f, \"v4_launch_us\": %.3f, "
-                   "\"v4_speedup_over_v2\": %.3f, \"tiling\": \"%s\"}",
+                   "\"v4_speedup_over_v2\": %.3f, \"v4_swap32_us\": %s, \"v4_swap32_launch_us\": %s, "
+                   "\"swap32_speedup_over_v2\": %s, \"tiling\": \"%s\", \"swap32_tiling\": \"%s\"}",
                    r.shape.c_str(), r.M, r.K, r.N, r.variant, r.w4_us, r.w4_tbps, r.bf16_us, r.bf16_tbps,
                    r.bf16_us / r.w4_us, r.w4_launch_us, r.bf16_launch_us, r.v2_us, r.v4_us, r.v2_launch_us,
-                   r.v4_launch_us, r.v2_us / r.v4_us, r.tiling.c_str());
+                   r.v4_launch_us, r.v2_us / r.v4_us, json_number(r.s32_us).c_str(),
+                   json_number(r.s32_launch_us).c_str(), json_number(r.v2_us / r.s32_us).c_str(),
+                   r.tiling.c_str(), r.s32_tiling.c_str());
     };
     if (!write_json(args.json_path, "gemm_w4a16", d, sm_mhz_now, copy_tbps, extra, rows.size(), row)) return 1;
   }

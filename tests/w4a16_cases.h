@@ -125,9 +125,39 @@ inline std::vector<TilingCase> tiling_cases() {
   };
 }
 
-// The v4 configurations beyond the default (variant v4, M <= 16): every explicit tiling above with M <= 16 again on
-// each other compiled (warps, stages) shape (warps_k scaled so warps_n stays), and on the swapped two-tile path
-// where M = 9..16, plus cases for that path alone (M = 10..15, odd group counts, uneven splits, ring wrap-around).
+// The swapped three/four-tile path (swap32, variant v4, M = 17..32, default CTA shape): the explicit tiling above
+// with M in that range, plus three-tile (M <= 24) and four-tile cases with clamped rows, odd group counts, uneven
+// splits, warps starting inside groups, idle K warps and ring wrap-around.
+inline std::vector<TilingCase> swap32_cases() {
+  using formats::ScaleType;
+  std::vector<TilingCase> out;
+  for (const TilingCase& c : tiling_cases())
+    if (c.M >= w4::kSwap32MinM && c.M <= w4::kSwap32MaxM) out.push_back(c);
+  auto c = [](int M, int N, int K, int group, ScaleType st, int warps_n, int splits, const char* why) {
+    return TilingCase{M, N, K, group, st, make_tiling(M, warps_n, splits, false), why};
+  };
+  const TilingCase extra[] = {
+      c(17, 64, 256, 32, ScaleType::F16, 2, 1, "M = 17: three tiles, rows 17..23 clamped, group 32"),
+      c(20, 32, 576, 64, ScaleType::F16, 1, 1, "M = 20: 9 groups over 8 K warps"),
+      c(24, 256, 1120, 32, ScaleType::BF16, 8, 1, "M = 24: three full tiles, 35 blocks per warp, single last block"),
+      c(25, 128, 640, 64, ScaleType::F16, 4, 3, "M = 25: four tiles, rows 25..31 clamped, 10 groups in 3 slices"),
+      c(28, 128, 576, 32, ScaleType::BF16, 4, 2, "M = 28: 18 groups of 32 in 2 slices, warps_k = 2"),
+      c(31, 64, 1408, 128, ScaleType::BF16, 2, 1, "M = 31: 11 groups, warps_k = 4, ranges start inside groups"),
+      c(32, 32, 384, 128, ScaleType::BF16, 1, 2, "M = 32: warps_k = 8 over 4 and 8 blocks, idle warps"),
+      c(32, 256, 2176, 64, ScaleType::F16, 8, 1, "M = 32: 68 blocks per warp, FP16 scales"),
+  };
+  out.insert(out.end(), std::begin(extra), std::end(extra));
+  for (TilingCase& d : out) {
+    d.t.variant = w4::Variant::v4;
+    d.t.swap32 = true;
+  }
+  return out;
+}
+
+// The v4 configurations beyond the default (variant v4): every explicit tiling above with M <= 16 again on each
+// other compiled (warps, stages) shape (warps_k scaled so warps_n stays), and on the swapped two-tile path where
+// M = 9..16, plus cases for that path alone (M = 10..15, odd group counts, uneven splits, ring wrap-around); then
+// the swap32 cases (M = 17..32).
 inline std::vector<TilingCase> v4_config_cases() {
   using formats::ScaleType;
   std::vector<TilingCase> base;
@@ -161,6 +191,7 @@ inline std::vector<TilingCase> v4_config_cases() {
       }
     }
   }
+  for (const TilingCase& d : swap32_cases()) out.push_back(d);
   return out;
 }
 

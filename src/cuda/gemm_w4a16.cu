@@ -275,10 +275,13 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
 }
 
 // The tiling gemm_w4a16 runs: the environment's v4 config for v4 decode sizes (when its tiling fits the device;
-// otherwise, and for v2 or M > 16, the default one), with the variant set.
+// otherwise, and for v2 or M > 16, the default one), with the variant set. For M = 17..32 swap32 is the
+// environment's (FT_W4A16_SWAP32, else kSwap32ByDefault) when the variant is v4, and off for v2.
 Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits& d) {
   const w4a16::Variant v = gemm_w4a16_variant_for(M);
-  Tiling t = cached_tiling(M, N, K, group, d, w4a16::V4Config{});
+  w4a16::V4Config base;
+  base.swap32 = v == w4a16::Variant::v4 && env_v4_config().swap32;
+  Tiling t = cached_tiling(M, N, K, group, d, base);
   if (v == w4a16::Variant::v4 && M <= w4a16::kV4DefaultMaxM && !(env_v4_config() == w4a16::V4Config{})) {
     Tiling c = cached_tiling(M, N, K, group, d, env_v4_config());
     c.variant = v;
@@ -346,7 +349,7 @@ w4a16::Variant gemm_w4a16_variant_for(int M) {
   switch (env_variant()) {
     case EnvVariant::v2: return w4a16::Variant::v2;
     case EnvVariant::v4: return w4a16::Variant::v4;
-    default: return w4a16::choose_variant(M);
+    default: return w4a16::choose_variant(M, env_v4_config().swap32);
   }
 }
 

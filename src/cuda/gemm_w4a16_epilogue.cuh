@@ -80,7 +80,8 @@ __device__ __forceinline__ void store_c16_tile(const EpilogueOut& o, int64_t nb,
 }
 
 // Stores of v4's swapped paths: acc(j, e) with j = 2 mt + np is y[m][n], m = 8 mt + swap_c_m(lane, e),
-// n = 32 nb + swap_c_n(lane, np, e); single-element accesses (the output is M x N with M <= 16: a few KB).
+// n = 32 nb + swap_c_n(lane, np, e); single-element accesses (the output, at most 32 rows x 2 bytes per column, is
+// small next to the K / 2 weight bytes each column streams).
 template <int kSwapTiles, class AccFn>
 __device__ __forceinline__ void store_swapped(const EpilogueOut& o, int64_t nb, int lane, int slice, AccFn acc) {
   const int N = o.N;

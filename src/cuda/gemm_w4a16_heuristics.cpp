@@ -61,7 +61,12 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d) {
 }
 
 Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, const V4Config& config) {
-  const V4Config cfg = M <= kV4DefaultMaxM ? config : V4Config{};
+  // Above kV4DefaultMaxM only swap32 comes from the config (the tiling is otherwise the default one).
+  V4Config cfg = config;
+  if (M > kV4DefaultMaxM) {
+    cfg = V4Config{};
+    cfg.swap32 = config.swap32;
+  }
   Tiling base;
   base.m_tiles = (M + 15) / 16;
   base.rows8 = M <= 8;
@@ -69,6 +74,7 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, cons
   base.warps = cfg.warps;
   base.stages = cfg.stages;
   base.swap16 = cfg.swap16 && M > 8;
+  base.swap32 = cfg.swap32 && M >= kSwap32MinM && M <= kSwap32MaxM;
   const int64_t groups = K / group;
   const int64_t max_splits = std::min<int64_t>(groups, kMaxSplits);
   // Phase 0 keeps tilings that meet both occupancy wishes of cfg.ctas_per_sm, phase 1 those whose shared memory
@@ -129,7 +135,9 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, cons
   return t;
 }
 
-Variant choose_variant(int M) { return M <= kV4DefaultMaxM ? Variant::v4 : Variant::v2; }
+Variant choose_variant(int M, bool swap32) {
+  return M <= kV4DefaultMaxM || (swap32 && M >= kSwap32MinM && M <= kSwap32MaxM) ? Variant::v4 : Variant::v2;
+}
 
 bool tiling_is_valid(const Tiling& t, int M, int N, int K, int group, const DeviceLimits& d, std::string* why) {
   auto fail = [&](const std::string& m) {
@@ -146,6 +154,9 @@ bool tiling_is_valid(const Tiling& t, int M, int N, int K, int group, const Devi
   if ((t.warps != kWarps || t.stages != kStages) && (t.variant != Variant::v4 || M > kV4DefaultMaxM))
     return fail("warps = " + to_string(t.warps) + ", stages = " + to_string(t.stages) +
                 " need variant v4 and M <= " + to_string(kV4DefaultMaxM) + " (v2 and larger M run 8 x 16 only)");
+  if (t.swap32 && (t.variant != Variant::v4 || t.rows8 || t.swap16 || M < kSwap32MinM || M > kSwap32MaxM))
+    return fail("swap32 needs variant v4, rows8 and swap16 off and M = " + to_string(kSwap32MinM) + ".." +
+                to_string(kSwap32MaxM) + ", M = " + to_string(M) + (t.variant != Variant::v4 ? " (variant v2)" : ""));
   if (t.swap16 && (t.variant != Variant::v4 || t.rows8 || M < 9 || M > 16))
     return fail("swap16 needs variant v4, rows8 off and M = 9..16, M = " + to_string(M));
   if (t.warps_n != 1 && t.warps_n != 2 && t.warps_n != 4 && t.warps_n != 8 && t.warps_n != 16)
@@ -171,10 +182,12 @@ std::string describe_tiling(const Tiling& t, int M, int N, int K, int group, con
   const int64_t in_flight_kb = int64_t{t.warps} * (t.stages - 2) * kBlockN * kBlockK / 2 / 1024;
   char buf[400];
   std::snprintf(buf, sizeof(buf),
-                "gemm_w4a16 M=%d N=%d K=%d group=%d: %s%s m_tiles=%d rows8=%d warps=%d stages=%d warps_n=%d "
+                "gemm_w4a16 M=%d N=%d K=%d group=%d: %s%s%s m_tiles=%d rows8=%d warps=%d stages=%d warps_n=%d "
                 "warps_k=%d splits=%d grid=%dx%d smem=%lld B ctas/sm<=%lld in_flight/cta=%lld KB workspace=%lld B "
                 "(sm=%d)",
-                M, N, K, group, t.variant == Variant::v4 ? "v4" : "v2", t.swap16 ? " swap16" : "", t.m_tiles,
+                M, N, K, group, t.variant == Variant::v4 ? "v4" : "v2", t.swap16 ? " swap16" : "",
+                t.swap32 ? (swap_tiles(t.rows8, t.swap16, t.swap32, t.rows) == 3 ? " swap32x3" : " swap32x4") : "",
+                t.m_tiles,
                 t.rows8 ? 1 : 0, t.warps, t.stages, t.warps_n, t.warps_k, t.splits, N / (kBlockN * t.warps_n),
                 t.splits, static_cast<long long>(smem), static_cast<long long>(resident_per_sm(t, d, smem)),
                 static_cast<long long>(in_flight_kb), static_cast<long long>(workspace_bytes_for(t, M, N)),
@@ -184,26 +197,29 @@ std::string describe_tiling(const Tiling& t, int M, int N, int K, int group, con
 
 std::string describe_config(const V4Config& c) {
   char buf[160];
-  std::snprintf(buf, sizeof(buf), "v4 config: warps=%d stages=%d ctas_per_sm=%d splits=%d swap16=%d", c.warps,
-                c.stages, c.ctas_per_sm, c.splits, c.swap16 ? 1 : 0);
+  std::snprintf(buf, sizeof(buf), "v4 config: warps=%d stages=%d ctas_per_sm=%d splits=%d swap16=%d swap32=%d",
+                c.warps, c.stages, c.ctas_per_sm, c.splits, c.swap16 ? 1 : 0, c.swap32 ? 1 : 0);
   return buf;
 }
 
 std::vector<NamedV4Config> v4_sweep_configs() {
-  auto make = [](const char* name, int warps, int stages, int ctas, bool swap16) {
+  auto make = [](const char* name, int warps, int stages, int ctas, bool swap16, bool swap32 = kSwap32ByDefault) {
     V4Config c;
     c.warps = warps;
     c.stages = stages;
     c.ctas_per_sm = ctas;
     c.swap16 = swap16;
+    c.swap32 = swap32;
     return NamedV4Config{name, c};
   };
   // Bytes in flight per SM, as the default has them on the large layers (one or two CTAs of 56 KB): c2 / c3 ask
   // for 2 or 3 such CTAs on every SM (more K slices, less staging each); w8s32 and w16s16 double the bytes per
-  // CTA (120 / 112 KB), c1 with them keeps all SMs busy where the model would leave some idle.
+  // CTA (120 / 112 KB), c1 with them keeps all SMs busy where the model would leave some idle. The last entry flips
+  // swap32 (M = 17..32; the others keep its default): "swap32" when that turns it on, "no_swap32" when off.
   return {make("w8s16", 8, 16, 0, false),  make("w8s16c2", 8, 16, 2, false), make("w8s16c3", 8, 16, 3, false),
           make("w8s32", 8, 32, 0, false),  make("w8s32c1", 8, 32, 1, false), make("w16s16", 16, 16, 0, false),
-          make("w16s16c1", 16, 16, 1, false), make("swap16", 8, 16, 0, true),  make("swap16c2", 8, 16, 2, true)};
+          make("w16s16c1", 16, 16, 1, false), make("swap16", 8, 16, 0, true),  make("swap16c2", 8, 16, 2, true),
+          make(kSwap32ByDefault ? "no_swap32" : "swap32", 8, 16, 0, false, !kSwap32ByDefault)};
 }
 
 V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings) {
@@ -238,6 +254,7 @@ V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings)
   read("FT_W4A16_V4_CTAS_PER_SM", 0, 8, &c.ctas_per_sm);
   read("FT_W4A16_SPLITK", 0, kMaxSplits, &c.splits);
   if (read("FT_W4A16_SWAP16", 0, 1, &flag)) c.swap16 = flag == 1;
+  if (read("FT_W4A16_SWAP32", 0, 1, &flag)) c.swap32 = flag == 1;
   return c;
 }
 

@@ -16,9 +16,17 @@ struct DeviceLimits {
   int64_t smem_per_block = 227 * 1024;  // opt-in maximum for one CTA
 };
 
+// Whether M = 17..32 runs v4's swapped three/four-tile path (swap32) by default instead of v2's 16-row path with
+// two m tiles. Off: per 512-byte block swap32 issues the same 16 weight mma as v2 (M = 32 fills every MMA row on
+// both paths), trading v2's 16 sub.bf16x2 for 4 offset mma and 8 shuffles per group flush, so its static count
+// does not clearly beat v2 (docs/notes/w4a16-tuning.md, "v5"); FT_W4A16_SWAP32=1 or V4Config::swap32 turn it on
+// until a measurement says otherwise.
+constexpr bool kSwap32ByDefault = false;
+
 // The tunable part of the v4 decode launch (M <= kV4DefaultMaxM), swept by `bench_gemm_w4a16 --sweep`. The default
 // value is the configuration the library has always run; gemm_w4a16 reads overrides from the environment
-// (v4_config_from_env). A config applies to v4 launches with M <= 16 only; v2 and M > 16 use the default.
+// (v4_config_from_env). A config applies to v4 launches with M <= 16 only (v2 and M > 16 use the default), except
+// swap32, which applies to M = 17..32 only.
 struct V4Config {
   int warps = kWarps;    // warps per CTA; (warps, stages) must be one of kV4KernelShapes
   int stages = kStages;  // cp.async ring slots per thread
@@ -26,6 +34,7 @@ struct V4Config {
                          // an SM and whose grid gives every SM c of them (relaxed in that order when none does)
   int splits = 0;        // 0: the cost model decides; s > 0: s K slices (clamped to what the shape allows)
   bool swap16 = false;   // M = 9..16 on the swapped two-tile path instead of the 16-row path
+  bool swap32 = kSwap32ByDefault;  // M = 17..32 on v4's swapped three/four-tile path (variant v4 there)
 
   bool operator==(const V4Config&) const = default;
 };
@@ -33,35 +42,39 @@ struct V4Config {
 // The tiling for a shape that gemm_w4a16_can_implement accepts (M in 1..64, N % 32 == 0, K % group == 0,
 // group in {32, 64, 128}). Always returns a launchable tiling for such shapes. The variant is left at v2 for the
 // caller to set; with a config the warps, stages and swap16 fields come from it when M <= kV4DefaultMaxM (a
-// non-default one is then only launchable as v4), and without one (or with V4Config{}) the result is the same.
+// non-default one is then only launchable as v4), swap32 when M = 17..32 (only launchable as v4; the tiling is
+// otherwise the default one), and without one (or with V4Config{}) the result is the same.
 Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& limits);
 Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& limits, const V4Config& config);
 
 // V4Config from environment strings (get(name) returns the value or nullptr): FT_W4A16_V4_WARPS,
-// FT_W4A16_V4_STAGES, FT_W4A16_V4_CTAS_PER_SM, FT_W4A16_SPLITK, FT_W4A16_SWAP16 (0/1). A value that is not
+// FT_W4A16_V4_STAGES, FT_W4A16_V4_CTAS_PER_SM, FT_W4A16_SPLITK, FT_W4A16_SWAP16 (0/1), FT_W4A16_SWAP32 (0/1,
+// unset: kSwap32ByDefault). A value that is not
 // accepted (a (warps, stages) pair that is not compiled, ctas_per_sm outside 0..8, splits outside 0..64) is
 // left at its default and a sentence per problem is appended to *warnings.
 V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings);
 std::string describe_config(const V4Config& c);
 
 // The candidates `bench_gemm_w4a16 --sweep` times side by side and the GPU tests check against the CPU twin; the
-// first is the default. Names: w<warps>s<stages>, c<n> for ctas_per_sm = n, swap16 for the two-tile path.
+// first is the default. Names: w<warps>s<stages>, c<n> for ctas_per_sm = n, swap16 for the two-tile path, swap32
+// for the three/four-tile path (M = 17..32).
 struct NamedV4Config {
   const char* name;
   V4Config config;
 };
 std::vector<NamedV4Config> v4_sweep_configs();
 
-// The kernel variant for M rows (the tiling is the same for both): v4 for decode sizes, M <= kV4DefaultMaxM.
-// gemm_w4a16 lets FT_W4A16_VARIANT=v2|v4 override this (see gemm_w4a16_internal.h).
+// The kernel variant for M rows (the tiling is the same for both): v4 for decode sizes, M <= kV4DefaultMaxM, and
+// for M = 17..32 when swap32 is on (the swapped path exists in v4 only). gemm_w4a16 passes the environment's swap32
+// (FT_W4A16_SWAP32) and lets FT_W4A16_VARIANT=v2|v4 override the result (see gemm_w4a16_internal.h).
 constexpr int kV4DefaultMaxM = 16;
-Variant choose_variant(int M);
+Variant choose_variant(int M, bool swap32 = kSwap32ByDefault);
 
 // Whether a tiling (any variant) is launchable for this shape on a device with these limits: m_tiles, rows and
 // rows8 match M, (warps, stages) compiled for the variant and M (only the default for v2 and M > 16),
 // warps_n x warps_k = warps with N a multiple of 32 * warps_n, 1 <= splits <= min(K / group, 64), swap16 only for
-// v4 with M = 9..16, shared memory within the limit. Otherwise false and, when why is not null, a sentence
-// naming the field.
+// v4 with M = 9..16, swap32 only for v4 with M = 17..32 (and neither rows8 nor swap16), shared memory within the
+// limit. Otherwise false and, when why is not null, a sentence naming the field.
 bool tiling_is_valid(const Tiling& t, int M, int N, int K, int group, const DeviceLimits& limits, std::string* why);
 
 // Bytes of fp32 workspace a tiling needs (0 when it does not split K).

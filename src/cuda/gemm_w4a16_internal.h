@@ -17,17 +17,19 @@ struct __nv_bfloat16;
 namespace futransformer::cuda {
 
 // The variant gemm_w4a16 runs for M rows: FT_W4A16_VARIANT=v2 or v4 when set (read once per process; another
-// value is reported on stderr once and ignored), else w4a16::choose_variant(M).
+// value is reported on stderr once and ignored), else w4a16::choose_variant(M, swap32) with the environment's
+// swap32 (FT_W4A16_SWAP32, else kSwap32ByDefault): v4 for M = 17..32 when that is on.
 w4a16::Variant gemm_w4a16_variant_for(int M);
 
 // The tiling gemm_w4a16 uses for this shape on the current device (variant included; for v4 with M <= 16 the
 // v4 config of the environment, FT_W4A16_V4_WARPS / _STAGES / _CTAS_PER_SM, FT_W4A16_SPLITK, FT_W4A16_SWAP16, when
-// its tiling fits). cudaErrorInvalidValue for shapes gemm_w4a16_can_implement rejects.
+// its tiling fits; for v4 with M = 17..32 swap32 from FT_W4A16_SWAP32, else kSwap32ByDefault).
+// cudaErrorInvalidValue for shapes gemm_w4a16_can_implement rejects.
 cudaError_t gemm_w4a16_plan(int M, int N, int K, int group, formats::ScaleType scale_type, w4a16::Tiling* tiling);
 
 // The v4 tiling a given config gives this shape on the current device (w4a16::choose_tiling with the config,
-// variant v4; the config applies to M <= 16 only). cudaErrorInvalidValue for shapes gemm_w4a16_can_implement
-// rejects and for a tiling that does not fit the device (w4a16::tiling_is_valid).
+// variant v4; the config applies to M <= 16 only, its swap32 to M = 17..32). cudaErrorInvalidValue for shapes
+// gemm_w4a16_can_implement rejects and for a tiling that does not fit the device (w4a16::tiling_is_valid).
 cudaError_t gemm_w4a16_plan_config(int M, int N, int K, int group, formats::ScaleType scale_type,
                                    const w4a16::V4Config& config, w4a16::Tiling* tiling);
 

@@ -134,12 +134,23 @@ struct Tiling {
   int warps = kWarps;    // warps per CTA (warps_n * warps_k); other than kWarps only for v4 with M <= 16
   int stages = kStages;  // cp.async ring slots per thread (a power of two); likewise
   bool swap16 = false;   // v4, 9 <= M <= 16: swapped path with two n = 8 activation tiles (rows 0-7, 8-15)
+  bool swap32 = false;   // v4, 17 <= M <= 32: swapped path with three (M <= 24) or four n = 8 activation tiles
 
   bool operator==(const Tiling&) const = default;
 };
 
+// The swapped paths serve M <= 32 (kSwap32MaxM): rows8 M <= 8, swap16 M = 9..16, swap32 M = 17..32.
+constexpr int kSwap32MinM = 17;
+constexpr int kSwap32MaxM = 32;
+// n = 8 activation tiles of the swapped paths for a tiling (0: the 16-row path): the kernel's kSwapTiles. swap32
+// runs three tiles when the rows fit in 24, so M = 17..24 issues no mma for a fourth tile of clamped rows.
+FT_HD constexpr int swap_tiles(bool rows8, bool swap16, bool swap32, int rows) {
+  return rows8 ? 1 : (swap16 ? 2 : (swap32 ? (rows <= 24 ? 3 : 4) : 0));
+}
+
 // Register cap for __launch_bounds__: decode (one m tile) wants three CTAs per SM for bytes in flight; the
-// larger accumulator sets of M > 32 need the registers more.
+// larger accumulator sets of M > 32 need the registers more. The swapped four-tile path (swap32) has the
+// accumulators of two m tiles (m_tiles = 2, 32 + 32 partial sums) and is capped like them.
 FT_HD constexpr int min_blocks_per_sm(int m_tiles) { return m_tiles == 1 ? 3 : (m_tiles == 2 ? 2 : 1); }
 // The same for a CTA of `warps` warps: one m tile keeps 24 warps per SM resident (65536 registers / 768 threads
 // = 85 per thread, above v4's 72-80), so 3 CTAs of 8 warps and 1 of 16 (two would need 64 registers: spills).
@@ -220,6 +231,20 @@ FT_HD int swap16_a_breg(int r) { return r >> 1; }
 // 4 (2t + (e & 1)) holds as its element 2 mt (read with a warp shuffle at the flush).
 FT_HD int swap16_corr_src_lane(int lane, int e) { return 4 * (2 * (lane & 3) + (e & 1)); }
 FT_HD int swap16_corr_src_elem(int mt) { return 2 * mt; }
+// Three- / four-tile path (swap32, M = 17..32): per k16 step, n = 8 tiles 2p and 2p + 1 come from one
+// ldmatrix.x4 (tile 2p alone, for three tiles: .x2, whose addresses are lanes 0..15) at swap32_xb_offset: lane gives
+// the address of token row 16p + 8 ((lane >> 4) & 1) + (lane & 7) (clamped to the staged rows), columns
+// 16 ks + 8 ((lane >> 3) & 1), so register 2q + b holds B register b of tile 2p + q, x[16p + 8q + g][16 ks + 8b + 2t,
+// + 1]: every B operand is a pair of adjacent registers as the mma wants it (a 16-row A-layout load would need two
+// moves per weight mma), and only this step's 8 registers are live.
+FT_HD int64_t swap32_xb_offset(int lane, int p, int64_t k, int64_t pitch, int rows) {
+  const int r = 16 * p + 8 * ((lane >> 4) & 1) + (lane & 7);
+  return (r < rows ? r : rows - 1) * pitch + k + 8 * ((lane >> 3) & 1);
+}
+// The offsets of swap32 come from one mma per tile and k16 step with the constant 136 as A and the tile's B
+// registers as B (the M <= 8 path's chain, once per tile): its C element e is 136 * sum_k x[8j + 2t + (e & 1)], the
+// token row of accumulator element e of tile j in the same lane, so the flush needs no shuffle. (Four such mma per
+// step against two activations-as-A ones, which would need the A-layout registers: moves or a second load.)
 // Swapped accumulator element e (0..3) of 16-row tile np: output column n (within the 32-column block) and row m.
 FT_HD int swap_c_n(int lane, int np, int e) { return 16 * np + 8 * (e >> 1) + (lane >> 2); }
 FT_HD int swap_c_m(int lane, int e) { return 2 * (lane & 3) + (e & 1); }

@@ -14,10 +14,13 @@
 // bytes in flight per SM can be swept (docs/notes/w4a16-tuning.md); M = 9..16 can also run swapped with two n = 8
 // activation tiles (kSwapTiles = 2): 8 weight mma per block like the 16-row path, and the 136 * sum(x) chain as one
 // mma per k16 step whose A operand is the activations themselves (swap16_a_tile), its rows moved to the lanes
-// that need them by four shuffles per group flush.
+// that need them by four shuffles per group flush. M = 17..32 runs swapped with three (M <= 24) or four n = 8 tiles
+// (swap32, kSwapTiles = 3 / 4): per k16 step two ldmatrix give the tiles' B registers (swap32_xb_offset), each weight
+// fragment meets every tile, and each tile has its own offset chain with 136 as A (as M <= 8), in place for the flush.
 #pragma once
 
 #include "cuda/gemm_w4a16.cuh"
+#include "cuda/ptx/sreg.cuh"
 
 namespace futransformer::cuda::w4a16 {
 
@@ -55,23 +58,28 @@ __device__ __forceinline__ float scale_from_half(uint32_t pair, uint32_t sel) {
 }
 
 // kSwapTiles: 0 = 16-row path (activations as A, kMT m tiles), 1 = swapped with one n = 8 activation tile
-// (M <= 8), 2 = swapped with two (M = 9..16). kCtaWarps warps per CTA, kRing cp.async slots per thread.
+// (M <= 8), 2 = swapped with two (M = 9..16), 3 / 4 = swapped with three / four (M = 17..24 / 25..32; kMT = 2, the
+// m tiles those rows span, which sizes the register cap and the cross-warp reduction buffer). kCtaWarps warps per
+// CTA, kRing cp.async slots per thread.
 template <int kMT, int kSwapTiles, bool kF16Scales, int kCtaWarps = kWarps, int kRing = kStages>
 __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, kCtaWarps, kSwapTiles == 2))
     gemm_w4a16_v4_kernel(const KernelArgs args) {
   static_assert(kMT >= 1 && kMT <= kMaxMTiles, "m tiles must cover 16..64 rows");
-  static_assert(kSwapTiles >= 0 && kSwapTiles <= 2, "swapped paths have one or two n = 8 activation tiles");
-  static_assert(kSwapTiles == 0 || kMT == 1, "the swapped paths serve M <= 16 only");
+  static_assert(kSwapTiles >= 0 && kSwapTiles <= 4, "swapped paths have one to four n = 8 activation tiles");
+  static_assert(kSwapTiles == 0 || kMT == (kSwapTiles + 1) / 2, "kMT is the number of m tiles the swapped rows span");
   static_assert(kRing >= 4 && (kRing & (kRing - 1)) == 0, "ring slots are addressed with a mask and used in pairs");
   static_assert(kCtaWarps * kWarpSize <= 1024, "a CTA has at most 1024 threads");
   constexpr bool kSwap = kSwapTiles > 0;
+  // swap32: activations loaded per k16 step, two n = 8 tiles per ldmatrix (kMT loads), one offset chain per tile.
+  constexpr bool kSwap32 = kSwapTiles > 2;
   constexpr int kThreadsCta = kCtaWarps * kWarpSize;
   constexpr int kPairs = kRing / 2;
   // Accumulator tiles per lane: swapped, 16 (n) x 8 (m) tiles [mt][np] (two per block per activation tile); else
-  // kMT x four 16 (m) x 8 (n). The offset chain: one tile per m tile, or one for both swapped activation tiles.
+  // kMT x four 16 (m) x 8 (n). The offset chain: one tile per m tile, one for both swap16 activation tiles, one per
+  // activation tile for swap32.
   constexpr int kAccTiles = kSwap ? 2 * kSwapTiles : kMT * kTilesPerBlock;
-  constexpr int kCorrTiles = kSwap ? 1 : kMT;
-  constexpr int kXTiles = kSwap ? kSwapTiles : kMT;
+  constexpr int kCorrTiles = kSwap32 ? kSwapTiles : (kSwap ? 1 : kMT);
+  constexpr int kXTiles = kSwap && !kSwap32 ? kSwapTiles : kMT;
   ptx::griddepcontrol_launch_dependents();
 
   extern __shared__ __align__(16) unsigned char smem[];
@@ -143,8 +151,9 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   uint32_t x_lane[kXTiles];
 #pragma unroll
   for (int mt = 0; mt < kXTiles; ++mt) {
-    const int64_t off =
-        kSwap ? xb_frag_offset(lane, 0, pitch, rows, mt) : a_frag_offset(lane, mt, 0, pitch, false, rows);
+    const int64_t off = kSwap32 ? swap32_xb_offset(lane, mt, 0, pitch, rows)
+                                : (kSwap ? xb_frag_offset(lane, 0, pitch, rows, mt)
+                                         : a_frag_offset(lane, mt, 0, pitch, false, rows));
     x_lane[mt] = ptx::smem_addr(a_s) + 2 * static_cast<uint32_t>(off);
   }
   // Loop invariants as 32-bit values (registers are the limit at one m tile, see the main loop).
@@ -161,7 +170,37 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
     biased_word<kSwap>(q.z, f + 8);
     biased_word<kSwap>(q.w, f + 12);
     const uint32_t k_bytes = k_bytes0 + static_cast<uint32_t>(i) * kBlockK * 2;
-    if constexpr (kSwap) {
+    if constexpr (kSwap32) {
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        // This k16 step's B registers: xb[p] = {tile 2p: b0, b1 | tile 2p + 1: b0, b1} (swap32_xb_offset; rows past
+        // M read row M - 1, their sums are never stored). A third tile alone is an ldmatrix.x2.
+        uint32_t xb[kMT][4];
+#pragma unroll
+        for (int p = 0; p < kMT; ++p) {
+          if (2 * p + 1 < kSwapTiles) {
+            ptx::ldmatrix_x4(xb[p], x_lane[p] + k_bytes + ks * 32);
+          } else {
+            ptx::ldmatrix_x2(xb[p][0], xb[p][1], x_lane[p] + k_bytes + ks * 32);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kSwapTiles; ++j) {
+          const uint32_t b[2] = {xb[j >> 1][2 * (j & 1)], xb[j >> 1][2 * (j & 1) + 1]};
+          ptx::mma_m16n8k16_bf16(corr[j], k136, b);
+        }
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          const uint32_t a[4] = {f[(2 * ks + np) * 4], f[(2 * ks + np) * 4 + 1], f[(2 * ks + np) * 4 + 2],
+                                 f[(2 * ks + np) * 4 + 3]};
+#pragma unroll
+          for (int j = 0; j < kSwapTiles; ++j) {
+            const uint32_t b[2] = {xb[j >> 1][2 * (j & 1)], xb[j >> 1][2 * (j & 1) + 1]};
+            ptx::mma_m16n8k16_bf16(part[j * 2 + np], a, b);
+          }
+        }
+      }
+    } else if constexpr (kSwap) {
       uint32_t xb[kSwapTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kSwapTiles; ++mt) ptx::ldmatrix_x4(xb[mt], x_lane[mt] + k_bytes);
@@ -229,9 +268,9 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
                                        scale_from_half<kF16Scales>(sv.y, half_sel),
                                        scale_from_half<kF16Scales>(sv.z, half_sel),
                                        scale_from_half<kF16Scales>(sv.w, half_sel)};
-      // The offset of accumulator element e (token row m = 8 mt + 2t + (e & 1)): one tile, already in place; two
-      // tiles, in lane 4 (2t + (e & 1)) as element 2 mt of the activations-as-A chain (warp-uniform: every lane
-      // reaches the flush together).
+      // The offset of accumulator element e (token row m = 8 mt + 2t + (e & 1)): one tile, or one chain per tile
+      // (swap32), already in place; two tiles, in lane 4 (2t + (e & 1)) as element 2 mt of the activations-as-A
+      // chain (warp-uniform: every lane reaches the flush together).
       float off[kSwapTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kSwapTiles; ++mt) {
@@ -239,6 +278,8 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
         for (int e = 0; e < 4; ++e) {
           if constexpr (kSwapTiles == 1) {
             off[mt][e] = corr[0][e];
+          } else if constexpr (kSwap32) {
+            off[mt][e] = corr[mt][e];
           } else if (e < 2) {
             off[mt][e] = __shfl_sync(0xffffffffu, corr[0][swap16_corr_src_elem(mt)], swap16_corr_src_lane(lane, e));
           } else {
@@ -297,9 +338,9 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
     const bool has1 = i0 + 1 < n_steps;  // warp-uniform: only a warp's last pair can be a single block
     const unsigned char* slot0 = ring + ((static_cast<uint32_t>(i0) & (kRing - 1)) * kThreadsCta + tid) * 16;
     const uint4 q0 = *reinterpret_cast<const uint4*>(slot0);
-    if constexpr (kSwap) {
-      // Both loads up front (the swapped path has registers to spare). Without a second block the slot holds
-      // an older block or was never written: its value is loaded but not used.
+    if constexpr (kSwap && !kSwap32) {
+      // Both loads up front (the swapped paths up to 16 rows have registers to spare). Without a second block the
+      // slot holds an older block or was never written: its value is loaded but not used.
       const uint4 q1 = *reinterpret_cast<const uint4*>(slot0 + kThreadsCta * 16);
       mma_block(q0, i0);
       flush_after(i0);
@@ -309,7 +350,7 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
       }
     } else {
       // Second load after the first block: four registers fewer, which keeps one m tile within the 80 registers
-      // of three CTAs per SM.
+      // of three CTAs per SM (and swap32's 64 accumulators and partial sums within 128).
       mma_block(q0, i0);
       flush_after(i0);
       if (has1) {
@@ -346,7 +387,12 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   if (wk != 0) return;
 
   const EpilogueOut o = args.out();
-  if constexpr (kSwap) {
+  if constexpr (kSwap32) {
+    // nb again from the block index: kept live across the main loop (two registers), it made swap32, at its cap of
+    // 128, spill 8 bytes.
+    const int64_t nb_out = static_cast<int64_t>(ptx::ctaid_x_reread()) * args.tiling.warps_n + wn;
+    store_swapped<kSwapTiles>(o, nb_out, lane, blockIdx.y, [&](int j, int e) { return acc[j][e]; });
+  } else if constexpr (kSwap) {
     store_swapped<kSwapTiles>(o, nb, lane, blockIdx.y, [&](int j, int e) { return acc[j][e]; });
   } else {
 #pragma unroll

@@ -9,13 +9,17 @@ namespace futransformer::cuda::w4a16 {
 
 using KernelFn = void (*)(KernelArgs);
 
-// The instance for a v4 tiling of shape (kCtaWarps, kRing): the swapped paths (rows8, swap16), the 16-row path with
-// t.m_tiles tiles. Non-default shapes serve M <= 16 only (one m tile): nullptr for more.
+// The instance for a v4 tiling of shape (kCtaWarps, kRing): the swapped paths (rows8, swap16, swap32 with three or
+// four activation tiles), the 16-row path with t.m_tiles tiles. Non-default shapes serve M <= 16 only (one m tile):
+// nullptr for more.
 template <int kCtaWarps, int kRing, bool kF16>
 KernelFn v4_kernel_for_scales(const Tiling& t) {
   if (t.rows8) return gemm_w4a16_v4_kernel<1, 1, kF16, kCtaWarps, kRing>;
   if (t.swap16) return gemm_w4a16_v4_kernel<1, 2, kF16, kCtaWarps, kRing>;
   if constexpr (kCtaWarps == kWarps && kRing == kStages) {
+    if (t.swap32)
+      return swap_tiles(false, false, true, t.rows) == 3 ? gemm_w4a16_v4_kernel<2, 3, kF16>
+                                                          : gemm_w4a16_v4_kernel<2, 4, kF16>;
     switch (t.m_tiles) {
       case 1: return gemm_w4a16_v4_kernel<1, 0, kF16>;
       case 2: return gemm_w4a16_v4_kernel<2, 0, kF16>;
@@ -23,7 +27,7 @@ KernelFn v4_kernel_for_scales(const Tiling& t) {
       default: return gemm_w4a16_v4_kernel<4, 0, kF16>;
     }
   } else {
-    return t.m_tiles == 1 ? gemm_w4a16_v4_kernel<1, 0, kF16, kCtaWarps, kRing> : nullptr;
+    return t.m_tiles == 1 && !t.swap32 ? gemm_w4a16_v4_kernel<1, 0, kF16, kCtaWarps, kRing> : nullptr;
   }
 }
 

@@ -184,6 +184,51 @@ TEST(W4A16V4Fragments, SwappedTwoTileActivationsAndOffsetShuffle) {
             << "lane " << lane << " mt " << mt << " e " << e;
 }
 
+// Three/four-tile swapped path (M = 17..32): per k16 step, the ldmatrix of pair p at swap32_xb_offset gives B
+// registers {0, 1} of tile 2p in registers 0, 1 and of tile 2p + 1 in 2, 3 (token rows 8j .. 8j + 7, clamped to the
+// staged rows); a third tile alone comes from an .x2 (lanes 0..15 give its addresses). The offset chain of tile j
+// (136 as A, these registers as B) leaves 136 * sum(x) of token row swap_c_m(lane, e) in C element e: the row of
+// accumulator element e of tile j in the same lane.
+TEST(W4A16V4Fragments, SwappedFourTileActivationsAndOffsets) {
+  for (int rows : {17, 20, 24, 25, 31, 32}) {
+    const int tiles = w4::swap_tiles(false, false, true, rows);
+    ASSERT_EQ(tiles, rows <= 24 ? 3 : 4);
+    const int64_t pitch = 64 + w4::kAPadElems, k_local = 32;
+    std::vector<uint16_t> a_s(static_cast<size_t>(rows * pitch), 0xFFFF);
+    for (int r = 0; r < rows; ++r)
+      for (int k = 0; k < 64; ++k)  // (2k + 1) 2^(r - 16): exact in bf16, one value per (row, column)
+        a_s[static_cast<size_t>(r * pitch + k)] = f32_to_bf16(std::ldexp(static_cast<float>(2 * k + 1), r - 16));
+    auto value = [&](int m, int64_t k) {  // rows past M read the last staged row
+      return std::ldexp(static_cast<float>(2 * k + 1), (m < rows ? m : rows - 1) - 16);
+    };
+    for (int ks = 0; ks < 2; ++ks) {
+      for (int p = 0; p < 2; ++p) {
+        const int nmat = 2 * p + 1 < tiles ? 4 : 2;
+        int64_t addr[32];
+        for (int lane = 0; lane < 32; ++lane)
+          addr[lane] = w4::swap32_xb_offset(lane, p, k_local + ks * 16, pitch, rows);
+        uint32_t xb[32][4];
+        emu_ldmatrix(a_s, addr, nmat, xb);
+        for (int lane = 0; lane < 32; ++lane) {
+          for (int q = 0; q < nmat / 2; ++q) {
+            for (int b = 0; b < 2; ++b) {
+              for (int h = 0; h < 2; ++h) {
+                const RC kn = ptx_b(lane, b, h);  // k within the step, n = token row within tile 2p + q
+                const uint32_t reg = xb[lane][2 * q + b];
+                ASSERT_EQ(h ? hi_f(reg) : lo_f(reg), value(8 * (2 * p + q) + kn.c, k_local + ks * 16 + kn.r))
+                    << "rows " << rows << " ks " << ks << " tile " << 2 * p + q << " lane " << lane;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // A constant A with B = one tile's registers: C element e of lane is the sum over k of its column 2t + (e & 1).
+  for (int lane = 0; lane < 32; ++lane)
+    for (int e = 0; e < 4; ++e) ASSERT_EQ(ptx_c(lane, e).c, w4::swap_c_m(lane, e));
+}
+
 // prmt.b32 d, a, b, sel (PTX ISA, default mode): byte i of d is byte (sel >> 4i) & 7 of the 8-byte value {b, a}
 // (a = bytes 0..3); selector bit 3 of each nibble (sign replication) is not used by the kernel.
 uint32_t emu_prmt(uint32_t a, uint32_t b, uint32_t sel) {
@@ -229,10 +274,11 @@ EmuResult emulate_v4(const std::vector<uint16_t>& x, int M, const Int4Weight& w,
   const std::vector<uint32_t> packed = formats::repack_int4_for_mma(w);
   const std::vector<uint16_t> pscales = formats::repack_int4_scales_for_mma(w);
   const int N = static_cast<int>(w.rows), K = static_cast<int>(w.cols), group = static_cast<int>(w.group);
-  const int swap_tiles = t.rows8 ? 1 : (t.swap16 ? 2 : 0);  // the kernel's kSwapTiles
-  const bool swap = swap_tiles > 0;
+  const int swap_tiles = w4::swap_tiles(t.rows8, t.swap16, t.swap32, t.rows);  // the kernel's kSwapTiles
+  const bool swap = swap_tiles > 0, swap32 = swap_tiles > 2;
+  EXPECT_EQ(swap32, t.swap32);
   const int MT = t.m_tiles, rows = t.rows;
-  const int acc_tiles = swap ? 2 * swap_tiles : MT * 4, corr_tiles = swap ? 1 : MT;
+  const int acc_tiles = swap ? 2 * swap_tiles : MT * 4, corr_tiles = swap32 ? swap_tiles : (swap ? 1 : MT);
   const int ring = t.stages, pairs = t.stages / 2;
   const int64_t groups = K / group;
   EmuResult res;
@@ -318,7 +364,40 @@ EmuResult emulate_v4(const std::vector<uint16_t>& x, int M, const Int4Weight& w,
             for (int wi = 0; wi < 4; ++wi)
               words[lane][wi] = packed[static_cast<size_t>(w4::packed_word_index(nb, kb0 + i, K / 32, lane, wi))];
           const int64_t k_local = (steps.begin + i) * 32;
-          if (swap) {
+          if (swap32) {
+            for (int ks = 0; ks < 2; ++ks) {
+              // Per k16 step: tiles 2p, 2p + 1 from one ldmatrix.x4 (a third tile alone: .x2) at swap32_xb_offset.
+              uint32_t xb[2][32][4] = {};
+              for (int p = 0; p < MT; ++p) {
+                int64_t addr[32];
+                for (int lane = 0; lane < 32; ++lane)
+                  addr[lane] = w4::swap32_xb_offset(lane, p, k_local + ks * 16, pitch, rows);
+                emu_ldmatrix(a_s, addr, 2 * p + 1 < swap_tiles ? 4 : 2, xb[p]);
+              }
+              auto b_of = [&](int j, uint32_t (&b)[32][2]) {
+                for (int lane = 0; lane < 32; ++lane) {
+                  b[lane][0] = xb[j >> 1][lane][2 * (j & 1)];
+                  b[lane][1] = xb[j >> 1][lane][2 * (j & 1) + 1];
+                }
+              };
+              for (int j = 0; j < swap_tiles; ++j) {
+                uint32_t b[32][2];
+                b_of(j, b);
+                mma_into(corr, j, k136, b);
+              }
+              for (int np = 0; np < 2; ++np) {
+                uint32_t a[32][4];
+                for (int lane = 0; lane < 32; ++lane)
+                  for (int r = 0; r < 4; ++r)
+                    a[lane][r] = emu_biased(words[lane][2 * ks + np], 4 * w4::v4_slot(true, r));
+                for (int j = 0; j < swap_tiles; ++j) {
+                  uint32_t b[32][2];
+                  b_of(j, b);
+                  mma_into(part, j * 2 + np, a, b);
+                }
+              }
+            }
+          } else if (swap) {
             uint32_t xb[2][32][4];
             for (int mt = 0; mt < swap_tiles; ++mt) {
               int64_t addr[32];
@@ -411,12 +490,15 @@ EmuResult emulate_v4(const std::vector<uint16_t>& x, int M, const Int4Weight& w,
                   std::memcpy(&sc[tile], &bits, 4);
                 }
               }
-              // The offsets: in place with one tile; with two, from the lane the kernel's shuffle reads.
-              float off[2][4];
+              // The offsets: in place with one tile and with swap32's chain per tile; with two, from the lane the
+              // kernel's shuffle reads.
+              float off[4][4];
               for (int mt = 0; mt < swap_tiles; ++mt) {
                 for (int e = 0; e < 4; ++e) {
                   if (swap_tiles == 1) {
                     off[mt][e] = corr[static_cast<size_t>(lane * 4 + e)];
+                  } else if (swap32) {
+                    off[mt][e] = corr[static_cast<size_t>((mt * 32 + lane) * 4 + e)];
                   } else if (e < 2) {
                     off[mt][e] = corr[static_cast<size_t>(w4::swap16_corr_src_lane(lane, e) * 4 +
                                                           w4::swap16_corr_src_elem(mt))];
@@ -525,7 +607,7 @@ void check_emulation(TilingCase c, uint32_t seed) {
   SCOPED_TRACE(testing::Message() << c.why << ": M " << c.M << " N " << c.N << " K " << c.K << " group " << c.group
                                   << " warps " << c.t.warps << " stages " << c.t.stages << " warps_n "
                                   << c.t.warps_n << " splits " << c.t.splits << " rows8 " << c.t.rows8
-                                  << " swap16 " << c.t.swap16);
+                                  << " swap16 " << c.t.swap16 << " swap32 " << c.t.swap32);
   const Int4Weight w = random_weight(c.N, c.K, c.group, c.st, seed);
   const std::vector<uint16_t> x = random_x(c.M, c.K, seed + 1);
   std::vector<float> abs_dot;

@@ -100,9 +100,19 @@ w4::Tiling config_tiling(int M, const UploadedWeight& uw, const w4::V4Config& co
   return t;
 }
 
+// The swap32 tiling of a shape with M = 17..32 (variant v4): the default tiling with swap32 on.
+w4::Tiling swap32_tiling(int M, const UploadedWeight& uw) {
+  w4::V4Config c;
+  c.swap32 = true;
+  const w4::Tiling t = config_tiling(M, uw, c);
+  EXPECT_TRUE(t.swap32) << "M " << M;
+  return t;
+}
+
 // The library's tiling for this shape (gemm_w4a16_plan: its variant, and the environment's v4 config if any) and
-// the other variant on the default tiling, each against the twin; the public launcher must give exactly the
-// output of the tiling it plans. Correct under any FT_W4A16_* environment, so the suite can be rerun with one.
+// the other variant on the default tiling, each against the twin, and for M = 17..32 the swap32 tiling too; the
+// public launcher must give exactly the output of the tiling it plans. Correct under any FT_W4A16_* environment,
+// so the suite can be rerun with one.
 void check_against_twin(const UploadedWeight& uw, int M, uint32_t seed) {
   const int N = static_cast<int>(uw.w.rows), K = static_cast<int>(uw.w.cols);
   SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K << " group " << uw.w.group << " scales "
@@ -117,13 +127,20 @@ void check_against_twin(const UploadedWeight& uw, int M, uint32_t seed) {
   check_output(y_lib, ref, abs_dot, off, N, lib.variant);
   w4::Tiling other = config_tiling(M, uw, w4::V4Config{});
   other.variant = lib.variant == Variant::v4 ? Variant::v2 : Variant::v4;
+  if (other.variant == Variant::v2) other.swap32 = false;  // a v4-only path (kSwap32ByDefault)
   check_output(run_gemm(uw, x, M, &other), ref, abs_dot, off, N, other.variant);
+  if (M >= w4::kSwap32MinM && M <= w4::kSwap32MaxM) {
+    SCOPED_TRACE("swap32");
+    const w4::Tiling s32 = swap32_tiling(M, uw);
+    check_output(run_gemm(uw, x, M, &s32), ref, abs_dot, off, N, Variant::v4);
+  }
   EXPECT_EQ(run_gemm(uw, x, M), y_lib) << "gemm_w4a16 differs from the tiling it plans (" << name(lib.variant)
                                        << ")";
 }
 
 // Every sweep configuration (w4a16::v4_sweep_configs) past the default on the tiling the heuristic gives it,
-// against the twin with the v4 bound; swap16 configs only where they change the path (M = 9..16).
+// against the twin with the v4 bound; swap16 configs only where they change the path (M = 9..16), and for
+// M = 17..32 only the configs whose swap32 differs from the default (the others give the default tiling there).
 void check_configs_against_twin(const UploadedWeight& uw, const std::vector<int>& Ms, uint32_t seed) {
   const int N = static_cast<int>(uw.w.rows), K = static_cast<int>(uw.w.cols);
   for (int M : Ms) {
@@ -135,20 +152,28 @@ void check_configs_against_twin(const UploadedWeight& uw, const std::vector<int>
     const std::vector<double> off = offset_dot(x, M, uw.w);
     const std::vector<w4::NamedV4Config> configs = w4::v4_sweep_configs();
     for (size_t i = 1; i < configs.size(); ++i) {
-      if (configs[i].config.swap16 && (M < 9 || M > 16)) continue;
-      const w4::Tiling t = config_tiling(M, uw, configs[i].config);
+      const w4::V4Config& c = configs[i].config;
+      if (c.swap16 && (M < 9 || M > 16)) continue;
+      const bool swap32_range = M >= w4::kSwap32MinM && M <= w4::kSwap32MaxM;
+      if (M > w4::kV4DefaultMaxM && (!swap32_range || c.swap32 == w4::kSwap32ByDefault)) continue;
+      w4::V4Config rest = c;
+      rest.swap32 = w4::kSwap32ByDefault;
+      if (M <= w4::kV4DefaultMaxM && c.swap32 != w4::kSwap32ByDefault && rest == w4::V4Config{}) continue;  // default
+      const w4::Tiling t = config_tiling(M, uw, c);
       SCOPED_TRACE(testing::Message() << configs[i].name << ": warps " << t.warps << " stages " << t.stages
                                       << " warps_n " << t.warps_n << " splits " << t.splits << " swap16 "
-                                      << t.swap16);
-      ASSERT_EQ(t.warps, M <= 16 ? configs[i].config.warps : w4::kWarps);
-      ASSERT_EQ(t.swap16, configs[i].config.swap16 && M >= 9 && M <= 16);
+                                      << t.swap16 << " swap32 " << t.swap32);
+      ASSERT_EQ(t.warps, M <= 16 ? c.warps : w4::kWarps);
+      ASSERT_EQ(t.swap16, c.swap16 && M >= 9 && M <= 16);
+      ASSERT_EQ(t.swap32, c.swap32 && swap32_range);
       check_output(run_gemm(uw, x, M, &t), ref, abs_dot, off, N, Variant::v4);
     }
   }
 }
 
-// v4 decode sizes (1 .. 16: swapped up to 8, one 16-row tile above) and the m-tile edges; both variants each.
-const std::vector<int> kMs = {1, 2, 3, 5, 7, 8, 9, 16, 17, 33, 64};
+// v4 decode sizes (1 .. 16: swapped up to 8, one 16-row tile above), swap32's range (17 .. 32: three tiles up to
+// 24, four above) and the m-tile edges; both variants each, and swap32 where it applies.
+const std::vector<int> kMs = {1, 2, 3, 5, 7, 8, 9, 16, 17, 24, 25, 32, 33, 64};
 struct NK {
   int N, K;
 };
@@ -179,7 +204,7 @@ TEST(GemmW4A16Gpu, Groups64And32BothScaleTypes) {
     for (ScaleType st : {ScaleType::BF16, ScaleType::F16}) {
       for (const NK& s : {NK{256, 256}, NK{768, 4096}}) {
         const UploadedWeight uw(random_weight(s.N, s.K, group, st, ++seed));
-        for (int M : {1, 2, 3, 5, 8, 9, 16, 17, 64}) check_against_twin(uw, M, ++seed);
+        for (int M : {1, 2, 3, 5, 8, 9, 16, 17, 24, 31, 32, 64}) check_against_twin(uw, M, ++seed);
       }
     }
   }
@@ -193,7 +218,7 @@ TEST(GemmW4A16Gpu, SmallModelShapesOddGroupCounts) {
   for (int group : {64, 32}) {
     for (const NK& s : {NK{960, 576}, NK{576, 576}, NK{3072, 576}, NK{576, 1536}}) {
       const UploadedWeight uw(random_weight(s.N, s.K, group, ScaleType::F16, ++seed));
-      for (int M : {1, 2, 3, 6, 7, 16, 40, 64}) check_against_twin(uw, M, ++seed);
+      for (int M : {1, 2, 3, 6, 7, 16, 20, 29, 40, 64}) check_against_twin(uw, M, ++seed);
     }
   }
 }
@@ -219,15 +244,17 @@ TEST(GemmW4A16Gpu, ExplicitTilingsBothVariants) {
   }
 }
 
-// The explicit tilings on the other compiled (warps, stages) shapes and the swapped two-tile path (v4, M <= 16):
-// idle warps in 16-warp CTAs, ring wrap-around at 32 slots, warp ranges inside groups, uneven split-K.
+// The explicit tilings on the other compiled (warps, stages) shapes and the swapped two-tile path (v4, M <= 16), and
+// the swap32 cases (M = 17..32): idle warps in 16-warp CTAs, ring wrap-around at 32 slots, warp ranges inside
+// groups, uneven split-K, clamped rows of a third or fourth activation tile.
 TEST(GemmW4A16Gpu, ExplicitTilingsV4Configs) {
   FT_REQUIRE_CUDA_DEVICE();
   uint32_t seed = 3500;
   for (const test::w4a16::TilingCase& c : test::w4a16::v4_config_cases()) {
     SCOPED_TRACE(testing::Message() << c.why << ": M " << c.M << " N " << c.N << " K " << c.K << " group " << c.group
                                     << " warps " << c.t.warps << " stages " << c.t.stages << " warps_n "
-                                    << c.t.warps_n << " splits " << c.t.splits << " swap16 " << c.t.swap16);
+                                    << c.t.warps_n << " splits " << c.t.splits << " swap16 " << c.t.swap16
+                                    << " swap32 " << c.t.swap32);
     const UploadedWeight uw(random_weight(c.N, c.K, c.group, c.st, ++seed));
     const std::vector<uint16_t> x = random_x(c.M, c.K, ++seed);
     std::vector<float> abs_dot;
@@ -237,13 +264,14 @@ TEST(GemmW4A16Gpu, ExplicitTilingsV4Configs) {
   }
 }
 
-// The sweep configurations as the heuristic tiles them: decode M = 1..16 (9..16 also swapped), groups 128 / 64 /
-// 32, both scale types, odd group counts (SmolLM2 shapes with K = 576: 9 groups of 64).
+// The sweep configurations as the heuristic tiles them: decode M = 1..16 (9..16 also swapped) and swap32 at
+// M = 17..32, groups 128 / 64 / 32, both scale types, odd group counts (SmolLM2 shapes with K = 576: 9 groups of 64,
+// 576 x 1152: 9 groups of 128), split-K where the heuristic picks it (the large K shapes).
 TEST(GemmW4A16Gpu, V4ConfigsAgainstTwin) {
   FT_REQUIRE_CUDA_DEVICE();
   std::vector<int> all_m;
-  for (int M = 1; M <= 16; ++M) all_m.push_back(M);
-  const std::vector<int> some_m = {1, 5, 8, 9, 13, 16};
+  for (int M = 1; M <= 32; ++M) all_m.push_back(M);
+  const std::vector<int> some_m = {1, 5, 8, 9, 13, 16, 17, 24, 25, 31, 32};
   uint32_t seed = 6000;
   auto check = [&](int N, int K, int group, ScaleType st, const std::vector<int>& Ms) {
     seed += 100;
@@ -251,6 +279,7 @@ TEST(GemmW4A16Gpu, V4ConfigsAgainstTwin) {
   };
   for (const NK& s : {NK{256, 256}, NK{768, 4096}}) check(s.N, s.K, 128, ScaleType::BF16, all_m);
   for (const NK& s : {NK{4096, 4096}, NK{6144, 4096}, NK{4096, 14336}}) check(s.N, s.K, 128, ScaleType::BF16, some_m);
+  check(576, 1152, 128, ScaleType::F16, some_m);
   for (int group : {64, 32}) {
     for (ScaleType st : {ScaleType::BF16, ScaleType::F16}) {
       check(768, 4096, group, st, some_m);
@@ -262,11 +291,12 @@ TEST(GemmW4A16Gpu, V4ConfigsAgainstTwin) {
 TEST(GemmW4A16Gpu, DeterministicAcrossRuns) {
   FT_REQUIRE_CUDA_DEVICE();
   const UploadedWeight uw(random_weight(4096, 4096, 128, ScaleType::BF16, 77));
-  for (int M : {1, 8, 12, 16, 64}) {
+  for (int M : {1, 8, 12, 16, 24, 32, 64}) {
     const std::vector<uint16_t> x = random_x(M, 4096, 78 + M);
     w4::Tiling t = config_tiling(M, uw, w4::V4Config{});
     for (Variant v : {Variant::v2, Variant::v4}) {
       t.variant = v;
+      if (v == Variant::v2) t.swap32 = false;
       EXPECT_EQ(run_gemm(uw, x, M, &t), run_gemm(uw, x, M, &t)) << "M " << M << " " << name(v);
     }
     for (const w4::NamedV4Config& c : w4::v4_sweep_configs()) {
@@ -330,6 +360,10 @@ TEST(GemmW4A16Gpu, RejectedCallsLeaveTheOutputUntouched) {
   EXPECT_EQ(call_tiling(bad), cudaErrorInvalidValue);
   EXPECT_NE(std::string(cuda::gemm_w4a16_last_error()).find("swap16"), std::string::npos);
   bad = t;
+  bad.swap32 = true;  // M = 4
+  EXPECT_EQ(call_tiling(bad), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cuda::gemm_w4a16_last_error()).find("swap32"), std::string::npos);
+  bad = t;
   bad.splits = t.splits + 1;  // more partials than the workspace holds
   if (w4::workspace_bytes_for(bad, M, N) > static_cast<int64_t>(ws_bytes)) {
     EXPECT_EQ(call_tiling(bad), cudaErrorInvalidValue);
@@ -390,6 +424,10 @@ TEST(GemmW4A16Host, HeuristicTilingsAreLaunchable) {
     std::string why;
     EXPECT_TRUE(w4::tiling_is_valid(c.t, c.M, c.N, c.K, c.group, h200, &why)) << c.why << ": " << why;
   }
+  for (const test::w4a16::TilingCase& c : test::w4a16::v4_config_cases()) {
+    std::string why;
+    EXPECT_TRUE(w4::tiling_is_valid(c.t, c.M, c.N, c.K, c.group, h200, &why)) << c.why << ": " << why;
+  }
   const w4::Tiling good = w4::choose_tiling(4, 4096, 4096, 128, h200);
   struct Broken {
     w4::Tiling t;
@@ -409,8 +447,15 @@ TEST(GemmW4A16Host, HeuristicTilingsAreLaunchable) {
   w4::Tiling rows8_big = w4::choose_tiling(9, 4096, 4096, 128, h200);
   rows8_big.rows8 = true;
   EXPECT_FALSE(w4::tiling_is_valid(rows8_big, 9, 4096, 4096, 128, h200, nullptr));
-  // Variant choice: v4 for decode sizes, v2 above.
-  for (int M = 1; M <= 64; ++M) EXPECT_EQ(w4::choose_variant(M), M <= 16 ? Variant::v4 : Variant::v2) << M;
+  // Variant choice: v4 for decode sizes, v2 above, v4 again for M = 17..32 with swap32 on (the default
+  // kSwap32ByDefault); and the default tiling carries swap32 exactly there.
+  for (int M = 1; M <= 64; ++M) {
+    const bool s32_range = M >= 17 && M <= 32;
+    EXPECT_EQ(w4::choose_variant(M, false), M <= 16 ? Variant::v4 : Variant::v2) << M;
+    EXPECT_EQ(w4::choose_variant(M, true), M <= 32 ? Variant::v4 : Variant::v2) << M;
+    EXPECT_EQ(w4::choose_variant(M), w4::choose_variant(M, w4::kSwap32ByDefault)) << M;
+    EXPECT_EQ(w4::choose_tiling(M, 4096, 4096, 128, h200).swap32, w4::kSwap32ByDefault && s32_range) << M;
+  }
 
   // The decode target: Llama-3.1-8B gate_up at M = 1 must fill the 132 SMs.
   const w4::Tiling t = w4::choose_tiling(1, 28672, 4096, 128, h200);
@@ -418,8 +463,9 @@ TEST(GemmW4A16Host, HeuristicTilingsAreLaunchable) {
       << w4::describe_tiling(t, 1, 28672, 4096, 128, h200);
 }
 
-// Every sweep configuration gives launchable v4 tilings with its own (warps, stages, swap16) for M <= 16, and the
-// default tiling above that; the default configuration is the default tiling.
+// Every sweep configuration gives launchable v4 tilings with its own (warps, stages, swap16) for M <= 16, the
+// default tiling with its swap32 for M = 17..32 and the default tiling above; the default configuration is the
+// default tiling.
 TEST(GemmW4A16Host, V4ConfigTilingsAreLaunchable) {
   const w4::DeviceLimits h200;
   const std::vector<NK> shapes = {{256, 256},    {768, 4096},   {4096, 4096},  {6144, 4096},  {4096, 14336},
@@ -428,7 +474,7 @@ TEST(GemmW4A16Host, V4ConfigTilingsAreLaunchable) {
   for (const w4::NamedV4Config& c : w4::v4_sweep_configs()) {
     for (const NK& s : shapes) {
       for (int group : {32, 64, 128}) {
-        for (int M = 1; M <= 24; ++M) {
+        for (int M = 1; M <= 40; ++M) {
           if (cuda::gemm_w4a16_can_implement(M, s.N, s.K, group, ScaleType::BF16, nullptr) != cudaSuccess) continue;
           w4::Tiling t = w4::choose_tiling(M, s.N, s.K, group, h200, c.config);
           t.variant = Variant::v4;
@@ -436,7 +482,10 @@ TEST(GemmW4A16Host, V4ConfigTilingsAreLaunchable) {
           if (M > 16) {
             w4::Tiling d = w4::choose_tiling(M, s.N, s.K, group, h200);
             d.variant = Variant::v4;
-            ASSERT_EQ(t, d) << "a config must not change M > 16";
+            d.swap32 = c.config.swap32 && M <= 32;
+            ASSERT_EQ(t, d) << "a config changes only swap32 for M > 16";
+            std::string why;
+            ASSERT_TRUE(w4::tiling_is_valid(t, M, s.N, s.K, group, h200, &why)) << why;
             continue;
           }
           std::string why;
@@ -444,6 +493,7 @@ TEST(GemmW4A16Host, V4ConfigTilingsAreLaunchable) {
           ASSERT_EQ(t.warps, c.config.warps);
           ASSERT_EQ(t.stages, c.config.stages);
           ASSERT_EQ(t.swap16, c.config.swap16 && M >= 9);
+          ASSERT_FALSE(t.swap32);
           ASSERT_EQ(t.warps_n * t.warps_k, t.warps);
         }
       }
@@ -523,6 +573,54 @@ TEST(GemmW4A16Host, V4ConfigRejections) {
   EXPECT_NE(why.find("swap16"), std::string::npos) << why;
 }
 
+// swap32 outside its range or variant is refused with a sentence naming it; with swap32 on, choose_tiling gives it
+// to M = 17..32 only (a launchable v4 tiling, otherwise the default one), on every shape the library serves.
+TEST(GemmW4A16Host, Swap32TilingsAndRejections) {
+  const w4::DeviceLimits h200;
+  w4::V4Config on;
+  on.swap32 = true;
+  struct Bad {
+    int M;
+    Variant v;
+    bool swap16;
+    const char* needle;
+  };
+  for (const Bad& b : {Bad{8, Variant::v4, false, "M = 8"}, Bad{16, Variant::v4, false, "M = 16"},
+                       Bad{33, Variant::v4, false, "M = 33"}, Bad{24, Variant::v2, false, "variant v2"},
+                       Bad{24, Variant::v4, true, "swap16 off"}}) {
+    w4::Tiling t = w4::choose_tiling(b.M, 4096, 4096, 128, h200);
+    t.variant = b.v;
+    t.swap32 = true;
+    t.swap16 = b.swap16;
+    std::string why;
+    EXPECT_FALSE(w4::tiling_is_valid(t, b.M, 4096, 4096, 128, h200, &why)) << b.needle;
+    EXPECT_NE(why.find("swap32"), std::string::npos) << "'" << why << "'";
+    EXPECT_NE(why.find(b.needle), std::string::npos) << "'" << why << "' lacks '" << b.needle << "'";
+  }
+  const std::vector<NK> shapes = {{256, 256},   {768, 4096},   {4096, 4096}, {6144, 4096}, {28672, 4096},
+                                  {4096, 14336}, {57344, 8192}, {960, 576},   {576, 1152}};
+  for (const NK& s : shapes) {
+    for (int group : {32, 64, 128}) {
+      for (int M = 1; M <= 64; ++M) {
+        if (cuda::gemm_w4a16_can_implement(M, s.N, s.K, group, ScaleType::BF16, nullptr) != cudaSuccess) continue;
+        w4::Tiling t = w4::choose_tiling(M, s.N, s.K, group, h200, on);
+        SCOPED_TRACE(w4::describe_tiling(t, M, s.N, s.K, group, h200));
+        const bool s32 = M >= 17 && M <= 32;
+        ASSERT_EQ(t.swap32, s32);
+        t.variant = w4::choose_variant(M, true);
+        ASSERT_EQ(t.variant, M <= 32 ? Variant::v4 : Variant::v2);
+        std::string why;
+        ASSERT_TRUE(w4::tiling_is_valid(t, M, s.N, s.K, group, h200, &why)) << why;
+        if (s32) {
+          ASSERT_NE(w4::describe_tiling(t, M, s.N, s.K, group, h200).find(M <= 24 ? "swap32x3" : "swap32x4"),
+                    std::string::npos);
+          ASSERT_EQ(w4::swap_tiles(t.rows8, t.swap16, t.swap32, t.rows), M <= 24 ? 3 : 4);
+        }
+      }
+    }
+  }
+}
+
 // parse_v4_config on a fake environment.
 std::vector<std::pair<std::string, std::string>> g_fake_env;
 const char* fake_getenv(const char* name) {
@@ -551,14 +649,25 @@ TEST(GemmW4A16Host, V4ConfigFromEnvironment) {
   c = w4::parse_v4_config(fake_getenv, &warnings);
   EXPECT_EQ(c.stages, 32);
   EXPECT_EQ(c.warps, w4::kWarps);
+  EXPECT_EQ(c.swap32, w4::kSwap32ByDefault);
+
+  for (bool on : {false, true}) {
+    g_fake_env = {{"FT_W4A16_SWAP32", on ? "1" : "0"}};
+    c = w4::parse_v4_config(fake_getenv, &warnings);
+    EXPECT_TRUE(warnings.empty()) << warnings;
+    EXPECT_EQ(c.swap32, on);
+    w4::V4Config want;
+    want.swap32 = on;
+    EXPECT_EQ(c, want);
+  }
 
   // Not compiled, out of range, not a number: each ignored with a sentence naming the variable.
   g_fake_env = {{"FT_W4A16_V4_WARPS", "12"}, {"FT_W4A16_SPLITK", "65"}, {"FT_W4A16_V4_CTAS_PER_SM", "two"},
-                {"FT_W4A16_SWAP16", "yes"}};
+                {"FT_W4A16_SWAP16", "yes"}, {"FT_W4A16_SWAP32", "2"}};
   c = w4::parse_v4_config(fake_getenv, &warnings);
   EXPECT_EQ(c, w4::V4Config{});
   for (const char* needle : {"FT_W4A16_V4_WARPS", "FT_W4A16_SPLITK=65", "FT_W4A16_V4_CTAS_PER_SM=two",
-                             "FT_W4A16_SWAP16=yes"})
+                             "FT_W4A16_SWAP16=yes", "FT_W4A16_SWAP32=2"})
     EXPECT_NE(warnings.find(needle), std::string::npos) << "'" << warnings << "' lacks '" << needle << "'";
   g_fake_env = {};
 }

@@ -2,7 +2,8 @@
 // gemm_w4a16_epilogue_with_tiling) against the unfused chain they replace, run on the device on the same inputs:
 // gemm_w4a16 (BF16 y) followed by add_residual_bf16 or swiglu_bf16. The fused epilogues accumulate exactly as the
 // plain GEMM and round at the same points, so the comparison is bit for bit (no tolerance). Every tiling path is
-// reached: v4 swapped (M <= 8), v4 swapped two-tile (swap16), v4 and v2 16-row tiles (one to four), each with one K
+// reached: v4 swapped (M <= 8), v4 swapped two-tile (swap16), three/four-tile (swap32, M = 17..32), v4 and v2 16-row
+// tiles (one to four), each with one K
 // slice (epilogue in the GEMM kernel) and with split-K (epilogue in the reduce kernel). Outputs and the split-K
 // workspace are NaN-poisoned before each launch. The plain GEMM itself is checked against the CPU twin in
 // test_gemm_w4a16.cpp; here the residual chain is also checked against the host's fp32 add of its BF16 y.
@@ -37,7 +38,7 @@ using test::w4a16::random_weight;
 using test::w4a16::random_x;
 namespace w4 = futransformer::cuda::w4a16;
 
-const std::vector<int> kMs = {1, 3, 8, 9, 16, 17, 32, 64};
+const std::vector<int> kMs = {1, 3, 8, 9, 16, 17, 24, 25, 31, 32, 64};
 constexpr int kSplitK = 3;  // K slices of the split-K runs (the shapes below have at least 4 groups)
 
 struct Packed {
@@ -51,18 +52,28 @@ const char* variant_name(w4::Variant v) { return v == w4::Variant::v4 ? "v4" : "
 
 std::string describe(const w4::Tiling& t) {
   return std::string(variant_name(t.variant)) + (t.rows8 ? " rows8" : "") + (t.swap16 ? " swap16" : "") +
+         (t.swap32 ? " swap32" : "") +
          " m_tiles " + std::to_string(t.m_tiles) + " warps_n " + std::to_string(t.warps_n) + " warps_k " +
          std::to_string(t.warps_k) + " splits " + std::to_string(t.splits);
 }
 
-// The tilings one M runs: v4 and v2 on the default tiling, and for M = 9..16 the swapped two-tile path, each with
-// one K slice and with kSplitK. Every one must be launchable on an H200 (the shapes are chosen so).
+// The tilings one M runs: v4 and v2 on the default tiling, for M = 9..16 the swapped two-tile path and for
+// M = 17..32 the swapped three/four-tile path, each with one K slice and with kSplitK. Every one must be launchable
+// on an H200 (the shapes are chosen so).
 std::vector<w4::Tiling> tilings_for(int M, int N, int K, int group, ScaleType st) {
   std::vector<w4::Tiling> bases;
   w4::Tiling t;
   EXPECT_EQ(cuda::gemm_w4a16_plan_config(M, N, K, group, st, w4::V4Config{}, &t), cudaSuccess);
   for (w4::Variant v : {w4::Variant::v4, w4::Variant::v2}) {
     t.variant = v;
+    if (v == w4::Variant::v2) t.swap32 = false;  // a v4-only path (kSwap32ByDefault)
+    bases.push_back(t);
+  }
+  if (M >= w4::kSwap32MinM && M <= w4::kSwap32MaxM) {
+    w4::V4Config c;
+    c.swap32 = !w4::kSwap32ByDefault;  // the path the default tiling above does not run
+    EXPECT_EQ(cuda::gemm_w4a16_plan_config(M, N, K, group, st, c, &t), cudaSuccess);
+    EXPECT_EQ(t.swap32, c.swap32);
     bases.push_back(t);
   }
   if (M >= 9 && M <= 16) {

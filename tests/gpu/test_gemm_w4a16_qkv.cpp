@@ -132,8 +132,8 @@ void check_case(const w4::Tiling* t, KvFormat format, const QkvShape& s, const I
   SCOPED_TRACE(testing::Message() << formats::kv_format_name(format) << " heads " << s.n_heads << "/" << s.n_kv
                                   << " head_dim " << s.head_dim << " M " << M << " K " << K << " group " << group
                                   << " tiling "
-                                  << (t ? (std::string(t->variant == w4::Variant::v4 ? "v4" : "v2") + " splits " +
-                                           std::to_string(t->splits))
+                                  << (t ? (std::string(t->variant == w4::Variant::v4 ? "v4" : "v2") +
+                                           (t->swap32 ? " swap32" : "") + " splits " + std::to_string(t->splits))
                                         : std::string("library"))
                                   << " seed " << seed);
   const Inputs in = make_inputs(s, M, K, seed);
@@ -188,16 +188,28 @@ void check_case(const w4::Tiling* t, KvFormat format, const QkvShape& s, const I
   EXPECT_GE(written, int64_t{live_rows} * s.n_kv * s.head_dim / 2) << "cache bytes written";
 }
 
-// Tilings for one M: v4 and v2 on the default plan, each with 1 (GEMM store + prologue kernel), 2 and 3 K slices
-// (prologue in the reduce).
+// Tilings for one M: v4 and v2 on the default plan, and for M = 17..32 v4 with swap32 flipped from its default
+// (the swapped three/four-tile path or the 16-row one), each with 1 (GEMM store + prologue kernel), 2 and 3 K
+// slices (prologue in the reduce).
 std::vector<w4::Tiling> tilings_for(int M, int N, int K, int group, ScaleType st) {
   w4::Tiling base;
   EXPECT_EQ(cuda::gemm_w4a16_plan_config(M, N, K, group, st, w4::V4Config{}, &base), cudaSuccess);
-  std::vector<w4::Tiling> out;
+  std::vector<w4::Tiling> bases;
   for (w4::Variant v : {w4::Variant::v4, w4::Variant::v2}) {
+    w4::Tiling t = base;
+    t.variant = v;
+    if (v == w4::Variant::v2) t.swap32 = false;  // a v4-only path (kSwap32ByDefault)
+    bases.push_back(t);
+  }
+  if (M >= w4::kSwap32MinM && M <= w4::kSwap32MaxM) {
+    w4::Tiling t = bases.front();
+    t.swap32 = !w4::kSwap32ByDefault;
+    bases.push_back(t);
+  }
+  std::vector<w4::Tiling> out;
+  for (const w4::Tiling& b : bases) {
     for (int splits : {1, 2, 3}) {
-      w4::Tiling t = base;
-      t.variant = v;
+      w4::Tiling t = b;
       t.splits = splits;
       std::string why;
       EXPECT_TRUE(w4::tiling_is_valid(t, M, N, K, group, w4::DeviceLimits{}, &why)) << why;

@@ -139,9 +139,10 @@ int main(int argc, char** argv) {
         o.max_batch_tokens = 64;
         o.synthetic_int4_head = int4_head;
         o.fused_epilogues = fused;
-        // FT_QKV_PROLOGUE=1: the fused rows also run the attention prologue in the qkv GEMM's split-K reduce
-        // (CudaEngineOptions::fused_qkv_prologue, off by default until its GPU tests have run).
-        o.fused_qkv_prologue = fused && std::getenv("FT_QKV_PROLOGUE") != nullptr;
+        // The fused rows run the attention prologue in the qkv GEMM's split-K reduce where K is split
+        // (CudaEngineOptions::fused_qkv_prologue, the default); FT_QKV_PROLOGUE=0 keeps the two kernels there.
+        const char* qp = std::getenv("FT_QKV_PROLOGUE");
+        o.fused_qkv_prologue = fused && !(qp != nullptr && qp[0] == '0');
         std::unique_ptr<CudaEngine> e = make_synthetic_cuda_engine(c, kGroup, o);
         std::printf("%s%s: %s | GPU memory %.2f GB\n", name.c_str(), block ? " (1 layer)" : "", e->description().c_str(),
                     e->memory().total() / 1e9);

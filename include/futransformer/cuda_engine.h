@@ -54,9 +54,9 @@ struct CudaEngineOptions {
   // results; the flag exists to compare and measure them.
   bool fused_epilogues = true;
   // With fused_epilogues: run the attention prologue (RoPE, cache append, q rotation) inside the qkv GEMM's split-K
-  // reduce when every W4A16 launch of the pass splits K (gemm_w4a16_qkv_rope_append; bit-identical by construction).
-  // Off by default until its GPU tests have run on a Hopper GPU (built without one; docs/notes/gpu-sessions.md).
-  bool fused_qkv_prologue = false;
+  // reduce when every W4A16 launch of the pass splits K (gemm_w4a16_qkv_rope_append; bit-identical by construction,
+  // GPU-tested against the two-kernel order). false: the two kernels always (kept to compare and measure).
+  bool fused_qkv_prologue = true;
   // INT4 projections in passes of at least this many rows run as dequantise-to-BF16 (one BF16 copy of the weight in a
   // scratch buffer) + the cuBLAS BF16 GEMM instead of the W4A16 GEMM's 64-row launches (docs/design.md "INT4
   // projections at prefill sizes"): every weight rounded to BF16 once (relative error <= 2^-9). -1: the

@@ -113,7 +113,7 @@ enum class Variant : uint8_t { v2, v4 };
 struct KernelShape {
   int warps, stages;
 };
-constexpr KernelShape kV4KernelShapes[] = {{8, 16}, {8, 32}, {16, 16}};
+constexpr KernelShape kV4KernelShapes[] = {{8, 16}, {8, 32}, {16, 16}, {8, 8}};
 constexpr bool v4_kernel_compiled(int warps, int stages) {
   for (const KernelShape& k : kV4KernelShapes)
     if (k.warps == warps && k.stages == stages) return true;

@@ -40,7 +40,8 @@ KernelFn v4_kernel(const Tiling& t, bool f16_scales) {
 extern template KernelFn v4_kernel<8, 16>(const Tiling&, bool);
 extern template KernelFn v4_kernel<8, 32>(const Tiling&, bool);
 extern template KernelFn v4_kernel<16, 16>(const Tiling&, bool);
-static_assert(sizeof(kV4KernelShapes) / sizeof(kV4KernelShapes[0]) == 3,
+extern template KernelFn v4_kernel<8, 8>(const Tiling&, bool);
+static_assert(sizeof(kV4KernelShapes) / sizeof(kV4KernelShapes[0]) == 4,
               "every compiled shape needs its file and an extern declaration here");
 
 // The instance for any v4 tiling, nullptr when its shape is not compiled.
@@ -48,6 +49,7 @@ inline KernelFn v4_kernel_any(const Tiling& t, bool f16_scales) {
   if (t.warps == 8 && t.stages == 16) return v4_kernel<8, 16>(t, f16_scales);
   if (t.warps == 8 && t.stages == 32) return v4_kernel<8, 32>(t, f16_scales);
   if (t.warps == 16 && t.stages == 16) return v4_kernel<16, 16>(t, f16_scales);
+  if (t.warps == 8 && t.stages == 8) return v4_kernel<8, 8>(t, f16_scales);
   return nullptr;
 }
 

@@ -16,6 +16,7 @@
 #include "cuda/gemm_w4a16_internal.h"
 #include "cuda/gemm_w4a16_qkv.cuh"
 #include "cuda/gemm_w4a16_reduce.cuh"
+#include "cuda/gemm_w4a16_tuned.h"
 #include "cuda/gemm_w4a16_v4_dispatch.cuh"
 #include "cuda/launch_status.h"
 #include "futransformer/cuda/fused_ops.h"
@@ -274,18 +275,32 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   }
 }
 
-// The tiling gemm_w4a16 runs: the environment's v4 config for v4 decode sizes (when its tiling fits the device;
-// otherwise, and for v2 or M > 16, the default one), with the variant set. For M = 17..32 swap32 is the
+// FT_W4A16_TUNED=0: ignore the measured per-shape table (gemm_w4a16_tuned.h), e.g. to time the default next to it.
+bool tuned_table_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("FT_W4A16_TUNED");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+
+// The tiling gemm_w4a16 runs, with the variant set. For v4 decode sizes: the environment's v4 config when one is
+// set, else the measured table's entry for the shape (gemm_w4a16_tuned.h) if any — either only when its tiling
+// fits the device; otherwise, and for v2 or M > 16, the default configuration. For M = 17..32 swap32 is the
 // environment's (FT_W4A16_SWAP32, else kSwap32ByDefault) when the variant is v4, and off for v2.
 Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits& d) {
   const w4a16::Variant v = gemm_w4a16_variant_for(M);
   w4a16::V4Config base;
   base.swap32 = v == w4a16::Variant::v4 && env_v4_config().swap32;
   Tiling t = cached_tiling(M, N, K, group, d, base);
-  if (v == w4a16::Variant::v4 && M <= w4a16::kV4DefaultMaxM && !(env_v4_config() == w4a16::V4Config{})) {
-    Tiling c = cached_tiling(M, N, K, group, d, env_v4_config());
-    c.variant = v;
-    if (w4a16::tiling_is_valid(c, M, N, K, group, d, nullptr)) t = c;
+  if (v == w4a16::Variant::v4 && M <= w4a16::kV4DefaultMaxM) {
+    const w4a16::TunedV4Entry* tuned = nullptr;
+    if (env_v4_config() == w4a16::V4Config{} && tuned_table_on()) tuned = w4a16::find_tuned_v4(M, N, K, group, d);
+    if (!(env_v4_config() == w4a16::V4Config{}) || tuned != nullptr) {
+      Tiling c = cached_tiling(M, N, K, group, d, tuned ? w4a16::tuned_config(*tuned) : env_v4_config());
+      c.variant = v;
+      if (w4a16::tiling_is_valid(c, M, N, K, group, d, nullptr)) t = c;
+    }
   }
   t.variant = v;
   return t;

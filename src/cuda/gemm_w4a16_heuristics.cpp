@@ -250,7 +250,7 @@ V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings)
   const bool set_s = read("FT_W4A16_V4_STAGES", 2, 64, &stages);
   if ((set_w || set_s) && !v4_kernel_compiled(warps, stages)) {
     warn("FT_W4A16_V4_WARPS / FT_W4A16_V4_STAGES = " + std::to_string(warps) + " / " + std::to_string(stages) +
-         " ignored (compiled: 8 / 16, 8 / 32, 16 / 16).");
+         " ignored (compiled: 8 / 16, 8 / 32, 16 / 16, 8 / 8).");
   } else {
     c.warps = warps;
     c.stages = stages;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/gemm_w4a16_heuristics.h"
+#include "cuda/gemm_w4a16_tuned.h"
 #include "cuda/gemm_w4a16_internal.h"
 #include "futransformer/cuda/gemm_w4a16.h"
 #include "futransformer/dtype.h"
@@ -505,6 +506,48 @@ TEST(GemmW4A16Host, V4ConfigTilingsAreLaunchable) {
       if (cuda::gemm_w4a16_can_implement(M, s.N, s.K, 128, ScaleType::BF16, nullptr) == cudaSuccess)
         ASSERT_EQ(w4::choose_tiling(M, s.N, s.K, 128, h200, w4::V4Config{}), w4::choose_tiling(M, s.N, s.K, 128, h200));
   ASSERT_EQ(w4::v4_sweep_configs().front().config, w4::V4Config{});
+}
+
+// The measured per-shape table (gemm_w4a16_tuned.h): every entry is a compiled sweep configuration whose tiling is
+// valid at every M of its bucket, buckets of one shape do not overlap, and the lookup returns it exactly there (and
+// nothing for another group, another device, or M past 16).
+TEST(GemmW4A16Host, TunedTableEntriesAreSweepConfigsWithValidTilings) {
+  const w4::DeviceLimits h200;
+  int count = 0;
+  const w4::TunedV4Entry* entries = w4::tuned_v4_entries(&count);
+  ASSERT_GT(count, 0);
+  const std::vector<w4::NamedV4Config> sweep = w4::v4_sweep_configs();
+  for (int i = 0; i < count; ++i) {
+    const w4::TunedV4Entry& e = entries[i];
+    SCOPED_TRACE(testing::Message() << "entry " << i << ": N " << e.N << " K " << e.K << " M " << e.m_lo << ".."
+                                    << e.m_hi << " " << e.name);
+    ASSERT_TRUE(w4::v4_kernel_compiled(e.warps, e.stages));
+    ASSERT_GE(e.m_lo, 1);
+    ASSERT_LE(e.m_lo, e.m_hi);
+    ASSERT_LE(e.m_hi, w4::kV4DefaultMaxM);
+    bool named = false;
+    for (const w4::NamedV4Config& c : sweep)
+      named = named || (std::string(c.name) == e.name && c.config == w4::tuned_config(e));
+    EXPECT_TRUE(named) << "the entry's config is the sweep's config of the same name";
+    EXPECT_FALSE(w4::tuned_config(e) == w4::V4Config{}) << "a listed entry changes the configuration";
+    for (int j = 0; j < i; ++j)
+      if (entries[j].N == e.N && entries[j].K == e.K)
+        EXPECT_TRUE(e.m_hi < entries[j].m_lo || e.m_lo > entries[j].m_hi) << "overlaps entry " << j;
+    for (int M = e.m_lo; M <= e.m_hi; ++M) {
+      ASSERT_EQ(cuda::gemm_w4a16_can_implement(M, e.N, e.K, 128, ScaleType::BF16, nullptr), cudaSuccess);
+      w4::Tiling t = w4::choose_tiling(M, e.N, e.K, 128, h200, w4::tuned_config(e));
+      t.variant = Variant::v4;
+      std::string why;
+      EXPECT_TRUE(w4::tiling_is_valid(t, M, e.N, e.K, 128, h200, &why)) << "M " << M << ": " << why;
+      EXPECT_EQ(w4::find_tuned_v4(M, e.N, e.K, 128, h200), &e) << "M " << M;
+      EXPECT_EQ(w4::find_tuned_v4(M, e.N, e.K, 64, h200), nullptr) << "measured with group 128 only";
+      w4::DeviceLimits other = h200;
+      other.sm_count = 114;  // an H100 PCIe
+      EXPECT_EQ(w4::find_tuned_v4(M, e.N, e.K, 128, other), nullptr) << "measured on 132 SMs only";
+    }
+  }
+  EXPECT_EQ(w4::find_tuned_v4(17, 6144, 4096, 128, h200), nullptr);
+  EXPECT_EQ(w4::find_tuned_v4(1, 256, 256, 128, h200), nullptr);
 }
 
 // ctas_per_sm and splits do what they say where the shape allows it.

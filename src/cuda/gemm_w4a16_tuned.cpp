@@ -1,0 +1,61 @@
+// The H200 table of gemm_w4a16_tuned.h. Source: `bench_gemm_w4a16 --sweep --iters 30` at 2b49c03 (median of 30 CUDA
+// graph replays of 20 launches each, weights rotated through 4x the L2; docs/results/bench_gemm_w4a16-sweep-v5.json).
+// Buckets: the sweep measured M = 1, 4, 8, 16; M = 1..2 use the M = 1 row, 3..5 the M = 4 row, 6..8 the M = 8 row,
+// 9..16 the M = 16 row. Rows whose best configuration was the default, or beat it by less than kTunedMinGain, are
+// absent. The µs in the comments are (default -> listed).
+#include "cuda/gemm_w4a16_tuned.h"
+
+namespace futransformer::cuda::w4a16 {
+
+namespace {
+
+constexpr TunedV4Entry kEntries[] = {
+    // Llama-3.1-8B
+    {6144, 4096, 1, 2, "w8s8", 8, 8, 0},             // qkv M=1: 7.58 -> 7.16
+    {6144, 4096, 9, 16, "w16s16c1", 16, 16, 1},      // qkv M=16: 13.41 -> 12.84
+    {4096, 4096, 1, 2, "w16s16", 16, 16, 0},         // o M=1: 7.04 -> 6.65
+    {28672, 4096, 6, 8, "w16s16", 16, 16, 0},        // gate_up M=8: 27.55 -> 24.43
+    {28672, 4096, 9, 16, "w16s16", 16, 16, 0},       // gate_up M=16: 33.23 -> 30.38
+    {4096, 14336, 1, 2, "w16s16", 16, 16, 0},        // down M=1: 18.79 -> 17.95
+    {4096, 14336, 6, 8, "w8s8", 8, 8, 0},            // down M=8: 21.93 -> 19.03
+    // Llama-3.1-70B
+    {10240, 8192, 1, 2, "w8s8", 8, 8, 0},            // qkv M=1: 21.72 -> 17.14
+    {10240, 8192, 3, 5, "w16s16", 16, 16, 0},        // qkv M=4: 25.87 -> 23.41
+    {10240, 8192, 6, 8, "w8s8", 8, 8, 0},            // qkv M=8: 26.42 -> 23.96
+    {8192, 8192, 1, 2, "w16s16", 16, 16, 0},         // o M=1: 20.25 -> 14.48
+    {57344, 8192, 3, 5, "w16s16", 16, 16, 0},        // gate_up M=4: 90.64 -> 84.70
+    {57344, 8192, 6, 8, "w8s8", 8, 8, 0},            // gate_up M=8: 90.43 -> 85.49
+    {57344, 8192, 9, 16, "w8s8", 8, 8, 0},           // gate_up M=16: 116.59 -> 110.28
+    {8192, 28672, 1, 2, "w16s16", 16, 16, 0},        // down M=1: 45.18 -> 41.22
+    {8192, 28672, 6, 8, "w8s8", 8, 8, 0},            // down M=8: 49.09 -> 41.38
+    {8192, 28672, 9, 16, "w8s8", 8, 8, 0},           // down M=16: 62.46 -> 53.82
+};
+
+// The device the table was measured on: 132 SMs, 228 KB of shared memory per SM, 227 KB per CTA.
+constexpr DeviceLimits kMeasuredOn{};
+
+}  // namespace
+
+const TunedV4Entry* tuned_v4_entries(int* count) {
+  *count = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
+  return kEntries;
+}
+
+const TunedV4Entry* find_tuned_v4(int M, int N, int K, int group, const DeviceLimits& d) {
+  if (group != 128 || d.sm_count != kMeasuredOn.sm_count || d.smem_per_sm != kMeasuredOn.smem_per_sm ||
+      d.smem_per_block != kMeasuredOn.smem_per_block)
+    return nullptr;
+  for (const TunedV4Entry& e : kEntries)
+    if (e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi) return &e;
+  return nullptr;
+}
+
+V4Config tuned_config(const TunedV4Entry& e) {
+  V4Config c;
+  c.warps = e.warps;
+  c.stages = e.stages;
+  c.ctas_per_sm = e.ctas_per_sm;
+  return c;
+}
+
+}  // namespace futransformer::cuda::w4a16

@@ -1,0 +1,34 @@
+// Per-shape v4 launch configurations of the W4A16 GEMM measured on the H200 (`bench_gemm_w4a16 --sweep`), for the
+// Llama-3.1-8B / 70B projection shapes at decode sizes. The cost model (gemm_w4a16_heuristics.h) picks the tiling
+// within a configuration; this table only says which compiled configuration (CTA warps, ring slots, CTAs per SM) to
+// give it where the sweep found one clearly faster than the default. Host-only, a pure function: testable on the CPU.
+#pragma once
+
+#include "cuda/gemm_w4a16_heuristics.h"
+
+namespace futransformer::cuda::w4a16 {
+
+// A configuration is listed only where it beat the default (8 warps, 16 slots, cost model's CTAs per SM) by at least
+// this fraction in the sweep; smaller differences are within the sweep's run-to-run spread.
+constexpr double kTunedMinGain = 0.04;
+
+// One measured row: shape (N, K), group 128, the M bucket it covers (m_lo..m_hi, bounds included) and the config.
+struct TunedV4Entry {
+  int N, K;
+  int m_lo, m_hi;
+  const char* name;  // the sweep's name for it (v4_sweep_configs)
+  int warps, stages, ctas_per_sm;
+};
+
+// The table, in the order it is searched (docs/results.md, fifth session, has the sweep it came from).
+const TunedV4Entry* tuned_v4_entries(int* count);
+
+// The configuration to run for this problem, or nullptr where the default stays: the table is used for group 128 on
+// a device with the H200's SM count and shared memory (it was measured there); FT_W4A16_TUNED=0 turns it off
+// (read by the caller, gemm_w4a16.cu).
+const TunedV4Entry* find_tuned_v4(int M, int N, int K, int group, const DeviceLimits& d);
+
+// The V4Config of an entry (swap16 / swap32 / splits left at their defaults).
+V4Config tuned_config(const TunedV4Entry& e);
+
+}  // namespace futransformer::cuda::w4a16

@@ -12,9 +12,9 @@ namespace {
 constexpr TunedV4Entry kEntries[] = {
     // Llama-3.1-8B. The sweep also preferred w8s8 for qkv (7.58 -> 7.16) and w16s16 for o (7.04 -> 6.65) and down
     // (18.79 -> 17.95) at M = 1, but with those three the whole 8B decode step at batch 1 was 1 % slower (2724.2 ->
-    // 2753.7 µs, same call): the sweep times one GEMM back to back, the step chains it behind other kernels
-    // (programmatic launch lets a GEMM's CTAs start in the previous kernel's tail, which the 112 KB rings of w16s16
-    // cannot). They are left out.
+    // 2753.7 µs, same call): the sweep times one GEMM back to back, the step chains it behind other kernels (a
+    // guess, not measured: a one-CTA-per-SM w16s16 ring has less room to start in the previous kernel's tail under
+    // programmatic launch). They are left out.
     {6144, 4096, 9, 16, "w16s16c1", 16, 16, 1},      // qkv M=16: 13.41 -> 12.84
     {28672, 4096, 6, 8, "w16s16", 16, 16, 0},        // gate_up M=8: 27.55 -> 24.43
     {28672, 4096, 9, 16, "w16s16", 16, 16, 0},       // gate_up M=16: 33.23 -> 30.38

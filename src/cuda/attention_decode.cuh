@@ -244,17 +244,18 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
     attention_decode_kernel(const DecodeArgs args) {
   using Geo = Geometry<kInt4, kD>;
   using T = Tile<kInt4, kD>;
-  // Launched as a programmatic dependent under FT_PDL: q and the cache come from the kernels before, so wait for
-  // them before any read (a no-op without the launch attribute).
-  ptx::griddepcontrol_wait();
-  // The combine kernel waits for this grid's completion itself; letting it launch now hides its launch latency.
-  ptx::griddepcontrol_launch_dependents();
-
   extern __shared__ __align__(16) unsigned char smem[];
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int G = args.gqa;
+  // seq_lens is an input no kernel of the pass writes (uploaded before it, like the block table): read before the
+  // wait, so its latency overlaps the previous kernel under programmatic launch.
   const int len = max(0, min(args.seq_lens[b], args.max_pages * kPageTokens));
+  // q and the cache come from the kernels before: wait for them before reading either (a no-op without the
+  // programmatic launch attribute).
+  ptx::griddepcontrol_wait();
+  // The combine kernel waits for this grid's completion itself; letting it launch now hides its launch latency.
+  ptx::griddepcontrol_launch_dependents();
   const Range tiles = split_range(tiles_for(len), args.splits, split);
   const int first = tiles.begin + warp;  // this warp's tiles: first, first + kWarps, ...
   const int n_mine = first < tiles.end ? (tiles.end - first + kWarps - 1) / kWarps : 0;

@@ -101,6 +101,20 @@ __device__ __forceinline__ void qkv_rope_table(const QkvArgs& a, int r, float2* 
     cs[i] = ops::rope_cos_sin(pos, a.inv_freq[i]);
 }
 
+// Row r's cache destination and key-anchor entry (page, slot, anchor index; -1 for no anchor), read by each thread
+// of the kernels below BEFORE griddepcontrol.wait: like positions and inv_freq they are inputs of the pass that no
+// kernel of the pass writes (the engine uploads them before the pass's first kernel), so under programmatic launch
+// their load latency overlaps the previous kernel's tail. The anchors' values are read after the wait.
+struct QkvRowMeta {
+  int page, slot, anchor;
+};
+template <formats::KvFormat F>
+__device__ __forceinline__ QkvRowMeta qkv_row_meta(const QkvArgs& a, int r) {
+  QkvRowMeta m{a.row_page[r], a.row_slot[r], -1};
+  if constexpr (F == formats::KvFormat::INT4_HADAMARD) m.anchor = a.row_anchor[r];
+  return m;
+}
+
 // The per-head work of qkv_rope_kv_append for head item `item` of row r, by one warp (lane = its lane), reading the
 // head's BF16 values from a.qkv — shared by qkv_rope_kv_append_kernel and the W4A16 GEMM's split-K QKV epilogue
 // (gemm_w4a16_qkv.cuh), so the two cannot drift apart. Items in row order: q heads, then k heads, then v heads (the
@@ -113,7 +127,8 @@ __device__ __forceinline__ void qkv_rope_table(const QkvArgs& a, int r, float2* 
 // each lane reads both members of its pairs from memory, and a __syncwarp separates the warp's reads of the head
 // from its write-back (lanes of a warp are not in lock step since Volta). The whole warp must call this (shuffles).
 template <formats::KvFormat F, bool kRope>
-__device__ __forceinline__ void qkv_head_item(const QkvArgs& a, const float2* cs, int r, int item, int lane) {
+__device__ __forceinline__ void qkv_head_item(const QkvArgs& a, const float2* cs, const QkvRowMeta& meta, int r,
+                                              int item, int lane) {
   const int half = a.head_dim / 2;
   const bool is_q = item < a.n_heads;
   const bool is_v = item >= a.n_heads + a.n_kv_heads;
@@ -164,8 +179,8 @@ __device__ __forceinline__ void qkv_head_item(const QkvArgs& a, const float2* cs
     return;
   }
 
-  const int page_id = a.row_page[r];
-  const int slot = a.row_slot[r];
+  const int page_id = meta.page;
+  const int slot = meta.slot;
   if (page_id < 0 || slot < 0 || slot >= kv::kPageTokens) return;  // padding row (or a slot no page has)
   const int h = is_v ? item - a.n_heads - a.n_kv_heads : item - a.n_heads;
   const kv::SlotDst d = kv::slot_dst(a.pool, a.geo, page_id, a.n_kv_heads, h, slot, is_v);
@@ -179,7 +194,7 @@ __device__ __forceinline__ void qkv_head_item(const QkvArgs& a, const float2* cs
   } else {
     const uint16_t* anchor = nullptr;
     if constexpr (F == formats::KvFormat::INT4_HADAMARD) {
-      const int ai = is_v ? -1 : a.row_anchor[r];
+      const int ai = is_v ? -1 : meta.anchor;
       if (ai >= 0) anchor = a.key_anchors + (static_cast<int64_t>(ai) * a.n_kv_heads + h) * hd;
     }
     kv::encode_quantized<F>(x, hd, d, slot, a.geo.groups, anchor, a.kv_hadamard_block, a.kv_hadamard_scale, lane);
@@ -190,17 +205,18 @@ __device__ __forceinline__ void qkv_head_item(const QkvArgs& a, const float2* cs
 // i = bx * kQkvWarps + w of row r (qkv_head_item).
 template <formats::KvFormat F, bool kRope>
 __global__ void __launch_bounds__(kQkvWarps * kWarp) qkv_rope_kv_append_kernel(const QkvArgs a) {
-  ops::pdl_prologue();
   __shared__ float2 cs[kRope ? kMaxHalf : 1];
   const int r = static_cast<int>(blockIdx.y);
-  if constexpr (kRope) {
-    qkv_rope_table(a, r, cs, kQkvWarps * kWarp);
-    __syncthreads();  // the only barrier: the early return below is after it
-  }
+  // Before the wait: the row's metadata and its RoPE table (positions, inv_freq and the page tables are inputs no
+  // kernel of the pass writes; see QkvRowMeta). The fp64 sincos of the table then overlaps the previous kernel.
+  const QkvRowMeta meta = qkv_row_meta<F>(a, r);
+  if constexpr (kRope) qkv_rope_table(a, r, cs, kQkvWarps * kWarp);
+  ops::pdl_prologue();
+  if constexpr (kRope) __syncthreads();  // the only barrier: the early return below is after it
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int item = static_cast<int>(blockIdx.x) * kQkvWarps + static_cast<int>(threadIdx.x) / kWarp;
   if (item >= a.n_heads + 2 * a.n_kv_heads) return;  // warp-uniform
-  qkv_head_item<F, kRope>(a, cs, r, item, lane);
+  qkv_head_item<F, kRope>(a, cs, meta, r, item, lane);
 }
 
 // Host side (fused_ops.cu), shared with the W4A16 GEMM's QKV epilogue (gemm_w4a16.cu): the checks of

@@ -33,12 +33,13 @@ template <formats::KvFormat F>
 __global__ void __launch_bounds__(kQkvReduceWarps * fused::kWarp)
     gemm_w4a16_reduce_qkv_kernel(const float* __restrict__ partial, int64_t count4, int splits,
                                  const fused::QkvArgs a) {
-  // Launched as a programmatic dependent of the GEMM: its partial sums are complete and visible after the wait
-  // (which also covers positions, inv_freq and the page tables, written before the GEMM ran).
-  ops::pdl_prologue();
+  // Launched as a programmatic dependent of the GEMM: its partial sums are complete and visible after the wait.
+  // The row's metadata and RoPE table are read before it (inputs no kernel of the pass writes; fused::QkvRowMeta).
   __shared__ float2 cs[fused::kMaxHalf];
   const int r = static_cast<int>(blockIdx.y);
+  const fused::QkvRowMeta meta = fused::qkv_row_meta<F>(a, r);
   fused::qkv_rope_table(a, r, cs, kQkvReduceWarps * fused::kWarp);
+  ops::pdl_prologue();
   __syncthreads();  // the only barrier: the early return below is after it
   const int lane = static_cast<int>(threadIdx.x) % fused::kWarp;
   const int item = static_cast<int>(blockIdx.x) * kQkvReduceWarps + static_cast<int>(threadIdx.x) / fused::kWarp;
@@ -56,7 +57,7 @@ __global__ void __launch_bounds__(kQkvReduceWarps * fused::kWarp)
     out[1] = __floats2bfloat162_rn(s.z, s.w);
   }
   __syncwarp();
-  fused::qkv_head_item<F, true>(a, cs, r, item, lane);
+  fused::qkv_head_item<F, true>(a, cs, meta, r, item, lane);
 }
 
 }  // namespace futransformer::cuda::w4a16

@@ -49,7 +49,9 @@ size_t attention_decode_workspace_bytes(formats::KvFormat format, int batch, int
 // Enqueue the attention on `stream`. Device pointers; q, kv_pool and workspace 16-byte aligned, out 2-byte
 // aligned; the workspace must not be used by a concurrent launch. Returns cudaErrorInvalidValue (message in
 // attention_decode_last_error()) for rejected shapes, null or misaligned pointers or a workspace smaller than
-// attention_decode_workspace_bytes; otherwise the launch's error, if any. Deterministic.
+// attention_decode_workspace_bytes; otherwise the launch's error, if any. Deterministic. Under programmatic launch
+// (on by default, FT_PDL=0 off) seq_lens is read before the kernel's griddepcontrol.wait, possibly while kernels
+// enqueued before it still run: none of those may write it (q, the cache and the block table are read after).
 cudaError_t attention_decode_int4(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
                                   const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads,
                                   int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,

@@ -51,6 +51,12 @@ cudaError_t qkv_rope_kv_append_can_implement(formats::KvFormat format, int rows,
 // from the RoPE'd keys BEFORE the keys are appended, which one kernel cannot do (the anchor is a mean over a
 // chunk's rows). For such a pass run rope_qk_bf16, then kv_key_anchor_compute, then kv_append_rotate_q below;
 // passes without new sequences (every decode step) use qkv_rope_kv_append.
+//
+// Programmatic launch (on by default, FT_PDL=0 off): positions, inv_freq, row_page, row_slot and row_anchor are read
+// BEFORE the kernel's griddepcontrol.wait, i.e. possibly while kernels enqueued before it on the stream still run.
+// No kernel that may still be running may write them (the engine uploads them with a copy before the pass's first
+// kernel; a copy is a full dependency). qkv, key_anchors and kv_pool are read after the wait. The same holds for
+// kv_append_rotate_q and for gemm_w4a16_qkv_rope_append's reduce.
 cudaError_t qkv_rope_kv_append(formats::KvFormat format, __nv_bfloat16* qkv, int rows, int n_heads, int n_kv_heads,
                                int head_dim, const int32_t* positions, const float* inv_freq,
                                const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors,

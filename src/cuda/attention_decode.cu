@@ -108,25 +108,17 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
   cfg.stream = stream;
   // Under programmatic_launch() the attention kernel is a programmatic dependent of the kernel before it (it
   // waits before reading anything, see the kernel): its launch overlaps that kernel's tail.
-  cudaLaunchAttribute decode_attr[1];
-  decode_attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  decode_attr[0].val.programmaticStreamSerializationAllowed = 1;
-  if (programmatic_launch()) {
-    cfg.attrs = decode_attr;
-    cfg.numAttrs = 1;
-  }
+  cudaLaunchAttribute decode_attr;
+  add_programmatic_attribute(&cfg, &decode_attr);
   if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args); e != cudaSuccess) return e;
   if (plan.splits == 1) return cudaSuccess;
 
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr;
   cudaLaunchConfig_t ccfg{};
   ccfg.gridDim = dim3(static_cast<unsigned>(int64_t{batch} * n_heads));
   ccfg.blockDim = dim3(static_cast<unsigned>(head_dim));
   ccfg.stream = stream;
-  ccfg.attrs = attr;
-  ccfg.numAttrs = 1;
+  add_programmatic_attribute(&ccfg, &attr, /*always=*/true);
   return cudaLaunchKernelEx(&ccfg, pick_combine(head_dim), static_cast<const float*>(partial_o),
                             static_cast<const float*>(partial_lse), out, plan.splits);
 }

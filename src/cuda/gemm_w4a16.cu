@@ -220,28 +220,20 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   cfg.stream = stream;
   // Under programmatic_launch() the GEMM is a programmatic dependent of the kernel before it: its CTAs fetch
   // weights and scales before griddepcontrol.wait and stage the activations after it (see the kernels).
-  cudaLaunchAttribute gemm_attr[1];
-  gemm_attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  gemm_attr[0].val.programmaticStreamSerializationAllowed = 1;
-  if (programmatic_launch()) {
-    cfg.attrs = gemm_attr;
-    cfg.numAttrs = 1;
-  }
+  cudaLaunchAttribute gemm_attr;
+  add_programmatic_attribute(&cfg, &gemm_attr);
   if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args); e != cudaSuccess) return e;
   if (t.splits == 1) return qkv ? fused::launch_qkv_kernel(qkv->args, qkv->format, M, true, stream) : cudaSuccess;
 
   // The reduce kernel applies the epilogue: one launch either way (N % 32 == 0, so M * N / 4 is exact).
   const int64_t count4 = static_cast<int64_t>(M) * N / 4;
   const int64_t items = ep == w4a16::Epilogue::swiglu_bf16 ? count4 / 2 : count4;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr;
   cudaLaunchConfig_t rcfg{};
   rcfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>((items + 255) / 256, int64_t{d.sm_count} * 8)));
   rcfg.blockDim = dim3(256);
   rcfg.stream = stream;
-  rcfg.attrs = attr;
-  rcfg.numAttrs = 1;
+  add_programmatic_attribute(&rcfg, &attr, /*always=*/true);
   const auto* partial = static_cast<const float4*>(workspace);
   if (qkv) {
     const int items = qkv->args.n_heads + 2 * qkv->args.n_kv_heads;

@@ -77,6 +77,44 @@ __device__ __forceinline__ float2 unpack_scales(uint32_t pair) {
   }
 }
 
+// Staging shared by v2 and v4 (nthreads threads of the CTA, tid = threadIdx.x), each issuing cp.async copies that
+// the caller commits. The scales of the CTA's warps_n column blocks for K slice gr: contiguous 64 bytes per group
+// and block, laid out [block][group of the slice][64 bytes] with sgm groups per block.
+__device__ __forceinline__ void stage_slice_scales(const KernelArgs& args, const Tiling& t, Range gr, int64_t groups,
+                                                   int64_t sgm, int64_t nb0, uint16_t* s_s, int tid, int nthreads) {
+  const int chunks_per_block = static_cast<int>(gr.end - gr.begin) * (kScalesPerGroupBlock / 8);
+  for (int c = tid; c < t.warps_n * chunks_per_block; c += nthreads) {
+    const int b = c / chunks_per_block, cc = c % chunks_per_block;
+    const uint16_t* src = args.scales + packed_scale_index(nb0 + b, gr.begin, groups, 0, 0, 0) + cc * 8;
+    ptx::cp_async_16(ptx::smem_addr(s_s + b * sgm * kScalesPerGroupBlock + cc * 8), src);
+  }
+}
+
+// The slice's M activation rows (columns k0 .. k0 + slice_k) into a_s with row pitch `pitch` (MMA rows past M are
+// fed clamped addresses, see a_frag_offset).
+__device__ __forceinline__ void stage_slice_rows(const KernelArgs& args, int rows, int64_t k0, int slice_k,
+                                                 int64_t pitch, __nv_bfloat16* a_s, int tid, int nthreads) {
+  const int row_chunks = slice_k / 8;
+  for (int c = tid; c < rows * row_chunks; c += nthreads) {
+    const int r = c / row_chunks, cc = c % row_chunks;
+    ptx::cp_async_16(ptx::smem_addr(a_s + r * pitch + cc * 8),
+                     args.x + static_cast<int64_t>(r) * args.K + k0 + cc * 8);
+  }
+}
+
+// The end of both kernels' prologue: wait for the kernels before (griddepcontrol.wait; the weights and scales were
+// issued before it), stage the activation rows as the newest cp.async group, and wait for every group (under
+// programmatic launch the weight groups were issued long before; otherwise this costs one DRAM latency more than
+// waiting for the rows alone) and the whole CTA.
+__device__ __forceinline__ void wait_then_stage_rows(const KernelArgs& args, int rows, int64_t k0, int slice_k,
+                                                     int64_t pitch, __nv_bfloat16* a_s, int tid, int nthreads) {
+  ptx::griddepcontrol_wait();
+  stage_slice_rows(args, rows, k0, slice_k, pitch, a_s, tid, nthreads);
+  ptx::cp_async_commit_group();
+  ptx::cp_async_wait_group<0>();
+  __syncthreads();
+}
+
 template <int kMT, bool kRows8, bool kF16Scales>
 __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_kernel(const KernelArgs args) {
   static_assert(kMT >= 1 && kMT <= kMaxMTiles, "m tiles must cover 16..64 rows");
@@ -107,14 +145,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
   // Weights first, activations last: the packed weights and scales never change between launches, so they are
   // fetched before griddepcontrol.wait (as a programmatic dependent under FT_PDL, while the kernel before still
   // runs; without the launch attribute the wait returns at once). Nothing is written before the wait.
-  // Stage the scales of the CTA's warps_n blocks for this slice: contiguous 64 bytes per group and block.
   const int64_t nb0 = static_cast<int64_t>(blockIdx.x) * t.warps_n;
-  const int chunks_per_block = static_cast<int>(gr.end - gr.begin) * (kScalesPerGroupBlock / 8);
-  for (int c = tid; c < t.warps_n * chunks_per_block; c += kThreads) {
-    const int b = c / chunks_per_block, cc = c % chunks_per_block;
-    const uint16_t* src = args.scales + packed_scale_index(nb0 + b, gr.begin, groups, 0, 0, 0) + cc * 8;
-    ptx::cp_async_16(ptx::smem_addr(s_s + b * sgm * kScalesPerGroupBlock + cc * 8), src);
-  }
+  stage_slice_scales(args, t, gr, groups, sgm, nb0, s_s, tid, kThreads);
   ptx::cp_async_commit_group();
 
   // This warp's packed blocks: n block nb, k blocks kb0 .. kb0 + n_steps - 1 (consecutive in memory).
@@ -130,18 +162,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
     ptx::cp_async_commit_group();  // empty groups keep the wait count in the loop uniform
   }
 
-  ptx::griddepcontrol_wait();
-  // Stage this slice's M activation rows (MMA rows past M are fed clamped addresses, see a_frag_offset): the
-  // newest group, so waiting for it waits for the whole prologue.
   const int rows = t.rows;
-  const int row_chunks = slice_k / 8;
-  for (int c = tid; c < rows * row_chunks; c += kThreads) {
-    const int r = c / row_chunks, cc = c % row_chunks;
-    ptx::cp_async_16(ptx::smem_addr(a_s + r * pitch + cc * 8), args.x + static_cast<int64_t>(r) * K + k0 + cc * 8);
-  }
-  ptx::cp_async_commit_group();
-  ptx::cp_async_wait_group<0>();
-  __syncthreads();
+  wait_then_stage_rows(args, rows, k0, slice_k, pitch, a_s, tid, kThreads);
 
   float acc[kMT][kTilesPerBlock][4] = {};
   float part[kMT][kTilesPerBlock][4] = {};

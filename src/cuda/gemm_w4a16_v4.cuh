@@ -107,12 +107,7 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   // while the kernel before it still runs and only the activation rows (that kernel's output) wait for it. Without
   // the launch attribute the wait returns at once. Nothing is written before the wait (WAR on shared buffers).
   const int64_t nb0 = static_cast<int64_t>(blockIdx.x) * t.warps_n;
-  const int chunks_per_block = static_cast<int>(gr.end - gr.begin) * (kScalesPerGroupBlock / 8);
-  for (int c = tid; c < t.warps_n * chunks_per_block; c += kThreadsCta) {
-    const int b = c / chunks_per_block, cc = c % chunks_per_block;
-    const uint16_t* src = args.scales + packed_scale_index(nb0 + b, gr.begin, groups, 0, 0, 0) + cc * 8;
-    ptx::cp_async_16(ptx::smem_addr(s_s + b * sgm * kScalesPerGroupBlock + cc * 8), src);
-  }
+  stage_slice_scales(args, t, gr, groups, sgm, nb0, s_s, tid, kThreadsCta);
   ptx::cp_async_commit_group();
 
   // This warp's blocks: n block nb, k blocks kb0 .. kb0 + n_steps - 1, consumed in pairs (2p, 2p + 1).
@@ -130,18 +125,8 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
     ptx::cp_async_commit_group();  // empty groups keep the wait count in the loop uniform
   }
 
-  ptx::griddepcontrol_wait();
-  // The M activation rows of the slice, staged exactly as v2 does; the newest group, so waiting for it waits for
-  // every prologue group (under PDL those were issued long before; otherwise one extra DRAM latency at the start).
   const int rows = t.rows;
-  const int row_chunks = slice_k / 8;
-  for (int c = tid; c < rows * row_chunks; c += kThreadsCta) {
-    const int r = c / row_chunks, cc = c % row_chunks;
-    ptx::cp_async_16(ptx::smem_addr(a_s + r * pitch + cc * 8), args.x + static_cast<int64_t>(r) * K + k0 + cc * 8);
-  }
-  ptx::cp_async_commit_group();
-  ptx::cp_async_wait_group<0>();
-  __syncthreads();
+  wait_then_stage_rows(args, rows, k0, slice_k, pitch, a_s, tid, kThreadsCta);
 
   float acc[kAccTiles][4] = {};
   float part[kAccTiles][4] = {};   // this group's sums of x * (128 + u), since the last flush

@@ -41,6 +41,17 @@ inline bool programmatic_launch() {
   return on;
 }
 
+// Makes the launch of `cfg` a programmatic dependent of the kernel before it on its stream (programmatic stream
+// serialization) when `always` is set or programmatic_launch() is on; `attr` holds the attribute and must live until
+// the launch call. The kernel must wait (griddepcontrol.wait) before touching what earlier kernels write.
+inline void add_programmatic_attribute(cudaLaunchConfig_t* cfg, cudaLaunchAttribute* attr, bool always = false) {
+  if (!always && !programmatic_launch()) return;
+  attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr->val.programmaticStreamSerializationAllowed = 1;
+  cfg->attrs = attr;
+  cfg->numAttrs = 1;
+}
+
 // Launches `kernel` on `stream`, with programmatic stream serialization when programmatic_launch() is on (the
 // kernel must then begin with griddepcontrol.wait, as the decoder, fused and FP8 producer ops do).
 template <typename... Args>
@@ -50,13 +61,8 @@ cudaError_t launch_maybe_programmatic(void (*kernel)(Args...), dim3 grid, dim3 b
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  if (programmatic_launch()) {
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
+  cudaLaunchAttribute attr;
+  add_programmatic_attribute(&cfg, &attr);
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 

@@ -126,15 +126,17 @@ __device__ __forceinline__ float rms_scale(float total, int hidden, float eps) {
 
 // Pass 2 of RMSNorm over one row: y = bf16(w · (s · x)) in this order, as ref::rmsnorm. Thread t handles the
 // same elements (float4 or scalar units t, t + blockDim.x, ...) as in pass 1. kVec: hidden % 4 == 0; x, weight
-// 16-byte and y 8-byte aligned.
+// 16-byte and y 8-byte aligned. w_first (kVec only, may be null): this thread's first weight float4 (unit
+// threadIdx.x), already loaded by the caller — rmsnorm_kernel reads it before griddepcontrol.wait (a weight no
+// kernel writes), so its latency overlaps the previous kernel under programmatic launch.
 template <bool kVec>
 __device__ __forceinline__ void rmsnorm_store_row(const float* xr, const float* weight, __nv_bfloat16* yr, int hidden,
-                                                  float s) {
+                                                  float s, const float4* w_first = nullptr) {
   if constexpr (kVec) {
     const float4* x4 = reinterpret_cast<const float4*>(xr);
     const float4* w4 = reinterpret_cast<const float4*>(weight);
     for (int j = threadIdx.x; j < hidden / 4; j += blockDim.x) {
-      const float4 v = x4[j], w = __ldg(w4 + j);
+      const float4 v = x4[j], w = (w_first != nullptr && j == static_cast<int>(threadIdx.x)) ? *w_first : __ldg(w4 + j);
       uint2 o;
       o.x = pack_bf16x2_rn(__fmul_rn(w.x, __fmul_rn(s, v.x)), __fmul_rn(w.y, __fmul_rn(s, v.y)));
       o.y = pack_bf16x2_rn(__fmul_rn(w.z, __fmul_rn(s, v.z)), __fmul_rn(w.w, __fmul_rn(s, v.w)));
@@ -164,6 +166,12 @@ inline int rmsnorm_threads(int hidden, bool vec) {
 template <bool kVec>
 __global__ void __launch_bounds__(kMaxBlockThreads)
     rmsnorm_kernel(const float* x, const float* weight, __nv_bfloat16* y, int hidden, float eps) {
+  // The weight is constant: this thread's first float4 of it is loaded before the wait (see rmsnorm_store_row).
+  float4 w_first = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if constexpr (kVec) {
+    if (static_cast<int>(threadIdx.x) < hidden / 4)
+      w_first = __ldg(reinterpret_cast<const float4*>(weight) + threadIdx.x);
+  }
   pdl_prologue();
   __shared__ float red[kWarp];
   const int64_t row = static_cast<int64_t>(blockIdx.x) * hidden;
@@ -176,7 +184,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
     for (int j = threadIdx.x; j < hidden; j += blockDim.x) ss = sum_squares_add(ss, xr[j]);
   }
   const float s = rms_scale(block_sum(ss, red), hidden, eps);
-  rmsnorm_store_row<kVec>(xr, weight, y + row, hidden, s);
+  rmsnorm_store_row<kVec>(xr, weight, y + row, hidden, s, kVec ? &w_first : nullptr);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

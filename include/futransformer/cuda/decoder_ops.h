@@ -30,7 +30,8 @@ cudaError_t embed_rows_bf16(const __nv_bfloat16* table, const int32_t* tokens, f
 
 // y[r, i] = bf16(w[i] · (s · x[r, i])), s = 1 / sqrt(mean_j x[r, j]² + eps) (ref::rmsnorm's order); the mean is
 // accumulated in fp32 in a fixed order (per thread, then a shuffle butterfly, then the warps in index order), so
-// the result is deterministic. One CTA per row.
+// the result is deterministic. One CTA per row. Under programmatic launch (on by default, FT_PDL=0 off) part of
+// `weight` is read before the kernel waits for the kernels enqueued before it: none of them may write it.
 cudaError_t rmsnorm_bf16(const float* x, const float* weight, __nv_bfloat16* y, int rows, int hidden, float eps,
                          cudaStream_t stream);
 

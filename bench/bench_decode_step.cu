@@ -8,8 +8,9 @@
 // int4 row with its ratio to the bf16 row of the same shape and batch, measured in the same process. Every row runs
 // once per mode of --epilogues: fused (CudaEngineOptions::fused_epilogues, the default: the INT4 o / down GEMMs add
 // into the residual stream and gate|up applies SwiGLU in their epilogues; when the qkv GEMM splits K, RoPE + KV
-// append + q rotation run in its split-K reduce) and unfused (separate residual + RMSNorm, SwiGLU and attention
-// prologue kernels); fused rows carry their ratio to the unfused row of the same shape, head and batch.
+// append + q rotation run in its split-K reduce; int4-hadamard caches: when decode attention splits, its combine
+// kernel un-rotates the output) and unfused (separate residual + RMSNorm, SwiGLU, attention prologue and
+// un-rotation kernels); fused rows carry their ratio to the unfused row of the same shape, head and batch.
 //   bench_decode_step [--json PATH] [--iters N] [--context C] [--kv bf16|int4|int4-hadamard] [--configs a,b]
 //                     [--batches 1,8,32] [--heads bf16,int4] [--epilogues fused,unfused] [--profile]
 #include <chrono>

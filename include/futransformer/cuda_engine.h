@@ -50,7 +50,9 @@ struct CudaEngineOptions {
   // residual stream and the gate|up GEMM applies SwiGLU (its weight is then packed gate/up-interleaved), so no
   // separate residual or SwiGLU kernel runs; false: the GEMMs write BF16 and the separate kernels follow (residual
   // adds fused with the next RMSNorm). FP8 prefill passes: the o and down FP8 GEMMs add into the residual stream
-  // in their epilogue (gemm_fp8_residual) instead of storing BF16 for a separate add. Both give bit-identical
+  // in their epilogue (gemm_fp8_residual) instead of storing BF16 for a separate add. int4-hadamard caches: decode
+  // attention launches that split the sequences un-rotate their output in the combine kernel
+  // (cuda::attention_decode_int4_unrotated) instead of a separate rotate_heads_bf16. Both settings give bit-identical
   // results; the flag exists to compare and measure them.
   bool fused_epilogues = true;
   // With fused_epilogues: run the attention prologue (RoPE, cache append, q rotation) inside the qkv GEMM's split-K

@@ -12,6 +12,7 @@
 #include "cuda/attention_decode_heuristics.h"
 #include "cuda/launch_status.h"
 #include "futransformer/cuda/attention_decode.h"
+#include "futransformer/formats/hadamard.h"
 
 namespace futransformer::cuda {
 namespace {
@@ -36,23 +37,39 @@ cudaError_t device_limits(attn::DeviceLimits* d) {
 }
 
 using DecodeFn = void (*)(attn::DecodeArgs);
-using CombineFn = void (*)(const float*, const float*, __nv_bfloat16*, int);
+using CombineFn = void (*)(const float*, const float*, __nv_bfloat16*, int, int, float);
 
 DecodeFn pick_decode(bool int4, int head_dim) {
   if (int4) return head_dim == 128 ? attn::attention_decode_kernel<true, 128> : attn::attention_decode_kernel<true, 64>;
   return head_dim == 128 ? attn::attention_decode_kernel<false, 128> : attn::attention_decode_kernel<false, 64>;
 }
-CombineFn pick_combine(int head_dim) {
-  return head_dim == 128 ? attn::attention_decode_combine_kernel<128> : attn::attention_decode_combine_kernel<64>;
+CombineFn pick_combine(int head_dim, bool unrotate) {
+  if (unrotate)
+    return head_dim == 128 ? attn::attention_decode_combine_kernel<128, true>
+                           : attn::attention_decode_combine_kernel<64, true>;
+  return head_dim == 128 ? attn::attention_decode_combine_kernel<128, false>
+                         : attn::attention_decode_combine_kernel<64, false>;
 }
 
+bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// unrotated non-null: attention_decode_int4_unrotated (unrotate_block checked here, *unrotated set on success);
+// null: the plain launchers (unrotate_block ignored).
 cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
                    const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads, int head_dim,
-                   int max_pages, int max_seq_len, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                   int max_pages, int max_seq_len, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                   int unrotate_block = 0, bool* unrotated = nullptr) {
   g_last_error.clear();
+  if (unrotated) *unrotated = false;
   if (attention_decode_can_implement(format, batch, n_heads, n_kv_heads, head_dim, max_pages, max_seq_len,
                                      &g_last_error) != cudaSuccess)
     return cudaErrorInvalidValue;
+  if (unrotated &&
+      (unrotate_block < 0 || (unrotate_block > 1 && (!is_pow2(unrotate_block) || head_dim % unrotate_block != 0)))) {
+    return reject(&g_last_error, "attention_decode: unrotate_block = " + std::to_string(unrotate_block) +
+                                     ", expected 0 or 1 (no un-rotation) or a power of two dividing head_dim = " +
+                                     std::to_string(head_dim));
+  }
   if (!q || !kv_pool || !block_table || !seq_lens || !out || !aligned(q, 16) || !aligned(kv_pool, 16) ||
       !aligned(out, 2)) {
     return reject(&g_last_error,
@@ -113,14 +130,22 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
   if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args); e != cudaSuccess) return e;
   if (plan.splits == 1) return cudaSuccess;
 
+  // The un-rotation needs the whole BF16 head, which only the combine kernel holds in one CTA (a split plan's
+  // decode CTAs write fp32 partials); an unsplit plan leaves it to the caller.
+  const bool unrotate = unrotated != nullptr && unrotate_block > 1;
+  const float unrotate_scale = unrotate ? formats::hadamard_scale(unrotate_block) : 1.0f;
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t ccfg{};
   ccfg.gridDim = dim3(static_cast<unsigned>(int64_t{batch} * n_heads));
   ccfg.blockDim = dim3(static_cast<unsigned>(head_dim));
   ccfg.stream = stream;
   add_programmatic_attribute(&ccfg, &attr, /*always=*/true);
-  return cudaLaunchKernelEx(&ccfg, pick_combine(head_dim), static_cast<const float*>(partial_o),
-                            static_cast<const float*>(partial_lse), out, plan.splits);
+  const cudaError_t e =
+      cudaLaunchKernelEx(&ccfg, pick_combine(head_dim, unrotate), static_cast<const float*>(partial_o),
+                         static_cast<const float*>(partial_lse), out, plan.splits, unrotate ? unrotate_block : 1,
+                         unrotate_scale);
+  if (e == cudaSuccess && unrotate) *unrotated = true;
+  return e;
 }
 
 }  // namespace
@@ -176,6 +201,20 @@ cudaError_t attention_decode_int4(const __nv_bfloat16* q, const uint8_t* kv_pool
                                   size_t workspace_bytes, cudaStream_t stream) {
   return launch(KvFormat::INT4, q, kv_pool, block_table, seq_lens, out, batch, n_heads, n_kv_heads, head_dim,
                 max_pages_per_seq, max_seq_len, workspace, workspace_bytes, stream);
+}
+
+cudaError_t attention_decode_int4_unrotated(const __nv_bfloat16* q, const uint8_t* kv_pool,
+                                            const int32_t* block_table, const int32_t* seq_lens, __nv_bfloat16* out,
+                                            int batch, int n_heads, int n_kv_heads, int head_dim,
+                                            int max_pages_per_seq, int max_seq_len, int unrotate_block,
+                                            void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                                            bool* unrotated) {
+  if (unrotated == nullptr) {
+    g_last_error.clear();
+    return reject(&g_last_error, "attention_decode_int4_unrotated: unrotated must be non-null");
+  }
+  return launch(KvFormat::INT4, q, kv_pool, block_table, seq_lens, out, batch, n_heads, n_kv_heads, head_dim,
+                max_pages_per_seq, max_seq_len, workspace, workspace_bytes, stream, unrotate_block, unrotated);
 }
 
 cudaError_t attention_decode_bf16(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,

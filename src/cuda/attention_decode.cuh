@@ -12,7 +12,8 @@
 //   partial scores, value scales are folded into P (rounded once to bf16 with it).
 // - The end merges the warps through shared memory (log-sum-exp). One split writes BF16; several write the
 //   normalised partial O and its log2-sum-exp, merged by attention_decode_combine_kernel in split order: the
-//   result is deterministic.
+//   result is deterministic. The combine can also un-rotate an int4-hadamard output (attention_decode_int4_unrotated),
+//   which saves the caller's separate rotate_heads_bf16 launch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -383,12 +384,40 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
   }
 }
 
-// out[bh, :] = Σ_s 2^(lse_s − M) o_s / Σ_s 2^(lse_s − M), in split order; one CTA of kD threads per (b, head).
+// H_block of one head held one channel per thread (thread c of the CTA: channel c, kD threads), block a power of two
+// in 2..kD: rotate_heads_bf16's operations in its order (butterfly strides 1, 2, .., block / 2, the pair (j, j + h)
+// becoming (a + b, a − b) with a = x[j], each one IEEE operation; then one multiply by scale), so the same bits.
+// Strides below 32 pair lanes of one warp (channel c ^ h is lane ^ h); larger ones pair warps through shared memory,
+// one barrier per stage: the two exchange buffers alternate, so a stage's writes never meet the previous stage's
+// reads. block is uniform over the CTA and every thread arrives here, so the shuffles are full and every thread
+// takes part in every barrier.
 template <int kD>
+__device__ __forceinline__ float hadamard_head(float x, int block, float scale, float (&exchange)[2][kD]) {
+  const int c = static_cast<int>(threadIdx.x);
+  for (int h = 1; h < block && h < kWarpSize; h *= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, x, h);
+    x = (c & h) ? __fsub_rn(other, x) : __fadd_rn(x, other);
+  }
+  int buf = 0;
+  for (int h = kWarpSize; h < block; h *= 2, buf ^= 1) {
+    exchange[buf][c] = x;
+    __syncthreads();
+    const float other = exchange[buf][c ^ h];
+    x = (c & h) ? __fsub_rn(other, x) : __fadd_rn(x, other);  // c & h is warp-uniform for h >= 32
+  }
+  return __fmul_rn(x, scale);
+}
+
+// out[bh, :] = Σ_s 2^(lse_s − M) o_s / Σ_s 2^(lse_s − M), in split order; one CTA of kD threads per (b, head).
+// kUnrotate: the BF16-rounded head is then un-rotated (hadamard_head with unrotate_block / unrotate_scale) and
+// rounded again, exactly what rotate_heads_bf16 would store after this kernel; the plain instance ignores both.
+template <int kD, bool kUnrotate>
 __global__ void __launch_bounds__(kD)
     attention_decode_combine_kernel(const float* __restrict__ partial_o, const float* __restrict__ partial_lse,
-                                    __nv_bfloat16* __restrict__ out, int splits) {
+                                    __nv_bfloat16* __restrict__ out, int splits, int unrotate_block,
+                                    float unrotate_scale) {
   static_assert(kMaxSplits <= kD, "one thread per split weight");
+  static_assert(kD % kWarpSize == 0, "whole warps: the un-rotation's shuffles are full-warp");
   // Launched as a programmatic dependent of the decode kernel: wait until its partials are complete and visible.
   ptx::griddepcontrol_wait();
   __shared__ float weight[kMaxSplits];
@@ -404,7 +433,15 @@ __global__ void __launch_bounds__(kD)
     num = fmaf(weight[s], partial_o[(bh * splits + s) * kD + threadIdx.x], num);
     den += weight[s];
   }
-  out[bh * kD + threadIdx.x] = __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);
+  const __nv_bfloat16 v = __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);
+  if constexpr (kUnrotate) {
+    __shared__ float exchange[2][kD];
+    // A BF16 widens to fp32 exactly: the un-rotation starts from the bits the plain kernel would have stored.
+    out[bh * kD + threadIdx.x] =
+        __float2bfloat16_rn(hadamard_head<kD>(__bfloat162float(v), unrotate_block, unrotate_scale, exchange));
+  } else {
+    out[bh * kD + threadIdx.x] = v;
+  }
 }
 
 }  // namespace futransformer::cuda::attn

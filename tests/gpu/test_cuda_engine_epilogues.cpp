@@ -8,11 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "futransformer/cuda/attention_decode.h"
 #include "futransformer/cuda/gemm_w4a16.h"
 #include "futransformer/cuda_engine.h"
 #include "futransformer/engine.h"
@@ -196,6 +198,82 @@ TEST_P(CudaEngineEpilogues, WideQkvPrologueInSplitKReduceEqualsUnfused) {
   const int64_t fused_passes = hadamard ? 1 : 2;
   EXPECT_EQ(in_gemm, s.layers * fused_passes);
   EXPECT_EQ(one_kernel, s.layers * 6);  // the decode steps
+}
+
+// int4-hadamard decode steps whose attention splits the sequences (an 1100-token context) un-rotate the attention
+// output in the attention's combine kernel with fused epilogues and in the separate rotate_heads_bf16 without; steps
+// over short contexts (unsplit attention) keep the separate kernel in both. Logits identical bit for bit (graph-
+// replayed steps compared with graph-replayed ones, profiled with unprofiled engines without graphs: the split follows
+// the planned context, see WideQkvPrologueInSplitKReduceEqualsUnfused); the profile shows which kernel ran.
+TEST(CudaEngineEpiloguesUnrotation, SplitDecodeAttentionUnrotatesInItsCombine) {
+  FT_REQUIRE_HOPPER();
+  const test::TinyLlama s = test::tiny_llama_w4a16_shape();
+  Model m = bf16_model(test::make_tiny_llama(s, 59));
+  m.config.max_position_embeddings = 2048;
+  const quant::QuantizedModel q = quantise(m, "int4-rtn-g64-bf16+kv-int4-hadamard");
+  CudaEngineOptions co = cuda_engine_options(q.recipe);
+  ASSERT_EQ(co.kv, formats::KvFormat::INT4_HADAMARD);
+  co.max_sequences = 4;
+  co.max_sequence_length = 1536;
+  co.int4_dequant_min_rows = 0;  // the 1024-row prompt passes on the W4A16 GEMM too, as in the other tests here
+  const int pages = 1536 / 64;
+  // The premise, from the split heuristic on this device: batch 2 at 1100+ tokens splits (graph replays plan for the
+  // power-of-two bucket, capped at the engine's 1536), at 30-odd tokens it does not (graphs: the 256 bucket).
+  const int nh = static_cast<int>(s.heads), nkv = static_cast<int>(s.kv_heads), hd = static_cast<int>(s.head_dim);
+  for (int len : {1101, 1110, 1536})
+    ASSERT_GT(cuda::attention_decode_workspace_bytes(co.kv, 2, nh, nkv, hd, pages, len), 0u) << len;
+  for (int len : {31, 40, 256})
+    ASSERT_EQ(cuda::attention_decode_workspace_bytes(co.kv, 2, nh, nkv, hd, pages, len), 0u) << len;
+
+  std::unique_ptr<CudaEngine> fused = make_cuda_engine(q, co);
+  EXPECT_NE(fused->description().find("un-rotated in its combine"), std::string::npos) << fused->description();
+  co.profile_ops = true;
+  std::unique_ptr<CudaEngine> profiled = make_cuda_engine(q, co);
+  co.profile_ops = false;
+  co.fused_epilogues = false;
+  std::unique_ptr<CudaEngine> unfused = make_cuda_engine(q, co);
+  EXPECT_EQ(unfused->description().find("un-rotated in its combine"), std::string::npos) << unfused->description();
+  co.cuda_graphs = false;
+  std::unique_ptr<CudaEngine> unfused_plain = make_cuda_engine(q, co);
+
+  std::mt19937 rng(23);
+  // Prompts, then decode steps; returns the profiled engine's op counts of the steps only.
+  auto run_phase = [&](std::vector<SequenceChunk> prompt, int steps, const char* what) {
+    SCOPED_TRACE(what);
+    const auto pf = fused->forward(prompt), pp = profiled->forward(prompt);
+    const auto pu = unfused->forward(prompt), pup = unfused_plain->forward(prompt);
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      EXPECT_EQ(pf[i], pu[i]) << "prompt, sequence " << prompt[i].seq_id;
+      EXPECT_EQ(pp[i], pup[i]) << "prompt (no graphs), sequence " << prompt[i].seq_id;
+    }
+    profiled->clear_op_profile();
+    std::vector<SequenceChunk> step;
+    for (size_t i = 0; i < prompt.size(); ++i) step.push_back({prompt[i].seq_id, {argmax(pf[i])}});
+    for (int k = 0; k < steps; ++k) {
+      const auto lf = fused->forward(step), lp = profiled->forward(step);
+      const auto lu = unfused->forward(step), lup = unfused_plain->forward(step);
+      for (size_t i = 0; i < step.size(); ++i) {
+        EXPECT_EQ(lf[i], lu[i]) << "decode step " << k << ", sequence " << step[i].seq_id;
+        EXPECT_EQ(lp[i], lup[i]) << "decode step " << k << " (no graphs), sequence " << step[i].seq_id;
+        step[i].tokens = {argmax(lf[i])};
+      }
+    }
+    std::map<std::string, int64_t> calls;
+    for (const CudaEngine::OpTime& t : profiled->op_profile()) calls[t.op] += t.calls;
+    return calls;
+  };
+  const int steps = 5;
+  std::map<std::string, int64_t> c = run_phase({{0, test::random_token_ids(1100, s.vocab, rng)},
+                                                {1, test::random_token_ids(30, s.vocab, rng)}},
+                                               steps, "long context: split attention");
+  EXPECT_EQ(c["decode attention + un-rotation"], s.layers * steps);
+  EXPECT_EQ(c["decode attention"], 0);
+  EXPECT_EQ(c["attention output un-rotation"], 0);
+  c = run_phase({{2, test::random_token_ids(30, s.vocab, rng)}, {3, test::random_token_ids(20, s.vocab, rng)}}, steps,
+                "short context: unsplit attention");
+  EXPECT_EQ(c["decode attention + un-rotation"], 0);
+  EXPECT_EQ(c["decode attention"], s.layers * steps);
+  EXPECT_EQ(c["attention output un-rotation"], s.layers * steps);
 }
 
 // FP8 prefill passes keep their own FP8 weights and unfused ops; the INT4 decode passes around them use the fused

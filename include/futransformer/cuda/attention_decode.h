@@ -5,7 +5,8 @@
 //                (H·q, formats::kv_rotate_query; the QKV epilogue does it), in which case
 //   out          BF16 [batch, n_heads, head_dim] is in the cache's rotated basis too: out = H·o. The caller
 //                un-rotates it (the O projection with Hᵀ folded into its weights offline, or an explicit
-//                formats::kv_unrotate_output). For INT4 and BF16 caches both are in the model's basis.
+//                formats::kv_unrotate_output / rotate_heads_bf16), or attention_decode_int4_unrotated does it
+//                where it can. For INT4 and BF16 caches both are in the model's basis.
 //   kv_pool      one layer's pages: the page (64 token slots, formats::kv_page_layout(format, head_dim)) of
 //                KV head h of page id p is at kv_pool + (p * n_kv_heads + h) * page_bytes; 16-byte aligned.
 //   block_table  int32 [batch, max_pages_per_seq]: block_table[b * max_pages_per_seq + i] is the page id of
@@ -60,6 +61,23 @@ cudaError_t attention_decode_bf16(const __nv_bfloat16* q, const uint8_t* kv_pool
                                   const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads,
                                   int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,
                                   size_t workspace_bytes, cudaStream_t stream);
+
+// attention_decode_int4, fused with the un-rotation of an INT4_HADAMARD output where the launch allows it: with
+// unrotate_block > 1 and a plan that splits the sequences across CTAs (attention_decode_workspace_bytes > 0 for the
+// same arguments; the split depends on the shape, max_seq_len and the device), the combine kernel applies the
+// normalised block-diagonal Walsh–Hadamard transform of block unrotate_block to each BF16-rounded output head before
+// storing it — the same bits as attention_decode_int4 followed by rotate_heads_bf16(out, n_heads * head_dim, out,
+// batch, n_heads, head_dim, unrotate_block) (src/cuda/engine/engine_kernels.h), one kernel fewer — and *unrotated
+// becomes true. Otherwise (an unsplit plan, whose decode kernel stores BF16 itself; unrotate_block 0 or 1) the output
+// is exactly attention_decode_int4's and *unrotated is false: the caller un-rotates as before. *unrotated is known
+// on the host when the call returns. unrotate_block must be 0, 1 or a power of two dividing head_dim and unrotated
+// non-null: cudaErrorInvalidValue naming the parameter otherwise (*unrotated false). Same contract otherwise.
+cudaError_t attention_decode_int4_unrotated(const __nv_bfloat16* q, const uint8_t* kv_pool,
+                                            const int32_t* block_table, const int32_t* seq_lens, __nv_bfloat16* out,
+                                            int batch, int n_heads, int n_kv_heads, int head_dim,
+                                            int max_pages_per_seq, int max_seq_len, int unrotate_block,
+                                            void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                                            bool* unrotated);
 
 // Why the last attention_decode_* launch on this thread returned cudaErrorInvalidValue ("" after a success).
 const char* attention_decode_last_error();

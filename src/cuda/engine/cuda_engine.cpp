@@ -361,8 +361,9 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
   std::ostringstream d;
   d << src.recipe_name << " | projections "
     << (layers_.empty() ? "-" : (layers_[0].qkv.kind() == DeviceLinear::Kind::Int4 ? "W4A16 INT4" : "BF16 cuBLAS"))
-    << " | KV " << formats::kv_format_name(opt_.kv) << " (" << (fast_ok ? "fast" : "generic") << " attention)"
-    << " | CUDA graphs " << (opt_.cuda_graphs ? "on" : "off");
+    << " | KV " << formats::kv_format_name(opt_.kv) << " (" << (fast_ok ? "fast" : "generic") << " attention"
+    << (fast_ok && hadamard_block_ > 1 && opt_.fused_epilogues ? ", output un-rotated in its combine when split" : "")
+    << ") | CUDA graphs " << (opt_.cuda_graphs ? "on" : "off");
   if (!layers_.empty() && layers_[0].o.kind() == DeviceLinear::Kind::Int4) {
     d << " | GEMM epilogues "
       << (opt_.fused_epilogues ? "fused (residual, SwiGLU, qkv prologue when K is split)" : "separate kernels");
@@ -837,11 +838,22 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
         mark("query rotation");
       }
     }
+    bool attention_unrotated = false;  // the attention kernel un-rotated its int4-hadamard output itself
     if (pass_chunks_ > 0) {
       check_op(cuda::attention_prefill(opt_.kv, bf(q_), pool, m + ml.chunk_table, m + ml.chunk_first,
                                        m + ml.chunk_start, bf(att_), r, pass_chunks_, nh, nkv, hd,
                                        static_cast<int>(pages_per_seq_), pass_max_chunk_rows_, stream_),
                "prefill attention", cuda::attention_prefill_last_error);
+    } else if (fast && hadamard_block_ > 1 && opt_.fused_epilogues) {
+      // An int4-hadamard output is un-rotated in the attention's combine kernel when the launch splits the
+      // sequences (same bits as the separate kernel below, one launch fewer); an unsplit launch leaves it to that
+      // kernel. The answer is known on the host, so a captured graph holds whichever ran.
+      const cudaError_t e = cuda::attention_decode_int4_unrotated(
+          bf(q_), pool, m + ml.block_table, m + ml.seq_lens, bf(att_), r, nh, nkv, hd,
+          static_cast<int>(pages_per_seq_), static_cast<int>(max_len), hadamard_block_, attn_ws_.get(),
+          attn_ws_.bytes(), stream_, &attention_unrotated);
+      check_op(e, attention_unrotated ? "decode attention + un-rotation" : "decode attention",
+               cuda::attention_decode_last_error);
     } else if (fast) {
       const auto fn = layout_.format == formats::KvFormat::BF16 ? cuda::attention_decode_bf16
                                                                 : cuda::attention_decode_int4;
@@ -854,11 +866,12 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                                               nh, nkv, hd, static_cast<int>(pages_per_seq_), stream_),
                "attention (generic)", cuda::attention_generic_last_error);
     }
-    if (hadamard_block_ > 1)
+    if (hadamard_block_ > 1 && !attention_unrotated) {
       cuda_check(cuda::rotate_heads_bf16(bf(att_), static_cast<int>(q_width_), bf(att_), r, nh, hd, hadamard_block_,
                                          stream_),
                  "attention output un-rotation");
-    mark("attention output un-rotation");
+      mark("attention output un-rotation");
+    }
     if (fp8) {
       // The o GEMM's input is the FP8 of the BF16 attention output (act-fp8-bf16's o_proj rule). With fused
       // epilogues the o and down GEMMs add into the residual stream themselves (gemm_fp8_residual, bit-identical to

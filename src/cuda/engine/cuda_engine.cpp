@@ -362,7 +362,9 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
   d << src.recipe_name << " | projections "
     << (layers_.empty() ? "-" : (layers_[0].qkv.kind() == DeviceLinear::Kind::Int4 ? "W4A16 INT4" : "BF16 cuBLAS"))
     << " | KV " << formats::kv_format_name(opt_.kv) << " (" << (fast_ok ? "fast" : "generic") << " attention"
-    << (fast_ok && hadamard_block_ > 1 && opt_.fused_epilogues ? ", output un-rotated in its combine when split" : "")
+    << (fast_ok && hadamard_block_ > 1 && opt_.fused_epilogues && opt_.fused_attention_unrotation
+            ? ", output un-rotated in its combine when split"
+            : "")
     << ") | CUDA graphs " << (opt_.cuda_graphs ? "on" : "off");
   if (!layers_.empty() && layers_[0].o.kind() == DeviceLinear::Kind::Int4) {
     d << " | GEMM epilogues "
@@ -844,7 +846,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                                        m + ml.chunk_start, bf(att_), r, pass_chunks_, nh, nkv, hd,
                                        static_cast<int>(pages_per_seq_), pass_max_chunk_rows_, stream_),
                "prefill attention", cuda::attention_prefill_last_error);
-    } else if (fast && hadamard_block_ > 1 && opt_.fused_epilogues) {
+    } else if (fast && hadamard_block_ > 1 && opt_.fused_epilogues && opt_.fused_attention_unrotation) {
       // An int4-hadamard output is un-rotated in the attention's combine kernel when the launch splits the
       // sequences (same bits as the separate kernel below, one launch fewer); an unsplit launch leaves it to that
       // kernel. The answer is known on the host, so a captured graph holds whichever ran.

@@ -10,6 +10,9 @@
 // into the residual stream and gate|up applies SwiGLU in their epilogues; when the qkv GEMM splits K, RoPE + KV
 // append + q rotation run in its split-K reduce) and unfused (separate residual + RMSNorm, SwiGLU and attention
 // prologue kernels); fused rows carry their ratio to the unfused row of the same shape, head and batch.
+// Environment: FT_QKV_PROLOGUE=0 keeps the attention prologue's own kernel on fused rows; FT_NORM_PROLOGUE=1 runs the
+// attention and MLP RMSNorms inside the qkv and gate|up GEMMs on fused rows of batch <= 8
+// (CudaEngineOptions::fused_norm_prologue; compare with a run without it).
 //   bench_decode_step [--json PATH] [--iters N] [--context C] [--kv bf16|int4|int4-hadamard] [--configs a,b]
 //                     [--batches 1,8,32] [--heads bf16,int4] [--epilogues fused,unfused] [--profile]
 #include <chrono>
@@ -143,6 +146,10 @@ int main(int argc, char** argv) {
         // (CudaEngineOptions::fused_qkv_prologue, the default); FT_QKV_PROLOGUE=0 keeps the two kernels there.
         const char* qp = std::getenv("FT_QKV_PROLOGUE");
         o.fused_qkv_prologue = fused && !(qp != nullptr && qp[0] == '0');
+        // FT_NORM_PROLOGUE=1: fused rows also run the attention / MLP RMSNorms inside the qkv / gate|up GEMMs at
+        // batches of at most 8 (CudaEngineOptions::fused_norm_prologue, off by default).
+        const char* np = std::getenv("FT_NORM_PROLOGUE");
+        o.fused_norm_prologue = fused && np != nullptr && np[0] == '1';
         std::unique_ptr<CudaEngine> e = make_synthetic_cuda_engine(c, kGroup, o);
         std::printf("%s%s: %s | GPU memory %.2f GB\n", name.c_str(), block ? " (1 layer)" : "", e->description().c_str(),
                     e->memory().total() / 1e9);

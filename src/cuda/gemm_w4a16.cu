@@ -30,6 +30,7 @@ using w4a16::KernelArgs;
 using w4a16::Tiling;
 
 thread_local std::string g_last_error;
+static_assert(kW4A16NormMaxM == w4a16::kNormMaxRows, "the public row limit of the norm prologue is the kernel's");
 
 // Host time matters at decode sizes: an 8 MB layer streams in ~3 us, while the tile search costs 1-7 us and the
 // attribute queries ~1 us. Limits, tilings and the raised shared-memory limit are therefore remembered per thread.

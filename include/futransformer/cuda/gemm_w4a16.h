@@ -23,6 +23,7 @@ constexpr int kW4A16MaxM = 64;
 constexpr int kW4A16TileN = 32;  // N must be a multiple of this
 constexpr int kW4A16TileK = 32;  // K must be a multiple of this and of the group size
 constexpr int kW4A16MaxDim = 1 << 18;
+constexpr int kW4A16NormMaxM = 8;  // rows of the RMSNorm-prologue GEMMs (gemm_w4a16_rmsnorm*)
 
 // cudaSuccess when the kernel handles the shape; otherwise cudaErrorInvalidValue and, when why is not null, a
 // sentence naming the offending parameter and what is expected. Needs no device.

@@ -260,8 +260,9 @@ TEST(GemmW4A16NormGpu, StoreMatchesRmsnormThenGemmBitForBit) {
       }
     }
   }
-  // 13 (K, group) pairs x 2 scale types x 8 M x 4 shapes, at least one and at most three splits each.
-  EXPECT_GE(runs, 13 * 2 * 8 * 4) << left_out << " tilings left out for shared memory";
+  // 14 (K, group) pairs x 2 scale types x 8 M x 4 shapes, one to three splits each (a shape the planner cannot fit
+  // to a long K runs none: a lower bound, not an exact count).
+  EXPECT_GE(runs, 14 * 2 * 8 * 4) << left_out << " tilings left out for shared memory";
 }
 
 // SwiGLU (interleaved gate|up packing) and the residual add on the norm prologue, over the compiled shapes and

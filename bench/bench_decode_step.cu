@@ -8,10 +8,13 @@
 // int4 row with its ratio to the bf16 row of the same shape and batch, measured in the same process. Every row runs
 // once per mode of --epilogues: fused (CudaEngineOptions::fused_epilogues, the default: the INT4 o / down GEMMs add
 // into the residual stream and gate|up applies SwiGLU in their epilogues; when the qkv GEMM splits K, RoPE + KV
-// append + q rotation run in its split-K reduce; with FT_UNROTATE_IN_COMBINE=1 and int4-hadamard caches, when
-// decode attention splits, its combine kernel un-rotates the output) and unfused (separate residual + RMSNorm,
-// SwiGLU, attention prologue and un-rotation kernels); fused rows carry their ratio to the unfused row of the same
-// shape, head and batch.
+// append + q rotation run in its split-K reduce) and unfused (separate residual + RMSNorm, SwiGLU, attention
+// prologue and un-rotation kernels); fused rows carry their ratio to the unfused row of the same shape, head and batch.
+// Environment: FT_QKV_PROLOGUE=0 keeps the attention prologue's own kernel on fused rows; FT_NORM_PROLOGUE=1 runs the
+// attention and MLP RMSNorms inside the qkv and gate|up GEMMs on fused rows of batch <= 8
+// (CudaEngineOptions::fused_norm_prologue); FT_UNROTATE_IN_COMBINE=1 un-rotates an int4-hadamard attention output in
+// the split attention's combine kernel on fused rows (CudaEngineOptions::fused_attention_unrotation). Both are off by
+// default until their GPU tests have run; compare with a run without them.
 //   bench_decode_step [--json PATH] [--iters N] [--context C] [--kv bf16|int4|int4-hadamard] [--configs a,b]
 //                     [--batches 1,8,32] [--heads bf16,int4] [--epilogues fused,unfused] [--profile]
 #include <chrono>
@@ -145,10 +148,12 @@ int main(int argc, char** argv) {
         // (CudaEngineOptions::fused_qkv_prologue, the default); FT_QKV_PROLOGUE=0 keeps the two kernels there.
         const char* qp = std::getenv("FT_QKV_PROLOGUE");
         o.fused_qkv_prologue = fused && !(qp != nullptr && qp[0] == '0');
-        // FT_UNROTATE_IN_COMBINE=1: CudaEngineOptions::fused_attention_unrotation on the fused rows (off by default
-        // until its GPU tests have run).
+        // FT_UNROTATE_IN_COMBINE=1: CudaEngineOptions::fused_attention_unrotation on the fused rows.
         const char* uc = std::getenv("FT_UNROTATE_IN_COMBINE");
         o.fused_attention_unrotation = fused && uc != nullptr && uc[0] == '1';
+        // FT_NORM_PROLOGUE=1: CudaEngineOptions::fused_norm_prologue on the fused rows (batches of at most 8).
+        const char* np = std::getenv("FT_NORM_PROLOGUE");
+        o.fused_norm_prologue = fused && np != nullptr && np[0] == '1';
         std::unique_ptr<CudaEngine> e = make_synthetic_cuda_engine(c, kGroup, o);
         std::printf("%s%s: %s | GPU memory %.2f GB\n", name.c_str(), block ? " (1 layer)" : "", e->description().c_str(),
                     e->memory().total() / 1e9);

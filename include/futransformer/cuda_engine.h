@@ -62,6 +62,12 @@ struct CudaEngineOptions {
   // reduce when every W4A16 launch of the pass splits K (gemm_w4a16_qkv_rope_append; bit-identical by construction,
   // GPU-tested against the two-kernel order). false: the two kernels always (kept to compare and measure).
   bool fused_qkv_prologue = true;
+  // With fused_epilogues, INT4 W4A16 passes of at most 8 rows: the attention RMSNorm (every layer but the first) and
+  // the MLP RMSNorm run inside the qkv and gate|up GEMMs' activation staging (gemm_w4a16_rmsnorm*, bit-identical to
+  // rmsnorm_bf16 + the GEMM by construction), two kernels fewer per layer. Off by default until its GPU tests
+  // (GemmW4A16NormGpu.*, CudaEngineEpilogues*NormPrologue*) have passed on an H200; FP8, dequantise + cuBLAS and BF16
+  // passes keep the separate norm kernels either way.
+  bool fused_norm_prologue = false;
   // INT4 projections in passes of at least this many rows run as dequantise-to-BF16 (one BF16 copy of the weight in a
   // scratch buffer) + the cuBLAS BF16 GEMM instead of the W4A16 GEMM's 64-row launches (docs/design.md "INT4
   // projections at prefill sizes"): every weight rounded to BF16 once (relative error <= 2^-9). -1: the

@@ -14,18 +14,17 @@
 #include <cstring>
 
 #include "cuda/ptx/griddep.cuh"
+#include "cuda/rmsnorm_row.cuh"
 
 namespace futransformer::cuda::ops {
 
 constexpr int kEltThreads = 256;        // element-wise kernels (embed, residual, swiglu)
 constexpr int kVecElems = 8;            // BF16 values in one 16-byte vector
-constexpr int kMaxBlockThreads = 1024;  // rmsnorm (one CTA per row)
 constexpr int kArgmaxThreads = 1024;    // argmax: one CTA per row, as many loads in flight as a CTA can hold
 constexpr int kArgmaxUnroll = 4;        // 16-byte loads in flight per argmax thread
 constexpr int kRopeThreads = 128;
 constexpr int kRopeHeadsPerCta = 4;  // heads of one row per CTA; each CTA recomputes the row's cos/sin table
 constexpr int kRopeMaxHalf = 256;    // head_dim / 2 (kRopeMaxHeadDim / 2)
-constexpr int kWarp = 32;
 
 static_assert(kEltThreads % kWarp == 0 && kArgmaxThreads % kWarp == 0 && kRopeThreads % kWarp == 0,
               "block sizes must be whole warps (the reductions use full-warp shuffles)");
@@ -52,13 +51,6 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float* f) {
     f[2 * k] = __uint_as_float(w[k] << 16);
     f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
   }
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2_rn(float lo, float hi) {
-  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
-  uint32_t r;
-  memcpy(&r, &p, 4);
-  return r;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -97,8 +89,7 @@ __global__ void __launch_bounds__(kEltThreads)
 // thread adds the warp partials 0, 1, ... in turn, so the result does not depend on scheduling. Once per kernel
 // (`red` is not re-synchronised for a second call).
 __device__ __forceinline__ float block_sum(float v, float* red /* [kWarp] shared */) {
-#pragma unroll
-  for (int off = kWarp / 2; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
+  v = warp_sum_xor(v);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   if (lane == 0) red[warp] = v;
   __syncthreads();
@@ -108,21 +99,9 @@ __device__ __forceinline__ float block_sum(float v, float* red /* [kWarp] shared
   return total;
 }
 
-// The pieces of RMSNorm that the fused residual-add + RMSNorm (src/cuda/fused_ops.cuh) shares, so both produce the
-// same bits. The sum of squares is one fused multiply-add per element (x * x + ss, rounded once), written out
-// rather than left to nvcc's contraction of `ss += x * x`, which it performed the same way.
-__device__ __forceinline__ float sum_squares_add(float ss, float v) { return __fmaf_rn(v, v, ss); }
-__device__ __forceinline__ float sum_squares_add(float ss, const float4& v) {
-  ss = __fmaf_rn(v.x, v.x, ss);
-  ss = __fmaf_rn(v.y, v.y, ss);
-  ss = __fmaf_rn(v.z, v.z, ss);
-  return __fmaf_rn(v.w, v.w, ss);
-}
-
-// ref::rmsnorm: 1 / sqrt(sum / n + eps), each step correctly rounded (here in fp32, there in fp64).
-__device__ __forceinline__ float rms_scale(float total, int hidden, float eps) {
-  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, static_cast<float>(hidden)), eps)));
-}
+// The pieces of RMSNorm shared with the fused residual-add + RMSNorm (src/cuda/fused_ops.cuh), the FP8 producers and
+// the W4A16 GEMM's norm prologue (sum_squares_add, warp_sum_xor, rms_scale, rmsnorm_scale_bf16x4) live in
+// rmsnorm_row.cuh, so all produce the same bits.
 
 // Pass 2 of RMSNorm over one row: y = bf16(w · (s · x)) in this order, as ref::rmsnorm. Thread t handles the
 // same elements (float4 or scalar units t, t + blockDim.x, ...) as in pass 1. kVec: hidden % 4 == 0; x, weight
@@ -137,10 +116,7 @@ __device__ __forceinline__ void rmsnorm_store_row(const float* xr, const float* 
     const float4* w4 = reinterpret_cast<const float4*>(weight);
     for (int j = threadIdx.x; j < hidden / 4; j += blockDim.x) {
       const float4 v = x4[j], w = (w_first != nullptr && j == static_cast<int>(threadIdx.x)) ? *w_first : __ldg(w4 + j);
-      uint2 o;
-      o.x = pack_bf16x2_rn(__fmul_rn(w.x, __fmul_rn(s, v.x)), __fmul_rn(w.y, __fmul_rn(s, v.y)));
-      o.y = pack_bf16x2_rn(__fmul_rn(w.z, __fmul_rn(s, v.z)), __fmul_rn(w.w, __fmul_rn(s, v.w)));
-      reinterpret_cast<uint2*>(yr)[j] = o;
+      reinterpret_cast<uint2*>(yr)[j] = rmsnorm_scale_bf16x4(v, w, s);
     }
   } else {
     for (int j = threadIdx.x; j < hidden; j += blockDim.x)
@@ -148,18 +124,7 @@ __device__ __forceinline__ void rmsnorm_store_row(const float* xr, const float* 
   }
 }
 
-// Launch shape of an RMSNorm row (host side, shared with the fused launcher so both sum in the same order): the
-// float4 instance when the row and pointers allow it, and one thread per 16-byte vector (or element) up to a full
-// CTA: a 4096-wide row is one float4 per thread.
-inline bool rmsnorm_vec(const void* x, const void* weight, const void* y, int hidden) {
-  const auto al = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
-  return hidden % 4 == 0 && al(x, 16) && al(weight, 16) && al(y, 8);
-}
-inline int rmsnorm_threads(int hidden, bool vec) {
-  const int64_t units = vec ? hidden / 4 : hidden;
-  const int64_t threads = (units + kWarp - 1) / kWarp * kWarp;
-  return static_cast<int>(threads < kMaxBlockThreads ? threads : kMaxBlockThreads);
-}
+// Launch shape of an RMSNorm row: rmsnorm_vec / rmsnorm_threads (rmsnorm_row.cuh).
 
 // RMSNorm, one CTA per row (blockDim a multiple of 32, <= 1024). Pass 1 sums x² (each thread its strided elements
 // in index order); pass 2 re-reads the row, which the first pass left in L1 (64 KB for hidden 16384).

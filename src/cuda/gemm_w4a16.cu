@@ -6,9 +6,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "cuda/gemm_w4a16.cuh"
 #include "cuda/gemm_w4a16_heuristics.h"
@@ -28,6 +30,7 @@ using w4a16::KernelArgs;
 using w4a16::Tiling;
 
 thread_local std::string g_last_error;
+static_assert(kW4A16NormMaxM == w4a16::kNormMaxRows, "the public row limit of the norm prologue is the kernel's");
 
 // Host time matters at decode sizes: an 8 MB layer streams in ~3 us, while the tile search costs 1-7 us and the
 // attribute queries ~1 us. Limits, tilings and the raised shared-memory limit are therefore remembered per thread.
@@ -185,15 +188,25 @@ struct QkvEpilogue {
   formats::KvFormat format;
 };
 
+// The RMSNorm prologue of gemm_w4a16_rmsnorm*: the GEMM's activations are rmsnorm_bf16(x, weight, eps) of fp32 rows.
+// op names the public entry point in messages.
+struct NormPrologue {
+  const float* x;
+  const float* weight;
+  float eps;
+  const char* op;
+};
+
 // Launches a tiling that fits the device (smem checked by the callers) after the workspace check; `out` is y (BF16
 // [M, N]), the fp32 residual [M, N] or h (BF16 [M, N / 2]) as the epilogue says. With qkv (ep store_bf16, out = qkv's
 // BF16 buffer): the split-K reduce is gemm_w4a16_reduce_qkv_kernel, and without a split the GEMM's BF16 store is
-// followed by qkv_rope_kv_append's kernel (see gemm_w4a16_qkv_rope_append).
+// followed by qkv_rope_kv_append's kernel (see gemm_w4a16_qkv_rope_append). With norm: the norm-prologue instance of
+// the (v4 rows8) tiling, with kNormScratchBytes more shared memory after the ring.
 cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16::Epilogue ep, const __nv_bfloat16* x,
                    const uint32_t* w_packed, const uint16_t* scales, void* out, int M, int N, int K, int group,
                    formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                   const QkvEpilogue* qkv = nullptr) {
-  const int64_t smem = w4a16::smem_layout(t, K, group).total;
+                   const QkvEpilogue* qkv = nullptr, const NormPrologue* norm = nullptr) {
+  const int64_t smem = w4a16::smem_layout(t, K, group).total + (norm ? w4a16::kNormScratchBytes : 0);
   if (print_choice()) std::fprintf(stderr, "%s\n", w4a16::describe_tiling(t, M, N, K, group, d).c_str());
   const int64_t need = w4a16::workspace_bytes_for(t, M, N);
   if (const cudaError_t e = check_workspace("gemm_w4a16", need, workspace, workspace_bytes, &g_last_error);
@@ -205,13 +218,15 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   float* const residual = f32_out ? static_cast<float*>(out) : nullptr;
   const KernelArgs args{x, reinterpret_cast<const uint4*>(w_packed), scales, y, static_cast<float*>(workspace),
                         M, N, K, group, t, residual, ep};
-  const KernelFn kernel = scale_type == formats::ScaleType::F16 ? pick_kernel<true>(t) : pick_kernel<false>(t);
-  if (kernel == nullptr)
-    return reject(&g_last_error, "gemm_w4a16: no kernel is compiled for " + w4a16::describe_tiling(t, M, N, K, group, d));
+  const bool f16 = scale_type == formats::ScaleType::F16;
+  const KernelFn kernel = norm ? nullptr : (f16 ? pick_kernel<true>(t) : pick_kernel<false>(t));
+  const w4a16::NormKernelFn norm_kernel = norm ? w4a16::v4_norm_kernel_any(t, f16) : nullptr;
+  const void* const entry = norm ? reinterpret_cast<const void*>(norm_kernel) : reinterpret_cast<const void*>(kernel);
+  if (entry == nullptr)
+    return reject(&g_last_error, std::string(norm ? norm->op : "gemm_w4a16") + ": no kernel is compiled for " +
+                                     w4a16::describe_tiling(t, M, N, K, group, d));
   if (smem > 48 * 1024) {
-    if (const cudaError_t e = allow_smem(reinterpret_cast<const void*>(kernel), dev, d.smem_per_block);
-        e != cudaSuccess)
-      return e;
+    if (const cudaError_t e = allow_smem(entry, dev, d.smem_per_block); e != cudaSuccess) return e;
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(N / (w4a16::kBlockN * t.warps_n)), static_cast<unsigned>(t.splits));
@@ -222,7 +237,10 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   // weights and scales before griddepcontrol.wait and stage the activations after it (see the kernels).
   cudaLaunchAttribute gemm_attr;
   add_programmatic_attribute(&cfg, &gemm_attr);
-  if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args); e != cudaSuccess) return e;
+  const cudaError_t launched =
+      norm ? cudaLaunchKernelEx(&cfg, norm_kernel, w4a16::NormKernelArgs{args, norm->x, norm->weight, norm->eps})
+           : cudaLaunchKernelEx(&cfg, kernel, args);
+  if (launched != cudaSuccess) return launched;
   if (t.splits == 1) return qkv ? fused::launch_qkv_kernel(qkv->args, qkv->format, M, true, stream) : cudaSuccess;
 
   // The reduce kernel applies the epilogue: one launch either way (N % 32 == 0, so M * N / 4 is exact).
@@ -298,57 +316,110 @@ Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits&
   return t;
 }
 
+// Argument checks of the norm prologue that need no device: M, the fp32 rows and weight (rmsnorm_vec's conditions:
+// the order reproduced is rmsnorm_kernel<true>'s), eps (rmsnorm_bf16's rule).
+cudaError_t check_norm(const NormPrologue& n, int M) {
+  using std::to_string;
+  if (M < 1 || M > w4a16::kNormMaxRows)
+    return reject(&g_last_error, std::string(n.op) + ": M = " + to_string(M) + " rows, expected 1.." +
+                                     to_string(w4a16::kNormMaxRows) + " (the norm prologue runs on the swapped M <= " +
+                                     to_string(w4a16::kNormMaxRows) + " path)");
+  if (!n.x || !aligned(n.x, 16))
+    return reject(&g_last_error, std::string(n.op) + ": x (fp32 rows) must be non-null and 16-byte aligned");
+  if (!n.weight || !aligned(n.weight, 16))
+    return reject(&g_last_error, std::string(n.op) + ": norm_weight must be non-null and 16-byte aligned");
+  if (!std::isfinite(n.eps) || n.eps < 0.0f)
+    return reject(&g_last_error, std::string(n.op) + ": eps = " + std::to_string(n.eps) +
+                                     ", expected a finite value >= 0");
+  return cudaSuccess;
+}
+
+// The norm prologue has one instance per compiled v4 shape, for the swapped M <= 8 path only.
+cudaError_t check_norm_tiling(const NormPrologue& n, const Tiling& t) {
+  if (t.variant != w4a16::Variant::v4 || !t.rows8)
+    return reject(&g_last_error, std::string(n.op) + ": the tiling must be v4 with rows8 (M <= 8; FT_W4A16_VARIANT=" +
+                                     "v2 selects v2, which has no norm prologue)");
+  return cudaSuccess;
+}
+
 // The caller's tiling (checked) or the library's (planned), then the launch: every entry point runs through here.
+// With norm, x is unused (norm->x holds the fp32 rows).
 cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x, const uint32_t* w_packed,
                 const uint16_t* scales, void* out, int M, int N, int K, int group, formats::ScaleType scale_type,
-                void* workspace, size_t workspace_bytes, cudaStream_t stream, const QkvEpilogue* qkv = nullptr) {
+                void* workspace, size_t workspace_bytes, cudaStream_t stream, const QkvEpilogue* qkv = nullptr,
+                const NormPrologue* norm = nullptr) {
   g_last_error.clear();
   if (gemm_w4a16_can_implement(M, N, K, group, scale_type, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
-  if (const cudaError_t e = check_pointers(x, w_packed, scales, out, ep); e != cudaSuccess) return e;
+  if (norm) {
+    if (const cudaError_t e = check_norm(*norm, M); e != cudaSuccess) return e;
+  }
+  const void* const rows_in = norm ? static_cast<const void*>(norm->x) : static_cast<const void*>(x);
+  if (const cudaError_t e = check_pointers(rows_in, w_packed, scales, out, ep); e != cudaSuccess) return e;
+  if (norm && tiling) {
+    if (const cudaError_t e = check_norm_tiling(*norm, *tiling); e != cudaSuccess) return e;
+  }
   w4a16::DeviceLimits d;
   int dev = 0;
   if (const cudaError_t e = device_limits(&d, &dev); e != cudaSuccess) return e;
+  const int64_t extra = norm ? w4a16::kNormScratchBytes : 0;
   if (tiling) {
     if (!w4a16::tiling_is_valid(*tiling, M, N, K, group, d, &g_last_error)) return cudaErrorInvalidValue;
+    if (w4a16::smem_layout(*tiling, K, group).total + extra > d.smem_per_block)
+      return reject(&g_last_error, std::string(norm ? norm->op : "gemm_w4a16") +
+                                       ": the tiling and the norm scratch need more shared memory than the device's " +
+                                       std::to_string(d.smem_per_block) + " bytes");
     return launch(*tiling, d, dev, ep, x, w_packed, scales, out, M, N, K, group, scale_type, workspace,
-                  workspace_bytes, stream, qkv);
+                  workspace_bytes, stream, qkv, norm);
   }
   const Tiling t = library_tiling(M, N, K, group, d);
-  const int64_t smem = w4a16::smem_layout(t, K, group).total;
+  if (norm) {
+    if (const cudaError_t e = check_norm_tiling(*norm, t); e != cudaSuccess) return e;
+  }
+  const int64_t smem = w4a16::smem_layout(t, K, group).total + extra;
   if (smem > d.smem_per_block) {
     return reject(&g_last_error, "gemm_w4a16: the chosen tiling needs " + std::to_string(smem) +
                                      " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block));
   }
   return launch(t, d, dev, ep, x, w_packed, scales, out, M, N, K, group, scale_type, workspace, workspace_bytes,
-                stream, qkv);
+                stream, qkv, norm);
 }
 
 constexpr const char* kQkvOp = "gemm_w4a16_qkv_rope_append";
 
 // gemm_w4a16_qkv_rope_append and its explicit-tiling twin: the combined shape check, qkv_rope_kv_append's argument
 // checks (messages naming this op), then run() with the QKV epilogue.
+// With norm (gemm_w4a16_rmsnorm_qkv_rope_append), messages name norm->op instead.
 cudaError_t run_qkv(const Tiling* tiling, const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
                     int M, int K, int group, formats::ScaleType scale_type, void* workspace, size_t workspace_bytes,
                     formats::KvFormat format, __nv_bfloat16* qkv, int n_heads, int n_kv_heads, int head_dim,
                     const int32_t* positions, const float* inv_freq, const int32_t* row_page,
                     const int32_t* row_slot, const uint16_t* key_anchors, const int32_t* row_anchor,
-                    uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream) {
+                    uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream,
+                    const NormPrologue* norm = nullptr) {
   g_last_error.clear();
+  const char* const op = norm ? norm->op : kQkvOp;
   if (gemm_w4a16_qkv_rope_append_can_implement(M, K, group, scale_type, format, n_heads, n_kv_heads, head_dim,
-                                               hadamard_block, &g_last_error) != cudaSuccess)
+                                               hadamard_block, &g_last_error) != cudaSuccess) {
+    // Its messages begin with kQkvOp's name.
+    if (norm) g_last_error = op + g_last_error.substr(std::string_view(kQkvOp).size());
     return cudaErrorInvalidValue;
+  }
   QkvEpilogue q{};
   q.format = format;
-  if (const cudaError_t e = fused::make_qkv_args(kQkvOp, true, format, qkv, M, n_heads, n_kv_heads, head_dim,
-                                                 positions, inv_freq, row_page, row_slot, key_anchors, row_anchor,
-                                                 kv_pool, hadamard_block, q_out, &q.args, &g_last_error);
+  if (const cudaError_t e = fused::make_qkv_args(op, true, format, qkv, M, n_heads, n_kv_heads, head_dim, positions,
+                                                 inv_freq, row_page, row_slot, key_anchors, row_anchor, kv_pool,
+                                                 hadamard_block, q_out, &q.args, &g_last_error);
       e != cudaSuccess)
     return e;
   // The reduce stores BF16 pairs into qkv (gemm_w4a16's y rule): 4-byte alignment, checked again by run().
-  if (!aligned(qkv, 4)) return reject(&g_last_error, std::string(kQkvOp) + ": qkv must be 4-byte aligned");
+  if (!aligned(qkv, 4)) return reject(&g_last_error, std::string(op) + ": qkv must be 4-byte aligned");
   return run(tiling, w4a16::Epilogue::store_bf16, x, w_packed, scales, qkv, M, q.args.row_width, K, group, scale_type,
-             workspace, workspace_bytes, stream, &q);
+             workspace, workspace_bytes, stream, &q, norm);
 }
+
+constexpr const char* kNormOp = "gemm_w4a16_rmsnorm";
+constexpr const char* kNormSwiGluOp = "gemm_w4a16_rmsnorm_swiglu";
+constexpr const char* kNormQkvOp = "gemm_w4a16_rmsnorm_qkv_rope_append";
 
 }  // namespace
 
@@ -507,5 +578,79 @@ cudaError_t gemm_w4a16_qkv_rope_append_with_tiling(
                  n_heads, n_kv_heads, head_dim, positions, inv_freq, row_page, row_slot, key_anchors, row_anchor,
                  kv_pool, hadamard_block, q_out, stream);
 }
+
+cudaError_t gemm_w4a16_rmsnorm_can_implement(int M, int N, int K, int group, formats::ScaleType scale_type,
+                                             std::string* why) {
+  using std::to_string;
+  if (gemm_w4a16_can_implement(M, N, K, group, scale_type, why) != cudaSuccess) return cudaErrorInvalidValue;
+  if (M > w4a16::kNormMaxRows)
+    return reject(why, std::string(kNormOp) + ": M = " + to_string(M) + " rows, expected 1.." +
+                           to_string(w4a16::kNormMaxRows) + " (the norm prologue runs on the swapped M <= " +
+                           to_string(w4a16::kNormMaxRows) + " path)");
+  if (gemm_w4a16_variant_for(M) != w4a16::Variant::v4)
+    return reject(why, std::string(kNormOp) + ": FT_W4A16_VARIANT=v2 is set; the norm prologue exists in v4 only");
+  const w4a16::DeviceLimits hopper;
+  const Tiling t = cached_tiling(M, N, K, group, hopper, w4a16::V4Config{});
+  const int64_t smem = w4a16::smem_layout(t, K, group).total + w4a16::kNormScratchBytes;
+  if (smem > hopper.smem_per_block)
+    return reject(why, std::string(kNormOp) + ": K = " + to_string(K) + " is too long for M = " + to_string(M) +
+                           ": one K slice and the norm scratch need " + to_string(smem) + " bytes of shared memory");
+  if (why) why->clear();
+  return cudaSuccess;
+}
+
+cudaError_t gemm_w4a16_rmsnorm(const float* x, const float* norm_weight, float eps, const uint32_t* w_packed,
+                               const uint16_t* scales, __nv_bfloat16* y, int M, int N, int K, int group,
+                               formats::ScaleType scale_type, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream) {
+  const NormPrologue norm{x, norm_weight, eps, kNormOp};
+  return run(nullptr, w4a16::Epilogue::store_bf16, nullptr, w_packed, scales, y, M, N, K, group, scale_type, workspace,
+             workspace_bytes, stream, nullptr, &norm);
+}
+
+cudaError_t gemm_w4a16_rmsnorm_swiglu(const float* x, const float* norm_weight, float eps, const uint32_t* w_packed,
+                                      const uint16_t* scales, __nv_bfloat16* h, int M, int N, int K, int group,
+                                      formats::ScaleType scale_type, void* workspace, size_t workspace_bytes,
+                                      cudaStream_t stream) {
+  const NormPrologue norm{x, norm_weight, eps, kNormSwiGluOp};
+  return run(nullptr, w4a16::Epilogue::swiglu_bf16, nullptr, w_packed, scales, h, M, N, K, group, scale_type,
+             workspace, workspace_bytes, stream, nullptr, &norm);
+}
+
+cudaError_t gemm_w4a16_rmsnorm_qkv_rope_append(
+    const float* x, const float* norm_weight, float eps, const uint32_t* w_packed, const uint16_t* scales, int M,
+    int K, int group, formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, formats::KvFormat format,
+    __nv_bfloat16* qkv, int n_heads, int n_kv_heads, int head_dim, const int32_t* positions, const float* inv_freq,
+    const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors, const int32_t* row_anchor,
+    uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream) {
+  const NormPrologue norm{x, norm_weight, eps, kNormQkvOp};
+  return run_qkv(nullptr, nullptr, w_packed, scales, M, K, group, scale_type, workspace, workspace_bytes, format, qkv,
+                 n_heads, n_kv_heads, head_dim, positions, inv_freq, row_page, row_slot, key_anchors, row_anchor,
+                 kv_pool, hadamard_block, q_out, stream, &norm);
+}
+
+cudaError_t gemm_w4a16_rmsnorm_epilogue_with_tiling(const Tiling& tiling, w4a16::Epilogue epilogue, const float* x,
+                                                    const float* norm_weight, float eps, const uint32_t* w_packed,
+                                                    const uint16_t* scales, void* out, int M, int N, int K, int group,
+                                                    formats::ScaleType scale_type, void* workspace,
+                                                    size_t workspace_bytes, cudaStream_t stream) {
+  const NormPrologue norm{x, norm_weight, eps, kNormOp};
+  return run(&tiling, epilogue, nullptr, w_packed, scales, out, M, N, K, group, scale_type, workspace, workspace_bytes,
+             stream, nullptr, &norm);
+}
+
+cudaError_t gemm_w4a16_rmsnorm_qkv_rope_append_with_tiling(
+    const Tiling& tiling, const float* x, const float* norm_weight, float eps, const uint32_t* w_packed,
+    const uint16_t* scales, int M, int K, int group, formats::ScaleType scale_type, void* workspace,
+    size_t workspace_bytes, formats::KvFormat format, __nv_bfloat16* qkv, int n_heads, int n_kv_heads, int head_dim,
+    const int32_t* positions, const float* inv_freq, const int32_t* row_page, const int32_t* row_slot,
+    const uint16_t* key_anchors, const int32_t* row_anchor, uint8_t* kv_pool, int hadamard_block,
+    __nv_bfloat16* q_out, cudaStream_t stream) {
+  const NormPrologue norm{x, norm_weight, eps, kNormQkvOp};
+  return run_qkv(&tiling, nullptr, w_packed, scales, M, K, group, scale_type, workspace, workspace_bytes, format, qkv,
+                 n_heads, n_kv_heads, head_dim, positions, inv_freq, row_page, row_slot, key_anchors, row_anchor,
+                 kv_pool, hadamard_block, q_out, stream, &norm);
+}
+
 
 }  // namespace futransformer::cuda

@@ -56,4 +56,19 @@ cudaError_t gemm_w4a16_qkv_rope_append_with_tiling(
     const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors, const int32_t* row_anchor,
     uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream);
 
+// The norm-prologue GEMMs (gemm_w4a16_rmsnorm*, futransformer/cuda/gemm_w4a16.h) on a given tiling, which must be v4
+// with rows8 (M <= 8): gemm_w4a16_epilogue_with_tiling's epilogues (residual_f32 included) and the qkv prologue.
+cudaError_t gemm_w4a16_rmsnorm_epilogue_with_tiling(const w4a16::Tiling& tiling, w4a16::Epilogue epilogue,
+                                                    const float* x, const float* norm_weight, float eps,
+                                                    const uint32_t* w_packed, const uint16_t* scales, void* out, int M,
+                                                    int N, int K, int group, formats::ScaleType scale_type,
+                                                    void* workspace, size_t workspace_bytes, cudaStream_t stream);
+cudaError_t gemm_w4a16_rmsnorm_qkv_rope_append_with_tiling(
+    const w4a16::Tiling& tiling, const float* x, const float* norm_weight, float eps, const uint32_t* w_packed,
+    const uint16_t* scales, int M, int K, int group, formats::ScaleType scale_type, void* workspace,
+    size_t workspace_bytes, formats::KvFormat format, __nv_bfloat16* qkv, int n_heads, int n_kv_heads, int head_dim,
+    const int32_t* positions, const float* inv_freq, const int32_t* row_page, const int32_t* row_slot,
+    const uint16_t* key_anchors, const int32_t* row_anchor, uint8_t* kv_pool, int hadamard_block,
+    __nv_bfloat16* q_out, cudaStream_t stream);
+
 }  // namespace futransformer::cuda

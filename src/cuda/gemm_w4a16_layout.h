@@ -259,6 +259,30 @@ FT_HD uint32_t scale_prmt_selector(int half, bool f16) {
   return f16 ? (half ? 0x4432u : 0x4410u) : (half ? 0x3244u : 0x1044u);
 }
 
+// --- RMSNorm prologue (gemm_w4a16_rmsnorm*, M <= 8, v4 swapped path) ---------------------------------------
+// The GEMM stages bf16(w · (s · x)) of fp32 rows x instead of BF16 rows, with each row's s exactly as rmsnorm_kernel
+// <true> computes it with T = rmsnorm_threads(K, true) threads (src/cuda/rmsnorm_row.cuh states that order): T / 32
+// virtual warps per row, virtual thread v = 32 vw + lane summing float4 units v, v + T, ... The CTA's W real warps
+// share the rows x virtual warps "pairs" p = row * (T / 32) + vw: real warp w takes p = w, w + W, w + 2W, ..., in
+// steps of kNormBatch pairs (one independent load chain each, so a warp has that many L2 loads in flight). Its lane
+// l is lane l of the virtual warp, so the xor butterfly over the real warp is the virtual warp's; lane 0 stores the
+// partial at scratch[p], and thread r < rows adds row r's partials in virtual-warp order from 0.0f.
+constexpr int kNormMaxRows = 8;
+constexpr int kNormMaxVirtualWarps = 32;  // rmsnorm_threads <= 1024
+constexpr int kNormBatch = 8;
+// fp32 scratch after the ring (dynamic shared memory): the partials [rows][T / 32], then one scale per row.
+constexpr int kNormScratchFloats = kNormMaxRows * kNormMaxVirtualWarps + kNormMaxRows;
+constexpr int64_t kNormScratchBytes = int64_t{kNormScratchFloats} * 4;
+// Pair of real warp `warp` (of `warps`), step `step`, slot b of the batch; the pair's row and virtual warp.
+FT_HD int norm_pair(int warp, int warps, int step, int b) { return warp + (step * kNormBatch + b) * warps; }
+FT_HD int norm_pair_row(int p, int vwarps) { return p / vwarps; }
+FT_HD int norm_pair_vwarp(int p, int vwarps) { return p % vwarps; }
+// The float4 unit (within its row) lane `lane` of virtual warp vw sums in round j (< ceil(units / T)).
+FT_HD int norm_unit(int vw, int lane, int j, int vthreads) { return vw * kWarpSize + lane + j * vthreads; }
+// Scratch index of pair p's partial (row-major [row][vwarp]) and of row r's scale.
+FT_HD int norm_partial_index(int row, int vw, int vwarps) { return row * vwarps + vw; }
+FT_HD int norm_scale_index(int row) { return kNormMaxRows * kNormMaxVirtualWarps + row; }
+
 // --- Fused epilogues --------------------------------------------------------------------------------------
 // What the GEMM does with an output element acc[m, n] instead of storing bf16(acc) (with one K slice in the final
 // store of the GEMM kernel; with split-K in the reduce kernel, after the slice sum): nothing else changes, so the

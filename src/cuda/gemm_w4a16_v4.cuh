@@ -17,10 +17,15 @@
 // that need them by four shuffles per group flush. M = 17..32 runs swapped with three (M <= 24) or four n = 8 tiles
 // (swap32, kSwapTiles = 3 / 4): per k16 step two ldmatrix give the tiles' B registers (swap32_xb_offset), each weight
 // fragment meets every tile, and each tile has its own offset chain with 136 as A (as M <= 8), in place for the flush.
+// kNormRows (M <= 8 only): the activations are RMSNorm(x) of fp32 rows, normalised while they are staged
+// (gemm_w4a16_norm.cuh); everything after the staging is the plain instance's code.
 #pragma once
 
 #include "cuda/gemm_w4a16.cuh"
+#include "cuda/gemm_w4a16_norm.cuh"
 #include "cuda/ptx/sreg.cuh"
+
+#include <type_traits>
 
 namespace futransformer::cuda::w4a16 {
 
@@ -60,15 +65,17 @@ __device__ __forceinline__ float scale_from_half(uint32_t pair, uint32_t sel) {
 // kSwapTiles: 0 = 16-row path (activations as A, kMT m tiles), 1 = swapped with one n = 8 activation tile
 // (M <= 8), 2 = swapped with two (M = 9..16), 3 / 4 = swapped with three / four (M = 17..24 / 25..32; kMT = 2, the
 // m tiles those rows span, which sizes the register cap and the cross-warp reduction buffer). kCtaWarps warps per
-// CTA, kRing cp.async slots per thread.
-template <int kMT, int kSwapTiles, bool kF16Scales, int kCtaWarps = kWarps, int kRing = kStages>
+// CTA, kRing cp.async slots per thread. kNormRows: the RMSNorm prologue (one activation tile only); its dynamic shared
+// memory has kNormScratchBytes more after the ring (smem_layout(...).total).
+template <int kMT, int kSwapTiles, bool kF16Scales, int kCtaWarps = kWarps, int kRing = kStages, bool kNormRows = false>
 __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, kCtaWarps, kSwapTiles == 2))
-    gemm_w4a16_v4_kernel(const KernelArgs args) {
+    gemm_w4a16_v4_kernel(const std::conditional_t<kNormRows, NormKernelArgs, KernelArgs> args) {
   static_assert(kMT >= 1 && kMT <= kMaxMTiles, "m tiles must cover 16..64 rows");
   static_assert(kSwapTiles >= 0 && kSwapTiles <= 4, "swapped paths have one to four n = 8 activation tiles");
   static_assert(kSwapTiles == 0 || kMT == (kSwapTiles + 1) / 2, "kMT is the number of m tiles the swapped rows span");
   static_assert(kRing >= 4 && (kRing & (kRing - 1)) == 0, "ring slots are addressed with a mask and used in pairs");
   static_assert(kCtaWarps * kWarpSize <= 1024, "a CTA has at most 1024 threads");
+  static_assert(!kNormRows || kSwapTiles == 1, "the RMSNorm prologue serves the M <= 8 swapped path only");
   constexpr bool kSwap = kSwapTiles > 0;
   // swap32: activations loaded per k16 step, two n = 8 tiles per ldmatrix (kMT loads), one offset chain per tile.
   constexpr bool kSwap32 = kSwapTiles > 2;
@@ -126,7 +133,12 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   }
 
   const int rows = t.rows;
-  wait_then_stage_rows(args, rows, k0, slice_k, pitch, a_s, tid, kThreadsCta);
+  if constexpr (kNormRows) {
+    wait_then_stage_norm_rows<kThreadsCta>(args, rows, k0, slice_k, pitch, a_s,
+                                           reinterpret_cast<float*>(smem + lay.total), tid);
+  } else {
+    wait_then_stage_rows(args, rows, k0, slice_k, pitch, a_s, tid, kThreadsCta);
+  }
 
   float acc[kAccTiles][4] = {};
   float part[kAccTiles][4] = {};   // this group's sums of x * (128 + u), since the last flush

@@ -36,11 +36,24 @@ KernelFn v4_kernel(const Tiling& t, bool f16_scales) {
   return f16_scales ? v4_kernel_for_scales<kCtaWarps, kRing, true>(t) : v4_kernel_for_scales<kCtaWarps, kRing, false>(t);
 }
 
+using NormKernelFn = void (*)(NormKernelArgs);
+
+// The RMSNorm prologue instance of shape (kCtaWarps, kRing): the swapped M <= 8 path (rows8) only.
+template <int kCtaWarps, int kRing>
+NormKernelFn v4_norm_kernel(bool f16_scales) {
+  return f16_scales ? gemm_w4a16_v4_kernel<1, 1, true, kCtaWarps, kRing, true>
+                    : gemm_w4a16_v4_kernel<1, 1, false, kCtaWarps, kRing, true>;
+}
+
 // Defined (explicitly instantiated) in the per-shape files; other translation units only call them.
 extern template KernelFn v4_kernel<8, 16>(const Tiling&, bool);
 extern template KernelFn v4_kernel<8, 32>(const Tiling&, bool);
 extern template KernelFn v4_kernel<16, 16>(const Tiling&, bool);
 extern template KernelFn v4_kernel<8, 8>(const Tiling&, bool);
+extern template NormKernelFn v4_norm_kernel<8, 16>(bool);
+extern template NormKernelFn v4_norm_kernel<8, 32>(bool);
+extern template NormKernelFn v4_norm_kernel<16, 16>(bool);
+extern template NormKernelFn v4_norm_kernel<8, 8>(bool);
 static_assert(sizeof(kV4KernelShapes) / sizeof(kV4KernelShapes[0]) == 4,
               "every compiled shape needs its file and an extern declaration here");
 
@@ -50,6 +63,16 @@ inline KernelFn v4_kernel_any(const Tiling& t, bool f16_scales) {
   if (t.warps == 8 && t.stages == 32) return v4_kernel<8, 32>(t, f16_scales);
   if (t.warps == 16 && t.stages == 16) return v4_kernel<16, 16>(t, f16_scales);
   if (t.warps == 8 && t.stages == 8) return v4_kernel<8, 8>(t, f16_scales);
+  return nullptr;
+}
+
+// The RMSNorm prologue instance for a v4 rows8 tiling, nullptr for any other tiling or an uncompiled shape.
+inline NormKernelFn v4_norm_kernel_any(const Tiling& t, bool f16_scales) {
+  if (t.variant != Variant::v4 || !t.rows8) return nullptr;
+  if (t.warps == 8 && t.stages == 16) return v4_norm_kernel<8, 16>(f16_scales);
+  if (t.warps == 8 && t.stages == 32) return v4_norm_kernel<8, 32>(f16_scales);
+  if (t.warps == 16 && t.stages == 16) return v4_norm_kernel<16, 16>(f16_scales);
+  if (t.warps == 8 && t.stages == 8) return v4_norm_kernel<8, 8>(f16_scales);
   return nullptr;
 }
 

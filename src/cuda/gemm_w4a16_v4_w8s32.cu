@@ -4,5 +4,6 @@
 namespace futransformer::cuda::w4a16 {
 
 template KernelFn v4_kernel<8, 32>(const Tiling&, bool);
+template NormKernelFn v4_norm_kernel<8, 32>(bool);
 
 }  // namespace futransformer::cuda::w4a16

@@ -5,6 +5,8 @@
 // rows and a remainder), decode steps replayed as CUDA graphs, greedy ids chosen on the GPU, INT4 caches, FP8
 // prefill passes, and a real checkpoint. The op profile shows which kernels ran. A wide tiny model (K = 2048) makes the
 // qkv GEMM split K at 41..64 rows, so its passes of that size run the attention prologue in the split-K reduce.
+// CudaEngineOptions::fused_norm_prologue (the RMSNorms inside the qkv and gate|up GEMMs at <= 8 rows) is compared
+// with the default the same way.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -77,6 +79,39 @@ TEST_P(CudaEngineEpilogues, TinyInt4FusedEqualsUnfused) {
   expect_identical(*fused, *unfused, s.vocab, 5, 12);
 }
 
+// CudaEngineOptions::fused_norm_prologue: the attention RMSNorm (layers after the first) and the MLP RMSNorm run
+// inside the qkv and gate|up GEMMs in passes of at most 8 rows, bit for bit the separate norm kernels. Against the
+// default engine: prompts of 100 / 17 / 5 rows in one pass (122 rows: no prologue), decode steps at batch 3, then a new
+// sequence's 5-row prompt pass (for int4-hadamard a pass with a new sequence: the qkv GEMM's plain store path) and
+// decode steps at batch 1, forward_greedy at both batches.
+TEST_P(CudaEngineEpilogues, NormPrologueEqualsSeparateNorms) {
+  FT_REQUIRE_HOPPER();
+  const test::TinyLlama s = test::tiny_llama_w4a16_shape();
+  const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 61)), GetParam());
+  CudaEngineOptions co = cuda_engine_options(q.recipe);
+  co.max_sequences = 4;
+  EXPECT_FALSE(co.fused_norm_prologue) << "off by default until its GPU tests pass";
+  std::unique_ptr<CudaEngine> plain = make_cuda_engine(q, co);
+  co.fused_norm_prologue = true;
+  std::unique_ptr<CudaEngine> norm = make_cuda_engine(q, co);
+  EXPECT_NE(norm->description().find("RMSNorm in the qkv / gate|up GEMMs"), std::string::npos) << norm->description();
+  EXPECT_EQ(plain->description().find("RMSNorm in the qkv"), std::string::npos) << plain->description();
+  expect_identical(*norm, *plain, s.vocab, 11, 8);
+
+  std::mt19937 rng(13);
+  std::vector<SequenceChunk> one = {{3, test::random_token_ids(5, s.vocab, rng)}};
+  const std::vector<std::vector<float>> pn = norm->forward(one, true), pp = plain->forward(one, true);
+  ASSERT_EQ(pn.size(), 1u);
+  EXPECT_EQ(pn[0], pp[0]) << "5-row prompt pass";
+  one[0].tokens = {argmax(std::vector<float>(pn[0].end() - s.vocab, pn[0].end()))};
+  for (int k = 0; k < 8; ++k) {
+    const std::vector<std::vector<float>> ln = norm->forward(one), lp = plain->forward(one);
+    ASSERT_EQ(ln[0], lp[0]) << "batch-1 decode step " << k;
+    one[0].tokens = {argmax(ln[0])};
+  }
+  EXPECT_EQ(norm->forward_greedy(one), plain->forward_greedy(one));
+}
+
 INSTANTIATE_TEST_SUITE_P(Recipes, CudaEngineEpilogues,
                          ::testing::Values("int4-rtn-g32+kv-bf16", "int4-rtn-g64-bf16+kv-int4-hadamard",
                                            "int4-rtn-g128+kv-int4"),
@@ -121,6 +156,41 @@ TEST(CudaEngineEpiloguesProfile, OpLabelsFollowTheFlag) {
     EXPECT_EQ(swiglu, fused ? 0 : per_pass);
     EXPECT_EQ(residual_norm, fused ? 0 : 2 * per_pass);
   }
+}
+
+// With fused_norm_prologue the op profile shows the norm-prologue GEMMs on passes of <= 8 rows only: a 30-row prompt
+// pass runs every norm kernel (one attention RMSNorm per layer, one MLP RMSNorm per layer), a 1-row decode step only
+// the first layer's attention RMSNorm, layers - 1 "RMSNorm + qkv GEMM" and layers "RMSNorm + gate|up GEMM + SwiGLU".
+// Logits equal the default engine's.
+TEST(CudaEngineEpiloguesProfile, NormPrologueOpLabels) {
+  FT_REQUIRE_HOPPER();
+  const test::TinyLlama s = test::tiny_llama_w4a16_shape();
+  const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 67)), "int4-rtn-g64+kv-bf16");
+  CudaEngineOptions co = cuda_engine_options(q.recipe);
+  std::unique_ptr<CudaEngine> plain = make_cuda_engine(q, co);
+  co.fused_norm_prologue = true;
+  co.profile_ops = true;
+  std::unique_ptr<CudaEngine> profiled = make_cuda_engine(q, co);
+  std::mt19937 rng(19);
+  const SequenceChunk prompt{0, test::random_token_ids(30, s.vocab, rng)};
+  EXPECT_EQ(plain->forward(std::span(&prompt, 1), true), profiled->forward(std::span(&prompt, 1), true));
+  const SequenceChunk step{0, {7}};
+  EXPECT_EQ(plain->forward(std::span(&step, 1)), profiled->forward(std::span(&step, 1)));
+  int64_t attn_norm = 0, mlp_norm = 0, qkv_norm = 0, gate_up_norm = 0, gate_up_plain = 0;
+  for (const CudaEngine::OpTime& t : profiled->op_profile()) {
+    if (t.op == "attention RMSNorm") attn_norm += t.calls;
+    if (t.op == "MLP RMSNorm") mlp_norm += t.calls;
+    if (t.op == "RMSNorm + qkv GEMM" || t.op == "RMSNorm + qkv GEMM + RoPE + KV append + q rotation")
+      qkv_norm += t.calls;
+    if (t.op == "RMSNorm + gate|up GEMM + SwiGLU") gate_up_norm += t.calls;
+    if (t.op == "gate|up GEMM + SwiGLU") gate_up_plain += t.calls;
+  }
+  const int64_t L = s.layers;
+  EXPECT_EQ(attn_norm, L + 1);  // the prompt pass: every layer; the step: the first layer only
+  EXPECT_EQ(mlp_norm, L);       // the prompt pass
+  EXPECT_EQ(qkv_norm, L - 1);   // the step, layers 1 .. L - 1
+  EXPECT_EQ(gate_up_norm, L);   // the step
+  EXPECT_EQ(gate_up_plain, L);  // the prompt pass
 }
 
 // hidden 2048 (qkv 2048 -> 3072: 32 / 8 heads of 64): on an H200 the W4A16 heuristic splits the qkv GEMM's K at

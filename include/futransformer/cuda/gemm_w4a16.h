@@ -23,6 +23,7 @@ constexpr int kW4A16MaxM = 64;
 constexpr int kW4A16TileN = 32;  // N must be a multiple of this
 constexpr int kW4A16TileK = 32;  // K must be a multiple of this and of the group size
 constexpr int kW4A16MaxDim = 1 << 18;
+constexpr int kW4A16NormMaxM = 8;  // rows of the RMSNorm-prologue GEMMs (gemm_w4a16_rmsnorm*)
 
 // cudaSuccess when the kernel handles the shape; otherwise cudaErrorInvalidValue and, when why is not null, a
 // sentence naming the offending parameter and what is expected. Needs no device.
@@ -83,6 +84,39 @@ cudaError_t gemm_w4a16_qkv_rope_append(const __nv_bfloat16* x, const uint32_t* w
 cudaError_t gemm_w4a16_qkv_rope_append_can_implement(int M, int K, int group, formats::ScaleType scale_type,
                                                      formats::KvFormat format, int n_heads, int n_kv_heads,
                                                      int head_dim, int hadamard_block, std::string* why);
+// The same GEMMs with the RMSNorm before them as their prologue (decode, M <= 8): the activations are
+// bf16(norm_weight · (s · x)) of fp32 rows x [M, K] (the residual stream), s = 1 / sqrt(mean(x²) + eps) per row,
+// computed inside the GEMM as it stages its activations — no rmsnorm_bf16 launch, no BF16 copy of the rows. Each
+// CTA sums its rows' squares in rmsnorm_bf16's own order (its float4 kernel's threads, warp butterflies and warp
+// order, emulated by the CTA's warps), so the result is bit for bit rmsnorm_bf16(x, norm_weight, ·, M, K, eps)
+// followed by the named GEMM on the same tiling. x and norm_weight: fp32, non-null, 16-byte aligned (with K % 32 == 0
+// the conditions under which rmsnorm_bf16 takes that order); eps finite and >= 0. Only M <= 8 (the v4 swapped path;
+// not under FT_W4A16_VARIANT=v2); every CTA reads its M rows in full for the sums (M x K x 4 bytes from L2).
+// Other arguments, workspace (gemm_w4a16_workspace_bytes(M, N, K)) and errors as the GEMM named.
+//
+// cudaSuccess when the norm-prologue launchers take the GEMM shape; otherwise cudaErrorInvalidValue and, when why is
+// not null, a sentence naming the parameter. Needs no device.
+cudaError_t gemm_w4a16_rmsnorm_can_implement(int M, int N, int K, int group, formats::ScaleType scale_type,
+                                             std::string* why);
+// = rmsnorm_bf16, then gemm_w4a16 into y.
+cudaError_t gemm_w4a16_rmsnorm(const float* x, const float* norm_weight, float eps, const uint32_t* w_packed,
+                               const uint16_t* scales, __nv_bfloat16* y, int M, int N, int K, int group,
+                               formats::ScaleType scale_type, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream);
+// = rmsnorm_bf16, then gemm_w4a16_swiglu into h (gate|up packed swiglu_interleaved).
+cudaError_t gemm_w4a16_rmsnorm_swiglu(const float* x, const float* norm_weight, float eps, const uint32_t* w_packed,
+                                      const uint16_t* scales, __nv_bfloat16* h, int M, int N, int K, int group,
+                                      formats::ScaleType scale_type, void* workspace, size_t workspace_bytes,
+                                      cudaStream_t stream);
+// = rmsnorm_bf16, then gemm_w4a16_qkv_rope_append (split K: the prologue in the reduce; else the GEMM's store, then
+// qkv_rope_kv_append's kernel), with its arguments and checks.
+cudaError_t gemm_w4a16_rmsnorm_qkv_rope_append(
+    const float* x, const float* norm_weight, float eps, const uint32_t* w_packed, const uint16_t* scales, int M,
+    int K, int group, formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, formats::KvFormat format,
+    __nv_bfloat16* qkv, int n_heads, int n_kv_heads, int head_dim, const int32_t* positions, const float* inv_freq,
+    const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors, const int32_t* row_anchor,
+    uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream);
+
 // Whether gemm_w4a16 (and every epilogue variant) splits K for this shape on the current device, i.e. whether
 // gemm_w4a16_qkv_rope_append runs its prologue in the split-K reduce. false for rejected shapes or without a device.
 bool gemm_w4a16_splits_k(int M, int N, int K, int group);

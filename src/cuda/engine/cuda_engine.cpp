@@ -369,6 +369,7 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
   if (!layers_.empty() && layers_[0].o.kind() == DeviceLinear::Kind::Int4) {
     d << " | GEMM epilogues "
       << (opt_.fused_epilogues ? "fused (residual, SwiGLU, qkv prologue when K is split)" : "separate kernels");
+    if (opt_.fused_epilogues && opt_.fused_norm_prologue) d << " | RMSNorm in the qkv / gate|up GEMMs at <= 8 rows";
     if (dequant_min_rows_ > 0)
       d << " | INT4 passes of >= " << dequant_min_rows_ << " rows: dequantise to BF16 + cuBLAS";
     else
@@ -762,6 +763,18 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
   auto rmsnorm_to_fp8 = [&](const float* w, const char* what) {
     check_op(cuda::rmsnorm_fp8(x_.get(), w, codes, scales, r, hh, eps, stream_), what, cuda::fp8_producers_last_error);
   };
+  // RMSNorm prologues (CudaEngineOptions::fused_norm_prologue; BF16-activation passes of at most kW4A16NormMaxM rows
+  // with fused epilogues): the norm runs inside the next GEMM's activation staging, from x_, instead of writing xn_.
+  // Layer li > 0's attention norm goes into its qkv GEMM when the layer before ended with a fused down GEMM (which
+  // then skips its norm kernel); the MLP norm into the gate|up GEMM after a fused o GEMM. Same bits either way.
+  const bool norm_prologue = !fp8 && opt_.fused_epilogues && opt_.fused_norm_prologue && rows <= cuda::kW4A16NormMaxM;
+  auto fused_down_of = [&](const DeviceLayer& l) {
+    return opt_.fused_epilogues && l.down.kind() == DeviceLinear::Kind::Int4 && !l.down.dequant_path(rows, g);
+  };
+  auto attn_norm_in_qkv = [&](size_t li) {
+    return norm_prologue && li > 0 && li < layers_.size() && fused_down_of(layers_[li - 1]) &&
+           layers_[li].qkv.norm_prologue(rows, g);
+  };
   // Each layer's attention RMSNorm is fused into the previous layer's last residual add (BF16 passes); the first
   // one runs here.
   if (!layers_.empty()) {
@@ -784,6 +797,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     const bool prologue_in_gemm =
         !fp8 && opt_.fused_epilogues && opt_.fused_qkv_prologue && prologue_one_kernel &&
         l.qkv.qkv_prologue_in_reduce(rows, g);
+    const bool norm_in_qkv = attn_norm_in_qkv(li);
     if (fp8) {
       l.qkv8.forward_fp8(codes, scales, rows, bf(qkv_), g);
       mark("qkv GEMM (FP8)");
@@ -802,8 +816,16 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       p.kv_pool = pool;
       p.hadamard_block = hadamard_block_;
       p.q_out = bf(q_);
-      l.qkv.forward_qkv_rope_append(bf(xn_), rows, bf(qkv_), p, g);
-      mark("qkv GEMM + RoPE + KV append + q rotation");
+      if (norm_in_qkv) {
+        l.qkv.forward_qkv_rope_append_rmsnorm(x_.get(), l.attn_norm.get(), eps, rows, bf(qkv_), p, g);
+        mark("RMSNorm + qkv GEMM + RoPE + KV append + q rotation");
+      } else {
+        l.qkv.forward_qkv_rope_append(bf(xn_), rows, bf(qkv_), p, g);
+        mark("qkv GEMM + RoPE + KV append + q rotation");
+      }
+    } else if (norm_in_qkv) {
+      l.qkv.forward_rmsnorm(x_.get(), l.attn_norm.get(), eps, rows, bf(qkv_), g);
+      mark("RMSNorm + qkv GEMM");
     } else {
       l.qkv.forward(bf(xn_), rows, qkv_.get(), false, g);
       mark(l.qkv.dequant_path(rows, g) ? "qkv GEMM (dequant + cuBLAS)" : "qkv GEMM");
@@ -909,20 +931,25 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     // add_residual_bf16 + rmsnorm_bf16 bit for bit). Passes on the dequantise + cuBLAS path have no fused epilogue:
     // they take the second order, which is one pass over the residual stream fewer than forward_residual's there.
     const bool fused_o = opt_.fused_epilogues && l.o.kind() == DeviceLinear::Kind::Int4 && !l.o.dequant_path(rows, g);
-    const bool fused_down =
-        opt_.fused_epilogues && l.down.kind() == DeviceLinear::Kind::Int4 && !l.down.dequant_path(rows, g);
+    const bool fused_down = fused_down_of(l);
+    const bool norm_in_gate_up =
+        norm_prologue && fused_o && l.gate_up.swiglu_packed() && l.gate_up.norm_prologue(rows, g);
     if (fused_o) {
       l.o.forward_residual(bf(att_), rows, x_.get(), bf(delta_), g);
       mark("o GEMM + residual");
-      check_op(cuda::rmsnorm_bf16(x_.get(), l.mlp_norm.get(), bf(xn_), r, hh, eps, stream_), "MLP RMSNorm",
-               decoder_ops_last_error);
+      if (!norm_in_gate_up)
+        check_op(cuda::rmsnorm_bf16(x_.get(), l.mlp_norm.get(), bf(xn_), r, hh, eps, stream_), "MLP RMSNorm",
+                 decoder_ops_last_error);
     } else {
       l.o.forward(bf(att_), rows, delta_.get(), false, g);
       mark(l.o.dequant_path(rows, g) ? "o GEMM (dequant + cuBLAS)" : "o GEMM");
       check_op(cuda::add_residual_rmsnorm_bf16(x_.get(), bf(delta_), l.mlp_norm.get(), bf(xn_), r, hh, eps, stream_),
                "residual + MLP RMSNorm", cuda::fused_ops_last_error);
     }
-    if (l.gate_up.swiglu_packed()) {
+    if (norm_in_gate_up) {
+      l.gate_up.forward_swiglu_rmsnorm(x_.get(), l.mlp_norm.get(), eps, rows, bf(act_), g);
+      mark("RMSNorm + gate|up GEMM + SwiGLU");
+    } else if (l.gate_up.swiglu_packed()) {
       // On the dequantise + cuBLAS path: the GEMM into gate_up_ (canonical [gate | up] columns), then swiglu_bf16.
       l.gate_up.forward_swiglu(bf(xn_), rows, bf(act_), bf(gate_up_), g);
       mark(l.gate_up.dequant_path(rows, g) ? "gate|up GEMM (dequant + cuBLAS) + SwiGLU" : "gate|up GEMM + SwiGLU");
@@ -935,7 +962,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     if (fused_down) {
       l.down.forward_residual(bf(act_), rows, x_.get(), bf(delta_), g);
       mark("down GEMM + residual");
-      if (!last)
+      if (!last && !attn_norm_in_qkv(li + 1))
         check_op(cuda::rmsnorm_bf16(x_.get(), layers_[li + 1].attn_norm.get(), bf(xn_), r, hh, eps, stream_),
                  "attention RMSNorm", decoder_ops_last_error);
       continue;

@@ -338,4 +338,47 @@ bool DeviceLinear::qkv_prologue_in_reduce(int64_t M, const GemmContext& ctx) con
   return true;
 }
 
+bool DeviceLinear::norm_prologue(int64_t M, const GemmContext& ctx) const {
+  if (kind_ != Kind::Int4 || dequant_path(M, ctx) || M < 1 || M > kW4A16NormMaxM) return false;
+  return gemm_w4a16_rmsnorm_can_implement(static_cast<int>(M), static_cast<int>(N_), static_cast<int>(K_),
+                                          static_cast<int>(group_), scale_type_, nullptr) == cudaSuccess;
+}
+
+void DeviceLinear::forward_rmsnorm(const float* x, const float* norm_weight, float eps, int64_t M, __nv_bfloat16* y,
+                                   const GemmContext& ctx) const {
+  check(!swiglu_packed(), name_, ": packed SwiGLU-interleaved, so it runs through forward_swiglu_rmsnorm only");
+  check(norm_prologue(M, ctx), "CUDA engine: ", name_, ": no RMSNorm prologue GEMM for M = ", M);
+  const cudaError_t e = gemm_w4a16_rmsnorm(x, norm_weight, eps, packed_.get(), scales_.get(), y, static_cast<int>(M),
+                                           static_cast<int>(N_), static_cast<int>(K_), static_cast<int>(group_),
+                                           scale_type_, ctx.workspace, ctx.workspace_bytes, ctx.stream);
+  if (e != cudaSuccess) fail("CUDA engine: ", name_, ": RMSNorm + W4A16 GEMM (M ", M, "): ",
+                             e == cudaErrorInvalidValue ? gemm_w4a16_last_error() : cudaGetErrorString(e));
+}
+
+void DeviceLinear::forward_swiglu_rmsnorm(const float* x, const float* norm_weight, float eps, int64_t M,
+                                          __nv_bfloat16* h, const GemmContext& ctx) const {
+  check(swiglu_packed(), name_, ": forward_swiglu_rmsnorm needs INT4 gate|up weights packed SwiGLU-interleaved");
+  check(norm_prologue(M, ctx), "CUDA engine: ", name_, ": no RMSNorm prologue GEMM for M = ", M);
+  const cudaError_t e = gemm_w4a16_rmsnorm_swiglu(x, norm_weight, eps, packed_.get(), scales_.get(), h,
+                                                  static_cast<int>(M), static_cast<int>(N_), static_cast<int>(K_),
+                                                  static_cast<int>(group_), scale_type_, ctx.workspace,
+                                                  ctx.workspace_bytes, ctx.stream);
+  if (e != cudaSuccess) fail("CUDA engine: ", name_, ": RMSNorm + W4A16 GEMM + SwiGLU (M ", M, "): ",
+                             e == cudaErrorInvalidValue ? gemm_w4a16_last_error() : cudaGetErrorString(e));
+}
+
+void DeviceLinear::forward_qkv_rope_append_rmsnorm(const float* x, const float* norm_weight, float eps, int64_t M,
+                                                   __nv_bfloat16* qkv, const QkvRopeAppend& p,
+                                                   const GemmContext& ctx) const {
+  check(!swiglu_packed(), name_, ": forward_qkv_rope_append_rmsnorm runs canonically packed INT4 weights");
+  check(norm_prologue(M, ctx), "CUDA engine: ", name_, ": no RMSNorm prologue GEMM for M = ", M);
+  const cudaError_t e = gemm_w4a16_rmsnorm_qkv_rope_append(
+      x, norm_weight, eps, packed_.get(), scales_.get(), static_cast<int>(M), static_cast<int>(K_),
+      static_cast<int>(group_), scale_type_, ctx.workspace, ctx.workspace_bytes, p.format, qkv, p.n_heads,
+      p.n_kv_heads, p.head_dim, p.positions, p.inv_freq, p.row_page, p.row_slot, p.key_anchors, p.row_anchor,
+      p.kv_pool, p.hadamard_block, p.q_out, ctx.stream);
+  if (e != cudaSuccess) fail("CUDA engine: ", name_, ": RMSNorm + W4A16 GEMM + RoPE + KV append (M ", M, "): ",
+                             e == cudaErrorInvalidValue ? gemm_w4a16_last_error() : cudaGetErrorString(e));
+}
+
 }  // namespace futransformer::cuda

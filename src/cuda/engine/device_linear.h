@@ -115,6 +115,18 @@ class DeviceLinear {
   // Whether forward_qkv_rope_append runs the prologue inside the GEMM's split-K reduce for every one of its 64-row
   // launches (gemm_w4a16_splits_k), i.e. saves a kernel per launch over forward + qkv_rope_kv_append.
   bool qkv_prologue_in_reduce(int64_t M, const GemmContext& ctx) const;
+  // The RMSNorm before this projection run inside its W4A16 GEMM (gemm_w4a16_rmsnorm*, futransformer/cuda/
+  // gemm_w4a16.h): x is fp32 [M, K] (the residual stream), norm_weight fp32 [K], both 16-byte aligned. Bit for bit
+  // rmsnorm_bf16(x, norm_weight, ·, M, K, eps) followed by forward / forward_swiglu / forward_qkv_rope_append on its
+  // output. Only where norm_prologue(M, ctx) holds; otherwise Error.
+  // Whether these can run M rows: INT4, not the dequantise + cuBLAS path, M <= 8 and gemm_w4a16_rmsnorm_can_implement.
+  bool norm_prologue(int64_t M, const GemmContext& ctx) const;
+  void forward_rmsnorm(const float* x, const float* norm_weight, float eps, int64_t M, __nv_bfloat16* y,
+                       const GemmContext& ctx) const;
+  void forward_swiglu_rmsnorm(const float* x, const float* norm_weight, float eps, int64_t M, __nv_bfloat16* h,
+                              const GemmContext& ctx) const;
+  void forward_qkv_rope_append_rmsnorm(const float* x, const float* norm_weight, float eps, int64_t M,
+                                       __nv_bfloat16* qkv, const QkvRopeAppend& p, const GemmContext& ctx) const;
   // FP8 weights only: y BF16 [M, N] = (a_codes[M, K] · codesᵀ) · a_scales[m] · scales[n] (gemm_fp8), where a_codes /
   // a_scales are per-token FP8 (cuda/fp8_producers.h). Throws Error naming the projection when the GEMM refuses.
   void forward_fp8(const uint8_t* a_codes, const float* a_scales, int64_t M, __nv_bfloat16* y,

@@ -31,6 +31,7 @@
 #include "futransformer/formats/kv_cache.h"
 #include "futransformer/model.h"
 #include "gpu_test_util.h"
+#include "qkv_prologue_case.h"
 #include "ref/ops.h"
 #include "w4a16_cases.h"
 
@@ -53,18 +54,6 @@ constexpr int kMaxM = cuda::kW4A16NormMaxM;
 __nv_bfloat16* bf(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 const __nv_bfloat16* bf(const uint16_t* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
 
-template <typename T>
-int64_t first_mismatch(const std::vector<T>& a, const std::vector<T>& b) {
-  if (a.size() != b.size()) return 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return static_cast<int64_t>(i);
-  return -1;
-}
-#define EXPECT_SAME_BITS(got, want, what)                                                                  \
-  do {                                                                                                     \
-    const int64_t at_ = first_mismatch(got, want);                                                         \
-    EXPECT_EQ(at_, -1) << (what) << " differs first at element " << at_ << " (of " << (got).size() << ")"; \
-  } while (0)
 
 // fp32 rows [M, K]: normal values times a per-row magnitude from 5e-8 to 7e4, row 3 with outliers 1e4 times larger
 // every 97th element. The magnitudes make s (and the rounding of s · x) differ widely from row to row.
@@ -306,55 +295,14 @@ TEST(GemmW4A16NormGpu, PublicLaunchersLlamaShapes) {
 
 // --- qkv prologue ---------------------------------------------------------------------------------------------------
 
-constexpr int kPageTokens = static_cast<int>(formats::kKvPageTokens);
-constexpr int kAnchors = 3;
+using test::QkvShape;
+using QkvSide = test::QkvCaseOutputs;
 
-struct QkvShape {
-  int n_heads, n_kv, head_dim;
-};
-
-// Positions, distinct random (page, slot) cells (every 5th row from row 4 a padding row), anchor indices and fp16
-// anchors, as test_gemm_w4a16_qkv.cpp makes them.
-struct QkvInputs {
-  std::vector<int32_t> positions, page, slot, anchor;
-  std::vector<float> inv_freq;
-  std::vector<uint16_t> anchors;
-  int n_pages = 0;
-};
-
-QkvInputs make_qkv_inputs(const QkvShape& s, int M, uint32_t seed) {
-  QkvInputs in;
+// The metadata of one case, as test_gemm_w4a16_qkv.cpp makes it (test::make_qkv_case_meta).
+test::QkvCaseMeta make_qkv_inputs(const QkvShape& s, int M, uint32_t seed) {
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> pos(0, 131071);
-  for (int r = 0; r < M; ++r) in.positions.push_back(r == 0 ? 0 : pos(rng));
-  in.inv_freq = ref::rope_inv_freq(s.head_dim, 500000.0, RopeScaling{});
-  in.n_pages = (M + kPageTokens - 1) / kPageTokens + 2;
-  std::vector<int32_t> cells(static_cast<size_t>(in.n_pages) * kPageTokens);
-  std::iota(cells.begin(), cells.end(), 0);
-  std::shuffle(cells.begin(), cells.end(), rng);
-  for (int r = 0; r < M; ++r) {
-    const int32_t cell = cells[static_cast<size_t>(r)];
-    in.page.push_back(r % 5 == 4 ? -1 : cell / kPageTokens);
-    in.slot.push_back(cell % kPageTokens);
-    in.anchor.push_back(r % 4 == 2 ? -1 : static_cast<int32_t>(rng() % kAnchors));
-  }
-  std::normal_distribution<float> nd(0.0f, 0.3f);
-  in.anchors.resize(static_cast<size_t>(kAnchors) * s.n_kv * s.head_dim);
-  for (uint16_t& a : in.anchors) a = f32_to_f16(nd(rng));
-  return in;
+  return test::make_qkv_case_meta(s, M, rng, 131072, 500000.0);
 }
-
-struct QkvSide {
-  DeviceBuffer<uint16_t> qkv, q_out;
-  DeviceBuffer<uint8_t> pool, ws;
-  QkvSide(size_t qkv_elems, size_t q_elems, size_t pool_bytes, size_t ws_bytes)
-      : qkv(qkv_elems), q_out(q_elems), pool(pool_bytes), ws(ws_bytes) {
-    EXPECT_EQ(qkv.poison(), cudaSuccess);
-    EXPECT_EQ(q_out.poison(), cudaSuccess);
-    EXPECT_EQ(pool.poison(), cudaSuccess);
-    EXPECT_EQ(ws.poison(), cudaSuccess);
-  }
-};
 
 // gemm_w4a16_rmsnorm_qkv_rope_append (tiling t, or the library's when null) vs rmsnorm_bf16 then
 // gemm_w4a16_qkv_rope_append on the same tiling: qkv, q_out and every page-pool byte.
@@ -366,7 +314,7 @@ void check_qkv(const w4::Tiling* t, KvFormat format, const QkvShape& s, const Ca
   SCOPED_TRACE(testing::Message() << formats::kv_format_name(format) << " heads " << s.n_heads << "/" << s.n_kv
                                   << " head_dim " << s.head_dim << " M " << M << " K " << K << " group " << group
                                   << " tiling " << (t ? describe(*t) : std::string("library")) << " seed " << seed);
-  const QkvInputs in = make_qkv_inputs(s, M, seed);
+  const test::QkvCaseMeta in = make_qkv_inputs(s, M, seed);
   const formats::KvPageLayout L = formats::kv_page_layout(format, s.head_dim);
   const size_t pool_bytes = static_cast<size_t>(in.n_pages) * s.n_kv * static_cast<size_t>(L.page_bytes);
   const size_t q_elems = static_cast<size_t>(M) * s.n_heads * s.head_dim, qkv_elems = static_cast<size_t>(M) * N;

@@ -29,6 +29,7 @@
 #include "futransformer/formats/kv_cache.h"
 #include "futransformer/model.h"
 #include "gpu_test_util.h"
+#include "qkv_prologue_case.h"
 #include "ref/ops.h"
 #include "w4a16_cases.h"
 
@@ -47,42 +48,20 @@ namespace w4 = futransformer::cuda::w4a16;
 // Tolerance: none. Every comparison is bit for bit (the contract of gemm_w4a16_qkv_rope_append).
 constexpr KvFormat kAllFormats[] = {KvFormat::BF16, KvFormat::FP8, KvFormat::INT4, KvFormat::INT4_HADAMARD};
 const std::vector<int> kMs = {1, 3, 8, 17, 32};
-constexpr int kPageTokens = static_cast<int>(formats::kKvPageTokens);
-constexpr int kAnchors = 3;
 constexpr double kRopeTheta = 500000.0;
 constexpr int kMaxPosition = 131072;
 
 __nv_bfloat16* bf(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 const __nv_bfloat16* bf(const uint16_t* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
 
-template <typename T>
-int64_t first_mismatch(const std::vector<T>& a, const std::vector<T>& b) {
-  if (a.size() != b.size()) return 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return static_cast<int64_t>(i);
-  return -1;
-}
-#define EXPECT_SAME_BITS(got, want, what)                                                                  \
-  do {                                                                                                     \
-    const int64_t at_ = first_mismatch(got, want);                                                         \
-    EXPECT_EQ(at_, -1) << what << " differs first at element " << at_ << " (of " << (got).size() << ")"; \
-  } while (0)
-
-struct QkvShape {
-  int n_heads, n_kv, head_dim;
-};
+using test::QkvShape;
 // GQA 1, 4 and 8 at both head sizes (N = 768 / 640 at head_dim 64, 1536 / 1280 at 128).
 const QkvShape kShapes[] = {{4, 4, 64}, {8, 2, 64}, {8, 1, 64}, {4, 4, 128}, {8, 2, 128}, {8, 1, 128}};
 
-// Host inputs of one case: activations (every 7th row from row 3 all zero: zero heads), positions (row 0 at 0),
-// distinct random (page, slot) cells with every 5th row from row 4 a padding row, an anchor index per row (-1 for
-// every 4th), fp16 anchors.
-struct Inputs {
+// Host inputs of one case: activations (every 7th row from row 3 all zero: zero heads) and the metadata of
+// test::make_qkv_case_meta.
+struct Inputs : test::QkvCaseMeta {
   std::vector<uint16_t> x;
-  std::vector<int32_t> positions, page, slot, anchor;
-  std::vector<float> inv_freq;
-  std::vector<uint16_t> anchors;
-  int n_pages = 0;
 };
 
 Inputs make_inputs(const QkvShape& s, int M, int K, uint32_t seed) {
@@ -90,37 +69,11 @@ Inputs make_inputs(const QkvShape& s, int M, int K, uint32_t seed) {
   in.x = random_x(M, K, seed);
   for (int r = 3; r < M; r += 7) std::fill_n(in.x.begin() + static_cast<int64_t>(r) * K, K, uint16_t{0});
   std::mt19937 rng(seed + 1);
-  std::uniform_int_distribution<int> pos(0, kMaxPosition - 1);
-  for (int r = 0; r < M; ++r) in.positions.push_back(r == 0 ? 0 : pos(rng));
-  in.inv_freq = ref::rope_inv_freq(s.head_dim, kRopeTheta, RopeScaling{});
-  in.n_pages = (M + kPageTokens - 1) / kPageTokens + 2;
-  std::vector<int32_t> cells(static_cast<size_t>(in.n_pages) * kPageTokens);
-  std::iota(cells.begin(), cells.end(), 0);
-  std::shuffle(cells.begin(), cells.end(), rng);
-  for (int r = 0; r < M; ++r) {
-    const int32_t cell = cells[static_cast<size_t>(r)];
-    in.page.push_back(r % 5 == 4 ? -1 : cell / kPageTokens);
-    in.slot.push_back(cell % kPageTokens);
-    in.anchor.push_back(r % 4 == 2 ? -1 : static_cast<int32_t>(rng() % kAnchors));
-  }
-  std::normal_distribution<float> nd(0.0f, 0.3f);
-  in.anchors.resize(static_cast<size_t>(kAnchors) * s.n_kv * s.head_dim);
-  for (uint16_t& a : in.anchors) a = f32_to_f16(nd(rng));
+  static_cast<test::QkvCaseMeta&>(in) = test::make_qkv_case_meta(s, M, rng, kMaxPosition, kRopeTheta);
   return in;
 }
 
-// One side's outputs, poisoned.
-struct Side {
-  DeviceBuffer<uint16_t> qkv, q_out;
-  DeviceBuffer<uint8_t> pool, ws;
-  Side(size_t qkv_elems, size_t q_elems, size_t pool_bytes, size_t ws_bytes)
-      : qkv(qkv_elems), q_out(q_elems), pool(pool_bytes), ws(ws_bytes) {
-    EXPECT_EQ(qkv.poison(), cudaSuccess);
-    EXPECT_EQ(q_out.poison(), cudaSuccess);
-    EXPECT_EQ(pool.poison(), cudaSuccess);
-    EXPECT_EQ(ws.poison(), cudaSuccess);
-  }
-};
+using Side = test::QkvCaseOutputs;
 
 // Fused (tiling t, or the library's when null) against gemm_w4a16 on the same tiling + qkv_rope_kv_append.
 void check_case(const w4::Tiling* t, KvFormat format, const QkvShape& s, const Int4Weight& w,

@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbarrier_init(empty_bar + 8u * s, kEmptyArrivals);
     }
     ptx::mbarrier_init(scale_full, 32);  // every lane of the scale loader warp, after its stores
-    ptx::mbarrier_init(scale_empty, kEmptyArrivals);
+    ptx::mbarrier_init(scale_empty, kScaleEmptyArrivals);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -216,9 +216,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-      // Every lane of this warp has read its scales: one arrival per consumer warp frees the slot.
-      __syncwarp();
-      if (lane == 0) ptx::mbarrier_arrive(scale_empty);
+      // This thread has read its scales: every consumer thread's arrival frees the slot.
+      ptx::mbarrier_arrive(scale_empty);
       scale_phase ^= 1u;
       continue;
     }
@@ -237,9 +236,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::st_shared_b32(d_stage + d_stage_offset(r_hi, c),
                          pack_bf16x2(sum[4 * j + 2] * sa_hi * sb.x, sum[4 * j + 3] * sa_hi * sb.y));
     }
-    // Every lane of this warp has read its scales: one arrival per consumer warp frees the slot.
-    __syncwarp();
-    if (lane == 0) ptx::mbarrier_arrive(scale_empty);
+    // This thread has read its scales: every consumer thread's arrival frees the slot.
+    ptx::mbarrier_arrive(scale_empty);
     scale_phase ^= 1u;
     ptx::fence_proxy_async_shared();
     ptx::bar_sync(1 + cw, 128);

@@ -29,6 +29,10 @@ constexpr int kKSteps = kBlockK / kWgmmaK;
 constexpr int kConsumerWarpgroups = kBlockM / kWgmmaM;
 constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);  // warpgroup 0 produces (TMA), 1.. consume (wgmma)
 constexpr int kEmptyArrivals = 4 * kConsumerWarpgroups;    // one arrival per consumer warp frees a stage
+// Every consumer thread arrives on the scale slot's empty barrier after its own scale reads, so each read is
+// ordered before the loader's next stores by that thread's own arrive (release) and the loader's wait (acquire),
+// without relying on __syncwarp cumulativity.
+constexpr int kScaleEmptyArrivals = 128 * kConsumerWarpgroups;
 constexpr int kScaleLoaderWarp = 1;                         // the producer warpgroup's warp that stages scales
 // setmaxnreg budgets: 128 x 40 + 256 x 232 = 64512 of the SM's 65536 registers. The producer needs only a few
 // (one thread issues TMA); the consumers hold two fp32 copies of their 64 x block_n accumulator.

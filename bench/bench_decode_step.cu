@@ -12,9 +12,9 @@
 // prologue and un-rotation kernels); fused rows carry their ratio to the unfused row of the same shape, head and batch.
 // Environment: FT_QKV_PROLOGUE=0 keeps the attention prologue's own kernel on fused rows; FT_NORM_PROLOGUE=1 runs the
 // attention and MLP RMSNorms inside the qkv and gate|up GEMMs on fused rows of batch <= 8
-// (CudaEngineOptions::fused_norm_prologue); FT_UNROTATE_IN_COMBINE=1 un-rotates an int4-hadamard attention output in
-// the split attention's combine kernel on fused rows (CudaEngineOptions::fused_attention_unrotation). Both are off by
-// default until their GPU tests have run; compare with a run without them.
+// (CudaEngineOptions::fused_norm_prologue, off by default: measured slower); FT_UNROTATE_IN_COMBINE=0 keeps the
+// separate un-rotation kernel after a split int4-hadamard attention on fused rows
+// (CudaEngineOptions::fused_attention_unrotation, on by default).
 //   bench_decode_step [--json PATH] [--iters N] [--context C] [--kv bf16|int4|int4-hadamard] [--configs a,b]
 //                     [--batches 1,8,32] [--heads bf16,int4] [--epilogues fused,unfused] [--profile]
 #include <chrono>
@@ -148,9 +148,9 @@ int main(int argc, char** argv) {
         // (CudaEngineOptions::fused_qkv_prologue, the default); FT_QKV_PROLOGUE=0 keeps the two kernels there.
         const char* qp = std::getenv("FT_QKV_PROLOGUE");
         o.fused_qkv_prologue = fused && !(qp != nullptr && qp[0] == '0');
-        // FT_UNROTATE_IN_COMBINE=1: CudaEngineOptions::fused_attention_unrotation on the fused rows.
+        // FT_UNROTATE_IN_COMBINE=0: CudaEngineOptions::fused_attention_unrotation off on the fused rows.
         const char* uc = std::getenv("FT_UNROTATE_IN_COMBINE");
-        o.fused_attention_unrotation = fused && uc != nullptr && uc[0] == '1';
+        o.fused_attention_unrotation = fused && !(uc != nullptr && uc[0] == '0');
         // FT_NORM_PROLOGUE=1: CudaEngineOptions::fused_norm_prologue on the fused rows (batches of at most 8).
         const char* np = std::getenv("FT_NORM_PROLOGUE");
         o.fused_norm_prologue = fused && np != nullptr && np[0] == '1';

@@ -55,18 +55,19 @@ struct CudaEngineOptions {
   bool fused_epilogues = true;
   // With fused_epilogues and an int4-hadamard cache: decode attention launches that split the sequences un-rotate
   // their output in the combine kernel (cuda::attention_decode_int4_unrotated) instead of a separate
-  // rotate_heads_bf16 (bit-identical by construction). Off by default until its GPU tests have run on a Hopper GPU
-  // (built without one; docs/notes/gpu-sessions.md).
-  bool fused_attention_unrotation = false;
+  // rotate_heads_bf16 (bit-identical by construction; GPU-tested, one kernel fewer per layer: 8B step at context
+  // 1024 1.5 % faster at batch 1 and 8 on the H200, docs/results.md). false: the separate kernel (kept to compare).
+  bool fused_attention_unrotation = true;
   // With fused_epilogues: run the attention prologue (RoPE, cache append, q rotation) inside the qkv GEMM's split-K
   // reduce when every W4A16 launch of the pass splits K (gemm_w4a16_qkv_rope_append; bit-identical by construction,
   // GPU-tested against the two-kernel order). false: the two kernels always (kept to compare and measure).
   bool fused_qkv_prologue = true;
   // With fused_epilogues, INT4 W4A16 passes of at most 8 rows: the attention RMSNorm (every layer but the first) and
   // the MLP RMSNorm run inside the qkv and gate|up GEMMs' activation staging (gemm_w4a16_rmsnorm*, bit-identical to
-  // rmsnorm_bf16 + the GEMM by construction), two kernels fewer per layer. Off by default until its GPU tests
-  // (GemmW4A16NormGpu.*, CudaEngineEpilogues*NormPrologue*) have passed on an H200; FP8, dequantise + cuBLAS and BF16
-  // passes keep the separate norm kernels either way.
+  // rmsnorm_bf16 + the GEMM by construction), two kernels fewer per layer. GPU-tested, but off by default because it
+  // is slower: every CTA of the GEMM recomputes the rows' sum of squares before its first MMA, which costs more than
+  // the two kernels it removes (8B step on the H200: +2 % at batch 1, +14 % at batch 8; docs/results.md). FP8,
+  // dequantise + cuBLAS and BF16 passes keep the separate norm kernels either way.
   bool fused_norm_prologue = false;
   // INT4 projections in passes of at least this many rows run as dequantise-to-BF16 (one BF16 copy of the weight in a
   // scratch buffer) + the cuBLAS BF16 GEMM instead of the W4A16 GEMM's 64-row launches (docs/design.md "INT4

@@ -12,6 +12,8 @@
 //   bench_prefill [--json PATH] [--iters N] [--kv bf16|int4|int4-hadamard] [--configs a,b] [--tokens 2048,8192]
 //                 [--no-loop]   (skip the INT4 64-row-loop engine)
 //                 [--profile]   (also per-op GPU times of the one-layer blocks, bench_op_profile.h)
+// Environment: FT_FP8_BLOCK_SWIGLU=1 runs the FP8 engine with CudaEngineOptions::fp8_block_swiglu (the down input per
+// token per 128 channels; SwiGLU → FP8 in the gate|up GEMM's epilogue); compare with a run without it.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -121,6 +123,8 @@ int main(int argc, char** argv) {
         for (const Path path : paths) {
           const bool fp8 = path == Path::fp8;
           o.synthetic_fp8_prefill = fp8;
+          const char* blk = std::getenv("FT_FP8_BLOCK_SWIGLU");
+          o.fp8_block_swiglu = fp8 && blk != nullptr && blk[0] == '1';
           o.int4_dequant_min_rows = path == Path::loop ? 0 : -1;
           std::vector<double>& times = fp8 ? fp8_us : (path == Path::loop ? loop_us : int4_us);
           const char* label = fp8 ? "FP8 prefill" : (path == Path::loop ? "INT4 64-row loop" : "INT4 path");

@@ -69,6 +69,14 @@ struct CudaEngineOptions {
   // the two kernels it removes (8B step on the H200: +2 % at batch 1, +14 % at batch 8; docs/results.md). FP8,
   // dequantise + cuBLAS and BF16 passes keep the separate norm kernels either way.
   bool fused_norm_prologue = false;
+  // FP8 prefill passes: the down projection's input is quantised per token per 128 channels (the recipe
+  // act-fp8-block-bf16; twin: make_prefill_decode_reference_engine with ActivationFormat::Fp8BlockOverBf16) instead of
+  // per token. With fused_epilogues the gate|up FP8 GEMM then applies SwiGLU and writes those FP8 codes and scales in
+  // its epilogue (cuda::gemm_fp8_swiglu; its weight packed for it), so neither the BF16 gate|up tensor nor a SwiGLU
+  // kernel exist, and the down GEMM applies the block scales per K block (gemm_fp8_block_a_residual); without it,
+  // gate|up GEMM → swiglu_fp8_block → down GEMM, the same bits. Needs an intermediate size that is a multiple of 128
+  // (Error at construction otherwise). Off by default until its GPU tests have run on an H200.
+  bool fp8_block_swiglu = false;
   // INT4 projections in passes of at least this many rows run as dequantise-to-BF16 (one BF16 copy of the weight in a
   // scratch buffer) + the cuBLAS BF16 GEMM instead of the W4A16 GEMM's 64-row launches (docs/design.md "INT4
   // projections at prefill sizes"): every weight rounded to BF16 once (relative error <= 2^-9). -1: the

@@ -172,6 +172,28 @@ cudaError_t swiglu_fp8(const __nv_bfloat16* gate_up, uint8_t* codes, float* scal
                 codes, scales, y_debug, inter);
 }
 
+cudaError_t swiglu_fp8_block(const __nv_bfloat16* gate_up, uint8_t* codes, float* scales, int rows, int inter,
+                             cudaStream_t stream) {
+  constexpr const char* op = "swiglu_fp8_block";
+  g_last_error.clear();
+  if (!gate_up || !codes || !scales) return null_pointer(op, "gate_up, codes and scales");
+  if (check_rows(op, rows) || check_width(op, "inter", inter)) return cudaErrorInvalidValue;
+  if (inter % fp8blk::kBlockCols != 0) {
+    return reject(&g_last_error, std::string(op) + ": inter = " + std::to_string(inter) +
+                                     ", expected a multiple of 128 (one scale per 128 channels)");
+  }
+  if (!aligned(gate_up, 8) || !aligned(codes, 4) || !aligned(scales, 4))
+    return reject(&g_last_error, std::string(op) + ": gate_up must be 8-byte aligned, codes and scales 4-byte aligned");
+  const int64_t n = int64_t{rows} * inter;
+  const int64_t items = n / fp8blk::kBlockCols;
+  if (check_disjoint(op, {{"gate_up", gate_up, 2 * n * 2}}, {{"codes", codes, n}, {"scales", scales, items * 4}}))
+    return cudaErrorInvalidValue;
+  const int64_t ctas = ceil_div(items, fp8p::kBlockWarpsPerCta);
+  if (ctas > 0x7fffffff) return check_range(op, "rows * inter / 1024", ctas, 1, 0x7fffffff);
+  return launch(fp8p::swiglu_fp8_block_kernel, static_cast<int>(ctas), fp8p::kBlockWarpsPerCta * fp8p::kWarp, stream,
+                gate_up, codes, scales, rows, inter);
+}
+
 const char* fp8_producers_last_error() { return g_last_error.c_str(); }
 
 }  // namespace futransformer::cuda

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "cuda/decoder_ops.cuh"
+#include "cuda/fp8_block_quant.cuh"
 #include "cuda/ptx/cvt.cuh"
 
 namespace futransformer::cuda::fp8p {
@@ -395,6 +396,43 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
     const auto gen = [&](int j, float(&y)[1]) { y[0] = ops::silu_mul(__bfloat162float(g[j]), __bfloat162float(u[j])); };
     quantize_row<1>(gen, inter, codes + row, scales + blockIdx.x, yd, red_max);
   }
+}
+
+// SwiGLU → FP8 per token per 128 channels: one warp per (row, 128-channel block), lane l holding channels 4 l .. 4 l + 3
+// of the block (8-byte loads of gate and of up; inter % 128 == 0 makes every row and block 8-byte aligned). y is
+// decoder_ops' silu_mul, the scale fp8blk's rule over the block's 128 values: what the gate|up GEMM's SwiGLU epilogue
+// computes, and the unfused path beside it.
+constexpr int kBlockWarpsPerCta = 8;
+__global__ void __launch_bounds__(kBlockWarpsPerCta * kWarp)
+    swiglu_fp8_block_kernel(const __nv_bfloat16* gate_up, uint8_t* codes, float* scales, int rows, int inter) {
+  ops::pdl_prologue();
+  const int blocks_per_row = inter / fp8blk::kBlockCols;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kBlockWarpsPerCta + threadIdx.x / kWarp;
+  if (item >= static_cast<int64_t>(rows) * blocks_per_row) return;  // whole warps exit together
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = item / blocks_per_row;
+  const int b = static_cast<int>(item % blocks_per_row);
+  const int c = b * fp8blk::kBlockCols + 4 * lane;
+  const __nv_bfloat16* g = gate_up + row * 2 * inter + c;
+  const uint2 gr = __ldcs(reinterpret_cast<const uint2*>(g));
+  const uint2 ur = __ldcs(reinterpret_cast<const uint2*>(g + inter));
+  const __nv_bfloat16* gh = reinterpret_cast<const __nv_bfloat16*>(&gr);
+  const __nv_bfloat16* uh = reinterpret_cast<const __nv_bfloat16*>(&ur);
+  float y[4];
+  float amax = 0.0f;
+  bool finite = true;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    y[k] = ops::silu_mul(__bfloat162float(gh[k]), __bfloat162float(uh[k]));
+    finite = finite && isfinite(y[k]);
+    amax = fmaxf(amax, fabsf(y[k]));
+  }
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  const float s = fp8blk::block_scale(amax, __all_sync(0xffffffffu, finite) != 0);
+  const uint32_t lo = fp8blk::codes_x2(y[0], y[1], s), hi = fp8blk::codes_x2(y[2], y[3], s);
+  *reinterpret_cast<uint32_t*>(codes + row * inter + c) = lo | (hi << 16);
+  if (lane == 0) scales[item] = s;  // item = row * blocks_per_row + b: scales are [rows, inter / 128]
 }
 
 }  // namespace futransformer::cuda::fp8p

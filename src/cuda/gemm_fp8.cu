@@ -1,6 +1,7 @@
 // Host side of the FP8 GEMM: shape and pointer checks, the TMA tensor maps (cuTensorMapEncodeTiled, reached
 // through the runtime's driver entry point so nothing links against libcuda), the tile choice and the launch.
 #include "futransformer/cuda/gemm_fp8.h"
+#include "futransformer/cuda/gemm_fp8_swiglu.h"
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "cuda/gemm_fp8.cuh"
+#include "cuda/gemm_fp8_swiglu.cuh"
 #include "cuda/gemm_fp8_heuristics.h"
 #include "cuda/launch_status.h"
 
@@ -23,6 +25,7 @@ using fp8::Config;
 using fp8::DeviceLimits;
 
 thread_local std::string g_last_error;
+thread_local std::string g_swiglu_last_error;
 
 // FT_FP8_GEMM_BLOCK_N=128|192 forces the tile width (for calibrating the heuristic with the bench).
 int forced_block_n() {
@@ -86,12 +89,12 @@ cudaError_t device_limits(DeviceLimits* d, bool* hopper) {
   return cudaSuccess;
 }
 
-template <int kBlockN, bool kResidual>
+template <int kBlockN, bool kResidual, bool kBlockScaledA>
 cudaError_t launch(const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& md, const fp8::KernelParams& p,
                    const Config& c, cudaStream_t stream) {
   constexpr int kStages = fp8::stages_for(kBlockN);
   constexpr uint32_t smem = fp8::smem_layout(kBlockN, kStages).alloc_bytes;
-  auto kernel = fp8::gemm_fp8_kernel<kBlockN, kStages, kResidual>;
+  auto kernel = fp8::gemm_fp8_kernel<kBlockN, kStages, kResidual, kBlockScaledA>;
   // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
   if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       e != cudaSuccess)
@@ -130,10 +133,20 @@ const char* gemm_fp8_last_error() { return g_last_error.c_str(); }
 
 namespace {
 
-// Both entry points: D (BF16 store) or, with `residual_mode`, residual (fp32 in-place add). Shapes are checked
-// before pointers, so a bad shape is named whatever the pointers are.
+// Every entry point: D (BF16 store) or, with `residual_mode`, residual (fp32 in-place add); a_scale per row or,
+// with `block_a`, per row per 128-deep K block. Shapes are checked before pointers, so a bad shape is named whatever
+// the pointers are.
+template <bool kResidual, bool kBlockScaledA>
+cudaError_t dispatch(const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& md, const fp8::KernelParams& p,
+                     const Config& c, cudaStream_t stream) {
+  switch (c.block_n) {
+    case 192: return launch<192, kResidual, kBlockScaledA>(ma, mb, md, p, c, stream);
+    default: return launch<128, kResidual, kBlockScaledA>(ma, mb, md, p, c, stream);
+  }
+}
+
 cudaError_t run_gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale,
-                         __nv_bfloat16* D, float* residual, bool residual_mode, int M, int N, int K,
+                         __nv_bfloat16* D, float* residual, bool residual_mode, bool block_a, int M, int N, int K,
                          cudaStream_t stream) {
   g_last_error.clear();
   if (gemm_fp8_can_implement(M, N, K, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
@@ -170,29 +183,120 @@ cudaError_t run_gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scal
                                         fp8::kDBoxCols, CU_TENSOR_MAP_L2_PROMOTION_NONE, &g_last_error, "D")))
     return cudaErrorInvalidValue;
 
-  const fp8::KernelParams p{a_scale, b_scale, M, N, K, c.m_blocks, c.n_blocks, c.group_m, residual};
-  if (residual_mode) {
-    switch (c.block_n) {
-      case 192: return launch<192, true>(ma, mb, md, p, c, stream);
-      default: return launch<128, true>(ma, mb, md, p, c, stream);
-    }
+  const int a_kblocks = (K + fp8::kBlockK - 1) / fp8::kBlockK;
+  const fp8::KernelParams p{a_scale, b_scale, M, N, K, c.m_blocks, c.n_blocks, c.group_m, residual, a_kblocks};
+  if (block_a) {
+    return residual_mode ? dispatch<true, true>(ma, mb, md, p, c, stream) : dispatch<false, true>(ma, mb, md, p, c, stream);
   }
-  switch (c.block_n) {
-    case 192: return launch<192, false>(ma, mb, md, p, c, stream);
-    default: return launch<128, false>(ma, mb, md, p, c, stream);
-  }
+  return residual_mode ? dispatch<true, false>(ma, mb, md, p, c, stream) : dispatch<false, false>(ma, mb, md, p, c, stream);
 }
 
 }  // namespace
 
 cudaError_t gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale, __nv_bfloat16* D,
                      int M, int N, int K, cudaStream_t stream) {
-  return run_gemm_fp8(A, B, a_scale, b_scale, D, nullptr, false, M, N, K, stream);
+  return run_gemm_fp8(A, B, a_scale, b_scale, D, nullptr, false, false, M, N, K, stream);
 }
 
 cudaError_t gemm_fp8_residual(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale,
                               float* residual, int M, int N, int K, cudaStream_t stream) {
-  return run_gemm_fp8(A, B, a_scale, b_scale, nullptr, residual, true, M, N, K, stream);
+  return run_gemm_fp8(A, B, a_scale, b_scale, nullptr, residual, true, false, M, N, K, stream);
 }
+
+cudaError_t gemm_fp8_block_a(const uint8_t* A, const uint8_t* B, const float* a_scale_blocks, const float* b_scale,
+                             __nv_bfloat16* D, int M, int N, int K, cudaStream_t stream) {
+  return run_gemm_fp8(A, B, a_scale_blocks, b_scale, D, nullptr, false, true, M, N, K, stream);
+}
+
+cudaError_t gemm_fp8_block_a_residual(const uint8_t* A, const uint8_t* B, const float* a_scale_blocks,
+                                      const float* b_scale, float* residual, int M, int N, int K,
+                                      cudaStream_t stream) {
+  return run_gemm_fp8(A, B, a_scale_blocks, b_scale, nullptr, residual, true, true, M, N, K, stream);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// gate|up GEMM + SwiGLU → FP8 blocks (gemm_fp8_swiglu.cuh)
+
+int64_t gemm_fp8_swiglu_packed_row_source(int64_t packed_row, int64_t inter) {
+  return fp8sw::packed_row_source(packed_row, inter);
+}
+
+cudaError_t gemm_fp8_swiglu_can_implement(int M, int inter, int K, std::string* why) {
+  using std::to_string;
+  if (M < 1 || M > kFp8GemmMaxDim)
+    return reject(why, "gemm_fp8_swiglu: M = " + to_string(M) + " rows, expected 1.." + to_string(kFp8GemmMaxDim));
+  if (inter < kFp8SwigluChannelMultiple || inter % kFp8SwigluChannelMultiple != 0 || inter > kFp8GemmMaxDim / 2)
+    return reject(why, "gemm_fp8_swiglu: inter = " + to_string(inter) + " SwiGLU channels, expected a positive " +
+                           "multiple of " + to_string(kFp8SwigluChannelMultiple) + " (one FP8 block per tile) up to " +
+                           to_string(kFp8GemmMaxDim / 2));
+  if (K < kFp8GemmKMultiple || K > kFp8GemmMaxDim || K % kFp8GemmKMultiple != 0)
+    return reject(why, "gemm_fp8_swiglu: K = " + to_string(K) + " input columns, expected a positive multiple of " +
+                           to_string(kFp8GemmKMultiple) + " up to " + to_string(kFp8GemmMaxDim));
+  const int64_t tiles = int64_t{(M + fp8sw::kBlockM - 1) / fp8sw::kBlockM} * (inter / fp8sw::kChannelsPerTile);
+  if (tiles > (int64_t{1} << 30))
+    return reject(why, "gemm_fp8_swiglu: M = " + to_string(M) + " by inter = " + to_string(inter) + " makes " +
+                           to_string(tiles) + " tiles, more than 2^30");
+  if (why) why->clear();
+  return cudaSuccess;
+}
+
+cudaError_t gemm_fp8_swiglu(const uint8_t* A, const uint8_t* B_packed, const float* a_scale,
+                            const float* b_scale_packed, uint8_t* codes, float* y_scales, int M, int inter, int K,
+                            cudaStream_t stream) {
+  std::string& err = g_swiglu_last_error;
+  err.clear();
+  if (gemm_fp8_swiglu_can_implement(M, inter, K, &err) != cudaSuccess) return cudaErrorInvalidValue;
+  if (!A || !B_packed || !a_scale || !b_scale_packed || !codes || !y_scales || !aligned(A, 16) ||
+      !aligned(B_packed, 16) || !aligned(a_scale, 4) || !aligned(b_scale_packed, 4) || !aligned(codes, 2) ||
+      !aligned(y_scales, 4)) {
+    return reject(&err, "gemm_fp8_swiglu: A and B_packed must be non-null and 16-byte aligned, codes 2-byte aligned, "
+                        "a_scale, b_scale_packed and y_scales non-null and 4-byte aligned");
+  }
+  DeviceLimits d;
+  bool hopper = false;
+  if (const cudaError_t e = device_limits(&d, &hopper); e != cudaSuccess) return e;
+  if (!hopper) return reject(&err, "gemm_fp8_swiglu: the kernel is built for sm_90a (H100/H200) only");
+  constexpr uint32_t smem = fp8sw::smem_layout().alloc_bytes;
+  if (static_cast<int64_t>(smem) > d.smem_per_block) {
+    return reject(&err, "gemm_fp8_swiglu: the tile needs " + std::to_string(smem) +
+                            " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block));
+  }
+  CUtensorMap ma, mb;
+  if (!make_map(&ma, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, A, M, K, fp8sw::kBlockM, fp8::kBlockK,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, &err, "A") ||
+      !make_map(&mb, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, B_packed, 2 * inter, K, fp8sw::kBlockN, fp8::kBlockK,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, &err, "B_packed"))
+    return cudaErrorInvalidValue;
+  fp8sw::KernelParams p{};
+  p.a_scale = a_scale;
+  p.b_scale = b_scale_packed;
+  p.codes = codes;
+  p.y_scales = y_scales;
+  p.M = M;
+  p.inter = inter;
+  p.K = K;
+  p.m_blocks = (M + fp8sw::kBlockM - 1) / fp8sw::kBlockM;
+  p.n_blocks = inter / fp8sw::kChannelsPerTile;
+  p.group_m = fp8sw::kGroupM;
+  const int64_t tiles = int64_t{p.m_blocks} * p.n_blocks;
+  const int grid = static_cast<int>(tiles < d.sm_count ? tiles : d.sm_count);
+  if (print_heuristics()) {
+    std::fprintf(stderr, "gemm_fp8_swiglu M=%d inter=%d K=%d: tile %dx%dx%d stages=%d tiles=%lld grid=%d smem=%u B\n",
+                 M, inter, K, fp8sw::kBlockM, fp8sw::kBlockN, fp8::kBlockK, fp8sw::kStages,
+                 static_cast<long long>(tiles), grid, smem);
+  }
+  auto kernel = fp8sw::gemm_fp8_swiglu_kernel;
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      e != cudaSuccess)
+    return e;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(fp8sw::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  return cudaLaunchKernelEx(&cfg, kernel, ma, mb, p);
+}
+
+const char* gemm_fp8_swiglu_last_error() { return g_swiglu_last_error.c_str(); }
 
 }  // namespace futransformer::cuda

@@ -36,11 +36,12 @@
 namespace futransformer::cuda::fp8 {
 
 struct KernelParams {
-  const float* a_scale;  // [M]
+  const float* a_scale;  // [M], or kBlockScaledA: [M, a_scale_kblocks] (one scale per row per 128-deep K block)
   const float* b_scale;  // [N]
   int M, N, K;
   int m_blocks, n_blocks, group_m;
   float* residual;  // kResidual: fp32 [M, N], 8-byte aligned; D is not written
+  int a_scale_kblocks;  // kBlockScaledA: ceil(K / kBlockK), the row stride of a_scale
 };
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
@@ -51,7 +52,11 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // kResidual: instead of storing D, each consumer thread adds its BF16-rounded outputs into the fp32 residual
 // stream in place, residual[m][n] = residual[m][n] + float(bf16(D[m][n])) — the BF16 store followed by
 // add_residual_bf16, bit for bit, without D's round trip through memory or a second kernel.
-template <int kBlockN, int kStages, bool kResidual = false>
+// kBlockScaledA: A carries one scale per row per 128-deep K block (the 1 x 128 activation blocks a producer that
+// sees only one tile of a row can emit, formats::fp8_quantize_per_token_block). The promotion applies it:
+// sum = fma(acc_kb, a_scale[m][kb], sum), with the scale loaded before the K block's wgmmas are waited on; the
+// epilogue then scales by b_scale alone. CPU twin: formats::gemm_fp8_block_a_reference.
+template <int kBlockN, int kStages, bool kResidual = false, bool kBlockScaledA = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                     const __grid_constant__ CUtensorMap tma_d, const KernelParams p) {
@@ -121,7 +126,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         ptx::mbarrier_wait_parity(scale_empty, phase ^ 1u);
         for (int i = lane; i < kBlockM; i += 32) {
           const int m = tc.m_block * kBlockM + i;
-          ptx::st_shared_f32(scales + 4u * i, m < p.M ? __ldg(p.a_scale + m) : 0.0f);
+          // Block-scaled A: its scales enter in the main loop, the epilogue's row factor is 1.
+          const float sa = kBlockScaledA ? 1.0f : (m < p.M ? __ldg(p.a_scale + m) : 0.0f);
+          ptx::st_shared_f32(scales + 4u * i, m < p.M ? sa : 0.0f);
         }
         for (int i = lane; i < kBlockN; i += 32) {
           const int n = tc.n_block * kBlockN + i;
@@ -149,8 +156,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     const TileCoord tc = tile_coord(tile, p.m_blocks, p.n_blocks, p.group_m);
 #pragma unroll
     for (int i = 0; i < kAccRegs; ++i) sum[i] = 0.0f;
+    // kBlockScaledA: this thread's two rows of A (rows past M read no scale and keep 0: their sums are never stored).
+    const int a_row_lo = tc.m_block * kBlockM + cw * kWgmmaM + acc_row(warp, lane, 0);
+    const int a_row_hi = a_row_lo + 8;
+    const float* a_scale_lo = p.a_scale + static_cast<int64_t>(a_row_lo) * p.a_scale_kblocks;
+    const float* a_scale_hi = p.a_scale + static_cast<int64_t>(a_row_hi) * p.a_scale_kblocks;
 
     for (int kb = 0; kb < k_blocks; ++kb) {
+      float sa_kb_lo = 0.0f, sa_kb_hi = 0.0f;
+      if constexpr (kBlockScaledA) {
+        // Issued before the stage wait and used after the wgmmas: the load's latency hides behind both.
+        if (a_row_lo < p.M) sa_kb_lo = __ldg(a_scale_lo + kb);
+        if (a_row_hi < p.M) sa_kb_hi = __ldg(a_scale_hi + kb);
+      }
       ptx::mbarrier_wait_parity(full_bar + 8u * pipe.stage, pipe.phase);
       const uint32_t a_addr = base + L.a_offset + pipe.stage * L.a_stage_bytes;
       const uint32_t b_addr = base + L.b_offset + pipe.stage * L.b_stage_bytes;
@@ -168,8 +186,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       // This warp's share of the stage has been read: one arrival per consumer warp frees it.
       if (lane == 0) ptx::mbarrier_arrive(empty_bar + 8u * pipe.stage);
       advance(pipe, kStages);
+      if constexpr (kBlockScaledA) {
 #pragma unroll
-      for (int i = 0; i < kAccRegs; ++i) sum[i] += acc[i];
+        for (int i = 0; i < kAccRegs; ++i) sum[i] = __fmaf_rn(acc[i], (i & 2) ? sa_kb_hi : sa_kb_lo, sum[i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kAccRegs; ++i) sum[i] += acc[i];
+      }
     }
 
     // ---------------- epilogue ----------------

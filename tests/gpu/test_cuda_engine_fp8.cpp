@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
@@ -86,10 +87,11 @@ Model fp8_tiny_model(uint32_t seed) {
 }
 
 // The GPU engine's twin: prompts as act-fp8-bf16 over the FP8 model, steps as act-bf16 over the INT4 model.
+// With `block`: CudaEngineOptions::fp8_block_swiglu's recipe, act-fp8-block-bf16 (the down input per 128 channels).
 std::unique_ptr<Engine> reference_twin(const quant::QuantizedModel& pre, const quant::QuantizedModel& dec,
-                                       formats::KvFormat kv) {
+                                       formats::KvFormat kv, bool block = false) {
   ReferenceOptions p, d;
-  p.activations = ActivationFormat::Fp8OverBf16;
+  p.activations = block ? ActivationFormat::Fp8BlockOverBf16 : ActivationFormat::Fp8OverBf16;
   d.activations = ActivationFormat::Bf16;
   p.kv = d.kv = kv;
   return make_prefill_decode_reference_engine(pre.model, p, dec.model, d);
@@ -287,6 +289,72 @@ TEST(CudaEngineFp8, MemoryCountsBothCopies) {
   EXPECT_EQ(with.kv_cache, without.kv_cache);
   EXPECT_EQ(with.activations - without.activations,
             co.max_batch_tokens * std::max({h, qw, inter}) + 4 * co.max_batch_tokens);
+}
+
+// CudaEngineOptions::fp8_block_swiglu: the down projection's input per token per 128 channels, from the gate|up
+// GEMM's SwiGLU epilogue (fused_epilogues) or from swiglu_fp8_block. The two orders give the same logits bit for bit;
+// both are judged against the act-fp8-block-bf16 twin by the header's rules; and the block recipe really is another
+// computation than the per-token one (the down input's scales differ, so the prompt logits move).
+class CudaEngineFp8BlockSwiglu : public ::testing::TestWithParam<formats::KvFormat> {};
+
+TEST_P(CudaEngineFp8BlockSwiglu, FusedEqualsUnfusedAndMatchesTheBlockTwin) {
+  FT_REQUIRE_HOPPER();
+  const formats::KvFormat kv = GetParam();
+  const Fp8Fixture f;
+  CudaEngineOptions co;
+  co.kv = kv;
+  co.fp8_block_swiglu = true;
+  std::unique_ptr<CudaEngine> fused = make_cuda_engine(f.dec, f.pre, co);
+  EXPECT_NE(fused->description().find("SwiGLU to FP8 per 128 channels in the gate|up GEMM"), std::string::npos)
+      << fused->description();
+  CudaEngineOptions uo = co;
+  uo.fused_epilogues = false;
+  std::unique_ptr<CudaEngine> unfused = make_cuda_engine(f.dec, f.pre, uo);
+  CudaEngineOptions po;
+  po.kv = kv;
+  std::unique_ptr<CudaEngine> per_token = make_cuda_engine(f.dec, f.pre, po);
+  std::mt19937 rng(8);
+  const SequenceChunk prompt{0, test::random_token_ids(75, f.model.config.vocab_size, rng)};
+  const std::vector<float> lf = fused->forward(std::span(&prompt, 1), true)[0];
+  const std::vector<float> lu = unfused->forward(std::span(&prompt, 1), true)[0];
+  const std::vector<float> lp = per_token->forward(std::span(&prompt, 1), true)[0];
+  ASSERT_EQ(lf.size(), lu.size());
+  for (size_t i = 0; i < lf.size(); ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &lf[i], 4);
+    std::memcpy(&b, &lu[i], 4);
+    ASSERT_EQ(a, b) << "logit " << i << ": fused " << lf[i] << ", unfused " << lu[i];
+  }
+  EXPECT_GT(rel_l2(lf, lp), 0.0) << "the block recipe must change the down projection's input";
+  std::unique_ptr<CudaEngine> gpu = make_cuda_engine(f.dec, f.pre, co);
+  std::unique_ptr<Engine> twin = reference_twin(f.pre, f.dec, kv, true), floor = floor_twin(f.pre, f.dec, kv);
+  expect_fp8_prefill_matches(*gpu, *twin, *floor, nullptr, test::random_token_ids(61, f.model.config.vocab_size, rng),
+                             std::string("tiny, FP8 down input per 128 channels, ") + formats::kv_format_name(kv));
+}
+
+INSTANTIATE_TEST_SUITE_P(Kv, CudaEngineFp8BlockSwiglu,
+                         ::testing::Values(formats::KvFormat::BF16, formats::KvFormat::INT4_HADAMARD),
+                         test::kv_param_name);
+
+TEST(CudaEngineFp8, BlockSwigluRefusesAnIntermediateSizeNotAMultipleOf128) {
+  FT_REQUIRE_HOPPER();
+  test::TinyLlama s;
+  s.hidden = 256;
+  s.inter = 320;  // the FP8 GEMMs take it (multiples of 16), one FP8 block per 128 channels does not
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  s.vocab = 300;
+  const Model m = test::bf16_model(test::make_tiny_llama(s, 12));
+  CudaEngineOptions co;
+  co.fp8_block_swiglu = true;
+  try {
+    make_cuda_engine(quantise(m, kDecodeRecipe), quantise(m, kPrefillRecipe), co);
+    ADD_FAILURE() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8_block_swiglu"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("320"), std::string::npos) << e.what();
+  }
 }
 
 // A synthetic engine with random FP8 prefill weights (the bench's): prompts run, outputs are finite.

@@ -55,6 +55,13 @@ cudaError_t quantize_rows_fp8(const __nv_bfloat16* x, int row_stride, uint8_t* c
 cudaError_t swiglu_fp8(const __nv_bfloat16* gate_up, uint8_t* codes, float* scales, int rows, int inter,
                        cudaStream_t stream, float* y_debug = nullptr);
 
+// As swiglu_fp8, but quantised per token per 128 channels (formats::fp8_quantize_per_token_block's rule on y, the
+// operand of gemm_fp8_block_a): inter a multiple of 128, codes [rows, inter], scales [rows, inter / 128]; gate_up
+// 8-byte aligned, codes and scales 4-byte aligned. y and hence every code and scale are those the gate|up GEMM's
+// fused SwiGLU epilogue (gemm_fp8_swiglu.h) writes from the same BF16 gate and up values.
+cudaError_t swiglu_fp8_block(const __nv_bfloat16* gate_up, uint8_t* codes, float* scales, int rows, int inter,
+                             cudaStream_t stream);
+
 // Why the last fp8-producer launch on this thread returned cudaErrorInvalidValue ("" after an accepted call).
 const char* fp8_producers_last_error();
 

@@ -40,6 +40,17 @@ cudaError_t gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, c
 cudaError_t gemm_fp8_residual(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale,
                               float* residual, int M, int N, int K, cudaStream_t stream);
 
+// A with one scale per row per 128-deep K block: a_scale_blocks fp32 [M, ceil(K / 128)] row-major (4-byte aligned),
+// block kb covering K columns 128 kb .. 128 kb + 127 — the 1 x 128 activation blocks of
+// formats::fp8_quantize_per_token_block, which a producer that sees one tile of a row can emit (the gate|up GEMM's
+// SwiGLU → FP8 epilogue, gemm_fp8_swiglu.h). D[m][n] = bf16((sum_kb dot_kb(m, n) · a_scale[m][kb]) · b_scale[n]),
+// each K block's fp32 sum promoted with one fma. Same shapes, pointers and errors as gemm_fp8 / gemm_fp8_residual.
+// CPU twin: formats::gemm_fp8_block_a_reference.
+cudaError_t gemm_fp8_block_a(const uint8_t* A, const uint8_t* B, const float* a_scale_blocks, const float* b_scale,
+                             __nv_bfloat16* D, int M, int N, int K, cudaStream_t stream);
+cudaError_t gemm_fp8_block_a_residual(const uint8_t* A, const uint8_t* B, const float* a_scale_blocks,
+                                      const float* b_scale, float* residual, int M, int N, int K, cudaStream_t stream);
+
 // Why the last gemm_fp8 call on this thread returned cudaErrorInvalidValue ("" after a success).
 const char* gemm_fp8_last_error();
 

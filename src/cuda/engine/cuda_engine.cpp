@@ -23,6 +23,7 @@
 #include "futransformer/cuda/fp8_producers.h"
 #include "futransformer/cuda/fused_ops.h"
 #include "futransformer/cuda/gemm_fp8.h"
+#include "futransformer/cuda/gemm_fp8_swiglu.h"
 #include "futransformer/cuda/gemm_w4a16.h"
 #include "futransformer/cuda/kv_append.h"
 #include "futransformer/cuda/sampling.h"
@@ -252,6 +253,7 @@ class CudaEngineImpl final : public CudaEngine {
   DeviceArray<uint16_t> xn_, qkv_, q_, att_, delta_, gate_up_, act_;
   DeviceArray<uint8_t> fp8_codes_;  // FP8 prefill: per-token E4M3 GEMM input [rows, max K]
   DeviceArray<float> fp8_scales_;   // and its scales [rows]
+  DeviceArray<float> fp8_block_scales_;  // fp8_block_swiglu: the down GEMM input's scales [rows, inter / 128]
   DeviceArray<int32_t> meta_, ids_;
   int32_t* meta_host_ = nullptr;      // pinned mirror of meta_
   DeviceArray<uint8_t> gemm_ws_, attn_ws_;
@@ -350,6 +352,9 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
   synthetic_ = src.model == nullptr;
   fp8_prefill_ = src.fp8 != nullptr || src.synthetic_fp8;
   if (fp8_prefill_) check_fp8_prefill_shapes(c);
+  check(!fp8_prefill_ || !opt_.fp8_block_swiglu || c.intermediate_size % cuda::kFp8SwigluChannelMultiple == 0,
+        "CUDA engine: fp8_block_swiglu quantises the SwiGLU output per 128 channels, so the intermediate size must be a ",
+        "multiple of ", cuda::kFp8SwigluChannelMultiple, "; this model's is ", c.intermediate_size);
   upload_weights(src);
   allocate_buffers();
   // A synthetic model's cache is never read before it is written except through append_synthetic_context: fill it
@@ -375,7 +380,13 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
     else
       d << " | INT4 W4A16 GEMM at every pass size";
   }
-  if (fp8_prefill_) d << " | FP8 prefill (" << src.prefill_recipe_name << ", FP8 E4M3 GEMMs for prompt chunks)";
+  if (fp8_prefill_) {
+    d << " | FP8 prefill (" << src.prefill_recipe_name << ", FP8 E4M3 GEMMs for prompt chunks"
+      << (opt_.fp8_block_swiglu ? (opt_.fused_epilogues ? "; SwiGLU to FP8 per 128 channels in the gate|up GEMM"
+                                                        : "; SwiGLU to FP8 per 128 channels")
+                                : "")
+      << ")";
+  }
   if (lm_head_.kind() == DeviceLinear::Kind::Int4) d << " | LM head W4A16 INT4 g" << head_group_;
   description_ = d.str();
 }
@@ -472,10 +483,11 @@ void CudaEngineImpl::upload_weights(const WeightSource& src) {
     bytes += l.qkv.device_bytes() + l.o.device_bytes() + l.gate_up.device_bytes() + l.down.device_bytes();
     if (fp8_prefill_) {
       // Same fusion as the decode copy: one FP8 GEMM per group.
-      auto fused8 = [&](std::initializer_list<const char*> parts, const std::string& label, int64_t n, int64_t k) {
+      auto fused8 = [&](std::initializer_list<const char*> parts, const std::string& label, int64_t n, int64_t k,
+                        bool swiglu_pack = false) {
         if (!src.fp8) {
           const uint64_t seed = src.seed * 2000003 + static_cast<uint64_t>(li) * 16 + label.size();
-          return DeviceLinear::synthetic_fp8(n, k, seed, p + label + " (FP8)");
+          return DeviceLinear::synthetic_fp8(n, k, seed, p + label + " (FP8)", swiglu_pack);
         }
         std::vector<const formats::Fp8Matrix*> ws;
         for (const char* part : parts) {
@@ -483,12 +495,14 @@ void CudaEngineImpl::upload_weights(const WeightSource& src) {
           check(it != src.fp8->end(), p + part, ": missing from the prefill model's FP8 weights");
           ws.push_back(&it->second);
         }
-        return DeviceLinear::from_fp8(ws, p + label + " (FP8)");
+        return DeviceLinear::from_fp8(ws, p + label + " (FP8)", swiglu_pack);
       };
       l.qkv8 = fused8({"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}, "qkv",
                       qkv_width_, h);
       l.o8 = fused8({"self_attn.o_proj.weight"}, "o_proj", h, q_width_);
-      l.gate_up8 = fused8({"mlp.gate_proj.weight", "mlp.up_proj.weight"}, "gate_up", 2 * inter, h);
+      // The SwiGLU → FP8-blocks epilogue reads its weight packed (gemm_fp8_swiglu.h).
+      l.gate_up8 = fused8({"mlp.gate_proj.weight", "mlp.up_proj.weight"}, "gate_up", 2 * inter, h,
+                          opt_.fp8_block_swiglu && opt_.fused_epilogues);
       l.down8 = fused8({"mlp.down_proj.weight"}, "down_proj", h, inter);
       check(l.qkv8.out_features() == qkv_width_ && l.qkv8.in_features() == h && l.o8.out_features() == h &&
                 l.o8.in_features() == q_width_ && l.gate_up8.out_features() == 2 * inter &&
@@ -560,6 +574,10 @@ void CudaEngineImpl::allocate_buffers() {
   if (fp8_prefill_) {
     fp8_codes_.allocate(static_cast<size_t>(R * std::max({h, q_width_, inter})), "FP8 GEMM input codes");
     fp8_scales_.allocate(static_cast<size_t>(R), "FP8 GEMM input scales");
+    if (opt_.fp8_block_swiglu) {
+      fp8_block_scales_.allocate(static_cast<size_t>(R * inter / cuda::kFp8SwigluChannelMultiple),
+                                 "FP8 down GEMM input block scales");
+    }
   }
   const MetaLayout ml(R, S, pages_per_seq_);
   meta_.allocate(static_cast<size_t>(ml.total), "pass metadata");
@@ -568,7 +586,8 @@ void CudaEngineImpl::allocate_buffers() {
   memory_.activations = static_cast<int64_t>(x_.bytes() + x_gather_.bytes() + logits_.bytes() + xn_.bytes() +
                                              qkv_.bytes() + q_.bytes() + att_.bytes() + delta_.bytes() +
                                              gate_up_.bytes() + act_.bytes() + ids_.bytes() + meta_.bytes() +
-                                             fp8_codes_.bytes() + fp8_scales_.bytes() + logits_bf16_.bytes());
+                                             fp8_codes_.bytes() + fp8_scales_.bytes() + fp8_block_scales_.bytes() +
+                                             logits_bf16_.bytes());
 
   size_t gemm_ws = 0;
   for (const DeviceLayer& l : layers_) {
@@ -917,11 +936,36 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                "attention output to FP8", cuda::fp8_producers_last_error);
       fp8_into_residual(l.o8, "o GEMM (FP8) + residual", "o GEMM (FP8)");
       rmsnorm_to_fp8(l.mlp_norm.get(), "MLP RMSNorm (FP8)");
-      l.gate_up8.forward_fp8(codes, scales, rows, bf(gate_up_), g);
-      mark("gate|up GEMM (FP8)");
-      check_op(cuda::swiglu_fp8(bf(gate_up_), codes, scales, r, inter, stream_), "SwiGLU (FP8)",
-               cuda::fp8_producers_last_error);
-      fp8_into_residual(l.down8, "down GEMM (FP8) + residual", "down GEMM (FP8)");
+      if (opt_.fp8_block_swiglu) {
+        // The down GEMM's input per token per 128 channels (act-fp8-block-bf16): from the gate|up GEMM's epilogue
+        // into the unused SwiGLU-output buffer (its input codes are still being read), or from swiglu_fp8_block.
+        float* blk = fp8_block_scales_.get();
+        uint8_t* y_codes = codes;
+        if (l.gate_up8.fp8_swiglu_packed()) {
+          y_codes = reinterpret_cast<uint8_t*>(act_.get());
+          l.gate_up8.forward_fp8_swiglu(codes, scales, rows, y_codes, blk, g);
+          mark("gate|up GEMM (FP8) + SwiGLU to FP8 blocks");
+        } else {
+          l.gate_up8.forward_fp8(codes, scales, rows, bf(gate_up_), g);
+          mark("gate|up GEMM (FP8)");
+          check_op(cuda::swiglu_fp8_block(bf(gate_up_), codes, blk, r, inter, stream_), "SwiGLU (FP8 blocks)",
+                   cuda::fp8_producers_last_error);
+        }
+        if (opt_.fused_epilogues) {
+          l.down8.forward_fp8_block_a_residual(y_codes, blk, rows, x_.get(), g);
+          mark("down GEMM (FP8, block-scaled input) + residual");
+        } else {
+          l.down8.forward_fp8_block_a(y_codes, blk, rows, bf(delta_), g);
+          mark("down GEMM (FP8, block-scaled input)");
+          check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
+        }
+      } else {
+        l.gate_up8.forward_fp8(codes, scales, rows, bf(gate_up_), g);
+        mark("gate|up GEMM (FP8)");
+        check_op(cuda::swiglu_fp8(bf(gate_up_), codes, scales, r, inter, stream_), "SwiGLU (FP8)",
+                 cuda::fp8_producers_last_error);
+        fp8_into_residual(l.down8, "down GEMM (FP8) + residual", "down GEMM (FP8)");
+      }
       if (li + 1 < layers_.size()) rmsnorm_to_fp8(layers_[li + 1].attn_norm.get(), "attention RMSNorm (FP8)");
       continue;
     }

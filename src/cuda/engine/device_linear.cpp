@@ -6,6 +6,7 @@
 #include "cuda/engine/engine_kernels.h"
 #include "futransformer/cuda/decoder_ops.h"
 #include "futransformer/cuda/gemm_fp8.h"
+#include "futransformer/cuda/gemm_fp8_swiglu.h"
 #include "futransformer/cuda/gemm_w4a16.h"
 #include "futransformer/cuda/int4_dequant.h"
 #include "futransformer/error.h"
@@ -134,7 +135,8 @@ std::string DeviceLinear::fp8_shape_problem(int64_t N, int64_t K) {
   return {};
 }
 
-DeviceLinear DeviceLinear::from_fp8(std::span<const formats::Fp8Matrix* const> parts, const std::string& name) {
+DeviceLinear DeviceLinear::from_fp8(std::span<const formats::Fp8Matrix* const> parts, const std::string& name,
+                                    bool swiglu_pack) {
   check(!parts.empty(), name, ": no weights");
   const int64_t K = parts[0]->cols;
   int64_t N = 0;
@@ -156,24 +158,49 @@ DeviceLinear DeviceLinear::from_fp8(std::span<const formats::Fp8Matrix* const> p
     codes.insert(codes.end(), p->codes.begin(), p->codes.end());
     scales.insert(scales.end(), p->scales.begin(), p->scales.end());
   }
+  if (swiglu_pack) {
+    check(N % 2 == 0, name, ": a gate|up weight has an even number of rows, this one ", N);
+    std::string why;
+    check(gemm_fp8_swiglu_can_implement(1, static_cast<int>(N / 2), static_cast<int>(K), &why) == cudaSuccess, name,
+          ": cannot be packed for the FP8 SwiGLU epilogue: ", why);
+    std::vector<uint8_t> packed(codes.size());
+    std::vector<float> packed_scales(scales.size());
+    for (int64_t p = 0; p < N; ++p) {
+      const int64_t src = gemm_fp8_swiglu_packed_row_source(p, N / 2);
+      std::copy_n(codes.begin() + src * K, K, packed.begin() + p * K);
+      packed_scales[static_cast<size_t>(p)] = scales[static_cast<size_t>(src)];
+    }
+    codes.swap(packed);
+    scales.swap(packed_scales);
+  }
   DeviceLinear l;
   l.kind_ = Kind::Fp8;
   l.name_ = name;
   l.N_ = N;
   l.K_ = K;
+  l.fp8_swiglu_packed_ = swiglu_pack;
   l.fp8_codes_.upload(codes, name + " (FP8 codes)");
   l.fp8_scales_.upload(scales, name + " (FP8 scales)");
   return l;
 }
 
-DeviceLinear DeviceLinear::synthetic_fp8(int64_t N, int64_t K, uint64_t seed, const std::string& name) {
+DeviceLinear DeviceLinear::synthetic_fp8(int64_t N, int64_t K, uint64_t seed, const std::string& name,
+                                         bool swiglu_pack) {
   const std::string why = fp8_shape_problem(N, K);
   check(why.empty(), name, ": the FP8 GEMM cannot run this ", N, " x ", K, " weight: ", why);
+  if (swiglu_pack) {
+    std::string sw;
+    check(N % 2 == 0 && gemm_fp8_swiglu_can_implement(1, static_cast<int>(N / 2), static_cast<int>(K), &sw) ==
+                            cudaSuccess,
+          name, ": cannot be packed for the FP8 SwiGLU epilogue: ", sw.empty() ? "odd row count" : sw);
+  }
   DeviceLinear l;
   l.kind_ = Kind::Fp8;
   l.name_ = name;
   l.N_ = N;
   l.K_ = K;
+  // Random codes: the packed order is just another random weight, so nothing is permuted.
+  l.fp8_swiglu_packed_ = swiglu_pack;
   l.fp8_codes_.allocate(static_cast<size_t>(N * K), name + " (FP8 codes)");
   l.fp8_scales_.allocate(static_cast<size_t>(N), name + " (FP8 scales)");
   // Codes of magnitude <= 1.875 (RMS about 0.7); a scale of 1/sqrt(K) keeps outputs of unit-RMS inputs near unit.
@@ -227,6 +254,7 @@ void DeviceLinear::forward_dequant(const __nv_bfloat16* x, int64_t M, __nv_bfloa
 void DeviceLinear::forward_fp8(const uint8_t* a_codes, const float* a_scales, int64_t M, __nv_bfloat16* y,
                                const GemmContext& ctx) const {
   check(kind_ == Kind::Fp8, name_, ": forward_fp8 needs FP8 weights");
+  check(!fp8_swiglu_packed_, name_, ": packed for the FP8 SwiGLU epilogue, so it runs through forward_fp8_swiglu only");
   const cudaError_t e = gemm_fp8(a_codes, fp8_codes_.get(), a_scales, fp8_scales_.get(), y, static_cast<int>(M),
                                  static_cast<int>(N_), static_cast<int>(K_), ctx.stream);
   if (e != cudaSuccess) fail("CUDA engine: ", name_, ": FP8 GEMM (M ", M, "): ",
@@ -235,11 +263,39 @@ void DeviceLinear::forward_fp8(const uint8_t* a_codes, const float* a_scales, in
 
 void DeviceLinear::forward_fp8_residual(const uint8_t* a_codes, const float* a_scales, int64_t M, float* residual,
                                         const GemmContext& ctx) const {
-  check(kind_ == Kind::Fp8, name_, ": forward_fp8_residual needs FP8 weights");
+  check(kind_ == Kind::Fp8 && !fp8_swiglu_packed_, name_, ": forward_fp8_residual needs canonical FP8 weights");
   const cudaError_t e = gemm_fp8_residual(a_codes, fp8_codes_.get(), a_scales, fp8_scales_.get(), residual,
                                           static_cast<int>(M), static_cast<int>(N_), static_cast<int>(K_), ctx.stream);
   if (e != cudaSuccess) fail("CUDA engine: ", name_, ": FP8 GEMM + residual (M ", M, "): ",
                              e == cudaErrorInvalidValue ? gemm_fp8_last_error() : cudaGetErrorString(e));
+}
+
+void DeviceLinear::forward_fp8_block_a(const uint8_t* a_codes, const float* a_block_scales, int64_t M,
+                                       __nv_bfloat16* y, const GemmContext& ctx) const {
+  check(kind_ == Kind::Fp8 && !fp8_swiglu_packed_, name_, ": forward_fp8_block_a needs canonical FP8 weights");
+  const cudaError_t e = gemm_fp8_block_a(a_codes, fp8_codes_.get(), a_block_scales, fp8_scales_.get(), y,
+                                         static_cast<int>(M), static_cast<int>(N_), static_cast<int>(K_), ctx.stream);
+  if (e != cudaSuccess) fail("CUDA engine: ", name_, ": FP8 GEMM, block-scaled input (M ", M, "): ",
+                             e == cudaErrorInvalidValue ? gemm_fp8_last_error() : cudaGetErrorString(e));
+}
+
+void DeviceLinear::forward_fp8_block_a_residual(const uint8_t* a_codes, const float* a_block_scales, int64_t M,
+                                                float* residual, const GemmContext& ctx) const {
+  check(kind_ == Kind::Fp8 && !fp8_swiglu_packed_, name_, ": forward_fp8_block_a_residual needs canonical FP8 weights");
+  const cudaError_t e =
+      gemm_fp8_block_a_residual(a_codes, fp8_codes_.get(), a_block_scales, fp8_scales_.get(), residual,
+                                static_cast<int>(M), static_cast<int>(N_), static_cast<int>(K_), ctx.stream);
+  if (e != cudaSuccess) fail("CUDA engine: ", name_, ": FP8 GEMM, block-scaled input, + residual (M ", M, "): ",
+                             e == cudaErrorInvalidValue ? gemm_fp8_last_error() : cudaGetErrorString(e));
+}
+
+void DeviceLinear::forward_fp8_swiglu(const uint8_t* a_codes, const float* a_scales, int64_t M, uint8_t* y_codes,
+                                      float* y_scales, const GemmContext& ctx) const {
+  check(fp8_swiglu_packed(), name_, ": forward_fp8_swiglu needs FP8 gate|up weights packed for it");
+  const cudaError_t e = gemm_fp8_swiglu(a_codes, fp8_codes_.get(), a_scales, fp8_scales_.get(), y_codes, y_scales,
+                                        static_cast<int>(M), static_cast<int>(N_ / 2), static_cast<int>(K_), ctx.stream);
+  if (e != cudaSuccess) fail("CUDA engine: ", name_, ": FP8 gate|up GEMM + SwiGLU (M ", M, "): ",
+                             e == cudaErrorInvalidValue ? gemm_fp8_swiglu_last_error() : cudaGetErrorString(e));
 }
 
 void DeviceLinear::forward(const __nv_bfloat16* x, int64_t M, void* y, bool y_f32, const GemmContext& ctx) const {

@@ -66,20 +66,27 @@ class DeviceLinear {
   // Per-channel FP8 weights (formats::fp8_quantize_weight: block == cols), the parts' rows concatenated in order
   // (same K). Throws Error naming `name` when a part is not per-channel or gemm_fp8 cannot run the fused shape
   // (K % 128, N % 8).
-  static DeviceLinear from_fp8(std::span<const formats::Fp8Matrix* const> parts, const std::string& name);
+  // swiglu_pack: a [gate; up] weight stored in gemm_fp8_swiglu's packed row order (futransformer/cuda/
+  // gemm_fp8_swiglu.h) for forward_fp8_swiglu, which then is its only forward; the intermediate size (N / 2) must be a
+  // multiple of 128 (Error naming `name` otherwise).
+  static DeviceLinear from_fp8(std::span<const formats::Fp8Matrix* const> parts, const std::string& name,
+                               bool swiglu_pack = false);
   // Random weights generated on the device (INT4: F16 scales unless scale_type says BF16; rows as from_int4's, which
   // for random values only decides which forward runs the weight).
   static DeviceLinear synthetic_int4(int64_t N, int64_t K, int64_t group, uint64_t seed, const std::string& name,
                                      formats::ScaleType scale_type = formats::ScaleType::F16,
                                      formats::Int4MmaRows rows = formats::Int4MmaRows::canonical);
   static DeviceLinear synthetic_bf16(int64_t N, int64_t K, uint64_t seed, const std::string& name);
-  static DeviceLinear synthetic_fp8(int64_t N, int64_t K, uint64_t seed, const std::string& name);
+  static DeviceLinear synthetic_fp8(int64_t N, int64_t K, uint64_t seed, const std::string& name,
+                                    bool swiglu_pack = false);
   // Empty reason when gemm_fp8 runs an [N, K] weight (any M), else the sentence saying why. Needs no device.
   static std::string fp8_shape_problem(int64_t N, int64_t K);
 
   Kind kind() const { return kind_; }
   // INT4 weights packed for forward_swiglu (gate|up rows interleaved).
   bool swiglu_packed() const { return kind_ == Kind::Int4 && rows_ == formats::Int4MmaRows::swiglu_interleaved; }
+  // FP8 [gate; up] weights in gemm_fp8_swiglu's packed row order (from_fp8 / synthetic_fp8 with swiglu_pack).
+  bool fp8_swiglu_packed() const { return kind_ == Kind::Fp8 && fp8_swiglu_packed_; }
   int64_t out_features() const { return N_; }
   int64_t in_features() const { return K_; }
   int64_t device_bytes() const {
@@ -135,6 +142,18 @@ class DeviceLinear {
   // (gemm_fp8_residual; bit-identical to forward_fp8 + add_residual_bf16).
   void forward_fp8_residual(const uint8_t* a_codes, const float* a_scales, int64_t M, float* residual,
                             const GemmContext& ctx) const;
+  // FP8 weights, A scaled per token per 128-deep K block (a_block_scales [M, ceil(K / 128)], the output of
+  // swiglu_fp8_block / forward_fp8_swiglu): gemm_fp8_block_a into BF16 y, or into the residual stream
+  // (gemm_fp8_block_a_residual, bit-identical to the BF16 store + add_residual_bf16).
+  void forward_fp8_block_a(const uint8_t* a_codes, const float* a_block_scales, int64_t M, __nv_bfloat16* y,
+                           const GemmContext& ctx) const;
+  void forward_fp8_block_a_residual(const uint8_t* a_codes, const float* a_block_scales, int64_t M, float* residual,
+                                    const GemmContext& ctx) const;
+  // A gate|up weight packed for it (fp8_swiglu_packed): y = silu(gate) · up of the BF16 GEMM outputs, quantised per
+  // token per 128 channels into y_codes [M, N / 2] and y_scales [M, N / 256] (gemm_fp8_swiglu; bit for bit
+  // forward_fp8 on the canonical weight + swiglu_fp8_block). y_codes must not overlap a_codes.
+  void forward_fp8_swiglu(const uint8_t* a_codes, const float* a_scales, int64_t M, uint8_t* y_codes, float* y_scales,
+                          const GemmContext& ctx) const;
 
  private:
   // y[M, N] (BF16) = x · bf16(W)ᵀ through int4_dequant_bf16 and cuBLAS; columns in canonical row order (gate|up
@@ -154,6 +173,7 @@ class DeviceLinear {
   DeviceArray<uint16_t> bf16_;
   DeviceArray<uint8_t> fp8_codes_;  // E4M3 [N, K]
   DeviceArray<float> fp8_scales_;   // [N]
+  bool fp8_swiglu_packed_ = false;  // fp8 rows in gemm_fp8_swiglu's packed order
   const uint16_t* bf16_ptr_ = nullptr;  // bf16_ or a borrowed buffer
 };
 

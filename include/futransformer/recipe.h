@@ -6,7 +6,7 @@
 //   weights:      full | fp8 | int4-rtn-g<G> | int4-gptq-g<G>       (G: 32, 64, 128 or "ch" for per-channel;
 //                 optional suffixes "-asym" (asymmetric groups) then "-bf16" (BF16 scales); default symmetric F16)
 //                                                                    (optional; "full" otherwise)
-//   activations:  act-fp8 | act-bf16 | act-fp8-bf16                  (optional; fp32 otherwise)
+//   activations:  act-fp8 | act-bf16 | act-fp8-bf16 | act-fp8-block-bf16   (optional; fp32 otherwise)
 //                 act-fp8: every projection's input quantised to FP8 per token (the FP8 prefill GEMMs' operand).
 //                 act-bf16: every projection's input and output, q and k after RoPE, and the LM head's input rounded
 //                 to BF16 — what the CUDA engine's kernels exchange (its residual stream stays fp32), so the CPU
@@ -14,6 +14,10 @@
 //                 act-fp8-bf16: act-bf16's rounding points, but every projection's input is quantised to FP8 per token
 //                 instead (of its fp32 value; o_proj's of the BF16-rounded attention output) — exactly what the CUDA
 //                 engine's FP8 prefill passes compute (docs/design.md "FP8 prefill").
+//                 act-fp8-block-bf16: act-fp8-bf16, except that the down projection's input (the SwiGLU output) is
+//                 quantised with one FP8 scale per token per 128 channels (fp8_quantize_per_token_block) — what a
+//                 SwiGLU fused into the gate|up GEMM's epilogue can emit, as a tile sees 128 channels of a row, not
+//                 the whole row. Needs an intermediate size that is a multiple of 128 (the engine refuses others).
 //   KV cache:     kv-bf16 | kv-fp8 | kv-int4 | kv-int4-hadamard      (optional; fp32 otherwise)
 //   LM head:      head-int4                                           (optional; the checkpoint's precision otherwise)
 //                 head-int4: the LM head weight is INT4 round-to-nearest, symmetric, BF16 scales, group
@@ -41,7 +45,7 @@
 namespace futransformer {
 
 enum class WeightFormat : uint8_t { Full, Fp8, Int4Rtn, Int4Gptq };
-enum class ActivationFormat : uint8_t { Fp32, Fp8PerToken, Bf16, Fp8OverBf16 };
+enum class ActivationFormat : uint8_t { Fp32, Fp8PerToken, Bf16, Fp8OverBf16, Fp8BlockOverBf16 };
 enum class HeadFormat : uint8_t { Full, Int4 };
 
 struct PrecisionRecipe {

@@ -21,16 +21,20 @@ struct ReferenceOptions {
   // dequantised before the product (the LM head keeps fp32 inputs). Bf16: every projection's input and output,
   // q and k after RoPE and the LM head's input are rounded to BF16, as the CUDA engine's kernels exchange them.
   // Fp8OverBf16 (the CUDA engine's FP8 prefill): Bf16's output rounding, and every projection's input quantised to
-  // FP8 per token as Fp8PerToken does — o_proj's after rounding the attention output to BF16.
+  // FP8 per token as Fp8PerToken does — o_proj's after rounding the attention output to BF16. Fp8BlockOverBf16:
+  // Fp8OverBf16, but down_proj's input (the SwiGLU output) has one FP8 scale per token per 128 channels
+  // (formats::fp8_quantize_per_token_block), as a SwiGLU fused into the gate|up GEMM's epilogue writes it; the
+  // engine refuses a model whose intermediate_size is not a multiple of 128.
   ActivationFormat activations = ActivationFormat::Fp32;
   // The KV-cache format (nullopt: fp32). Keys and values are stored as the canonical paged bytes and attention
   // reads their decoded values; for int4-hadamard queries are rotated and outputs un-rotated (formats/kv_cache.h).
   std::optional<formats::KvFormat> kv;
   // Int4 (recipe part head-int4): the model's lm_head.weight holds the dequantised INT4 head (quant::quantize_model
   // puts it there, for a tied model too) and the head reads it even when tie_word_embeddings says the embedding is
-  // the head; under Bf16 / Fp8OverBf16 its logits are rounded to BF16, as the CUDA engine's W4A16 GEMM writes them.
-  // The engine cannot tell dequantised values from full ones: run it on quant::quantize_model's output (or a loaded
-  // quantised checkpoint) of a head-int4 recipe. A tied model without lm_head.weight is an Error.
+  // the head; under Bf16 / Fp8OverBf16 / Fp8BlockOverBf16 its logits are rounded to BF16, as the CUDA engine's
+  // W4A16 GEMM writes them. The engine cannot tell dequantised values from full ones: run it on
+  // quant::quantize_model's output (or a loaded quantised checkpoint) of a head-int4 recipe. A tied model without
+  // lm_head.weight is an Error.
   HeadFormat head = HeadFormat::Full;
 };
 

@@ -55,6 +55,8 @@ void print_quantization(const quant::QuantizedModel& q) {
               q.recipe.activations == ActivationFormat::Fp8PerToken ? "fp8 per token"
               : q.recipe.activations == ActivationFormat::Bf16     ? "bf16"
               : q.recipe.activations == ActivationFormat::Fp8OverBf16 ? "fp8 per token over bf16"
+              : q.recipe.activations == ActivationFormat::Fp8BlockOverBf16
+                  ? "fp8 per token (down: per token per 128 channels) over bf16"
                                                                    : "fp32",
               q.recipe.kv ? formats::kv_format_name(*q.recipe.kv) : "fp32");
   if (q.recipe.head == HeadFormat::Int4) {

@@ -22,7 +22,9 @@ const char* backend_name(Backend b) { return b == Backend::Cuda ? "cuda" : "cpu 
 
 std::unique_ptr<Engine> make_engine(Backend b, const Model& model, const ReferenceOptions& options) {
   if (b == Backend::Cuda) {
-    check(options.activations != ActivationFormat::Fp8PerToken && options.activations != ActivationFormat::Fp8OverBf16,
+    const ActivationFormat a = options.activations;
+    check(a != ActivationFormat::Fp8PerToken && a != ActivationFormat::Fp8OverBf16 &&
+              a != ActivationFormat::Fp8BlockOverBf16,
           "--device cuda: FP8 activations feed only FP8 GEMMs; the CUDA engine runs BF16 activations (act-bf16)");
     CudaEngineOptions o;
     if (options.kv) o.kv = *options.kv;

@@ -15,8 +15,8 @@ constexpr const char* kWeightChoices = "full, fp8, int4-rtn-g<G>, int4-gptq-g<G>
 constexpr const char* kGroupChoices = "g32, g64, g128 or gch (per-channel)";
 constexpr const char* kPartChoices =
     "weights: full | fp8 | int4-rtn-g<G>[-asym][-bf16] | int4-gptq-g<G>[-asym][-bf16] (G: 32, 64, 128, ch); "
-    "activations: act-fp8 | act-bf16 | act-fp8-bf16; KV cache: kv-bf16 | kv-fp8 | kv-int4 | kv-int4-hadamard; "
-    "LM head: head-int4";
+    "activations: act-fp8 | act-bf16 | act-fp8-bf16 | act-fp8-block-bf16; "
+    "KV cache: kv-bf16 | kv-fp8 | kv-int4 | kv-int4-hadamard; LM head: head-int4";
 
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
@@ -85,6 +85,7 @@ std::string PrecisionRecipe::name() const {
   if (activations == ActivationFormat::Fp8PerToken) s += "+act-fp8";
   if (activations == ActivationFormat::Bf16) s += "+act-bf16";
   if (activations == ActivationFormat::Fp8OverBf16) s += "+act-fp8-bf16";
+  if (activations == ActivationFormat::Fp8BlockOverBf16) s += "+act-fp8-block-bf16";
   if (kv) s += std::string("+kv-") + formats::kv_format_name(*kv);
   return s;
 }
@@ -126,6 +127,9 @@ PrecisionRecipe PrecisionRecipe::parse(std::string_view text) {
     } else if (part == "act-fp8-bf16") {
       once(act_part, "activation");
       r.activations = ActivationFormat::Fp8OverBf16;
+    } else if (part == "act-fp8-block-bf16") {
+      once(act_part, "activation");
+      r.activations = ActivationFormat::Fp8BlockOverBf16;
     } else if (part == "head-int4") {
       once(head_part, "LM-head");
       r.head = HeadFormat::Int4;

@@ -8,7 +8,8 @@ CudaEngineOptions cuda_engine_options(const PrecisionRecipe& recipe, CudaEngineO
         "copy beside a decode recipe (make_cuda_engine(decode, prefill)), which the CLI does not offer yet; use full or ",
         "int4 weights on --device cuda");
   // The GPU's GEMMs exchange BF16: an fp32 recipe runs as act-bf16 there (the CPU measures what that costs).
-  check(recipe.activations != ActivationFormat::Fp8PerToken && recipe.activations != ActivationFormat::Fp8OverBf16,
+  check(recipe.activations != ActivationFormat::Fp8PerToken && recipe.activations != ActivationFormat::Fp8OverBf16 &&
+            recipe.activations != ActivationFormat::Fp8BlockOverBf16,
         "recipe ", recipe.name(), ": FP8 activations feed only the FP8 prefill GEMMs (make_cuda_engine with a prefill ",
         "model); the CUDA engine's decode path runs BF16 activations (act-bf16)");
   check(!recipe.kv || *recipe.kv != formats::KvFormat::FP8, "recipe ", recipe.name(), ": the GPU attention kernels ",

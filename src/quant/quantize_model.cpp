@@ -84,6 +84,8 @@ json base_recipe_json(const Model& model, const QuantizeOptions& o) {
       {"activations", r.activations == ActivationFormat::Fp8PerToken ? "fp8-e4m3-per-token"
                      : r.activations == ActivationFormat::Bf16      ? "bf16"
                      : r.activations == ActivationFormat::Fp8OverBf16 ? "fp8-e4m3-per-token-over-bf16"
+                     : r.activations == ActivationFormat::Fp8BlockOverBf16
+                         ? "fp8-e4m3-per-token-over-bf16-down-per-128"
                                                                     : "fp32"},
       {"kv_cache", r.kv ? formats::kv_format_name(*r.kv) : "fp32"},
       {"lm_head", r.head == HeadFormat::Int4 ? json{{"format", "int4-rtn"},

@@ -69,30 +69,50 @@ RefLinear::InputQuantizer input_quantizer(ActivationFormat a, Projection p) {
     case ActivationFormat::Fp8PerToken: return fp8_round_rows;
     case ActivationFormat::Bf16: return bf16_round_rows;
     case ActivationFormat::Fp8OverBf16: return p == Projection::O ? bf16_then_fp8_round_rows : fp8_round_rows;
+    case ActivationFormat::Fp8BlockOverBf16:
+      if (p == Projection::O) return bf16_then_fp8_round_rows;
+      return p == Projection::Down ? fp8_block_round_rows : fp8_round_rows;
   }
   return {};
 }
 
 // Formats whose projection outputs, RoPE'd q/k and LM-head input are BF16, as the CUDA engine's kernels write them.
-bool bf16_exchange(ActivationFormat a) { return a == ActivationFormat::Bf16 || a == ActivationFormat::Fp8OverBf16; }
+bool bf16_exchange(ActivationFormat a) {
+  return a == ActivationFormat::Bf16 || a == ActivationFormat::Fp8OverBf16 || a == ActivationFormat::Fp8BlockOverBf16;
+}
 
-}  // namespace
-
-void fp8_round_rows(float* x, int64_t rows, int64_t cols) {
-  const formats::Fp8Matrix q =
-      formats::fp8_quantize_per_token(std::span<const float>(x, static_cast<size_t>(rows * cols)), rows, cols,
-                                      "projection input (act-fp8)");
-  for (int64_t r = 0; r < rows; ++r) {
-    const float s = q.scales[static_cast<size_t>(r)];
-    for (int64_t c = 0; c < cols; ++c) {
-      const size_t i = static_cast<size_t>(r * cols + c);
-      x[i] = formats::fp8_e4m3_decode(q.codes[i]) * s;
+// Replaces x with the dequantised values of q (same shape).
+void decode_into(const formats::Fp8Matrix& q, float* x) {
+  for (int64_t r = 0; r < q.rows; ++r) {
+    for (int64_t c = 0; c < q.cols; ++c) {
+      const size_t i = static_cast<size_t>(r * q.cols + c);
+      x[i] = formats::fp8_e4m3_decode(q.codes[i]) * q.scale(r, c);
     }
   }
 }
 
+}  // namespace
+
+void fp8_round_rows(float* x, int64_t rows, int64_t cols) {
+  decode_into(formats::fp8_quantize_per_token(std::span<const float>(x, static_cast<size_t>(rows * cols)), rows, cols,
+                                              "projection input (act-fp8)"),
+              x);
+}
+
+void fp8_block_round_rows(float* x, int64_t rows, int64_t cols) {
+  decode_into(formats::fp8_quantize_per_token_block(std::span<const float>(x, static_cast<size_t>(rows * cols)), rows,
+                                                    cols, "down projection input (act-fp8-block-bf16)"),
+              x);
+}
+
 RefModel::RefModel(const Model& model, const RefModelOptions& options) : config_(model.config), options_(options) {
   model.validate();
+  // A fused SwiGLU epilogue sees 128 channels of a row per GEMM tile, so the block format has no partial blocks.
+  constexpr int64_t kBlock = formats::kFp8BlockCols;
+  check(options_.activations != ActivationFormat::Fp8BlockOverBf16 || config_.intermediate_size % kBlock == 0,
+        model.source, ": act-fp8-block-bf16 quantises the down projection's input with one FP8 scale per ", kBlock,
+        " channels, but intermediate_size ", config_.intermediate_size, " is not a multiple of ", kBlock,
+        "; use act-fp8-bf16 (one scale per token) for this model");
   if (options_.kv) {
     try {
       formats::kv_page_layout(*options_.kv, config_.head_dim);

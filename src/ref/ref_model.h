@@ -95,5 +95,8 @@ class RefModel {
 // In place: each of `rows` rows of `cols` values becomes its per-token FP8 E4M3 quantise-dequantise
 // (formats::fp8_quantize_per_token, then decode · scale) — what an FP8 GEMM's activation operand holds.
 void fp8_round_rows(float* x, int64_t rows, int64_t cols);
+// In place: the same with one scale per token per 128 channels (formats::fp8_quantize_per_token_block) — the
+// down GEMM's operand under act-fp8-block-bf16. cols must be a multiple of 128 (Error otherwise).
+void fp8_block_round_rows(float* x, int64_t rows, int64_t cols);
 
 }  // namespace futransformer::ref

@@ -4,11 +4,13 @@
 // every output byte must be written exactly once. Also: the twin's own exactness and contract.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cpu/hopper_model.h"
@@ -302,6 +304,107 @@ TEST(Fp8GemmReference, NanCodesPropagateAndBadSizesThrow) {
   EXPECT_THROW(formats::gemm_fp8_reference(a, b, s1, s1, 1, 1, 0), Error);           // K = 0
   EXPECT_THROW(formats::gemm_fp8_reference(a, b, s1, {}, 1, 1, 2), Error);           // b_scale missing
   EXPECT_THROW(formats::gemm_fp8_reference(a, b, s1, s1, -1, -1, -2), Error);        // negative sizes
+}
+
+
+// --- The block-scaled twin (one A scale per row per 128 K). ---
+
+// a_scale [M] repeated over each row's ceil(K / 128) blocks.
+std::vector<float> repeat_per_block(const std::vector<float>& sa, int K) {
+  const int blocks = (K + 127) / 128;
+  std::vector<float> out;
+  for (float s : sa) out.insert(out.end(), static_cast<size_t>(blocks), s);
+  return out;
+}
+
+TEST(Fp8GemmBlockReference, OneScalePerRowEqualsThePerRowTwinBitForBit) {
+  // Random codes and fp32 scales (not powers of two: the scale products round), K with and without a tail block.
+  uint32_t seed = 500;
+  for (const Shape& s : {Shape{3, 7, 128}, Shape{5, 9, 384}, Shape{4, 6, 200}, Shape{2, 3, 1000}, Shape{1, 1, 1}}) {
+    SCOPED_TRACE(testing::Message() << "M " << s.M << " N " << s.N << " K " << s.K);
+    const Problem p = random_problem(s.M, s.N, s.K, ++seed);
+    const formats::Fp8GemmReference want = formats::gemm_fp8_reference(p.a, p.b, p.sa, p.sb, p.M, p.N, p.K);
+    const formats::Fp8GemmReference got =
+        formats::gemm_fp8_block_a_reference(p.a, p.b, repeat_per_block(p.sa, p.K), p.sb, p.M, p.N, p.K);
+    EXPECT_EQ(got.bf16, want.bf16);
+    EXPECT_EQ(got.value, want.value);
+    // abs_dot is a tolerance scale, summed per block: equal up to fp64 rounding.
+    for (size_t i = 0; i < want.abs_dot.size(); ++i)
+      EXPECT_NEAR(got.abs_dot[i], want.abs_dot[i], 1e-12 * want.abs_dot[i]) << i;
+  }
+}
+
+// Small integers with a different power-of-two scale per block: every term and every sum is exact in fp64, so the
+// twin must equal the hand computation (block sums as integers, times 2^e, summed) bit for bit.
+TEST(Fp8GemmBlockReference, IntegerCodesWithPowerOfTwoBlockScalesAreExact) {
+  for (const Shape& s : {Shape{3, 5, 384}, Shape{17, 4, 328}, Shape{1, 8, 128}}) {
+    SCOPED_TRACE(testing::Message() << "M " << s.M << " N " << s.N << " K " << s.K);
+    const Problem p = integer_problem(s.M, s.N, s.K, static_cast<uint32_t>(s.M * 1000 + s.K));
+    const int blocks = (s.K + 127) / 128;
+    std::mt19937 rng(static_cast<uint32_t>(s.K));
+    std::vector<float> sa(static_cast<size_t>(s.M * blocks));
+    for (float& v : sa) v = std::ldexp(1.0f, static_cast<int>(rng() % 13) - 6);
+    const formats::Fp8GemmReference r = formats::gemm_fp8_block_a_reference(p.a, p.b, sa, p.sb, s.M, s.N, s.K);
+    for (int m = 0; m < s.M; ++m) {
+      for (int n = 0; n < s.N; ++n) {
+        double want = 0, abs_want = 0;
+        for (int kb = 0; kb < blocks; ++kb) {
+          int64_t sum = 0, abs_sum = 0;
+          for (int k = kb * 128; k < std::min(s.K, kb * 128 + 128); ++k) {
+            const int64_t prod = static_cast<int64_t>(decode(p.a[static_cast<size_t>(m * s.K + k)])) *
+                                 static_cast<int64_t>(decode(p.b[static_cast<size_t>(n * s.K + k)]));
+            sum += prod;
+            abs_sum += prod < 0 ? -prod : prod;
+          }
+          const double scale =
+              static_cast<double>(sa[static_cast<size_t>(m * blocks + kb)]) * p.sb[static_cast<size_t>(n)];
+          want += static_cast<double>(sum) * scale;
+          abs_want += static_cast<double>(abs_sum) * scale;
+        }
+        const size_t i = static_cast<size_t>(m * s.N + n);
+        ASSERT_EQ(r.value[i], want) << m << ", " << n;
+        ASSERT_EQ(r.bf16[i], f32_to_bf16(static_cast<float>(want))) << m << ", " << n;
+        ASSERT_EQ(r.abs_dot[i], abs_want) << m << ", " << n;
+      }
+    }
+  }
+}
+
+// The blocks' terms are summed exactly and rounded once: 2^60 + 1 - 2^60 is 1, where adding them in fp64 in order
+// would give 0. Each block holds one non-zero product (1, 1, -1) with scales 2^60, 1, 2^60.
+TEST(Fp8GemmBlockReference, BlockTermsAreSummedExactly) {
+  const int K = 384;
+  std::vector<uint8_t> a(K, formats::fp8_e4m3_encode(0.0f)), b(K, formats::fp8_e4m3_encode(0.0f));
+  a[0] = a[128] = a[256] = formats::fp8_e4m3_encode(1.0f);
+  b[0] = b[128] = formats::fp8_e4m3_encode(1.0f);
+  b[256] = formats::fp8_e4m3_encode(-1.0f);
+  const std::vector<float> sa = {0x1p60f, 1.0f, 0x1p60f}, sb = {1.0f};
+  const formats::Fp8GemmReference r = formats::gemm_fp8_block_a_reference(a, b, sa, sb, 1, 1, K);
+  EXPECT_EQ(r.value[0], 1.0);
+  EXPECT_EQ(r.bf16[0], f32_to_bf16(1.0f));
+  EXPECT_EQ(r.abs_dot[0], 0x1p61);  // a tolerance scale, summed in fp64 (2^60 + 1 rounds to 2^60)
+}
+
+TEST(Fp8GemmBlockReference, NanCodesPropagateAndBadSizesThrow) {
+  const int K = 200;  // two blocks, the second partial
+  std::vector<uint8_t> a(K, 0x38), b(K, 0x38);
+  a[150] = formats::kFp8E4M3NaN;
+  const std::vector<float> s2 = {1.0f, 1.0f}, s1 = {1.0f};
+  const formats::Fp8GemmReference r = formats::gemm_fp8_block_a_reference(a, b, s2, s1, 1, 1, K);
+  EXPECT_TRUE(std::isnan(r.value[0]));
+  EXPECT_TRUE(std::isnan(bf16_to_f32(r.bf16[0])));
+  a[150] = 0x38;
+  EXPECT_EQ(formats::gemm_fp8_block_a_reference(a, b, s2, s1, 1, 1, K).value[0], 200.0);  // 0x38 is 1.0
+  try {
+    formats::gemm_fp8_block_a_reference(a, b, s1, s1, 1, 1, K);  // one scale per row, not one per block
+    ADD_FAILURE() << "a_scale of M values accepted for K = 200";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a_scale has 1 values, expected M * ceil(K / 128) = 2"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(formats::gemm_fp8_block_a_reference(a, b, s2, s2, 1, 1, K), Error);  // b_scale too long
+  EXPECT_THROW(formats::gemm_fp8_block_a_reference(a, b, s2, s1, 1, 1, K + 1), Error);  // A too short
+  EXPECT_THROW(formats::gemm_fp8_block_a_reference(a, b, s2, s1, 1, 1, 0), Error);  // K = 0
 }
 
 }  // namespace

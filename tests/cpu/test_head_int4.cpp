@@ -69,7 +69,7 @@ bool is_bf16_value(float x) { return bf16_to_f32(f32_to_bf16(x)) == x; }
 TEST(HeadInt4Recipe, EveryCombinationRoundTrips) {
   int checked = 0;
   for (const std::string w : {"full", "fp8", "int4-rtn-g32", "int4-gptq-g128-bf16", "int4-rtn-gch-asym"}) {
-    for (const std::string act : {"", "+act-fp8", "+act-bf16", "+act-fp8-bf16"}) {
+    for (const std::string act : {"", "+act-fp8", "+act-bf16", "+act-fp8-bf16", "+act-fp8-block-bf16"}) {
       for (const std::string kv : {"", "+kv-int4", "+kv-int4-hadamard"}) {
         const std::string text = w + "+head-int4" + act + kv;
         const PrecisionRecipe r = PrecisionRecipe::parse(text);
@@ -81,7 +81,7 @@ TEST(HeadInt4Recipe, EveryCombinationRoundTrips) {
       }
     }
   }
-  EXPECT_EQ(checked, 5 * 4 * 3);
+  EXPECT_EQ(checked, 5 * 5 * 3);
   // Any order on input; name() puts the head right after the weights.
   EXPECT_EQ(PrecisionRecipe::parse("kv-int4+head-int4+act-bf16+int4-rtn-g64").name(),
             "int4-rtn-g64+head-int4+act-bf16+kv-int4");
@@ -239,6 +239,7 @@ TEST_P(HeadInt4Tied, Bf16ActivationsRoundTheInt4HeadsLogits) {
   // act-bf16 + head-int4: the W4A16 GEMM writes BF16 logits, so the twin's are BF16 values, every one.
   EXPECT_EQ(count_non_bf16("int4-rtn-g32+head-int4+act-bf16"), 0);
   EXPECT_EQ(count_non_bf16("full+head-int4+act-fp8-bf16"), 0);
+  EXPECT_EQ(count_non_bf16("full+head-int4+act-fp8-block-bf16"), 0);
   // The BF16 head's cuBLAS GEMM writes fp32, and fp32 activations round nothing.
   EXPECT_GT(count_non_bf16("int4-rtn-g32+act-bf16"), 100);
   EXPECT_GT(count_non_bf16("int4-rtn-g32+head-int4"), 100);

@@ -98,7 +98,8 @@ std::vector<Step> script(int64_t vocab, uint32_t seed) {
 TEST(PrefillDecodeEngine, IdenticalModelsGiveThePlainEngineBitForBit) {
   const Model m = test::make_tiny_llama({}, 61);
   for (const std::string recipe :
-       {"full", "full+act-fp8+kv-int4-hadamard", "full+act-bf16+kv-fp8", "full+act-fp8-bf16+kv-int4"}) {
+       {"full", "full+act-fp8+kv-int4-hadamard", "full+act-bf16+kv-fp8", "full+act-fp8-bf16+kv-int4",
+        "full+act-fp8-block-bf16+kv-bf16"}) {
     SCOPED_TRACE(recipe);
     const ReferenceOptions o = quant::reference_options(PrecisionRecipe::parse(recipe));
     auto dual = make_prefill_decode_reference_engine(m, o, m, o);

@@ -27,7 +27,7 @@ TEST(Recipe, EveryValidCombinationRoundTrips) {
       for (const char* opt : {"", "-asym", "-bf16", "-asym-bf16"}) weights.push_back(std::string(q) + "-" + g + opt);
   int checked = 0;
   for (const std::string& w : weights) {
-    for (const std::string act : {"", "+act-fp8", "+act-bf16", "+act-fp8-bf16"}) {
+    for (const std::string act : {"", "+act-fp8", "+act-bf16", "+act-fp8-bf16", "+act-fp8-block-bf16"}) {
       for (const std::string kv : {"", "+kv-bf16", "+kv-fp8", "+kv-int4", "+kv-int4-hadamard"}) {
         const std::string text = w + act + kv;
         const PrecisionRecipe r = PrecisionRecipe::parse(text);
@@ -43,7 +43,8 @@ TEST(Recipe, EveryValidCombinationRoundTrips) {
       }
     }
   }
-  EXPECT_EQ(checked, (2 + 2 * 4 * 4) * 4 * 5);  // every weight format x {fp32, fp8, bf16, fp8-bf16} activations x 5 caches
+  // Every weight format x {fp32, fp8, bf16, fp8-bf16, fp8-block-bf16} activations x 5 caches.
+  EXPECT_EQ(checked, (2 + 2 * 4 * 4) * 5 * 5);
 }
 
 TEST(Recipe, FieldsAreParsed) {
@@ -78,13 +79,16 @@ TEST(Recipe, MistakesGiveClearErrors) {
       {"int4-rtn-g128-sym", {"unknown options '-sym'"}},
       {"int4", {"needs a quantiser and a group size"}},
       {"int4-gptq", {"needs a quantiser and a group size"}},
-      {"fp16", {"unknown part 'fp16'", "weights:", "activations: act-fp8 | act-bf16", "kv-int4-hadamard"}},
+      {"fp16", {"unknown part 'fp16'", "weights:", "activations: act-fp8 | act-bf16", "act-fp8-block-bf16",
+                "kv-int4-hadamard"}},
       {"fp8-g128", {"fp8 weights take no group size"}},
       {"fp8+int4-rtn-g32", {"two weight formats", "'fp8'", "'int4-rtn-g32'"}},
       {"full+full", {"two weight formats"}},
       {"fp8+act-fp8+act-fp8", {"two activation formats"}},
       {"act-fp8+act-bf16", {"two activation formats"}},
       {"act-fp8-bf16+act-fp8", {"two activation formats"}},
+      {"act-fp8-block-bf16+act-fp8-bf16", {"two activation formats", "'act-fp8-block-bf16'", "'act-fp8-bf16'"}},
+      {"act-fp8-block", {"unknown part 'act-fp8-block'"}},
       {"kv-fp8+kv-int4", {"two KV-cache formats", "'kv-fp8'", "'kv-int4'"}},
       {"kv-int8", {"'kv-int8'", "bf16, fp8, int4, int4-hadamard"}},
       {"", {"empty precision recipe"}},

@@ -464,5 +464,120 @@ TEST(RefPrecision, ActFp8OverBf16RoundsAsTheFp8PrefillPasses) {
   expect_projection(ref::Projection::Down, down_in, fp8(down_in, n, inter), h);
 }
 
+// act-fp8-block-bf16 (FP8 prefill with SwiGLU fused into the gate|up GEMM's epilogue): act-fp8-bf16 except the
+// down projection's input, quantised with one scale per token per 128 channels. Intermediate 384 (three blocks) so
+// the blocks differ from the per-token scale.
+TEST(RefPrecision, ActFp8BlockOverBf16RoundsTheDownInputPer128Channels) {
+  test::TinyLlama s;
+  s.inter = 384;
+  const Model m = test::make_tiny_llama(s, 5);
+  std::mt19937 rng(9);
+  const std::vector<int32_t> tokens = test::random_token_ids(24, m.config.vocab_size, rng);
+  ReferenceOptions per_token, block;
+  per_token.activations = ActivationFormat::Fp8OverBf16;
+  block.activations = ActivationFormat::Fp8BlockOverBf16;
+  const std::vector<float> full = logits_of(m, {}, tokens), per_token_logits = logits_of(m, per_token, tokens);
+  const std::vector<float> block_logits = logits_of(m, block, tokens);
+  const double change = test::relative_l2(block_logits, full);
+  EXPECT_GT(change, kActFp8MinChange);
+  EXPECT_LT(change, kActFp8MaxChange);
+  // Only one of the seven projection inputs per layer is rounded differently: the two FP8 recipes differ, by less
+  // than either differs from fp32.
+  EXPECT_NE(block_logits, per_token_logits);
+  EXPECT_LT(test::relative_l2(block_logits, per_token_logits), test::relative_l2(per_token_logits, full));
+
+  ref::RefModelOptions bo, po;
+  bo.activations = ActivationFormat::Fp8BlockOverBf16;
+  po.activations = ActivationFormat::Fp8OverBf16;
+  ref::RefModel rm(m, bo), rm_per_token(m, po);
+  const int64_t n = static_cast<int64_t>(tokens.size()), h = m.config.hidden_size;
+  const int64_t inter = m.config.intermediate_size, qw = m.config.num_attention_heads * m.config.head_dim;
+  const int64_t kvw = m.config.num_key_value_heads * m.config.head_dim;
+  std::vector<float> x(static_cast<size_t>(n * h));
+  rm.embed(tokens, x.data());
+  auto store = rm.make_kv_store();
+  const ref::SequenceRows seq{0, n, 0, store.get()};
+  std::vector<float> qkv_in, o_in, gate_up_in, down_in;
+  rm.run_layer(0, x.data(), n, std::span<const ref::SequenceRows>(&seq, 1),
+               [&](int64_t, ref::ProjectionInput g, const float* in, int64_t rows, int64_t cols) {
+                 std::vector<float> v(in, in + rows * cols);
+                 if (g == ref::ProjectionInput::Qkv) qkv_in = v;
+                 if (g == ref::ProjectionInput::O) o_in = v;
+                 if (g == ref::ProjectionInput::GateUp) gate_up_in = v;
+                 if (g == ref::ProjectionInput::Down) down_in = v;
+               });
+  ASSERT_EQ(qkv_in.size(), static_cast<size_t>(n * h));
+  ASSERT_EQ(o_in.size(), static_cast<size_t>(n * qw));
+  ASSERT_EQ(gate_up_in.size(), static_cast<size_t>(n * h));
+  ASSERT_EQ(down_in.size(), static_cast<size_t>(n * inter));
+  auto forward = [&](const ref::RefModel& model, ref::Projection p, const std::vector<float>& in, int64_t out) {
+    std::vector<float> y(static_cast<size_t>(n * out));
+    model.projection(0, p).forward(in.data(), n, y.data());
+    return y;
+  };
+  // q/k/v, o and gate/up: exactly act-fp8-bf16's rounding.
+  for (ref::Projection p : {ref::Projection::Q, ref::Projection::K, ref::Projection::V}) {
+    const int64_t out = p == ref::Projection::Q ? qw : kvw;
+    EXPECT_EQ(forward(rm, p, qkv_in, out), forward(rm_per_token, p, qkv_in, out)) << static_cast<int>(p);
+  }
+  EXPECT_EQ(forward(rm, ref::Projection::O, o_in, h), forward(rm_per_token, ref::Projection::O, o_in, h));
+  for (ref::Projection p : {ref::Projection::Gate, ref::Projection::Up})
+    EXPECT_EQ(forward(rm, p, gate_up_in, inter), forward(rm_per_token, p, gate_up_in, inter));
+  // down: each 128-channel block of each token by hand — scale = amax / 448 of the block, value = decode(encode(x /
+  // scale)) * scale — then the plain fp32 projection of those values.
+  std::vector<float> want_in = down_in;
+  int blocks_unlike_the_row = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = &down_in[static_cast<size_t>(r * inter)];
+    float row_amax = 0;
+    for (int64_t c = 0; c < inter; ++c) row_amax = std::max(row_amax, std::fabs(row[c]));
+    for (int64_t b0 = 0; b0 < inter; b0 += 128) {
+      float amax = 0;
+      for (int64_t c = b0; c < b0 + 128; ++c) amax = std::max(amax, std::fabs(row[c]));
+      ASSERT_GT(amax, 0.0f);
+      blocks_unlike_the_row += amax != row_amax;
+      const float scale = amax / formats::kFp8E4M3Max;
+      for (int64_t c = b0; c < b0 + 128; ++c) {
+        float& v = want_in[static_cast<size_t>(r * inter + c)];
+        v = formats::fp8_e4m3_decode(formats::fp8_e4m3_encode(v / scale)) * scale;
+      }
+    }
+  }
+  EXPECT_GE(blocks_unlike_the_row, n);  // at least one block per token has its own scale
+  std::vector<float> per_token_in = down_in;
+  ref::fp8_round_rows(per_token_in.data(), n, inter);
+  EXPECT_NE(want_in, per_token_in);
+  std::vector<float> block_in = down_in;
+  ref::fp8_block_round_rows(block_in.data(), n, inter);
+  EXPECT_EQ(block_in, want_in);
+  ref::RefModel plain(m, {});
+  EXPECT_EQ(forward(rm, ref::Projection::Down, down_in, h), forward(plain, ref::Projection::Down, want_in, h));
+}
+
+TEST(RefPrecision, ActFp8BlockOverBf16RefusesAnIntermediateSizeNotAMultipleOf128) {
+  test::TinyLlama s;
+  s.inter = 192;
+  const Model m = test::make_tiny_llama(s, 3);
+  ReferenceOptions o;
+  o.activations = ActivationFormat::Fp8BlockOverBf16;
+  for (int dual = 0; dual < 2; ++dual) {
+    try {
+      if (dual) {
+        make_prefill_decode_reference_engine(m, o, m, {});
+      } else {
+        make_reference_engine(m, o);
+      }
+      ADD_FAILURE() << "act-fp8-block-bf16 with intermediate_size 192 must be rejected";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      for (const char* want :
+           {"synthetic:tiny-llama", "act-fp8-block-bf16", "intermediate_size 192", "multiple of 128"})
+        EXPECT_NE(msg.find(want), std::string::npos) << want << " not in: " << msg;
+    }
+  }
+  o.activations = ActivationFormat::Fp8OverBf16;  // one scale per token: any size
+  EXPECT_NO_THROW(make_reference_engine(m, o));
+}
+
 }  // namespace
 }  // namespace futransformer

@@ -247,9 +247,9 @@ cudaError_t gemm_fp8_swiglu(const uint8_t* A, const uint8_t* B_packed, const flo
   err.clear();
   if (gemm_fp8_swiglu_can_implement(M, inter, K, &err) != cudaSuccess) return cudaErrorInvalidValue;
   if (!A || !B_packed || !a_scale || !b_scale_packed || !codes || !y_scales || !aligned(A, 16) ||
-      !aligned(B_packed, 16) || !aligned(a_scale, 4) || !aligned(b_scale_packed, 4) || !aligned(codes, 2) ||
+      !aligned(B_packed, 16) || !aligned(a_scale, 4) || !aligned(b_scale_packed, 4) || !aligned(codes, 16) ||
       !aligned(y_scales, 4)) {
-    return reject(&err, "gemm_fp8_swiglu: A and B_packed must be non-null and 16-byte aligned, codes 2-byte aligned, "
+    return reject(&err, "gemm_fp8_swiglu: A, B_packed and codes must be non-null and 16-byte aligned, "
                         "a_scale, b_scale_packed and y_scales non-null and 4-byte aligned");
   }
   DeviceLimits d;

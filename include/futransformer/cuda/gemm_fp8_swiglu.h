@@ -9,8 +9,8 @@
 // The weight is packed: B_packed row p = canonical row gemm_fp8_swiglu_packed_row_source(p, inter) of the
 // [gate rows (inter); up rows (inter)] weight [2 · inter, K], and b_scale_packed follows the same order (a tile's
 // 256 rows hold gate then up of 64 channels, twice, so every thread holds g and u of its own channels).
-// Accepted: M >= 1, inter a multiple of 128, K a multiple of 16 (as gemm_fp8), A / B_packed 16-byte aligned, codes
-// 2-byte, scales 4-byte aligned, an sm_90 device; anything else returns cudaErrorInvalidValue with the reason in
+// Accepted: M >= 1, inter a multiple of 128, K a multiple of 16 (as gemm_fp8), A / B_packed / codes 16-byte
+// aligned, scales 4-byte aligned, an sm_90 device; anything else returns cudaErrorInvalidValue with the reason in
 // gemm_fp8_swiglu_last_error() and launches nothing. No workspace, no host synchronisation: graph-capturable.
 #pragma once
 

@@ -34,4 +34,14 @@ __device__ __forceinline__ float2 ld_shared_v2_f32(uint32_t addr) {
   return v;
 }
 
+// ld.shared.v4.b32: 16 bytes from a 16-byte aligned shared-memory address.
+__device__ __forceinline__ uint4 ld_shared_v4_b32(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
 }  // namespace futransformer::cuda::ptx

@@ -148,7 +148,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = tid / 32, lane = tid % 32;
   const uint32_t d_stage = base + L.d_offset + static_cast<uint32_t>(cw) * L.d_wg_bytes;
 
+  // Block-scaled A at block_n 128 promotes one K block while the next one's wgmmas run (registers: 3 x 64).
+  constexpr bool kOverlapPromotion = kBlockScaledA && kBlockN == 128;
   float acc[kAccRegs];  // written only by wgmma (the first of each K block starts from zero)
+  float acc2[kOverlapPromotion ? kAccRegs : 1];  // kOverlapPromotion: the odd K blocks' accumulator
   float sum[kAccRegs];  // fp32 promotion target
   PipeState pipe;
   uint32_t scale_phase = 0;
@@ -161,53 +164,104 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int a_row_hi = a_row_lo + 8;
     const float* a_scale_lo = p.a_scale + static_cast<int64_t>(a_row_lo) * p.a_scale_kblocks;
     const float* a_scale_hi = p.a_scale + static_cast<int64_t>(a_row_hi) * p.a_scale_kblocks;
-    // The K block scales in flight two blocks ahead of their use: with the ring filling shared memory the L1 holds
-    // little, so a scale load is an L2 round trip, longer than one block's wgmmas (measured: loading each block's
-    // scale in its own iteration made the down GEMM 22 % slower than the per-token instance).
     auto block_scale = [&](const float* row_scales, int row, int kb) {
       return row < p.M && kb < k_blocks ? __ldg(row_scales + kb) : 0.0f;
     };
-    float sa_kb_lo = 0.0f, sa_kb_hi = 0.0f, sa_next_lo = 0.0f, sa_next_hi = 0.0f;
-    if constexpr (kBlockScaledA) {
-      sa_kb_lo = block_scale(a_scale_lo, a_row_lo, 0);
-      sa_kb_hi = block_scale(a_scale_hi, a_row_hi, 0);
-      sa_next_lo = block_scale(a_scale_lo, a_row_lo, 1);
-      sa_next_hi = block_scale(a_scale_hi, a_row_hi, 1);
-    }
-
-    for (int kb = 0; kb < k_blocks; ++kb) {
-      float sa_far_lo = 0.0f, sa_far_hi = 0.0f;
-      if constexpr (kBlockScaledA) {
-        sa_far_lo = block_scale(a_scale_lo, a_row_lo, kb + 2);
-        sa_far_hi = block_scale(a_scale_hi, a_row_hi, kb + 2);
-      }
+    // Issue the four wgmmas of the next K block into `a` (after its stage has landed).
+    auto issue = [&](float (&a)[kAccRegs]) {
       ptx::mbarrier_wait_parity(full_bar + 8u * pipe.stage, pipe.phase);
       const uint32_t a_addr = base + L.a_offset + pipe.stage * L.a_stage_bytes;
       const uint32_t b_addr = base + L.b_offset + pipe.stage * L.b_stage_bytes;
 #pragma unroll
-      for (int i = 0; i < kAccRegs; ++i) ptx::fence_operand(acc[i]);
+      for (int i = 0; i < kAccRegs; ++i) ptx::fence_operand(a[i]);
       ptx::wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
-        Mma::mma(acc, make_smem_desc(a_desc_addr(a_addr, cw, ks)), make_smem_desc(b_desc_addr(b_addr, ks)), ks > 0);
+        Mma::mma(a, make_smem_desc(a_desc_addr(a_addr, cw, ks)), make_smem_desc(b_desc_addr(b_addr, ks)), ks > 0);
       }
       ptx::wgmma_commit_group();
 #pragma unroll
-      for (int i = 0; i < kAccRegs; ++i) ptx::fence_operand(acc[i]);
-      ptx::wgmma_wait_group<0>();
-      // This warp's share of the stage has been read: one arrival per consumer warp frees it.
-      if (lane == 0) ptx::mbarrier_arrive(empty_bar + 8u * pipe.stage);
-      advance(pipe, kStages);
+      for (int i = 0; i < kAccRegs; ++i) ptx::fence_operand(a[i]);
+    };
+
+    if constexpr (kOverlapPromotion) {
+      // Block-scaled A at block_n 128: two accumulators, so K block kb + 1's wgmmas run while K block kb is promoted
+      // (sum = fma(acc, a_scale[m][kb], sum) is 64 FFMAs with a freshly loaded scale per thread and K block; issued
+      // between the blocks they delayed the next wgmmas: measured 23 % slower than the per-token instance). The
+      // sums are added in the same K order, so the result is unchanged.
+      uint32_t pend_stage = 0;
+      float pend_lo = 0.0f, pend_hi = 0.0f;  // the outstanding group's stage and block scales
+      auto retire = [&](float (&a)[kAccRegs]) {
+        // This warp's share of the stage has been read: one arrival per consumer warp frees it.
+        if (lane == 0) ptx::mbarrier_arrive(empty_bar + 8u * pend_stage);
+#pragma unroll
+        for (int i = 0; i < kAccRegs; ++i) sum[i] = __fmaf_rn(a[i], (i & 2) ? pend_hi : pend_lo, sum[i]);
+      };
+      for (int kb = 0;;) {
+        {
+          const float lo = block_scale(a_scale_lo, a_row_lo, kb), hi = block_scale(a_scale_hi, a_row_hi, kb);
+          const uint32_t stage = pipe.stage;
+          issue(acc);
+          advance(pipe, kStages);
+          if (kb > 0) {
+            ptx::wgmma_wait_group<1>();
+            retire(acc2);
+          }
+          pend_stage = stage, pend_lo = lo, pend_hi = hi;
+          if (++kb == k_blocks) {
+            ptx::wgmma_wait_group<0>();
+            retire(acc);
+            break;
+          }
+        }
+        {
+          const float lo = block_scale(a_scale_lo, a_row_lo, kb), hi = block_scale(a_scale_hi, a_row_hi, kb);
+          const uint32_t stage = pipe.stage;
+          issue(acc2);
+          advance(pipe, kStages);
+          ptx::wgmma_wait_group<1>();
+          retire(acc);
+          pend_stage = stage, pend_lo = lo, pend_hi = hi;
+          if (++kb == k_blocks) {
+            ptx::wgmma_wait_group<0>();
+            retire(acc2);
+            break;
+          }
+        }
+      }
+    } else {
+      // Block-scaled A at block_n 192 (no registers for a second accumulator): the K block scales are loaded two
+      // blocks ahead of their use.
+      float sa_kb_lo = 0.0f, sa_kb_hi = 0.0f, sa_next_lo = 0.0f, sa_next_hi = 0.0f;
       if constexpr (kBlockScaledA) {
+        sa_kb_lo = block_scale(a_scale_lo, a_row_lo, 0);
+        sa_kb_hi = block_scale(a_scale_hi, a_row_hi, 0);
+        sa_next_lo = block_scale(a_scale_lo, a_row_lo, 1);
+        sa_next_hi = block_scale(a_scale_hi, a_row_hi, 1);
+      }
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        float sa_far_lo = 0.0f, sa_far_hi = 0.0f;
+        if constexpr (kBlockScaledA) {
+          sa_far_lo = block_scale(a_scale_lo, a_row_lo, kb + 2);
+          sa_far_hi = block_scale(a_scale_hi, a_row_hi, kb + 2);
+        }
+        const uint32_t stage = pipe.stage;
+        issue(acc);
+        ptx::wgmma_wait_group<0>();
+        // This warp's share of the stage has been read: one arrival per consumer warp frees it.
+        if (lane == 0) ptx::mbarrier_arrive(empty_bar + 8u * stage);
+        advance(pipe, kStages);
+        if constexpr (kBlockScaledA) {
 #pragma unroll
-        for (int i = 0; i < kAccRegs; ++i) sum[i] = __fmaf_rn(acc[i], (i & 2) ? sa_kb_hi : sa_kb_lo, sum[i]);
-        sa_kb_lo = sa_next_lo;
-        sa_kb_hi = sa_next_hi;
-        sa_next_lo = sa_far_lo;
-        sa_next_hi = sa_far_hi;
-      } else {
+          for (int i = 0; i < kAccRegs; ++i) sum[i] = __fmaf_rn(acc[i], (i & 2) ? sa_kb_hi : sa_kb_lo, sum[i]);
+          sa_kb_lo = sa_next_lo;
+          sa_kb_hi = sa_next_hi;
+          sa_next_lo = sa_far_lo;
+          sa_next_hi = sa_far_hi;
+        } else {
 #pragma unroll
-        for (int i = 0; i < kAccRegs; ++i) sum[i] += acc[i];
+          for (int i = 0; i < kAccRegs; ++i) sum[i] += acc[i];
+        }
       }
     }
 

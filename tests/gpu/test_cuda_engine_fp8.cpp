@@ -219,6 +219,30 @@ TEST_P(SmolLM2Fp8Prefill, PromptLogitsAndStepsWithinTheTwinsFloor) {
   expect_fp8_prefill_matches(*gpu, *twin, *floor, nullptr, ids, std::string("SmolLM2 ") + formats::kv_format_name(kv));
 }
 
+// The same with CudaEngineOptions::fp8_block_swiglu (intermediate 1536: twelve FP8 blocks per row) against the
+// act-fp8-block-bf16 twin, on the cache the decode path favours.
+TEST(SmolLM2Fp8BlockSwiglu, PromptLogitsAndStepsWithinTheBlockTwinsFloor) {
+  FT_REQUIRE_HOPPER();
+  const std::string path = test::smollm2_gguf_path();
+  FT_REQUIRE_FILE(path);
+  const Model model = test::bf16_model(load_model(path));
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer_for_model(model, "");
+  const quant::QuantizedModel dec = quantise(model, kDecodeRecipe), pre = quantise(model, kPrefillRecipe);
+  const formats::KvFormat kv = formats::KvFormat::INT4_HADAMARD;
+  CudaEngineOptions co;
+  co.kv = kv;
+  co.fp8_block_swiglu = true;
+  std::unique_ptr<CudaEngine> gpu = make_cuda_engine(dec, pre, co);
+  std::unique_ptr<Engine> twin = reference_twin(pre, dec, kv, true), floor = floor_twin(pre, dec, kv);
+  std::vector<int32_t> ids;
+  if (tok->add_bos() && tok->bos_id() >= 0) ids.push_back(tok->bos_id());
+  for (int32_t t : tok->encode("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, "
+                               "France. It is named after the engineer Gustave Eiffel, whose company designed and "
+                               "built the tower. The capital of France is", true))
+    ids.push_back(t);
+  expect_fp8_prefill_matches(*gpu, *twin, *floor, nullptr, ids, "SmolLM2, FP8 down input per 128 channels");
+}
+
 INSTANTIATE_TEST_SUITE_P(Kv, SmolLM2Fp8Prefill,
                          ::testing::Values(formats::KvFormat::BF16, formats::KvFormat::INT4,
                                            formats::KvFormat::INT4_HADAMARD),

@@ -351,19 +351,7 @@ static __global__ void __launch_bounds__(kAnchorWarps * kWarp) kv_key_anchor_ker
     if (c < a.head_dim) {
       const uint16_t* src = raw[tile % kAnchorStages];
       const int rows = min(tile_tokens, count - tile * tile_tokens);
-      // Eight tokens' loads and widenings are issued before their adds, so only the dadd chain itself is serial
-      // (one load-convert-add round trip per token made it ~12 ns per token); the adds keep token order.
-      constexpr int kBatch = 8;
-      int w = 0;
-      for (; w + kBatch <= rows; w += kBatch) {
-        double v[kBatch];
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j)
-          v[j] = static_cast<double>(__uint_as_float(static_cast<uint32_t>(src[(w + j) * a.head_dim + c]) << 16));
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j) sum = __dadd_rn(sum, v[j]);
-      }
-      for (; w < rows; ++w)
+      for (int w = 0; w < rows; ++w)
         sum = __dadd_rn(sum, static_cast<double>(__uint_as_float(static_cast<uint32_t>(src[w * a.head_dim + c]) << 16)));
     }
     __syncthreads();  // the stage is refilled by the next iteration's copies

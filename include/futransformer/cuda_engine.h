@@ -151,7 +151,8 @@ std::unique_ptr<CudaEngine> make_cuda_engine(const quant::QuantizedModel& model,
 // `prefill` (an fp8-weights recipe of the same checkpoint) adds FP8 copies of the projections, and every chunk of
 // more than one token runs its projections as FP8 × FP8 GEMMs with per-token FP8 inputs and BF16 outputs — the
 // reference twin is make_prefill_decode_reference_engine with prefill activations act-fp8-bf16 (whatever activation
-// format `prefill`'s recipe names). Embedding, norms and LM head come from `decode`. Errors, before any GPU work: a
+// format `prefill`'s recipe names, except act-fp8-block-bf16, which turns CudaEngineOptions::fp8_block_swiglu on:
+// twin act-fp8-block-bf16). Embedding, norms and LM head come from `decode`. Errors, before any GPU work: a
 // prefill recipe without fp8 weights, configs, recipe KV or head formats that differ, or a projection group the
 // FP8 GEMM cannot run (K % 128, N % 8; the message names it) — FP8 prefill is all or nothing.
 std::unique_ptr<CudaEngine> make_cuda_engine(const quant::QuantizedModel& decode, const quant::QuantizedModel& prefill,

@@ -78,7 +78,12 @@ PrecisionRecipe fp8_prefill_decode_half(const PrecisionRecipe& recipe) {
 }
 
 CudaEngineOptions recipe_cuda_engine_options(const PrecisionRecipe& recipe, const CudaEngineOptions& base) {
-  return cuda_engine_options(runs_as_fp8_prefill(recipe) ? fp8_prefill_decode_half(recipe) : recipe, base);
+  CudaEngineOptions o =
+      cuda_engine_options(runs_as_fp8_prefill(recipe) ? fp8_prefill_decode_half(recipe) : recipe, base);
+  // act-fp8-block-bf16 names the FP8 prefill whose down input is quantised per 128 channels.
+  if (runs_as_fp8_prefill(recipe) && recipe.activations == ActivationFormat::Fp8BlockOverBf16)
+    o.fp8_block_swiglu = true;
+  return o;
 }
 
 std::unique_ptr<CudaEngine> RecipeEngineFactory::make_cuda(const PrecisionRecipe& recipe,

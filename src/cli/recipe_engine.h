@@ -33,8 +33,8 @@ void add_recipe_engine_options(CLI::App& sub, RecipeEngineArgs& args);
 void check_recipe_engine_args(const RecipeEngineArgs& args, const std::vector<PrecisionRecipe>& recipes);
 nlohmann::json recipe_engine_args_json(const RecipeEngineArgs& args);
 
-// On the GPU an FP8 recipe is FP8 prefill: its FP8 weights serve every prompt chunk (act-fp8-bf16, the GPU's one FP8
-// behaviour) beside a decode copy of the checkpoint (full weights, the recipe's KV cache and LM head) that serves
+// On the GPU an FP8 recipe is FP8 prefill: its FP8 weights serve every prompt chunk (act-fp8-bf16's roundings; with
+// act-fp8-block-bf16, CudaEngineOptions::fp8_block_swiglu: the down input per 128 channels) beside a decode copy of the checkpoint (full weights, the recipe's KV cache and LM head) that serves
 // decode steps. Quality windows run as prompt chunks, so they price the FP8 prefill.
 bool runs_as_fp8_prefill(const PrecisionRecipe& recipe);
 // The decode half of an FP8-prefill recipe: full weights, the recipe's KV cache and LM head.

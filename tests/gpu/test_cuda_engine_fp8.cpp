@@ -360,6 +360,28 @@ INSTANTIATE_TEST_SUITE_P(Kv, CudaEngineFp8BlockSwiglu,
                          ::testing::Values(formats::KvFormat::BF16, formats::KvFormat::INT4_HADAMARD),
                          test::kv_param_name);
 
+// A prefill model quantised with the recipe act-fp8-block-bf16 turns the option on by itself (what the CLI's
+// --configs fp8+act-fp8-block-bf16 runs), and gives the option's logits bit for bit.
+TEST(CudaEngineFp8, BlockRecipeTurnsTheOptionOn) {
+  FT_REQUIRE_HOPPER();
+  const Fp8Fixture f;
+  const quant::QuantizedModel pre_block = quantise(f.model, "fp8+act-fp8-block-bf16");
+  CudaEngineOptions co;
+  co.kv = formats::KvFormat::INT4;
+  std::unique_ptr<CudaEngine> by_recipe = make_cuda_engine(f.dec, pre_block, co);
+  EXPECT_NE(by_recipe->description().find("SwiGLU to FP8 per 128 channels"), std::string::npos)
+      << by_recipe->description();
+  CudaEngineOptions bo = co;
+  bo.fp8_block_swiglu = true;
+  std::unique_ptr<CudaEngine> by_option = make_cuda_engine(f.dec, f.pre, bo);
+  std::mt19937 rng(4);
+  const SequenceChunk prompt{0, test::random_token_ids(40, f.model.config.vocab_size, rng)};
+  const std::vector<float> a = by_recipe->forward(std::span(&prompt, 1), true)[0];
+  const std::vector<float> b = by_option->forward(std::span(&prompt, 1), true)[0];
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
 TEST(CudaEngineFp8, BlockSwigluRefusesAnIntermediateSizeNotAMultipleOf128) {
   FT_REQUIRE_HOPPER();
   test::TinyLlama s;

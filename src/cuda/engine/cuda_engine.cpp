@@ -1391,7 +1391,10 @@ std::unique_ptr<CudaEngine> make_cuda_engine(const quant::QuantizedModel& decode
   src.fp8 = &prefill.fp8;
   src.recipe_name = decode.recipe.name();
   src.prefill_recipe_name = prefill.recipe.name();
-  return std::make_unique<CudaEngineImpl>(a, src, options);
+  // A prefill recipe naming act-fp8-block-bf16 asks for the down input per 128 channels.
+  CudaEngineOptions o = options;
+  if (prefill.recipe.activations == ActivationFormat::Fp8BlockOverBf16) o.fp8_block_swiglu = true;
+  return std::make_unique<CudaEngineImpl>(a, src, o);
 }
 
 std::unique_ptr<CudaEngine> make_synthetic_cuda_engine(const ModelConfig& config, int64_t int4_group,

@@ -28,7 +28,6 @@
 #include "cuda/gemm_fp8_layout.h"
 #include "cuda/ptx/ldmatrix.cuh"
 #include "cuda/ptx/mbarrier.cuh"
-#include "cuda/ptx/prefetch.cuh"
 #include "cuda/ptx/setmaxnreg.cuh"
 #include "cuda/ptx/smem.cuh"
 #include "cuda/ptx/tma.cuh"
@@ -165,29 +164,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int a_row_hi = a_row_lo + 8;
     const float* a_scale_lo = p.a_scale + static_cast<int64_t>(a_row_lo) * p.a_scale_kblocks;
     const float* a_scale_hi = p.a_scale + static_cast<int64_t>(a_row_hi) * p.a_scale_kblocks;
-    // kResidual: the epilogue reads the tile's fp32 residual (64 KB at block_n 128) right after the main loop, and
-    // from DRAM that read did not overlap anything (o: 64 + 25 µs -> 83 µs fused at 8B / 2048 tokens). A few K
-    // blocks before the end, each consumer thread asks L2 for its share of the tile's residual lines, so the
-    // epilogue's loads hit L2. A prefetch has no effect on any value.
-    constexpr int kResidualLinesPerRow = kBlockN * 4 / 128;
-    constexpr int kPrefetchBlocksAhead = 6;
-    auto prefetch_residual = [&]() {
-      const int t = cw * 128 + tid;  // 0 .. 255 over both consumer warpgroups
-      for (int line = t; line < kBlockM * kResidualLinesPerRow; line += 128 * kConsumerWarpgroups) {
-        const int row = tc.m_block * kBlockM + line / kResidualLinesPerRow;
-        const int col = tc.n_block * kBlockN + (line % kResidualLinesPerRow) * 32;
-        if (row < p.M && col < p.N) ptx::prefetch_global_l2(p.residual + static_cast<int64_t>(row) * p.N + col);
-      }
-    };
-    const int prefetch_kb = k_blocks > kPrefetchBlocksAhead ? k_blocks - kPrefetchBlocksAhead : 0;
     auto block_scale = [&](const float* row_scales, int row, int kb) {
       return row < p.M && kb < k_blocks ? __ldg(row_scales + kb) : 0.0f;
     };
     // Issue the four wgmmas of the next K block into `a` (after its stage has landed).
-    auto issue = [&](float (&a)[kAccRegs], int kb) {
-      if constexpr (kResidual) {
-        if (kb == prefetch_kb) prefetch_residual();
-      }
+    auto issue = [&](float (&a)[kAccRegs]) {
       ptx::mbarrier_wait_parity(full_bar + 8u * pipe.stage, pipe.phase);
       const uint32_t a_addr = base + L.a_offset + pipe.stage * L.a_stage_bytes;
       const uint32_t b_addr = base + L.b_offset + pipe.stage * L.b_stage_bytes;
@@ -220,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         {
           const float lo = block_scale(a_scale_lo, a_row_lo, kb), hi = block_scale(a_scale_hi, a_row_hi, kb);
           const uint32_t stage = pipe.stage;
-          issue(acc, kb);
+          issue(acc);
           advance(pipe, kStages);
           if (kb > 0) {
             ptx::wgmma_wait_group<1>();
@@ -236,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         {
           const float lo = block_scale(a_scale_lo, a_row_lo, kb), hi = block_scale(a_scale_hi, a_row_hi, kb);
           const uint32_t stage = pipe.stage;
-          issue(acc2, kb);
+          issue(acc2);
           advance(pipe, kStages);
           ptx::wgmma_wait_group<1>();
           retire(acc);
@@ -265,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           sa_far_hi = block_scale(a_scale_hi, a_row_hi, kb + 2);
         }
         const uint32_t stage = pipe.stage;
-        issue(acc, kb);
+        issue(acc);
         ptx::wgmma_wait_group<0>();
         // This warp's share of the stage has been read: one arrival per consumer warp frees it.
         if (lane == 0) ptx::mbarrier_arrive(empty_bar + 8u * stage);

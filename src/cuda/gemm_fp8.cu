@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cuda/gemm_fp8.cuh"
+#include "cuda/gemm_fp8_residual_ws.cuh"
 #include "cuda/gemm_fp8_swiglu.cuh"
 #include "cuda/gemm_fp8_heuristics.h"
 #include "cuda/launch_status.h"
@@ -136,6 +137,31 @@ namespace {
 // Every entry point: D (BF16 store) or, with `residual_mode`, residual (fp32 in-place add); a_scale per row or,
 // with `block_a`, per row per 128-deep K block. Shapes are checked before pointers, so a bad shape is named whatever
 // the pointers are.
+// FT_FP8_RESIDUAL_WS=0 keeps the per-token residual GEMM at block_n 128 on gemm_fp8_kernel's own epilogue instead of
+// the warp-specialised one (gemm_fp8_residual_ws.cuh; same bits), for comparing the two.
+bool residual_ws_enabled() {
+  static const bool v = [] {
+    const char* e = std::getenv("FT_FP8_RESIDUAL_WS");
+    return !(e != nullptr && e[0] == '0');
+  }();
+  return v;
+}
+
+cudaError_t launch_residual_ws(const CUtensorMap& ma, const CUtensorMap& mb, const fp8::KernelParams& p,
+                               const Config& c, cudaStream_t stream) {
+  constexpr uint32_t smem = fp8rw::smem_layout().alloc_bytes;
+  auto kernel = fp8rw::gemm_fp8_residual_ws_kernel;
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      e != cudaSuccess)
+    return e;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(c.grid));
+  cfg.blockDim = dim3(fp8rw::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  return cudaLaunchKernelEx(&cfg, kernel, ma, mb, p);
+}
+
 template <bool kResidual, bool kBlockScaledA>
 cudaError_t dispatch(const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& md, const fp8::KernelParams& p,
                      const Config& c, cudaStream_t stream) {
@@ -188,6 +214,10 @@ cudaError_t run_gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scal
   if (block_a) {
     return residual_mode ? dispatch<true, true>(ma, mb, md, p, c, stream) : dispatch<false, true>(ma, mb, md, p, c, stream);
   }
+  // Per-token residual at block_n 128 with a 16-byte aligned residual: the warp-specialised epilogue (same bits).
+  if (residual_mode && c.block_n == fp8rw::kBlockN && aligned(residual, 16) && residual_ws_enabled() &&
+      static_cast<int64_t>(fp8rw::smem_layout().alloc_bytes) <= d.smem_per_block)
+    return launch_residual_ws(ma, mb, p, c, stream);
   return residual_mode ? dispatch<true, false>(ma, mb, md, p, c, stream) : dispatch<false, false>(ma, mb, md, p, c, stream);
 }
 

@@ -34,6 +34,13 @@ __device__ __forceinline__ float2 ld_shared_v2_f32(uint32_t addr) {
   return v;
 }
 
+// ld.shared.v2.b32: 8 bytes from an 8-byte aligned shared-memory address.
+__device__ __forceinline__ uint2 ld_shared_v2_b32(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+
 // ld.shared.v4.b32: 16 bytes from a 16-byte aligned shared-memory address.
 __device__ __forceinline__ uint4 ld_shared_v4_b32(uint32_t addr) {
   uint4 v;

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "cuda/gemm_fp8_layout.h"
+#include "cuda/gemm_fp8_pipeline.cuh"
 #include "cuda/ptx/ldmatrix.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/setmaxnreg.cuh"
@@ -84,16 +85,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int num_tiles = p.m_blocks * p.n_blocks;
   const int k_blocks = (p.K + kBlockK - 1) / kBlockK;  // the last block may be partial (zero-filled by TMA)
 
+  const PipelineBarriers bars{full_bar, empty_bar, scale_full, scale_empty};
+  const TileWalk walk{p.m_blocks, p.n_blocks, p.group_m, k_blocks};
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&tma_a);
     ptx::prefetch_tensormap(&tma_b);
     if constexpr (!kResidual) ptx::prefetch_tensormap(&tma_d);
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(full_bar + 8u * s, 1);  // the producer's arrive.expect_tx; TMA bytes complete it
-      ptx::mbarrier_init(empty_bar + 8u * s, kEmptyArrivals);
-    }
-    ptx::mbarrier_init(scale_full, 32);  // every lane of the scale loader warp, after its stores
-    ptx::mbarrier_init(scale_empty, kScaleEmptyArrivals);
+    init_pipeline_barriers(bars, kStages, kEmptyArrivals, kScaleEmptyArrivals);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -102,41 +100,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---------------- producer ----------------
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      PipeState pipe;
-      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-        const TileCoord tc = tile_coord(tile, p.m_blocks, p.n_blocks, p.group_m);
-        for (int kb = 0; kb < k_blocks; ++kb) {
-          ptx::mbarrier_wait_parity(empty_bar + 8u * pipe.stage, pipe.phase ^ 1u);
-          const uint32_t full = full_bar + 8u * pipe.stage;
-          ptx::mbarrier_arrive_expect_tx(full, stage_tx_bytes(kBlockN));
-          ptx::tma_load_2d(base + L.a_offset + pipe.stage * L.a_stage_bytes, &tma_a, kb * kBlockK,
-                           tc.m_block * kBlockM, full);
-          ptx::tma_load_2d(base + L.b_offset + pipe.stage * L.b_stage_bytes, &tma_b, kb * kBlockK,
-                           tc.n_block * kBlockN, full);
-          advance(pipe, kStages);
-        }
-      }
+      produce_stages<kStages>(&tma_a, &tma_b, bars, walk, base + L.a_offset, L.a_stage_bytes, kBlockM,
+                              base + L.b_offset, L.b_stage_bytes, kBlockN, stage_tx_bytes(kBlockN));
     } else if (threadIdx.x / 32 == kScaleLoaderWarp) {
-      // Stages each tile's scales in the single slot as soon as the consumers have read the previous tile's:
-      // the global loads then overlap a whole main loop instead of stalling the epilogue.
-      const int lane = threadIdx.x % 32;
-      uint32_t phase = 0;
-      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-        const TileCoord tc = tile_coord(tile, p.m_blocks, p.n_blocks, p.group_m);
-        ptx::mbarrier_wait_parity(scale_empty, phase ^ 1u);
-        for (int i = lane; i < kBlockM; i += 32) {
-          const int m = tc.m_block * kBlockM + i;
-          // Block-scaled A: its scales enter in the main loop, the epilogue's row factor is 1.
-          const float sa = kBlockScaledA ? 1.0f : (m < p.M ? __ldg(p.a_scale + m) : 0.0f);
-          ptx::st_shared_f32(scales + 4u * i, m < p.M ? sa : 0.0f);
-        }
-        for (int i = lane; i < kBlockN; i += 32) {
-          const int n = tc.n_block * kBlockN + i;
-          ptx::st_shared_f32(scales + 4u * (kBlockM + i), n < p.N ? __ldg(p.b_scale + n) : 0.0f);
-        }
-        ptx::mbarrier_arrive(scale_full);  // release: this lane's stores happen before the consumers' reads
-        phase ^= 1u;
-      }
+      // Block-scaled A: its scales enter in the main loop, the epilogue's row factor is 1.
+      load_tile_scales(bars, walk, scales, p.a_scale, p.b_scale, p.M, p.N, kBlockM, kBlockN, kBlockScaledA,
+                       threadIdx.x % 32);
     }
     return;
   }
@@ -157,8 +126,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t scale_phase = 0;
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const TileCoord tc = tile_coord(tile, p.m_blocks, p.n_blocks, p.group_m);
+    if constexpr (kBlockScaledA) {
 #pragma unroll
-    for (int i = 0; i < kAccRegs; ++i) sum[i] = 0.0f;
+      for (int i = 0; i < kAccRegs; ++i) sum[i] = 0.0f;
+    }
     // kBlockScaledA: this thread's two rows of A (rows past M read no scale and keep 0: their sums are never stored).
     const int a_row_lo = tc.m_block * kBlockM + cw * kWgmmaM + acc_row(warp, lane, 0);
     const int a_row_hi = a_row_lo + 8;
@@ -229,40 +200,31 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-    } else {
+    } else if constexpr (kBlockScaledA) {
       // Block-scaled A at block_n 192 (no registers for a second accumulator): the K block scales are loaded two
       // blocks ahead of their use.
-      float sa_kb_lo = 0.0f, sa_kb_hi = 0.0f, sa_next_lo = 0.0f, sa_next_hi = 0.0f;
-      if constexpr (kBlockScaledA) {
-        sa_kb_lo = block_scale(a_scale_lo, a_row_lo, 0);
-        sa_kb_hi = block_scale(a_scale_hi, a_row_hi, 0);
-        sa_next_lo = block_scale(a_scale_lo, a_row_lo, 1);
-        sa_next_hi = block_scale(a_scale_hi, a_row_hi, 1);
-      }
+      float sa_kb_lo = block_scale(a_scale_lo, a_row_lo, 0), sa_kb_hi = block_scale(a_scale_hi, a_row_hi, 0);
+      float sa_next_lo = block_scale(a_scale_lo, a_row_lo, 1), sa_next_hi = block_scale(a_scale_hi, a_row_hi, 1);
       for (int kb = 0; kb < k_blocks; ++kb) {
-        float sa_far_lo = 0.0f, sa_far_hi = 0.0f;
-        if constexpr (kBlockScaledA) {
-          sa_far_lo = block_scale(a_scale_lo, a_row_lo, kb + 2);
-          sa_far_hi = block_scale(a_scale_hi, a_row_hi, kb + 2);
-        }
+        const float sa_far_lo = block_scale(a_scale_lo, a_row_lo, kb + 2);
+        const float sa_far_hi = block_scale(a_scale_hi, a_row_hi, kb + 2);
         const uint32_t stage = pipe.stage;
         issue(acc);
         ptx::wgmma_wait_group<0>();
         // This warp's share of the stage has been read: one arrival per consumer warp frees it.
         if (lane == 0) ptx::mbarrier_arrive(empty_bar + 8u * stage);
         advance(pipe, kStages);
-        if constexpr (kBlockScaledA) {
 #pragma unroll
-          for (int i = 0; i < kAccRegs; ++i) sum[i] = __fmaf_rn(acc[i], (i & 2) ? sa_kb_hi : sa_kb_lo, sum[i]);
-          sa_kb_lo = sa_next_lo;
-          sa_kb_hi = sa_next_hi;
-          sa_next_lo = sa_far_lo;
-          sa_next_hi = sa_far_hi;
-        } else {
-#pragma unroll
-          for (int i = 0; i < kAccRegs; ++i) sum[i] += acc[i];
-        }
+        for (int i = 0; i < kAccRegs; ++i) sum[i] = __fmaf_rn(acc[i], (i & 2) ? sa_kb_hi : sa_kb_lo, sum[i]);
+        sa_kb_lo = sa_next_lo;
+        sa_kb_hi = sa_next_hi;
+        sa_next_lo = sa_far_lo;
+        sa_next_hi = sa_far_hi;
       }
+    } else {
+      mainloop_per_token<Mma, kStages>(acc, sum, pipe, bars, k_blocks, base + L.a_offset, L.a_stage_bytes,
+                                       static_cast<uint32_t>(cw * kWgmmaM * kSwizzleBytes), base + L.b_offset,
+                                       L.b_stage_bytes, 0u, lane);
     }
 
     // ---------------- epilogue ----------------

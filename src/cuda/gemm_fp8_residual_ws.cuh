@@ -16,6 +16,7 @@
 
 #include "cuda/gemm_fp8.cuh"
 #include "cuda/gemm_fp8_layout.h"
+#include "cuda/gemm_fp8_pipeline.cuh"
 #include "cuda/gemm_fp8_residual_ws_layout.h"
 
 namespace futransformer::cuda::fp8rw {
@@ -47,15 +48,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int num_tiles = p.m_blocks * p.n_blocks;
   const int k_blocks = (p.K + kBlockK - 1) / kBlockK;
 
+  const fp8::PipelineBarriers bars{full_bar, empty_bar, scale_full, scale_empty};
+  const fp8::TileWalk walk{p.m_blocks, p.n_blocks, p.group_m, k_blocks};
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&tma_a);
     ptx::prefetch_tensormap(&tma_b);
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(full_bar + 8u * s, 1);
-      ptx::mbarrier_init(empty_bar + 8u * s, fp8::kEmptyArrivals);
-    }
-    ptx::mbarrier_init(scale_full, 32);
-    ptx::mbarrier_init(scale_empty, fp8::kScaleEmptyArrivals);
+    fp8::init_pipeline_barriers(bars, kStages, fp8::kEmptyArrivals, fp8::kScaleEmptyArrivals);
     ptx::mbarrier_init(staging_full, kStagingFullArrivals);
     ptx::mbarrier_init(staging_empty, kStagingEmptyArrivals);
     ptx::fence_mbarrier_init();
@@ -63,40 +61,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (wg == 0) {
-    // ---------------- producer (gemm_fp8_kernel's) ----------------
+    // ---------------- producer (gemm_fp8's roles) ----------------
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      PipeState pipe;
-      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-        const TileCoord tc = tile_coord(tile, p.m_blocks, p.n_blocks, p.group_m);
-        for (int kb = 0; kb < k_blocks; ++kb) {
-          ptx::mbarrier_wait_parity(empty_bar + 8u * pipe.stage, pipe.phase ^ 1u);
-          const uint32_t full = full_bar + 8u * pipe.stage;
-          ptx::mbarrier_arrive_expect_tx(full, fp8::stage_tx_bytes(kBlockN));
-          ptx::tma_load_2d(base + L.a_offset + pipe.stage * L.a_stage_bytes, &tma_a, kb * kBlockK,
-                           tc.m_block * kBlockM, full);
-          ptx::tma_load_2d(base + L.b_offset + pipe.stage * L.b_stage_bytes, &tma_b, kb * kBlockK,
-                           tc.n_block * kBlockN, full);
-          advance(pipe, kStages);
-        }
-      }
+      fp8::produce_stages<kStages>(&tma_a, &tma_b, bars, walk, base + L.a_offset, L.a_stage_bytes, kBlockM,
+                                   base + L.b_offset, L.b_stage_bytes, kBlockN, fp8::stage_tx_bytes(kBlockN));
     } else if (threadIdx.x / 32 == kScaleLoaderWarp) {
-      const int lane = threadIdx.x % 32;
-      uint32_t phase = 0;
-      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-        const TileCoord tc = tile_coord(tile, p.m_blocks, p.n_blocks, p.group_m);
-        ptx::mbarrier_wait_parity(scale_empty, phase ^ 1u);
-        for (int i = lane; i < kBlockM; i += 32) {
-          const int m = tc.m_block * kBlockM + i;
-          ptx::st_shared_f32(scales + 4u * i, m < p.M ? __ldg(p.a_scale + m) : 0.0f);
-        }
-        for (int i = lane; i < kBlockN; i += 32) {
-          const int n = tc.n_block * kBlockN + i;
-          ptx::st_shared_f32(scales + 4u * (kBlockM + i), n < p.N ? __ldg(p.b_scale + n) : 0.0f);
-        }
-        ptx::mbarrier_arrive(scale_full);  // release: this lane's stores happen before the consumers' reads
-        phase ^= 1u;
-      }
+      fp8::load_tile_scales(bars, walk, scales, p.a_scale, p.b_scale, p.M, p.N, kBlockM, kBlockN, false,
+                            threadIdx.x % 32);
     }
     return;
   }
@@ -154,28 +126,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   PipeState pipe;
   uint32_t scale_phase = 0, staging_phase = 0;
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-#pragma unroll
-    for (int i = 0; i < kAccRegs; ++i) sum[i] = 0.0f;
-    for (int kb = 0; kb < k_blocks; ++kb) {
-      ptx::mbarrier_wait_parity(full_bar + 8u * pipe.stage, pipe.phase);
-      const uint32_t a_addr = base + L.a_offset + pipe.stage * L.a_stage_bytes;
-      const uint32_t b_addr = base + L.b_offset + pipe.stage * L.b_stage_bytes;
-#pragma unroll
-      for (int i = 0; i < kAccRegs; ++i) ptx::fence_operand(acc[i]);
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        Mma::mma(acc, make_smem_desc(a_desc_addr(a_addr, cw, ks)), make_smem_desc(b_desc_addr(b_addr, ks)), ks > 0);
-      }
-      ptx::wgmma_commit_group();
-#pragma unroll
-      for (int i = 0; i < kAccRegs; ++i) ptx::fence_operand(acc[i]);
-      ptx::wgmma_wait_group<0>();
-      if (lane == 0) ptx::mbarrier_arrive(empty_bar + 8u * pipe.stage);
-      advance(pipe, kStages);
-#pragma unroll
-      for (int i = 0; i < kAccRegs; ++i) sum[i] += acc[i];
-    }
+    fp8::mainloop_per_token<Mma, kStages>(acc, sum, pipe, bars, k_blocks, base + L.a_offset, L.a_stage_bytes,
+                                          static_cast<uint32_t>(cw * kWgmmaM * fp8::kSwizzleBytes),
+                                          base + L.b_offset, L.b_stage_bytes, 0u, lane);
     // The BF16 outputs (gemm_fp8's store expression) into the staging tile.
     const int r_lo = acc_row(warp, lane, 0), r_hi = acc_row(warp, lane, 2);
     ptx::mbarrier_wait_parity(scale_full, scale_phase);

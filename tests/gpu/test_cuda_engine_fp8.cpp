@@ -196,6 +196,17 @@ INSTANTIATE_TEST_SUITE_P(Kv, CudaEngineFp8Prefill,
 
 // SmolLM2-135M (hidden 576, intermediate 1536: K tails of the FP8 GEMM) with every tensor rounded to BF16: an FP8
 // prompt of ~60 tokens, then INT4 (RTN g64) decode steps, for each cache format the GPU reads.
+// The SmolLM2 tests' prompt (BOS when the tokenizer adds one), about 45 tokens.
+std::vector<int32_t> smollm2_prompt(const Tokenizer& tok) {
+  std::vector<int32_t> ids;
+  if (tok.add_bos() && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
+  for (int32_t t : tok.encode("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, "
+                              "France. It is named after the engineer Gustave Eiffel, whose company designed and "
+                              "built the tower. The capital of France is", true))
+    ids.push_back(t);
+  return ids;
+}
+
 class SmolLM2Fp8Prefill : public ::testing::TestWithParam<formats::KvFormat> {};
 
 TEST_P(SmolLM2Fp8Prefill, PromptLogitsAndStepsWithinTheTwinsFloor) {
@@ -210,12 +221,7 @@ TEST_P(SmolLM2Fp8Prefill, PromptLogitsAndStepsWithinTheTwinsFloor) {
   co.kv = kv;
   std::unique_ptr<CudaEngine> gpu = make_cuda_engine(dec, pre, co);
   std::unique_ptr<Engine> twin = reference_twin(pre, dec, kv), floor = floor_twin(pre, dec, kv);
-  std::vector<int32_t> ids;
-  if (tok->add_bos() && tok->bos_id() >= 0) ids.push_back(tok->bos_id());
-  for (int32_t t : tok->encode("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, "
-                               "France. It is named after the engineer Gustave Eiffel, whose company designed and "
-                               "built the tower. The capital of France is", true))
-    ids.push_back(t);
+  const std::vector<int32_t> ids = smollm2_prompt(*tok);
   expect_fp8_prefill_matches(*gpu, *twin, *floor, nullptr, ids, std::string("SmolLM2 ") + formats::kv_format_name(kv));
 }
 
@@ -234,12 +240,7 @@ TEST(SmolLM2Fp8BlockSwiglu, PromptLogitsAndStepsWithinTheBlockTwinsFloor) {
   co.fp8_block_swiglu = true;
   std::unique_ptr<CudaEngine> gpu = make_cuda_engine(dec, pre, co);
   std::unique_ptr<Engine> twin = reference_twin(pre, dec, kv, true), floor = floor_twin(pre, dec, kv);
-  std::vector<int32_t> ids;
-  if (tok->add_bos() && tok->bos_id() >= 0) ids.push_back(tok->bos_id());
-  for (int32_t t : tok->encode("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, "
-                               "France. It is named after the engineer Gustave Eiffel, whose company designed and "
-                               "built the tower. The capital of France is", true))
-    ids.push_back(t);
+  const std::vector<int32_t> ids = smollm2_prompt(*tok);
   expect_fp8_prefill_matches(*gpu, *twin, *floor, nullptr, ids, "SmolLM2, FP8 down input per 128 channels");
 }
 

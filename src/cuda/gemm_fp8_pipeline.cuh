@@ -1,0 +1,120 @@
+// The FP8 GEMM kernels' shared roles (gemm_fp8.cuh, gemm_fp8_swiglu.cuh, gemm_fp8_residual_ws.cuh): the pipeline
+// barriers, the TMA producer, the scale loader and the per-token consumer main loop. Each kernel keeps its own tile
+// geometry and epilogue and calls these with its shared-memory offsets. Index maps: gemm_fp8_layout.h.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/gemm_fp8_layout.h"
+#include "cuda/ptx/mbarrier.cuh"
+#include "cuda/ptx/smem.cuh"
+#include "cuda/ptx/tma.cuh"
+#include "cuda/ptx/wgmma.cuh"
+
+namespace futransformer::cuda::fp8 {
+
+// Barrier addresses in shared memory: full[s] = full + 8 s, empty[s] = empty + 8 s, then the scale slot's pair.
+struct PipelineBarriers {
+  uint32_t full, empty, scale_full, scale_empty;
+};
+
+// The tiles a persistent CTA walks and the K blocks of each.
+struct TileWalk {
+  int m_blocks, n_blocks, group_m, k_blocks;
+};
+
+// Thread 0, before the fence: the stage barriers (the producer's arrive.expect_tx completes full[s], TMA bytes
+// complete it; one arrival per consumer warp frees empty[s]) and the scale slot's (every lane of the scale loader
+// warp after its stores; every consumer thread after its reads).
+__device__ __forceinline__ void init_pipeline_barriers(const PipelineBarriers& b, int stages, uint32_t empty_arrivals,
+                                                       uint32_t scale_empty_arrivals) {
+  for (int s = 0; s < stages; ++s) {
+    ptx::mbarrier_init(b.full + 8u * s, 1);
+    ptx::mbarrier_init(b.empty + 8u * s, empty_arrivals);
+  }
+  ptx::mbarrier_init(b.scale_full, 32);
+  ptx::mbarrier_init(b.scale_empty, scale_empty_arrivals);
+}
+
+// One thread: every (tile, K block) of this CTA's walk as a TMA load of the A box (a_rows x 128 bytes at row
+// m_block · a_rows) and the B box (b_rows x 128 bytes at row n_block · b_rows) into the next free stage.
+template <int kStages>
+__device__ __forceinline__ void produce_stages(const CUtensorMap* tma_a, const CUtensorMap* tma_b,
+                                               const PipelineBarriers& b, const TileWalk& w, uint32_t a_stage0,
+                                               uint32_t a_stage_bytes, int a_rows, uint32_t b_stage0,
+                                               uint32_t b_stage_bytes, int b_rows, uint32_t tx_bytes) {
+  PipeState pipe;
+  for (int tile = blockIdx.x; tile < w.m_blocks * w.n_blocks; tile += gridDim.x) {
+    const TileCoord tc = tile_coord(tile, w.m_blocks, w.n_blocks, w.group_m);
+    for (int kb = 0; kb < w.k_blocks; ++kb) {
+      ptx::mbarrier_wait_parity(b.empty + 8u * pipe.stage, pipe.phase ^ 1u);
+      const uint32_t full = b.full + 8u * pipe.stage;
+      ptx::mbarrier_arrive_expect_tx(full, tx_bytes);
+      ptx::tma_load_2d(a_stage0 + pipe.stage * a_stage_bytes, tma_a, kb * kBlockK, tc.m_block * a_rows, full);
+      ptx::tma_load_2d(b_stage0 + pipe.stage * b_stage_bytes, tma_b, kb * kBlockK, tc.n_block * b_rows, full);
+      advance(pipe, kStages);
+    }
+  }
+}
+
+// The scale-loader warp: each tile's a_scale rows (a_rows floats; 1 for every row when unit_a: block-scaled A
+// applies its scales in the main loop) and b_scale columns (b_cols floats), zeros past M / N, into the single slot
+// as soon as the consumers have read the previous tile's — the global loads overlap a whole main loop.
+__device__ __forceinline__ void load_tile_scales(const PipelineBarriers& b, const TileWalk& w, uint32_t slot,
+                                                 const float* a_scale, const float* b_scale, int M, int N, int a_rows,
+                                                 int b_cols, bool unit_a, int lane) {
+  uint32_t phase = 0;
+  for (int tile = blockIdx.x; tile < w.m_blocks * w.n_blocks; tile += gridDim.x) {
+    const TileCoord tc = tile_coord(tile, w.m_blocks, w.n_blocks, w.group_m);
+    ptx::mbarrier_wait_parity(b.scale_empty, phase ^ 1u);
+    for (int i = lane; i < a_rows; i += 32) {
+      const int m = tc.m_block * a_rows + i;
+      const float sa = unit_a ? 1.0f : (m < M ? __ldg(a_scale + m) : 0.0f);
+      ptx::st_shared_f32(slot + 4u * i, m < M ? sa : 0.0f);
+    }
+    for (int i = lane; i < b_cols; i += 32) {
+      const int n = tc.n_block * b_cols + i;
+      ptx::st_shared_f32(slot + 4u * (a_rows + i), n < N ? __ldg(b_scale + n) : 0.0f);
+    }
+    ptx::mbarrier_arrive(b.scale_full);  // release: this lane's stores happen before the consumers' reads
+    phase ^= 1u;
+  }
+}
+
+// A consumer warpgroup's main loop over one tile with per-token A scales: each K block's wgmmas (kKSteps of
+// m64nNk32 from the stage's A rows at a_rows_offset and B rows at b_rows_offset, bytes into the stage) start from
+// zero and are then added to the fp32 sum (the promotion), and one arrival per warp frees the stage.
+template <class Mma, int kStages>
+__device__ __forceinline__ void mainloop_per_token(float (&acc)[Mma::kRegs], float (&sum)[Mma::kRegs], PipeState& pipe,
+                                                   const PipelineBarriers& b, int k_blocks, uint32_t a_stage0,
+                                                   uint32_t a_stage_bytes, uint32_t a_rows_offset, uint32_t b_stage0,
+                                                   uint32_t b_stage_bytes, uint32_t b_rows_offset, int lane) {
+#pragma unroll
+  for (int i = 0; i < Mma::kRegs; ++i) sum[i] = 0.0f;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    ptx::mbarrier_wait_parity(b.full + 8u * pipe.stage, pipe.phase);
+    const uint32_t a_addr = a_stage0 + pipe.stage * a_stage_bytes + a_rows_offset;
+    const uint32_t b_addr = b_stage0 + pipe.stage * b_stage_bytes + b_rows_offset;
+#pragma unroll
+    for (int i = 0; i < Mma::kRegs; ++i) ptx::fence_operand(acc[i]);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      Mma::mma(acc, make_smem_desc(a_addr + static_cast<uint32_t>(ks * kWgmmaK)),
+               make_smem_desc(b_desc_addr(b_addr, ks)), ks > 0);
+    }
+    ptx::wgmma_commit_group();
+#pragma unroll
+    for (int i = 0; i < Mma::kRegs; ++i) ptx::fence_operand(acc[i]);
+    ptx::wgmma_wait_group<0>();
+    // This warp's share of the stage has been read: one arrival per consumer warp frees it.
+    if (lane == 0) ptx::mbarrier_arrive(b.empty + 8u * pipe.stage);
+    advance(pipe, kStages);
+#pragma unroll
+    for (int i = 0; i < Mma::kRegs; ++i) sum[i] += acc[i];
+  }
+}
+
+}  // namespace futransformer::cuda::fp8

@@ -182,6 +182,33 @@ TEST(SwigluFp8BlockGpu, QuantisesEachBlockByTheFormatsRule) {
   }
 }
 
+// A block holding a non-finite y gets scale NaN and NaN codes (where the CPU quantiser throws); its row's other
+// blocks are untouched by it.
+TEST(SwigluFp8BlockGpu, NonFiniteBlockGetsNaNScaleAndCodes) {
+  FT_REQUIRE_HOPPER();
+  const int rows = 2, inter = 384;
+  std::vector<uint16_t> gu(static_cast<size_t>(rows) * 2 * inter, f32_to_bf16(0.5f));
+  gu[static_cast<size_t>(inter) + 130] = f32_to_bf16(INFINITY);  // row 0, up of channel 130 (block 1)
+  DeviceBuffer<uint16_t> dgu(gu);
+  DeviceBuffer<uint8_t> codes(static_cast<size_t>(rows) * inter);
+  DeviceBuffer<float> scales(static_cast<size_t>(rows) * inter / kBlock);
+  ASSERT_EQ(cuda::swiglu_fp8_block(reinterpret_cast<const __nv_bfloat16*>(dgu.p), codes.p, scales.p, rows, inter,
+                                   nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> s = scales.download();
+  const std::vector<uint8_t> c = codes.download();
+  for (int r = 0; r < rows; ++r) {
+    for (int b = 0; b < inter / kBlock; ++b) {
+      const bool bad = r == 0 && b == 1;
+      EXPECT_EQ(std::isnan(s[static_cast<size_t>(r) * (inter / kBlock) + b]), bad) << "row " << r << " block " << b;
+      for (int k = 0; k < kBlock; ++k)
+        ASSERT_EQ((c[static_cast<size_t>(r) * inter + b * kBlock + k] & 0x7F) == 0x7F, bad)
+            << "row " << r << " channel " << b * kBlock + k;
+    }
+  }
+}
+
 TEST(SwigluFp8BlockHost, RejectsAChannelCountThatIsNotAMultipleOf128) {
   uint16_t* gu = reinterpret_cast<uint16_t*>(uintptr_t{0x10000});
   uint8_t* codes = reinterpret_cast<uint8_t*>(uintptr_t{0x100000});
@@ -265,6 +292,43 @@ TEST(GemmFp8SwigluGpu, BitIdenticalToGemmThenSwigluBlock) {
   check_fused_swiglu({65, 384, 1040}, 12);    // M tail past one 64-row tile, partial last K block
   check_fused_swiglu({200, 1536, 576}, 13);   // SmolLM2-135M's MLP
   check_fused_swiglu({300, 14336, 4096}, 14); // Llama-3.1-8B's MLP
+}
+
+// An infinite token scale makes that row's g and u non-finite: both orders must give it NaN scales and codes, bit
+// for bit, and leave the other rows finite.
+TEST(GemmFp8SwigluGpu, NonFiniteRowsMatchTheUnfusedOrder) {
+  FT_REQUIRE_HOPPER();
+  const int M = 70, inter = 256, K = 512;
+  std::mt19937_64 rng(31);
+  const std::vector<uint8_t> a = random_codes(static_cast<size_t>(M) * K, rng);
+  const std::vector<uint8_t> b = random_codes(static_cast<size_t>(2) * inter * K, rng);
+  std::vector<float> sa = random_scales(M, rng);
+  sa[5] = INFINITY;
+  const std::vector<float> sb = random_scales(static_cast<size_t>(2) * inter, rng);
+  std::vector<uint8_t> packed(b.size());
+  std::vector<float> packed_sb(sb.size());
+  for (int64_t p = 0; p < 2 * inter; ++p) {
+    const int64_t src = cuda::gemm_fp8_swiglu_packed_row_source(p, inter);
+    std::copy_n(b.begin() + src * K, K, packed.begin() + p * K);
+    packed_sb[static_cast<size_t>(p)] = sb[static_cast<size_t>(src)];
+  }
+  const size_t n = static_cast<size_t>(M) * inter, nb = n / kBlock;
+  DeviceBuffer<uint8_t> da(a), db(b), dbp(packed), wc(n), gc(n);
+  DeviceBuffer<float> dsa(sa), dsb(sb), dsbp(packed_sb), ws(nb), gs(nb);
+  DeviceBuffer<uint16_t> gu(2 * n);
+  ASSERT_EQ(gc.poison(), cudaSuccess);
+  ASSERT_EQ(gs.poison(), cudaSuccess);
+  ASSERT_EQ(cuda::gemm_fp8(da.p, db.p, dsa.p, dsb.p, reinterpret_cast<__nv_bfloat16*>(gu.p), M, 2 * inter, K, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cuda::swiglu_fp8_block(reinterpret_cast<const __nv_bfloat16*>(gu.p), wc.p, ws.p, M, inter, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cuda::gemm_fp8_swiglu(da.p, dbp.p, dsa.p, dsbp.p, gc.p, gs.p, M, inter, K, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> want_s = ws.download(), got_s = gs.download();
+  ASSERT_EQ(0, std::memcmp(want_s.data(), got_s.data(), nb * sizeof(float)));
+  EXPECT_EQ(wc.download(), gc.download());
+  for (size_t i = 0; i < nb; ++i)
+    EXPECT_EQ(std::isnan(got_s[i]), i / (inter / kBlock) == 5) << "scale " << i;
 }
 
 TEST(GemmFp8SwigluGpu, DeterministicAcrossRuns) {

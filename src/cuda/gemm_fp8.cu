@@ -90,22 +90,29 @@ cudaError_t device_limits(DeviceLimits* d, bool* hopper) {
   return cudaSuccess;
 }
 
+// One persistent launch: `grid` CTAs of `threads` with `smem` bytes of dynamic shared memory. The opt-in limit is set
+// per function and device each time (cheap enough to repeat, and it keeps multi-device use correct).
+template <typename... Params, typename... Args>
+cudaError_t launch_persistent(void (*kernel)(Params...), int grid, int threads, uint32_t smem, cudaStream_t stream,
+                              const Args&... args) {
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      e != cudaSuccess)
+    return e;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 template <int kBlockN, bool kResidual, bool kBlockScaledA>
 cudaError_t launch(const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& md, const fp8::KernelParams& p,
                    const Config& c, cudaStream_t stream) {
   constexpr int kStages = fp8::stages_for(kBlockN);
   constexpr uint32_t smem = fp8::smem_layout(kBlockN, kStages).alloc_bytes;
-  auto kernel = fp8::gemm_fp8_kernel<kBlockN, kStages, kResidual, kBlockScaledA>;
-  // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
-  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      e != cudaSuccess)
-    return e;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(c.grid));
-  cfg.blockDim = dim3(fp8::kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  return cudaLaunchKernelEx(&cfg, kernel, ma, mb, md, p);
+  return launch_persistent(fp8::gemm_fp8_kernel<kBlockN, kStages, kResidual, kBlockScaledA>, c.grid, fp8::kThreads,
+                           smem, stream, ma, mb, md, p);
 }
 
 }  // namespace
@@ -134,9 +141,6 @@ const char* gemm_fp8_last_error() { return g_last_error.c_str(); }
 
 namespace {
 
-// Every entry point: D (BF16 store) or, with `residual_mode`, residual (fp32 in-place add); a_scale per row or,
-// with `block_a`, per row per 128-deep K block. Shapes are checked before pointers, so a bad shape is named whatever
-// the pointers are.
 // FT_FP8_RESIDUAL_WS=0 keeps the per-token residual GEMM at block_n 128 on gemm_fp8_kernel's own epilogue instead of
 // the warp-specialised one (gemm_fp8_residual_ws.cuh; same bits), for comparing the two.
 bool residual_ws_enabled() {
@@ -145,21 +149,6 @@ bool residual_ws_enabled() {
     return !(e != nullptr && e[0] == '0');
   }();
   return v;
-}
-
-cudaError_t launch_residual_ws(const CUtensorMap& ma, const CUtensorMap& mb, const fp8::KernelParams& p,
-                               const Config& c, cudaStream_t stream) {
-  constexpr uint32_t smem = fp8rw::smem_layout().alloc_bytes;
-  auto kernel = fp8rw::gemm_fp8_residual_ws_kernel;
-  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      e != cudaSuccess)
-    return e;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(c.grid));
-  cfg.blockDim = dim3(fp8rw::kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  return cudaLaunchKernelEx(&cfg, kernel, ma, mb, p);
 }
 
 template <bool kResidual, bool kBlockScaledA>
@@ -171,6 +160,9 @@ cudaError_t dispatch(const CUtensorMap& ma, const CUtensorMap& mb, const CUtenso
   }
 }
 
+// Every entry point: D (BF16 store) or, with `residual_mode`, residual (fp32 in-place add); a_scale per row or,
+// with `block_a`, per row per 128-deep K block. Shapes are checked before pointers, so a bad shape is named whatever
+// the pointers are.
 cudaError_t run_gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale,
                          __nv_bfloat16* D, float* residual, bool residual_mode, bool block_a, int M, int N, int K,
                          cudaStream_t stream) {
@@ -217,7 +209,8 @@ cudaError_t run_gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scal
   // Per-token residual at block_n 128 with a 16-byte aligned residual: the warp-specialised epilogue (same bits).
   if (residual_mode && c.block_n == fp8rw::kBlockN && aligned(residual, 16) && residual_ws_enabled() &&
       static_cast<int64_t>(fp8rw::smem_layout().alloc_bytes) <= d.smem_per_block)
-    return launch_residual_ws(ma, mb, p, c, stream);
+    return launch_persistent(fp8rw::gemm_fp8_residual_ws_kernel, c.grid, fp8rw::kThreads,
+                             fp8rw::smem_layout().alloc_bytes, stream, ma, mb, p);
   return residual_mode ? dispatch<true, false>(ma, mb, md, p, c, stream) : dispatch<false, false>(ma, mb, md, p, c, stream);
 }
 
@@ -315,16 +308,7 @@ cudaError_t gemm_fp8_swiglu(const uint8_t* A, const uint8_t* B_packed, const flo
                  M, inter, K, fp8sw::kBlockM, fp8sw::kBlockN, fp8::kBlockK, fp8sw::kStages,
                  static_cast<long long>(tiles), grid, smem);
   }
-  auto kernel = fp8sw::gemm_fp8_swiglu_kernel;
-  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      e != cudaSuccess)
-    return e;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(fp8sw::kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  return cudaLaunchKernelEx(&cfg, kernel, ma, mb, p);
+  return launch_persistent(fp8sw::gemm_fp8_swiglu_kernel, grid, fp8sw::kThreads, smem, stream, ma, mb, p);
 }
 
 const char* gemm_fp8_swiglu_last_error() { return g_swiglu_last_error.c_str(); }

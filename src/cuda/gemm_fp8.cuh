@@ -73,19 +73,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(kAccRegs == kBlockN / 2, "an m64nN fp32 accumulator is N / 2 registers per thread");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // The 128-byte swizzle is a function of address bits 7..9: buffers must sit on 1024-byte boundaries.
-  const uint32_t raw = ptx::smem_addr(smem_raw);
-  const uint32_t base = (raw + (kSwizzleAtom - 1)) & ~static_cast<uint32_t>(kSwizzleAtom - 1);
-  const uint32_t full_bar = base + L.bar_offset;
-  const uint32_t empty_bar = full_bar + 8u * kStages;
-  const uint32_t scale_full = full_bar + 16u * kStages, scale_empty = scale_full + 8u;
+  const uint32_t base = swizzle_aligned_base(smem_raw);
+  const PipelineBarriers bars = pipeline_barriers(base + L.bar_offset, kStages);
+  const uint32_t full_bar = bars.full, empty_bar = bars.empty;
+  const uint32_t scale_full = bars.scale_full, scale_empty = bars.scale_empty;
   const uint32_t scales = base + L.scale_offset;
 
   const int wg = threadIdx.x / 128;
   const int num_tiles = p.m_blocks * p.n_blocks;
   const int k_blocks = (p.K + kBlockK - 1) / kBlockK;  // the last block may be partial (zero-filled by TMA)
 
-  const PipelineBarriers bars{full_bar, empty_bar, scale_full, scale_empty};
   const TileWalk walk{p.m_blocks, p.n_blocks, p.group_m, k_blocks};
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&tma_a);

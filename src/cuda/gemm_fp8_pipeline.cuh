@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/gemm_fp8_layout.h"
+#include "cuda/ptx/ldmatrix.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/smem.cuh"
 #include "cuda/ptx/tma.cuh"
@@ -19,6 +20,19 @@ namespace futransformer::cuda::fp8 {
 struct PipelineBarriers {
   uint32_t full, empty, scale_full, scale_empty;
 };
+
+// The barriers of a ring of `stages` at `bar_base`: full[], empty[], then the scale slot's full and empty.
+__device__ __forceinline__ PipelineBarriers pipeline_barriers(uint32_t bar_base, int stages) {
+  const uint32_t empty = bar_base + 8u * stages, scale_full = bar_base + 16u * stages;
+  return PipelineBarriers{bar_base, empty, scale_full, scale_full + 8u};
+}
+
+// The dynamic shared-memory window's first 1024-byte boundary: the 128-byte swizzle is a function of address bits
+// 7..9, so every swizzled buffer must sit on one (the window itself is only guaranteed 16-byte aligned).
+__device__ __forceinline__ uint32_t swizzle_aligned_base(const void* smem_window) {
+  const uint32_t raw = ptx::smem_addr(smem_window);
+  return (raw + (kSwizzleAtom - 1)) & ~static_cast<uint32_t>(kSwizzleAtom - 1);
+}
 
 // The tiles a persistent CTA walks and the K blocks of each.
 struct TileWalk {

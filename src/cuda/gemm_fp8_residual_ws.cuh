@@ -35,12 +35,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kAccRegs = Mma::kRegs;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t raw = ptx::smem_addr(smem_raw);
-  const uint32_t base = (raw + (kSwizzleAtom - 1)) & ~static_cast<uint32_t>(kSwizzleAtom - 1);
-  const uint32_t full_bar = base + L.bar_offset;
-  const uint32_t empty_bar = full_bar + 8u * kStages;
-  const uint32_t scale_full = full_bar + 16u * kStages, scale_empty = scale_full + 8u;
-  const uint32_t staging_full = scale_empty + 8u, staging_empty = staging_full + 8u;
+  const uint32_t base = fp8::swizzle_aligned_base(smem_raw);
+  const fp8::PipelineBarriers bars = fp8::pipeline_barriers(base + L.bar_offset, kStages);
+  const uint32_t staging_full = bars.scale_empty + 8u, staging_empty = staging_full + 8u;
   const uint32_t scales = base + L.scale_offset;
   const uint32_t staging = base + L.staging_offset;
 
@@ -48,7 +45,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int num_tiles = p.m_blocks * p.n_blocks;
   const int k_blocks = (p.K + kBlockK - 1) / kBlockK;
 
-  const fp8::PipelineBarriers bars{full_bar, empty_bar, scale_full, scale_empty};
   const fp8::TileWalk walk{p.m_blocks, p.n_blocks, p.group_m, k_blocks};
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&tma_a);
@@ -131,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                           base + L.b_offset, L.b_stage_bytes, 0u, lane);
     // The BF16 outputs (gemm_fp8's store expression) into the staging tile.
     const int r_lo = acc_row(warp, lane, 0), r_hi = acc_row(warp, lane, 2);
-    ptx::mbarrier_wait_parity(scale_full, scale_phase);
+    ptx::mbarrier_wait_parity(bars.scale_full, scale_phase);
     const float sa_lo = ptx::ld_shared_f32(scales + 4u * (cw * kWgmmaM + r_lo));
     const float sa_hi = ptx::ld_shared_f32(scales + 4u * (cw * kWgmmaM + r_hi));
     uint32_t words[kAccRegs / 2];
@@ -141,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       words[2 * j] = pack_bf16x2(sum[4 * j] * sa_lo * sb.x, sum[4 * j + 1] * sa_lo * sb.y);
       words[2 * j + 1] = pack_bf16x2(sum[4 * j + 2] * sa_hi * sb.x, sum[4 * j + 3] * sa_hi * sb.y);
     }
-    ptx::mbarrier_arrive(scale_empty);  // this thread has read its scales
+    ptx::mbarrier_arrive(bars.scale_empty);  // this thread has read its scales
     scale_phase ^= 1u;
     ptx::mbarrier_wait_parity(staging_empty, staging_phase ^ 1u);  // the previous tile's staging has been added
 #pragma unroll

@@ -62,12 +62,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kGateChunks = kChannelsPerHalf / 8;  // chunks j < 8 are gate columns, j + 8 the matching up columns
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t raw = ptx::smem_addr(smem_raw);
-  const uint32_t base = (raw + (kSwizzleAtom - 1)) & ~static_cast<uint32_t>(kSwizzleAtom - 1);
-  const uint32_t full_bar = base + L.bar_offset;
-  const uint32_t empty_bar = full_bar + 8u * kStages;
-  const uint32_t scale_full = full_bar + 16u * kStages, scale_empty = scale_full + 8u;
-  const uint32_t staging_full = scale_empty + 8u, staging_empty = staging_full + 8u;
+  const uint32_t base = fp8::swizzle_aligned_base(smem_raw);
+  const fp8::PipelineBarriers bars = fp8::pipeline_barriers(base + L.bar_offset, kStages);
+  const uint32_t staging_full = bars.scale_empty + 8u, staging_empty = staging_full + 8u;
   const uint32_t scales = base + L.scale_offset;
   const uint32_t g_stage = base + L.g_offset, u_stage = base + L.u_offset;
 
@@ -75,7 +72,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int num_tiles = p.m_blocks * p.n_blocks;
   const int k_blocks = (p.K + kBlockK - 1) / kBlockK;
 
-  const fp8::PipelineBarriers bars{full_bar, empty_bar, scale_full, scale_empty};
   const fp8::TileWalk walk{p.m_blocks, p.n_blocks, p.group_m, k_blocks};
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&tma_a);
@@ -183,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // ---------------- consumer epilogue: g, u rounded to BF16 into the staging tile ----------------
     const int r_lo = acc_row(warp, lane, 0), r_hi = acc_row(warp, lane, 2);
-    ptx::mbarrier_wait_parity(scale_full, scale_phase);
+    ptx::mbarrier_wait_parity(bars.scale_full, scale_phase);
     const float sa_lo = ptx::ld_shared_f32(scales + 4u * r_lo);  // 0 past M
     const float sa_hi = ptx::ld_shared_f32(scales + 4u * r_hi);
     // gemm_fp8's store expression, bf16((sum · a_scale) · b_scale), two values per word (sum is dead afterwards).
@@ -197,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       words[2 * j + 1] = hi;
     }
     // Every scale of the slot has been read by this thread: its arrival frees the slot for the next tile.
-    ptx::mbarrier_arrive(scale_empty);
+    ptx::mbarrier_arrive(bars.scale_empty);
     scale_phase ^= 1u;
     // The epilogue warpgroup has loaded the previous tile's staging (the first wait returns at once).
     ptx::mbarrier_wait_parity(staging_empty, staging_phase ^ 1u);

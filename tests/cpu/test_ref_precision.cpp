@@ -392,6 +392,28 @@ TEST(RefPrecision, ActBf16RoundsProjectionInputsAndOutputs) {
   EXPECT_EQ(got, want);
 }
 
+// The projection inputs of layer 0 (as the model's rounding leaves them) for one sequence of `tokens`.
+struct LayerInputs {
+  std::vector<float> qkv, o, gate_up, down;
+};
+LayerInputs layer0_inputs(ref::RefModel& rm, const std::vector<int32_t>& tokens) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  std::vector<float> x(static_cast<size_t>(n * rm.config().hidden_size));
+  rm.embed(tokens, x.data());
+  auto store = rm.make_kv_store();
+  const ref::SequenceRows seq{0, n, 0, store.get()};
+  LayerInputs li;
+  rm.run_layer(0, x.data(), n, std::span<const ref::SequenceRows>(&seq, 1),
+               [&](int64_t, ref::ProjectionInput g, const float* in, int64_t rows, int64_t cols) {
+                 std::vector<float> v(in, in + rows * cols);
+                 if (g == ref::ProjectionInput::Qkv) li.qkv = v;
+                 if (g == ref::ProjectionInput::O) li.o = v;
+                 if (g == ref::ProjectionInput::GateUp) li.gate_up = v;
+                 if (g == ref::ProjectionInput::Down) li.down = v;
+               });
+  return li;
+}
+
 // act-fp8-bf16 (the CUDA engine's FP8 prefill): projection inputs are FP8 per token — of the fp32 RMSNorm / SwiGLU
 // values, and of the BF16-rounded attention output for o_proj — and projection outputs are BF16, so SwiGLU reads
 // BF16 gate/up values. Each rule is checked exactly against the plain fp32 projection on hand-rounded inputs.
@@ -414,19 +436,8 @@ TEST(RefPrecision, ActFp8OverBf16RoundsAsTheFp8PrefillPasses) {
   ref::RefModel rm(m, ro);
   const int64_t n = static_cast<int64_t>(tokens.size()), h = m.config.hidden_size;
   const int64_t inter = m.config.intermediate_size, qw = m.config.num_attention_heads * m.config.head_dim;
-  std::vector<float> x(static_cast<size_t>(n * h));
-  rm.embed(tokens, x.data());
-  auto store = rm.make_kv_store();
-  const ref::SequenceRows seq{0, n, 0, store.get()};
-  std::vector<float> qkv_in, o_in, gate_up_in, down_in;
-  rm.run_layer(0, x.data(), n, std::span<const ref::SequenceRows>(&seq, 1),
-               [&](int64_t, ref::ProjectionInput g, const float* in, int64_t rows, int64_t cols) {
-                 std::vector<float> v(in, in + rows * cols);
-                 if (g == ref::ProjectionInput::Qkv) qkv_in = v;
-                 if (g == ref::ProjectionInput::O) o_in = v;
-                 if (g == ref::ProjectionInput::GateUp) gate_up_in = v;
-                 if (g == ref::ProjectionInput::Down) down_in = v;
-               });
+  const LayerInputs li = layer0_inputs(rm, tokens);
+  const std::vector<float>&qkv_in = li.qkv, &o_in = li.o, &gate_up_in = li.gate_up, &down_in = li.down;
   ASSERT_EQ(qkv_in.size(), static_cast<size_t>(n * h));
   ASSERT_EQ(o_in.size(), static_cast<size_t>(n * qw));
   ASSERT_EQ(down_in.size(), static_cast<size_t>(n * inter));
@@ -493,19 +504,8 @@ TEST(RefPrecision, ActFp8BlockOverBf16RoundsTheDownInputPer128Channels) {
   const int64_t n = static_cast<int64_t>(tokens.size()), h = m.config.hidden_size;
   const int64_t inter = m.config.intermediate_size, qw = m.config.num_attention_heads * m.config.head_dim;
   const int64_t kvw = m.config.num_key_value_heads * m.config.head_dim;
-  std::vector<float> x(static_cast<size_t>(n * h));
-  rm.embed(tokens, x.data());
-  auto store = rm.make_kv_store();
-  const ref::SequenceRows seq{0, n, 0, store.get()};
-  std::vector<float> qkv_in, o_in, gate_up_in, down_in;
-  rm.run_layer(0, x.data(), n, std::span<const ref::SequenceRows>(&seq, 1),
-               [&](int64_t, ref::ProjectionInput g, const float* in, int64_t rows, int64_t cols) {
-                 std::vector<float> v(in, in + rows * cols);
-                 if (g == ref::ProjectionInput::Qkv) qkv_in = v;
-                 if (g == ref::ProjectionInput::O) o_in = v;
-                 if (g == ref::ProjectionInput::GateUp) gate_up_in = v;
-                 if (g == ref::ProjectionInput::Down) down_in = v;
-               });
+  const LayerInputs li = layer0_inputs(rm, tokens);
+  const std::vector<float>&qkv_in = li.qkv, &o_in = li.o, &gate_up_in = li.gate_up, &down_in = li.down;
   ASSERT_EQ(qkv_in.size(), static_cast<size_t>(n * h));
   ASSERT_EQ(o_in.size(), static_cast<size_t>(n * qw));
   ASSERT_EQ(gate_up_in.size(), static_cast<size_t>(n * h));

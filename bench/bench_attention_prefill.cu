@@ -1,7 +1,8 @@
-// Benchmark of the paged prefill attention against the path the CUDA engine uses today (attention_decode_* with one
-// query sequence per prompt row: block table rows duplicated, seq_lens = i + 1), in the same process, on the
+// Benchmark of the paged prefill attention — the warp-specialised wgmma kernel (the default) against the first
+// design (mma.sync) and, with --decode-path, against the engine's path before either (attention_decode_* with one
+// query sequence per prompt row: block table rows duplicated, seq_lens = i + 1) — in the same process, on the
 // Llama-3.1-8B attention shape (32 query heads, 8 KV heads, head_dim 128).
-//   bench_attention_prefill [--json PATH] [--iters N]
+//   bench_attention_prefill [--json PATH] [--iters N] [--decode-path]
 // Rows: one chunk of 2048 and of 8192 tokens starting at position 0, BF16 and INT4-Hadamard caches (INT4 reads the
 // same bytes with the same kernel). Each timing is the median of N (default 20) launches, each after an L2 flush
 // (outside the timed interval), after warm-up. FLOPs count the causal products: 2 (QKᵀ and PV) · 2 · rows ·
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/attention_prefill_internal.h"
 #include "futransformer/cuda/attention_decode.h"
 #include "futransformer/cuda/attention_prefill.h"
 #include "futransformer/formats/kv_cache.h"
@@ -56,10 +58,10 @@ T* device_alloc(size_t n) {
 struct Row {
   int tokens;
   KvFormat format;
-  double prefill_us, decode_path_us, flops;
+  double wgmma_us, mma_sync_us, decode_path_us, flops;  // decode_path_us < 0: not run
 };
 
-Row bench_one(int T, KvFormat f, int iters, const L2Flush& l2, cudaStream_t stream) {
+Row bench_one(int T, KvFormat f, int iters, bool decode_path, const L2Flush& l2, cudaStream_t stream) {
   const auto L = futransformer::formats::kv_page_layout(f, kHeadDim);
   const int pages = T / kPage;
   uint8_t* pool = device_alloc<uint8_t>(static_cast<size_t>(pages) * kKvHeads * L.page_bytes);
@@ -86,10 +88,22 @@ Row bench_one(int T, KvFormat f, int iters, const L2Flush& l2, cudaStream_t stre
   CHECK_CUDA(cudaMemcpy(d_first, first_row.data(), 8, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(d_start, start_pos.data(), 4, cudaMemcpyHostToDevice));
 
-  const double prefill_us = time_median_flushed_us(iters, stream, l2, [&] {
-    CHECK_CUDA(ftc::attention_prefill(f, q, pool, d_table, d_first, d_start, out, T, 1, kHeads, kKvHeads, kHeadDim,
-                                      pages, T, stream));
-  });
+  auto time_kernel = [&](ftc::AttentionPrefillKernel k) {
+    return time_median_flushed_us(iters, stream, l2, [&] {
+      CHECK_CUDA(ftc::attention_prefill_with(k, f, q, pool, d_table, d_first, d_start, out, T, 1, kHeads, kKvHeads,
+                                             kHeadDim, pages, T, stream));
+    });
+  };
+  const double wgmma_us = time_kernel(ftc::AttentionPrefillKernel::kWgmma);
+  const double mma_sync_us = time_kernel(ftc::AttentionPrefillKernel::kMmaSync);
+  const double avg_keys = (T + 1) / 2.0;
+  const double flops = 4.0 * T * avg_keys * kHeads * kHeadDim;
+  if (!decode_path) {
+    for (void* p : {static_cast<void*>(pool), static_cast<void*>(q), static_cast<void*>(out),
+                    static_cast<void*>(d_table), static_cast<void*>(d_first), static_cast<void*>(d_start)})
+      CHECK_CUDA(cudaFree(p));
+    return Row{T, f, wgmma_us, mma_sync_us, -1.0, flops};
+  }
 
   // Today's path: row i is a decode query of a sequence of i + 1 tokens over the same pages.
   std::vector<int32_t> dup(static_cast<size_t>(T) * pages), lens(static_cast<size_t>(T));
@@ -117,14 +131,13 @@ Row bench_one(int T, KvFormat f, int iters, const L2Flush& l2, cudaStream_t stre
                   static_cast<void*>(d_table), static_cast<void*>(d_first), static_cast<void*>(d_start),
                   static_cast<void*>(d_dup), static_cast<void*>(d_lens), ws})
     CHECK_CUDA(cudaFree(p));
-  const double avg_keys = (T + 1) / 2.0;
-  return Row{T, f, prefill_us, decode_us, 4.0 * T * avg_keys * kHeads * kHeadDim};
+  return Row{T, f, wgmma_us, mma_sync_us, decode_us, flops};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parse_args(argc, argv, 20, 5);
+  const Args args = parse_args(argc, argv, 20, 5, "--decode-path");
   const DeviceInfo d = query_device();
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -134,15 +147,16 @@ int main(int argc, char** argv) {
   std::printf("; %d timed runs per cell, L2 flushed before each\n", args.iters);
   std::printf("Llama-3.1-8B attention: %d heads, %d KV heads, head_dim %d; one chunk from position 0\n", kHeads,
               kKvHeads, kHeadDim);
-  std::printf("%6s %14s | %10s %8s | %12s %8s | %7s\n", "tokens", "cache", "prefill us", "TFLOP/s", "decode-path us",
-              "TFLOP/s", "speedup");
+  std::printf("| tokens | cache | wgmma us | TFLOP/s | mma.sync us | TFLOP/s | wgmma speedup | decode-path us |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   std::vector<Row> rows;
   for (int T : kTokens) {
     for (KvFormat f : kFormats) {
-      const Row r = bench_one(T, f, args.iters, l2, stream);
-      std::printf("%6d %14s | %10.1f %8.1f | %14.1f %8.1f | %6.1fx\n", r.tokens,
-                  futransformer::formats::kv_format_name(r.format), r.prefill_us, r.flops / r.prefill_us * 1e-6,
-                  r.decode_path_us, r.flops / r.decode_path_us * 1e-6, r.decode_path_us / r.prefill_us);
+      const Row r = bench_one(T, f, args.iters, args.flag, l2, stream);
+      std::printf("| %d | %s | %.1f | %.1f | %.1f | %.1f | %.2fx | %s |\n", r.tokens,
+                  futransformer::formats::kv_format_name(r.format), r.wgmma_us, r.flops / r.wgmma_us * 1e-6,
+                  r.mma_sync_us, r.flops / r.mma_sync_us * 1e-6, r.mma_sync_us / r.wgmma_us,
+                  r.decode_path_us < 0 ? "-" : std::to_string(r.decode_path_us).c_str());
       rows.push_back(r);
     }
   }
@@ -158,10 +172,12 @@ int main(int argc, char** argv) {
       const Row& r = rows[i];
       std::fprintf(f,
                    "    {\"tokens\": %d, \"cache\": \"%s\", \"prefill_us\": %.3f, \"prefill_tflops\": %.3f, "
-                   "\"decode_path_us\": %.3f, \"decode_path_tflops\": %.3f, \"speedup\": %.3f}",
-                   r.tokens, futransformer::formats::kv_format_name(r.format), r.prefill_us,
-                   r.flops / r.prefill_us * 1e-6, r.decode_path_us, r.flops / r.decode_path_us * 1e-6,
-                   r.decode_path_us / r.prefill_us);
+                   "\"mma_sync_us\": %.3f, \"mma_sync_tflops\": %.3f, \"speedup_over_mma_sync\": %.3f, "
+                   "\"decode_path_us\": %s}",
+                   r.tokens, futransformer::formats::kv_format_name(r.format), r.wgmma_us,
+                   r.flops / r.wgmma_us * 1e-6, r.mma_sync_us, r.flops / r.mma_sync_us * 1e-6,
+                   r.mma_sync_us / r.wgmma_us,
+                   r.decode_path_us < 0 ? "null" : std::to_string(r.decode_path_us).c_str());
     };
     if (!write_json(args.json_path, "attention_prefill", d, sm_mhz_now, std::nullopt, extra, rows.size(), row))
       return 1;

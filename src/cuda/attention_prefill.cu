@@ -4,9 +4,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cuda/attention_prefill.cuh"
+#include "cuda/attention_prefill_internal.h"
+#include "cuda/attention_prefill_wgmma.cuh"
 #include "cuda/launch_status.h"
 #include "futransformer/cuda/attention_prefill.h"
 
@@ -24,6 +28,16 @@ using PrefillFn = void (*)(prefill::PrefillArgs);
 template <bool kInt4, int kD>
 constexpr int smem_bytes() {
   return prefill::Layout<kInt4, kD>::kSmemBytes;
+}
+
+PrefillFn pick_wgmma(bool int4, int head_dim, int* smem) {
+  namespace w = prefill_wgmma;
+  if (int4) {
+    *smem = head_dim == 128 ? w::Layout<true, 128>::kAllocBytes : w::Layout<true, 64>::kAllocBytes;
+    return head_dim == 128 ? w::attention_prefill_wgmma_kernel<true, 128> : w::attention_prefill_wgmma_kernel<true, 64>;
+  }
+  *smem = head_dim == 128 ? w::Layout<false, 128>::kAllocBytes : w::Layout<false, 64>::kAllocBytes;
+  return head_dim == 128 ? w::attention_prefill_wgmma_kernel<false, 128> : w::attention_prefill_wgmma_kernel<false, 64>;
 }
 
 PrefillFn pick(bool int4, int head_dim, int* smem) {
@@ -72,11 +86,30 @@ cudaError_t attention_prefill_can_implement(KvFormat format, int rows, int n_chu
 
 const char* attention_prefill_last_error() { return g_last_error.c_str(); }
 
+AttentionPrefillKernel attention_prefill_default_kernel() {
+  static const AttentionPrefillKernel k = [] {
+    const char* e = std::getenv("FT_PREFILL_ATTENTION");
+    return e != nullptr && std::strcmp(e, "mma-sync") == 0 ? AttentionPrefillKernel::kMmaSync
+                                                            : AttentionPrefillKernel::kWgmma;
+  }();
+  return k;
+}
+
 cudaError_t attention_prefill(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_pool,
                               const int32_t* block_table, const int32_t* chunk_first_row,
                               const int32_t* chunk_start_pos, __nv_bfloat16* out, int rows, int n_chunks, int n_heads,
                               int n_kv_heads, int head_dim, int max_pages_per_seq, int max_chunk_rows,
                               cudaStream_t stream) {
+  return attention_prefill_with(attention_prefill_default_kernel(), format, q, kv_pool, block_table, chunk_first_row,
+                                chunk_start_pos, out, rows, n_chunks, n_heads, n_kv_heads, head_dim,
+                                max_pages_per_seq, max_chunk_rows, stream);
+}
+
+cudaError_t attention_prefill_with(AttentionPrefillKernel which, KvFormat format, const __nv_bfloat16* q,
+                                   const uint8_t* kv_pool, const int32_t* block_table, const int32_t* chunk_first_row,
+                                   const int32_t* chunk_start_pos, __nv_bfloat16* out, int rows, int n_chunks,
+                                   int n_heads, int n_kv_heads, int head_dim, int max_pages_per_seq,
+                                   int max_chunk_rows, cudaStream_t stream) {
   g_last_error.clear();
   if (attention_prefill_can_implement(format, rows, n_chunks, n_heads, n_kv_heads, head_dim, max_pages_per_seq,
                                       max_chunk_rows, &g_last_error) != cudaSuccess)
@@ -91,14 +124,16 @@ cudaError_t attention_prefill(KvFormat format, const __nv_bfloat16* q, const uin
   }
   const int gqa = n_heads / n_kv_heads;
   int smem = 0;
-  const PrefillFn kernel = pick(is_int4(format), head_dim, &smem);
+  const bool wgmma = which == AttentionPrefillKernel::kWgmma;
+  const PrefillFn kernel = wgmma ? pick_wgmma(is_int4(format), head_dim, &smem) : pick(is_int4(format), head_dim, &smem);
+  const int threads = wgmma ? prefill_wgmma::kThreads : prefill::kThreads;
   const int tiles = prefill::tiles_for_rows(max_chunk_rows, gqa);
   if (print_heuristics()) {
     std::fprintf(stderr,
-                 "attention_prefill: %s head_dim %d, %d/%d heads, %d chunks of <= %d rows: grid %d x %d x %d CTAs "
-                 "of %d threads (64 query vectors each), %d bytes of shared memory\n",
-                 formats::kv_format_name(format), head_dim, n_heads, n_kv_heads, n_chunks, max_chunk_rows, tiles,
-                 n_kv_heads, n_chunks, prefill::kThreads, smem);
+                 "attention_prefill (%s): %s head_dim %d, %d/%d heads, %d chunks of <= %d rows: grid %d x %d x %d "
+                 "CTAs of %d threads (64 query vectors each), %d bytes of shared memory\n",
+                 wgmma ? "wgmma" : "mma.sync", formats::kv_format_name(format), head_dim, n_heads, n_kv_heads,
+                 n_chunks, max_chunk_rows, tiles, n_kv_heads, n_chunks, threads, smem);
   }
   if (smem > 48 * 1024) {
     // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
@@ -121,7 +156,7 @@ cudaError_t attention_prefill(KvFormat format, const __nv_bfloat16* q, const uin
                                   static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim)))};
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(n_kv_heads), static_cast<unsigned>(n_chunks));
-  cfg.blockDim = dim3(prefill::kThreads);
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
   return cudaLaunchKernelEx(&cfg, kernel, args);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/attention_prefill_internal.h"
 #include "futransformer/cuda/attention_prefill.h"
 #include "futransformer/dtype.h"
 #include "gpu_test_util.h"
@@ -90,11 +91,15 @@ struct Uploaded {
       : pool(c.kv.pool), block_table(c.kv.block_table), first_row(c.first_row), start_pos(c.start_pos), q(c.q_bf16) {}
 };
 
+// The kernel the device tests run (each TEST_P below runs once per design).
+cuda::AttentionPrefillKernel g_kernel = cuda::AttentionPrefillKernel::kWgmma;
+
 cudaError_t launch(const PrefillCase& c, const Uploaded& u, uint16_t* out) {
-  return cuda::attention_prefill(c.kv.format, reinterpret_cast<const __nv_bfloat16*>(u.q.p), u.pool.p,
-                                 u.block_table.p, u.first_row.p, u.start_pos.p, reinterpret_cast<__nv_bfloat16*>(out),
-                                 c.rows, static_cast<int>(c.chunks.size()), c.kv.n_heads, c.kv.n_kv_heads,
-                                 c.kv.head_dim, c.kv.max_pages, c.max_chunk_rows, nullptr);
+  return cuda::attention_prefill_with(g_kernel, c.kv.format, reinterpret_cast<const __nv_bfloat16*>(u.q.p), u.pool.p,
+                                      u.block_table.p, u.first_row.p, u.start_pos.p,
+                                      reinterpret_cast<__nv_bfloat16*>(out), c.rows, static_cast<int>(c.chunks.size()),
+                                      c.kv.n_heads, c.kv.n_kv_heads, c.kv.head_dim, c.kv.max_pages, c.max_chunk_rows,
+                                      nullptr);
 }
 
 // Runs the kernel into a NaN-poisoned output; returns the output bits.
@@ -156,7 +161,14 @@ void check_against_twin(KvFormat format, int head_dim, int n_heads, int n_kv, co
 // sequence, all in one call.
 const std::vector<ChunkSpec> kMixedChunks = {{0, 200}, {37, 17}, {3000, 64}, {130, 1}, {100, 0}, {64, 64}, {2999, 17}};
 
-TEST(AttentionPrefillGpu, EveryFormatHeadDimAndGqa) {
+// Both designs (warp-specialised wgmma, the default; mma.sync) against the twin on the same cases.
+class AttentionPrefillGpu : public testing::TestWithParam<cuda::AttentionPrefillKernel> {
+ protected:
+  void SetUp() override { g_kernel = GetParam(); }
+  void TearDown() override { g_kernel = cuda::AttentionPrefillKernel::kWgmma; }
+};
+
+TEST_P(AttentionPrefillGpu, EveryFormatHeadDimAndGqa) {
   FT_REQUIRE_HOPPER();
   uint32_t seed = 100;
   for (KvFormat f : {KvFormat::INT4, KvFormat::INT4_HADAMARD, KvFormat::BF16}) {
@@ -166,7 +178,7 @@ TEST(AttentionPrefillGpu, EveryFormatHeadDimAndGqa) {
   }
 }
 
-TEST(AttentionPrefillGpu, GqaThatDoesNotDivideTheTile) {
+TEST_P(AttentionPrefillGpu, GqaThatDoesNotDivideTheTile) {
   FT_REQUIRE_HOPPER();
   // G = 3, 5, 6, 7: a tile of 64 query vectors starts and ends in the middle of a row's heads.
   uint32_t seed = 200;
@@ -175,14 +187,14 @@ TEST(AttentionPrefillGpu, GqaThatDoesNotDivideTheTile) {
   }
 }
 
-TEST(AttentionPrefillGpu, Llama8BShape) {
+TEST_P(AttentionPrefillGpu, Llama8BShape) {
   FT_REQUIRE_HOPPER();
   check_against_twin(KvFormat::INT4_HADAMARD, 128, 32, 8, {{0, 300}, {1000, 33}}, 301);
   check_against_twin(KvFormat::BF16, 128, 32, 8, {{0, 300}, {1000, 33}}, 302);
   check_against_twin(KvFormat::INT4, 128, 32, 8, {{0, 129}}, 303);
 }
 
-TEST(AttentionPrefillGpu, DeterministicAcrossRuns) {
+TEST_P(AttentionPrefillGpu, DeterministicAcrossRuns) {
   FT_REQUIRE_HOPPER();
   for (KvFormat f : {KvFormat::INT4, KvFormat::BF16}) {
     const PrefillCase c = make_case(f, 128, 32, 8, {{0, 257}, {3000, 17}}, 401);
@@ -190,7 +202,22 @@ TEST(AttentionPrefillGpu, DeterministicAcrossRuns) {
   }
 }
 
-TEST(AttentionPrefillGpu, RejectedCallsLeaveTheOutputUntouched) {
+// A 2048-row chunk from position 0 (the 8B prefill's chunk, G = 4, causal over up to 32 key blocks: every tile
+// length from 1 block to 32, the producer / consumer ring wrapping many times) and a long prefix; 2 KV heads keep
+// the CPU twin quick.
+TEST_P(AttentionPrefillGpu, LongChunks) {
+  FT_REQUIRE_HOPPER();
+  check_against_twin(KvFormat::INT4_HADAMARD, 128, 8, 2, {{0, 2048}}, 311);
+  check_against_twin(KvFormat::BF16, 128, 8, 2, {{0, 1024}, {5000, 130}}, 312);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, AttentionPrefillGpu,
+                         testing::Values(cuda::AttentionPrefillKernel::kWgmma, cuda::AttentionPrefillKernel::kMmaSync),
+                         [](const testing::TestParamInfo<cuda::AttentionPrefillKernel>& i) {
+                           return std::string(i.param == cuda::AttentionPrefillKernel::kWgmma ? "wgmma" : "mma_sync");
+                         });
+
+TEST(AttentionPrefillGpuCalls, RejectedCallsLeaveTheOutputUntouched) {
   FT_REQUIRE_HOPPER();
   const PrefillCase c = make_case(KvFormat::INT4, 128, 32, 8, {{0, 64}}, 501);
   const Uploaded u(c);

@@ -1,0 +1,147 @@
+// CPU checks of the wgmma prefill attention's shared-memory layout (src/cuda/attention_prefill_wgmma_layout.h)
+// against the PTX ISA's canonical wgmma layouts ("Shared Memory Matrix Layout", "Canonical Layouts"), written here
+// independently of the header:
+//   K-major, 64-byte swizzle: ((8, m), (T, 2k)) : ((4T, SBO), (1, T))        (T = 8 bf16 = 16 bytes)
+//   MN-major, 64-byte swizzle: ((T, 4, m), (8, k)) : ((1, T, LBO), (4T, SBO))
+// then Swizzle<2, 4, 3> on the byte address (bits 4-5 XOR bits 7-8). For every operand the kernel hands to wgmma —
+// Q and K of S = Q·Kᵀ per (group, k-step), V of O = P·V per (group, k-step) and across groups — the address the
+// descriptor selects for each logical element must be where the producer / Q loader stores that element.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <set>
+
+#include "cuda/attention_prefill_wgmma_layout.h"
+
+namespace {
+
+namespace pw = futransformer::cuda::prefill_wgmma;
+
+constexpr uint32_t kBase = 7 * 1024;  // an arbitrary 1024-aligned region start (shared-window address)
+
+struct Desc {
+  uint32_t start, lbo, sbo, swizzle;
+};
+Desc decode(uint64_t d) {
+  return Desc{static_cast<uint32_t>(d & 0x3FFF) << 4, static_cast<uint32_t>((d >> 16) & 0x3FFF) << 4,
+              static_cast<uint32_t>((d >> 32) & 0x3FFF) << 4, static_cast<uint32_t>(d >> 62)};
+}
+uint32_t swizzle_address(uint32_t a) { return a ^ (((a >> 7) & 3u) << 4); }
+
+// Byte address of element (row, k) of a K-major operand (row: M or N index, k < 16) under descriptor d.
+uint32_t kmajor_address(const Desc& d, int row, int k) {
+  const uint32_t off = static_cast<uint32_t>((row % 8) * 64 + (row / 8) * d.sbo + (k % 8) * 2 + (k / 8) * 16);
+  return swizzle_address(d.start + off);
+}
+// Byte address of element (k, n) of an N-major B operand (k < 16 along K, n along N) under descriptor d.
+uint32_t nmajor_address(const Desc& d, int k, int n) {
+  const uint32_t off = static_cast<uint32_t>((n % 8) * 2 + ((n / 8) % 4) * 16 + (n / 32) * d.lbo + (k % 8) * 64 +
+                                             (k / 8) * d.sbo);
+  return swizzle_address(d.start + off);
+}
+
+template <int kD>
+void check_operands() {
+  SCOPED_TRACE(testing::Message() << "head_dim " << kD);
+  constexpr int kGroups = kD / 32;
+  // Every descriptor: swizzle mode 2 (64 bytes), SBO 512.
+  const Desc dk = decode(pw::make_desc(kBase, pw::kLboKMajor));
+  EXPECT_EQ(dk.swizzle, 2u);
+  EXPECT_EQ(dk.sbo, 512u);
+  EXPECT_EQ(dk.start, kBase);
+  // S = Q·Kᵀ: A (64 vectors x 16 channels) and B (64 tokens x 16 channels), both K-major, per group and k-step.
+  for (int g = 0; g < kGroups; ++g) {
+    for (int h = 0; h < 2; ++h) {
+      const Desc d = decode(pw::make_desc(kBase + pw::kmajor_step_offset(g, h), pw::kLboKMajor));
+      for (int row = 0; row < 64; ++row) {
+        for (int k = 0; k < 16; ++k) {
+          ASSERT_EQ(kmajor_address(d, row, k), kBase + pw::element_offset(row, 32 * g + 16 * h + k))
+              << "group " << g << " step " << h << " row " << row << " k " << k;
+        }
+      }
+    }
+  }
+  // O = P·V: B (16 tokens x N channels), N-major; per group (N = 32, INT4) and across all groups (N = D, BF16).
+  for (int kk = 0; kk < 4; ++kk) {
+    for (int g = 0; g < kGroups; ++g) {
+      const Desc d = decode(pw::make_desc(kBase + pw::nmajor_step_offset(g, kk), pw::kLboNMajor));
+      EXPECT_EQ(d.lbo, 4096u);
+      for (int k = 0; k < 16; ++k) {
+        for (int n = 0; n < 32; ++n) {
+          ASSERT_EQ(nmajor_address(d, k, n), kBase + pw::element_offset(16 * kk + k, 32 * g + n))
+              << "k-step " << kk << " group " << g << " token " << k << " channel " << n;
+        }
+      }
+    }
+    const Desc d = decode(pw::make_desc(kBase + pw::nmajor_step_offset(0, kk), pw::kLboNMajor));
+    for (int k = 0; k < 16; ++k) {
+      for (int n = 0; n < kD; ++n) {
+        ASSERT_EQ(nmajor_address(d, k, n), kBase + pw::element_offset(16 * kk + k, n))
+            << "k-step " << kk << " token " << k << " channel " << n << " (all groups)";
+      }
+    }
+  }
+}
+
+TEST(AttentionPrefillWgmmaLayout, DescriptorsSelectWhereTheProducerStores) {
+  check_operands<128>();
+  check_operands<64>();
+}
+
+// The producer's 16-byte chunks tile an operand exactly once, and the swizzle moves one chunk column of 8
+// consecutive rows over all four 16-byte positions of the 64-byte rows (rows 2i and 2i + 1 share a 128-byte line).
+template <int kD>
+void check_tiling() {
+  std::set<uint32_t> slots;
+  for (int row = 0; row < 64; ++row) {
+    for (int c = 0; c < kD / 8; ++c) {
+      const uint32_t off = pw::operand_offset(row, c);
+      EXPECT_EQ(off % 16, 0u);
+      EXPECT_LT(off, static_cast<uint32_t>(pw::Layout<false, kD>::kPartBytes));
+      EXPECT_TRUE(slots.insert(off).second) << "row " << row << " chunk " << c << " collides";
+    }
+  }
+  EXPECT_EQ(slots.size(), static_cast<size_t>(64 * kD / 8));
+  for (int row0 = 0; row0 < 64; row0 += 8) {
+    for (int c = 0; c < 4; ++c) {
+      std::set<uint32_t> banks;  // 16-byte position inside a 128-byte line
+      for (int r = row0; r < row0 + 8; r += 2) banks.insert((pw::operand_offset(r, c) % 128) / 16);
+      EXPECT_EQ(banks.size(), 4u) << "rows " << row0 << ".. chunk " << c;
+    }
+  }
+}
+
+TEST(AttentionPrefillWgmmaLayout, ChunksTileEachOperandOnce) {
+  check_tiling<128>();
+  check_tiling<64>();
+}
+
+// Regions: Q, the stages, the raw pages and the barriers follow each other without overlap, operand regions are
+// 1024-byte aligned, and two CTAs fit an SM (228 KB, 1 KB reserved per CTA).
+template <bool kInt4, int kD>
+void check_regions() {
+  using L = pw::Layout<kInt4, kD>;
+  SCOPED_TRACE(testing::Message() << (kInt4 ? "int4" : "bf16") << " head_dim " << kD);
+  EXPECT_EQ(L::kQOffset, 0);
+  EXPECT_EQ(L::kStageOffset, L::kPartBytes);
+  EXPECT_EQ(L::kStageOffset % 1024, 0);
+  EXPECT_EQ(L::kStageBytes % 1024, 0);
+  EXPECT_EQ(L::kStageBytes, 2 * L::kPartBytes + 2 * L::kScaleBytes);
+  EXPECT_EQ(L::kScaleBytes, kInt4 ? (kD / 32) * 64 * 4 : 0);
+  EXPECT_EQ(L::kRawOffset, L::kStageOffset + pw::kStages * L::kStageBytes);
+  EXPECT_EQ(L::kBarOffset, L::kRawOffset + (kInt4 ? 2 * L::kRawPageBytes : 0));
+  EXPECT_EQ(L::kBytes, L::kBarOffset + 8 * pw::kBarriers);
+  EXPECT_LE(2 * (L::kAllocBytes + 1024), 228 * 1024);
+}
+
+TEST(AttentionPrefillWgmmaLayout, RegionsAndOccupancy) {
+  check_regions<true, 128>();
+  check_regions<true, 64>();
+  check_regions<false, 128>();
+  check_regions<false, 64>();
+  EXPECT_EQ((pw::Layout<true, 128>::kRawPageBytes), 9728);  // docs/formats.md's worked example
+  EXPECT_EQ((pw::Layout<true, 64>::kRawPageBytes), 4864);
+  EXPECT_LE(pw::kProducerRegs + pw::kConsumerRegs, 65536 / pw::kMinCtasPerSm / pw::kWarpgroupThreads);
+}
+
+}  // namespace

@@ -1,19 +1,18 @@
-// Prefill attention over the paged KV cache with warpgroup MMAs (sm_90a): the same work, inputs, outputs and
-// numerics contract as the mma.sync kernel (src/cuda/attention_prefill.cuh), restructured for Hopper.
-// Layout, descriptors and budgets: src/cuda/attention_prefill_wgmma_layout.h; design: docs/kernels.md.
+// Prefill attention over the paged KV cache with warpgroup MMAs (sm_90a): the same work, inputs and outputs as
+// the mma.sync kernel (src/cuda/attention_prefill.cuh), restructured for Hopper. Layout, descriptors and budgets:
+// src/cuda/attention_prefill_wgmma_layout.h; design and numerics: docs/kernels.md ("Prefill attention").
 //
 // - A CTA is two warpgroups and owns one 64-vector tile (64 (row, query head) pairs of one chunk, all G heads of
-//   one KV head). Warpgroup 0 is the producer: it copies each key block (page) into a two-stage ring in the
-//   swizzled operand layout — BF16 pages by cp.async straight into place, INT4 pages through two raw page
-//   buffers (cp.async one page ahead) and then dequantised to the exact integers u − z in BF16 plus fp32 scales —
-//   and hands stages over with mbarriers. Warpgroup 1 is the consumer: S = Q·Kᵀ and O += P·V as wgmma (bf16 in,
-//   fp32 accumulate), online softmax in registers. So the INT4 dequantisation of block j + 1 overlaps the MMAs of
-//   block j instead of sitting between two barriers.
-// - S: BF16 — eight m64n64k16 SS wgmmas (Q and K from shared memory). INT4 — per 32-channel group, two k-steps
-//   into a fresh accumulator (exact integer products summed in fp32), then S += acc · s_k(token, group) in group
-//   order; two accumulators alternate so group g + 1's wgmmas run while group g is scaled.
-// - P·V: the S accumulator is P's A fragment (wgmma RS). BF16 — m64n(D)k16 per 16 tokens. INT4 — per group an
-//   m64n32k16 whose A is P' = p · s_v(token, group) rounded once to BF16, so the value codes stay exact.
+//   one KV head). Warpgroup 0 is the producer: it puts each key block (page) into a two-stage ring in the swizzled
+//   operand layout — BF16 pages by cp.async straight into place; INT4 pages through two raw page buffers (cp.async
+//   one page ahead), then dequantised to f16 values (u − z) · s — and hands stages over with mbarriers. Warpgroup 1
+//   is the consumer: S = Q·Kᵀ and O += P·V as wgmma (fp32 accumulate), online softmax in registers. So the INT4
+//   dequantisation of block j + 1 overlaps the MMAs of block j, once per CTA instead of once per warp.
+// - Operand type: BF16 caches — bf16 (the cache's own values, q as given, P rounded to bf16). INT4 caches — f16:
+//   keys and values (u − z) · s rounded once to f16 (2^-11 relative), q converted from bf16 to f16 (exact for
+//   2^-14 ≤ |q| ≤ 65504), P rounded to f16. The scales therefore ride in the operands and the consumer is one path.
+// - S: eight (head_dim 128) m64n64k16 SS wgmmas, Q and K from shared memory. P·V: the S accumulator is P's A
+//   fragment (RS wgmma), m64n(head_dim)k16 per 16 tokens.
 // - The consumer waits for P·V(j) at the end of block j and then releases the stage; the second CTA on the SM
 //   (two per SM) overlaps one CTA's softmax with the other's MMAs.
 // - Causal masking when a block reaches past the tile's first position; each output element is written once by
@@ -26,7 +25,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cuda/attention_prefill.cuh"  // PrefillArgs, pack_bf16x2, sub_bf16x2, constants
+#include "cuda/attention_prefill.cuh"  // PrefillArgs, pack_bf16x2, constants
 #include "cuda/attention_prefill_wgmma_layout.h"
 #include "cuda/ptx/bits.cuh"
 #include "cuda/ptx/cp_async.cuh"
@@ -37,17 +36,67 @@
 #include "cuda/ptx/smem.cuh"
 #include "cuda/ptx/tma.cuh"  // fence_proxy_async_shared
 #include "cuda/ptx/wgmma.cuh"
-#include "cuda/ptx/wgmma_bf16.cuh"
+#include "cuda/ptx/wgmma_16bit.cuh"
 
 namespace futransformer::cuda::prefill_wgmma {
 
-using prefill::kBf16Magic;
 using prefill::kBlockTokens;
 using prefill::kNegInf;
 using prefill::kNibbleMask;
 using prefill::pack_bf16x2;
 using prefill::PrefillArgs;
-using prefill::sub_bf16x2;
+
+constexpr uint32_t kF16Magic = 0x64006400u;  // f16x2 {1024, 1024}: 0x6400 | u is exactly 1024 + u for u < 1024
+
+__device__ __forceinline__ uint32_t sub_f16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// One bf16x2 word -> f16x2 (round to nearest even; |x| beyond 65504 becomes ±inf).
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t x) {
+  return pack_f16x2(__uint_as_float(x << 16), __uint_as_float(x & 0xFFFF0000u));
+}
+
+// The operands' 16-bit type: bf16 for BF16 caches, f16 for INT4 caches (dequantised values with their scales).
+template <bool kF16>
+struct Mma16;
+template <>
+struct Mma16<false> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return pack_bf16x2(lo, hi); }
+  static __device__ __forceinline__ void ss_n64(float (&d)[32], uint64_t da, uint64_t db, bool acc) {
+    ptx::wgmma_bf16_ss_m64n64k16(d, da, db, acc);
+  }
+  static __device__ __forceinline__ void rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    ptx::wgmma_bf16_rs_m64n64k16(d, a, db, true);
+  }
+  static __device__ __forceinline__ void rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    ptx::wgmma_bf16_rs_m64n128k16(d, a, db, true);
+  }
+};
+template <>
+struct Mma16<true> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return pack_f16x2(lo, hi); }
+  static __device__ __forceinline__ void ss_n64(float (&d)[32], uint64_t da, uint64_t db, bool acc) {
+    ptx::wgmma_f16_ss_m64n64k16(d, da, db, acc);
+  }
+  static __device__ __forceinline__ void rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    ptx::wgmma_f16_rs_m64n64k16(d, a, db, true);
+  }
+  static __device__ __forceinline__ void rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    ptx::wgmma_f16_rs_m64n128k16(d, a, db, true);
+  }
+};
 
 constexpr int kProducerBarrier = 1;  // named barrier of the producer warpgroup (0 is __syncthreads')
 constexpr int kConsumerBarrier = 2;  // named barrier of the consumer warpgroup
@@ -68,8 +117,9 @@ struct Producer {
     }
   }
 
-  // INT4: raw page bytes -> stage: codes as bf16 u − z (exact), scales as fp32 [part][group][token]; tokens at
-  // or past `valid` get zero codes and zero scales (their page bytes may be anything).
+  // INT4: raw page bytes -> stage as f16 values (u − z) · s, the code difference exact (magic-number conversion,
+  // 1024 + u − (1024 + z)), the product rounded once to f16. Tokens at or past `valid` get zeros (their page
+  // bytes may be anything).
   static __device__ __forceinline__ void dequantise(const unsigned char* raw, unsigned char* stage, int valid,
                                                     int tid) {
     constexpr int kCodeWords = kD / 8;  // one 32-bit word of codes = 8 channels = one 16-byte chunk
@@ -80,30 +130,22 @@ struct Producer {
       const unsigned char* src = raw + part * Page::kPagePartBytes;
       uint4 v = make_uint4(0u, 0u, 0u, 0u);
       if (row < valid) {
+        const int group = row * L::kGroups + w / 4;
         const uint32_t code = *reinterpret_cast<const uint32_t*>(src + row * (kD / 2) + 4 * w);
-        const uint32_t z = src[Page::kPageCodeBytes + Page::kPageScaleBytes + row * L::kGroups + w / 4];
-        const uint32_t bias = (z * 0x00010001u) | kBf16Magic;  // bf16x2 {128 + z, 128 + z}
+        const uint32_t z = src[Page::kPageCodeBytes + Page::kPageScaleBytes + group];
+        const uint32_t s = *reinterpret_cast<const uint16_t*>(src + Page::kPageCodeBytes + 2 * group);
+        const uint32_t bias = (z * 0x00010001u) | kF16Magic;  // f16x2 {1024 + z, 1024 + z}
+        const uint32_t scale = s | (s << 16);                 // f16x2 {s, s}
         const uint32_t hi = code >> 4;
         uint32_t o[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          o[j] = sub_bf16x2(
-              ptx::lop3<0xea>(ptx::prmt(code, hi, prefill::dequant_selector(j)), kNibbleMask, kBf16Magic), bias);
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t u = ptx::lop3<0xea>(ptx::prmt(code, hi, prefill::dequant_selector(j)), kNibbleMask, kF16Magic);
+          o[j] = mul_f16x2(sub_f16x2(u, bias), scale);
+        }
         v = make_uint4(o[0], o[1], o[2], o[3]);
       }
       *reinterpret_cast<uint4*>(stage + part * L::kPartBytes + operand_offset(row, w)) = v;
-    }
-    float* scales = reinterpret_cast<float*>(stage + 2 * L::kPartBytes);  // [part][group][token]
-    for (int i = tid; i < 2 * kRows * L::kGroups; i += kWarpgroupThreads) {
-      const int part = i / (kRows * L::kGroups), rem = i % (kRows * L::kGroups);
-      const int row = rem / L::kGroups, gi = rem % L::kGroups;
-      float s = 0.0f;
-      if (row < valid) {
-        __half h;
-        std::memcpy(&h, raw + part * Page::kPagePartBytes + Page::kPageCodeBytes + (row * L::kGroups + gi) * 2, 2);
-        s = __half2float(h);
-      }
-      scales[(part * L::kGroups + gi) * kRows + row] = s;
     }
   }
 };
@@ -118,6 +160,7 @@ template <bool kInt4, int kD>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) attention_prefill_wgmma_kernel(const PrefillArgs args) {
   using L = Layout<kInt4, kD>;
   using P = Producer<kInt4, kD>;
+  using M = Mma16<kInt4>;
   extern __shared__ __align__(16) unsigned char smem_window[];
   const uint32_t window_s = ptx::smem_addr(smem_window);
   const uint32_t base_s = (window_s + (kAlign - 1)) & ~static_cast<uint32_t>(kAlign - 1);
@@ -207,7 +250,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) attention_prefill_wgm
     const int v = min(work.v_begin + r, work.v_end - 1);
     const int64_t row = first_row + v / G, head = int64_t{kvh} * G + v % G;
     const uint32_t* src = reinterpret_cast<const uint32_t*>(args.q + (row * args.n_heads + head) * kD + 8 * c);
-    const uint4 x = make_uint4(src[0], src[1], src[2], src[3]);
+    uint4 x = make_uint4(src[0], src[1], src[2], src[3]);
+    if constexpr (kInt4) x = make_uint4(bf16x2_to_f16x2(x.x), bf16x2_to_f16x2(x.y), bf16x2_to_f16x2(x.z), bf16x2_to_f16x2(x.w));
     *reinterpret_cast<uint4*>(base + L::kQOffset + operand_offset(r, c)) = x;
   }
   ptx::fence_proxy_async_shared();
@@ -230,66 +274,16 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) attention_prefill_wgm
     ptx::mbarrier_wait_parity(bar_s + 8 * s, (j / kStages) & 1);
     const uint32_t k_s = base_s + L::kStageOffset + s * L::kStageBytes;
     const uint32_t v_s = k_s + L::kPartBytes;
-    const uint32_t sc_s = k_s + 2 * L::kPartBytes;  // INT4: key scales [group][token], then value scales
 
     float sacc[32];  // S: register 4 nt + e is row g + 8 (e >> 1), token 8 nt + 2 t + (e & 1) of the block
-    if constexpr (kInt4) {
-      float acc[2][32];
-      auto issue_group = [&](int g, float(&a)[32]) {
+    ptx::wgmma_fence();
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          ptx::wgmma_bf16_ss_m64n64k16(a, make_desc(q_s + kmajor_step_offset(g, h), kLboKMajor),
-                                       make_desc(k_s + kmajor_step_offset(g, h), kLboKMajor), h > 0);
-        ptx::wgmma_commit_group();
-      };
-      auto add_group = [&](int g, float(&a)[32]) {
-        fence_array(a);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          const float2 sc = ptx::ld_shared_v2_f32(sc_s + 4 * (g * kRows + 8 * nt + 2 * t));
-          if (g == 0) {
-            sacc[4 * nt + 0] = a[4 * nt + 0] * sc.x;
-            sacc[4 * nt + 1] = a[4 * nt + 1] * sc.y;
-            sacc[4 * nt + 2] = a[4 * nt + 2] * sc.x;
-            sacc[4 * nt + 3] = a[4 * nt + 3] * sc.y;
-          } else {
-            sacc[4 * nt + 0] = fmaf(a[4 * nt + 0], sc.x, sacc[4 * nt + 0]);
-            sacc[4 * nt + 1] = fmaf(a[4 * nt + 1], sc.y, sacc[4 * nt + 1]);
-            sacc[4 * nt + 2] = fmaf(a[4 * nt + 2], sc.x, sacc[4 * nt + 2]);
-            sacc[4 * nt + 3] = fmaf(a[4 * nt + 3], sc.y, sacc[4 * nt + 3]);
-          }
-        }
-      };
-      ptx::wgmma_fence();
-      issue_group(0, acc[0]);
-      issue_group(1, acc[1]);
-      ptx::wgmma_wait_group<1>();  // group 0 is done
-      add_group(0, acc[0]);
-      if constexpr (L::kGroups == 4) {
-        ptx::wgmma_fence();
-        issue_group(2, acc[0]);
-        ptx::wgmma_wait_group<1>();
-        add_group(1, acc[1]);
-        ptx::wgmma_fence();
-        issue_group(3, acc[1]);
-        ptx::wgmma_wait_group<1>();
-        add_group(2, acc[0]);
-        ptx::wgmma_wait_group<0>();
-        add_group(3, acc[1]);
-      } else {
-        ptx::wgmma_wait_group<0>();
-        add_group(1, acc[1]);
-      }
-    } else {
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < kD / 16; ++ks)
-        ptx::wgmma_bf16_ss_m64n64k16(sacc, make_desc(q_s + kmajor_step_offset(ks >> 1, ks & 1), kLboKMajor),
-                                     make_desc(k_s + kmajor_step_offset(ks >> 1, ks & 1), kLboKMajor), ks > 0);
-      ptx::wgmma_commit_group();
-      ptx::wgmma_wait_group<0>();
-      fence_array(sacc);
-    }
+    for (int ks = 0; ks < kD / 16; ++ks)
+      M::ss_n64(sacc, make_desc(q_s + kmajor_step_offset(ks >> 1, ks & 1), kLboKMajor),
+                make_desc(k_s + kmajor_step_offset(ks >> 1, ks & 1), kLboKMajor), ks > 0);
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
+    fence_array(sacc);
 
     // Mask, online softmax (exp2 domain), exactly as the mma.sync kernel per row.
     const int kb = j * kBlockTokens;
@@ -325,43 +319,22 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) attention_prefill_wgm
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
 
-    // O += P·V; left running while the next block's S is issued.
+    // O += P·V: the probabilities rounded once to the operand type.
     ptx::wgmma_fence();
-    if constexpr (kInt4) {
-      const uint32_t sv_s = sc_s + L::kScaleBytes;  // value scales [group][token]
 #pragma unroll
-      for (int g = 0; g < L::kGroups; ++g) {
-        float(&og)[16] = *reinterpret_cast<float(*)[16]>(o + 16 * g);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const float2 sa = ptx::ld_shared_v2_f32(sv_s + 4 * (g * kRows + 16 * kk + 2 * t));
-          const float2 sb = ptx::ld_shared_v2_f32(sv_s + 4 * (g * kRows + 16 * kk + 8 + 2 * t));
-          const uint32_t a[4] = {pack_bf16x2(sacc[8 * kk + 0] * sa.x, sacc[8 * kk + 1] * sa.y),
-                                 pack_bf16x2(sacc[8 * kk + 2] * sa.x, sacc[8 * kk + 3] * sa.y),
-                                 pack_bf16x2(sacc[8 * kk + 4] * sb.x, sacc[8 * kk + 5] * sb.y),
-                                 pack_bf16x2(sacc[8 * kk + 6] * sb.x, sacc[8 * kk + 7] * sb.y)};
-          ptx::wgmma_bf16_rs_m64n32k16(og, a, make_desc(v_s + nmajor_step_offset(g, kk), kLboNMajor), true);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint32_t a[4] = {pack_bf16x2(sacc[8 * kk + 0], sacc[8 * kk + 1]),
-                               pack_bf16x2(sacc[8 * kk + 2], sacc[8 * kk + 3]),
-                               pack_bf16x2(sacc[8 * kk + 4], sacc[8 * kk + 5]),
-                               pack_bf16x2(sacc[8 * kk + 6], sacc[8 * kk + 7])};
-        const uint64_t db = make_desc(v_s + nmajor_step_offset(0, kk), kLboNMajor);
-        if constexpr (kD == 128) {
-          ptx::wgmma_bf16_rs_m64n128k16(o, a, db, true);
-        } else {
-          ptx::wgmma_bf16_rs_m64n64k16(o, a, db, true);
-        }
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint32_t a[4] = {M::pack(sacc[8 * kk + 0], sacc[8 * kk + 1]), M::pack(sacc[8 * kk + 2], sacc[8 * kk + 3]),
+                             M::pack(sacc[8 * kk + 4], sacc[8 * kk + 5]), M::pack(sacc[8 * kk + 6], sacc[8 * kk + 7])};
+      const uint64_t db = make_desc(v_s + nmajor_step_offset(0, kk), kLboNMajor);
+      if constexpr (kD == 128) {
+        M::rs_n128(o, a, db);
+      } else {
+        M::rs_n64(o, a, db);
       }
     }
     ptx::wgmma_commit_group();
-    // P·V(j) completes before the next block: carried across the loop's back edge, ptxas serialises every wgmma
-    // (and INT4's 4 groups x 4 k-steps of P' registers would stay live through the next S); the other CTA on the
-    // SM fills the gap. Then the stage goes back to the producer.
+    // P·V(j) completes before the next block (carried across the loop's back edge, ptxas serialises every
+    // wgmma); the other CTA on the SM fills the gap. Then the stage goes back to the producer.
     ptx::wgmma_wait_group<0>();
     fence_array(o);
     ptx::mbarrier_arrive(bar_s + 8 * (kStages + s));

@@ -7,8 +7,7 @@
 // Operand layout ("group-major, 64-byte swizzle"): a [64 rows][D] BF16 matrix (Q: rows = query vectors; K and V:
 // rows = the 64 tokens of a key block) is stored as D / 32 column groups of [64 rows][32 channels]; a row of a
 // group is 64 bytes and 16-byte chunk c of row r sits at chunk c ^ ((r >> 1) & 3) (the 64-byte swizzle:
-// address bits 4-5 XOR bits 7-8, inside 512-byte atoms of 8 rows). One column group is one INT4 scale group
-// (32 channels), so the per-group key and value scales line up with whole wgmma operands:
+// address bits 4-5 XOR bits 7-8, inside 512-byte atoms of 8 rows). 16-bit elements: bf16, or f16 for INT4 caches.
 //  - S = Q·Kᵀ: A = Q and B = K are both K-major (K = channels); k-step h of group g starts 4096 g + 32 h bytes in,
 //    8-row core-matrix groups are SBO = 512 bytes apart.
 //  - O = P·V: B = V is N-major (N = channels, K = tokens): 32 channels are contiguous in a row, 8 token rows form
@@ -26,7 +25,7 @@ constexpr int kThreads = 256;      // warpgroup 0: producer; warpgroup 1: consum
 constexpr int kWarpgroupThreads = 128;
 constexpr int kMinCtasPerSm = 2;   // 2 x 256 threads; register pool 65536 / 2 / 128 = 256 per producer+consumer pair
 constexpr int kProducerRegs = 56;  // dequantisation / copies
-constexpr int kConsumerRegs = 200; // O (D / 2) + S (32) + two INT4 group accumulators (64) + softmax state
+constexpr int kConsumerRegs = 200; // O (D / 2) + S (32) + P fragments + softmax state
 static_assert(kProducerRegs + kConsumerRegs <= 65536 / kMinCtasPerSm / kWarpgroupThreads,
               "two CTAs per SM must fit the register file after setmaxnreg");
 constexpr int kStages = 2;         // key blocks in flight between producer and consumer
@@ -61,8 +60,7 @@ struct Layout {
   static constexpr int kGroups = kD / kGroupChannels;
   static constexpr int kChunksPerRow = kD / 8;               // 16-byte chunks of one row
   static constexpr int kPartBytes = kGroups * kGroupBytes;   // Q, K or V: 64 rows x D
-  static constexpr int kScaleBytes = kInt4 ? kGroups * kRows * 4 : 0;  // fp32 [group][token]
-  static constexpr int kStageBytes = 2 * kPartBytes + 2 * kScaleBytes;  // [K | V | K scales | V scales]
+  static constexpr int kStageBytes = 2 * kPartBytes;         // [K | V], bf16 (BF16 cache) or f16 (INT4)
   static constexpr int kQOffset = 0;
   static constexpr int kStageOffset = kPartBytes;
   static constexpr int kRawPageBytes = static_cast<int>(Page::kPageBytes);

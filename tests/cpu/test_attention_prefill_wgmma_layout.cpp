@@ -126,8 +126,7 @@ void check_regions() {
   EXPECT_EQ(L::kStageOffset, L::kPartBytes);
   EXPECT_EQ(L::kStageOffset % 1024, 0);
   EXPECT_EQ(L::kStageBytes % 1024, 0);
-  EXPECT_EQ(L::kStageBytes, 2 * L::kPartBytes + 2 * L::kScaleBytes);
-  EXPECT_EQ(L::kScaleBytes, kInt4 ? (kD / 32) * 64 * 4 : 0);
+  EXPECT_EQ(L::kStageBytes, 2 * L::kPartBytes);
   EXPECT_EQ(L::kRawOffset, L::kStageOffset + pw::kStages * L::kStageBytes);
   EXPECT_EQ(L::kBarOffset, L::kRawOffset + (kInt4 ? 2 * L::kRawPageBytes : 0));
   EXPECT_EQ(L::kBytes, L::kBarOffset + 8 * pw::kBarriers);

@@ -30,14 +30,17 @@ constexpr int smem_bytes() {
   return prefill::Layout<kInt4, kD>::kSmemBytes;
 }
 
+template <int kConsumers>
 PrefillFn pick_wgmma(bool int4, int head_dim, int* smem) {
   namespace w = prefill_wgmma;
   if (int4) {
-    *smem = head_dim == 128 ? w::Layout<true, 128>::kAllocBytes : w::Layout<true, 64>::kAllocBytes;
-    return head_dim == 128 ? w::attention_prefill_wgmma_kernel<true, 128> : w::attention_prefill_wgmma_kernel<true, 64>;
+    *smem = head_dim == 128 ? w::Layout<true, 128, kConsumers>::kAllocBytes : w::Layout<true, 64, kConsumers>::kAllocBytes;
+    return head_dim == 128 ? w::attention_prefill_wgmma_kernel<true, 128, kConsumers>
+                           : w::attention_prefill_wgmma_kernel<true, 64, kConsumers>;
   }
-  *smem = head_dim == 128 ? w::Layout<false, 128>::kAllocBytes : w::Layout<false, 64>::kAllocBytes;
-  return head_dim == 128 ? w::attention_prefill_wgmma_kernel<false, 128> : w::attention_prefill_wgmma_kernel<false, 64>;
+  *smem = head_dim == 128 ? w::Layout<false, 128, kConsumers>::kAllocBytes : w::Layout<false, 64, kConsumers>::kAllocBytes;
+  return head_dim == 128 ? w::attention_prefill_wgmma_kernel<false, 128, kConsumers>
+                         : w::attention_prefill_wgmma_kernel<false, 64, kConsumers>;
 }
 
 PrefillFn pick(bool int4, int head_dim, int* smem) {
@@ -86,11 +89,20 @@ cudaError_t attention_prefill_can_implement(KvFormat format, int rows, int n_chu
 
 const char* attention_prefill_last_error() { return g_last_error.c_str(); }
 
+const char* attention_prefill_kernel_name(AttentionPrefillKernel kernel) {
+  switch (kernel) {
+    case AttentionPrefillKernel::kWgmma64: return "wgmma64";
+    case AttentionPrefillKernel::kMmaSync: return "mma-sync";
+    default: return "wgmma";
+  }
+}
+
 AttentionPrefillKernel attention_prefill_default_kernel() {
   static const AttentionPrefillKernel k = [] {
     const char* e = std::getenv("FT_PREFILL_ATTENTION");
-    return e != nullptr && std::strcmp(e, "mma-sync") == 0 ? AttentionPrefillKernel::kMmaSync
-                                                            : AttentionPrefillKernel::kWgmma;
+    for (AttentionPrefillKernel c : {AttentionPrefillKernel::kWgmma64, AttentionPrefillKernel::kMmaSync})
+      if (e != nullptr && std::strcmp(e, attention_prefill_kernel_name(c)) == 0) return c;
+    return AttentionPrefillKernel::kWgmma;
   }();
   return k;
 }
@@ -124,16 +136,32 @@ cudaError_t attention_prefill_with(AttentionPrefillKernel which, KvFormat format
   }
   const int gqa = n_heads / n_kv_heads;
   int smem = 0;
-  const bool wgmma = which == AttentionPrefillKernel::kWgmma;
-  const PrefillFn kernel = wgmma ? pick_wgmma(is_int4(format), head_dim, &smem) : pick(is_int4(format), head_dim, &smem);
-  const int threads = wgmma ? prefill_wgmma::kThreads : prefill::kThreads;
-  const int tiles = prefill::tiles_for_rows(max_chunk_rows, gqa);
+  PrefillFn kernel = nullptr;
+  int threads = 0, tile_vectors = 0;
+  switch (which) {
+    case AttentionPrefillKernel::kMmaSync:
+      kernel = pick(is_int4(format), head_dim, &smem);
+      threads = prefill::kThreads;
+      tile_vectors = prefill::kTileVectors;
+      break;
+    case AttentionPrefillKernel::kWgmma64:
+      kernel = pick_wgmma<1>(is_int4(format), head_dim, &smem);
+      threads = prefill_wgmma::Shape<1>::kThreads;
+      tile_vectors = prefill_wgmma::Shape<1>::kTileVectors;
+      break;
+    default:
+      kernel = pick_wgmma<2>(is_int4(format), head_dim, &smem);
+      threads = prefill_wgmma::Shape<2>::kThreads;
+      tile_vectors = prefill_wgmma::Shape<2>::kTileVectors;
+      break;
+  }
+  const int tiles = prefill_wgmma::tiles_for_rows(max_chunk_rows, gqa, tile_vectors);
   if (print_heuristics()) {
     std::fprintf(stderr,
                  "attention_prefill (%s): %s head_dim %d, %d/%d heads, %d chunks of <= %d rows: grid %d x %d x %d "
-                 "CTAs of %d threads (64 query vectors each), %d bytes of shared memory\n",
-                 wgmma ? "wgmma" : "mma.sync", formats::kv_format_name(format), head_dim, n_heads, n_kv_heads,
-                 n_chunks, max_chunk_rows, tiles, n_kv_heads, n_chunks, threads, smem);
+                 "CTAs of %d threads (%d query vectors each), %d bytes of shared memory\n",
+                 attention_prefill_kernel_name(which), formats::kv_format_name(format), head_dim, n_heads,
+                 n_kv_heads, n_chunks, max_chunk_rows, tiles, n_kv_heads, n_chunks, threads, tile_vectors, smem);
   }
   if (smem > 48 * 1024) {
     // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.

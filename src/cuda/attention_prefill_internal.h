@@ -11,11 +11,16 @@
 namespace futransformer::cuda {
 
 enum class AttentionPrefillKernel {
-  kWgmma,    // warp-specialised producer + wgmma consumer (attention_prefill_wgmma.cuh): the default
+  kWgmma,    // warp-specialised, wgmma (attention_prefill_wgmma.cuh): a producer and two consumer warpgroups,
+             // 128-vector tiles, one CTA per SM — the default
+  kWgmma64,  // the same with one consumer warpgroup, 64-vector tiles, two CTAs per SM
   kMmaSync,  // the first design, mma.sync m16n8k16 with the dequantisation between barriers (attention_prefill.cuh)
 };
 
-// The kernel attention_prefill runs: kWgmma unless FT_PREFILL_ATTENTION=mma-sync (read once per process).
+// Name used by FT_PREFILL_ATTENTION and the bench: "wgmma", "wgmma64", "mma-sync".
+const char* attention_prefill_kernel_name(AttentionPrefillKernel kernel);
+
+// The kernel attention_prefill runs: kWgmma unless FT_PREFILL_ATTENTION names another (read once per process).
 AttentionPrefillKernel attention_prefill_default_kernel();
 
 // attention_prefill with `kernel` instead of the default; same checks, errors and contract.

@@ -99,11 +99,11 @@ struct Mma16<true> {
 };
 
 constexpr int kProducerBarrier = 1;  // named barrier of the producer warpgroup (0 is __syncthreads')
-constexpr int kConsumerBarrier = 2;  // named barrier of the consumer warpgroup
+constexpr int kConsumerBarrier = 2;  // named barriers of the consumer warpgroups: 2, 3
 
 template <bool kInt4, int kD>
 struct Producer {
-  using L = Layout<kInt4, kD>;
+  using L = Layout<kInt4, kD, 1>;  // part geometry only: the same for every CTA shape
   using Page = typename L::Page;
 
   // BF16: page -> stage at `dst` (K part, V part), rows at or past `valid` zero-filled without reading them.
@@ -119,33 +119,41 @@ struct Producer {
 
   // INT4: raw page bytes -> stage as f16 values (u − z) · s, the code difference exact (magic-number conversion,
   // 1024 + u − (1024 + z)), the product rounded once to f16. Tokens at or past `valid` get zeros (their page
-  // bytes may be anything).
+  // bytes may be anything). A thread takes one (row, 32-channel group) at a time: 16 bytes of codes, one zero-point
+  // and one scale, four 16-byte chunks out (a warp's loads are 512 contiguous bytes, its stores conflict-free).
   static __device__ __forceinline__ void dequantise(const unsigned char* raw, unsigned char* stage, int valid,
                                                     int tid) {
-    constexpr int kCodeWords = kD / 8;  // one 32-bit word of codes = 8 channels = one 16-byte chunk
-    constexpr int kPartWords = kRows * kCodeWords;
-#pragma unroll 4
-    for (int i = tid; i < 2 * kPartWords; i += kWarpgroupThreads) {
-      const int part = i / kPartWords, row = (i % kPartWords) / kCodeWords, w = i % kCodeWords;
+    constexpr int kPartUnits = kRows * L::kGroups;
+#pragma unroll 2
+    for (int i = tid; i < 2 * kPartUnits; i += kWarpgroupThreads) {
+      const int part = i / kPartUnits, row = (i % kPartUnits) / L::kGroups, grp = i % L::kGroups;
       const unsigned char* src = raw + part * Page::kPagePartBytes;
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      unsigned char* dst = stage + part * L::kPartBytes;
       if (row < valid) {
-        const int group = row * L::kGroups + w / 4;
-        const uint32_t code = *reinterpret_cast<const uint32_t*>(src + row * (kD / 2) + 4 * w);
+        const uint4 code = *reinterpret_cast<const uint4*>(src + row * (kD / 2) + 16 * grp);
+        const int group = row * L::kGroups + grp;
         const uint32_t z = src[Page::kPageCodeBytes + Page::kPageScaleBytes + group];
         const uint32_t s = *reinterpret_cast<const uint16_t*>(src + Page::kPageCodeBytes + 2 * group);
         const uint32_t bias = (z * 0x00010001u) | kF16Magic;  // f16x2 {1024 + z, 1024 + z}
         const uint32_t scale = s | (s << 16);                 // f16x2 {s, s}
-        const uint32_t hi = code >> 4;
-        uint32_t o[4];
+        const uint32_t words[4] = {code.x, code.y, code.z, code.w};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t u = ptx::lop3<0xea>(ptx::prmt(code, hi, prefill::dequant_selector(j)), kNibbleMask, kF16Magic);
-          o[j] = mul_f16x2(sub_f16x2(u, bias), scale);
+        for (int w = 0; w < 4; ++w) {
+          const uint32_t hi = words[w] >> 4;
+          uint32_t o[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t u =
+                ptx::lop3<0xea>(ptx::prmt(words[w], hi, prefill::dequant_selector(j)), kNibbleMask, kF16Magic);
+            o[j] = mul_f16x2(sub_f16x2(u, bias), scale);
+          }
+          *reinterpret_cast<uint4*>(dst + operand_offset(row, 4 * grp + w)) = make_uint4(o[0], o[1], o[2], o[3]);
         }
-        v = make_uint4(o[0], o[1], o[2], o[3]);
+      } else {
+#pragma unroll
+        for (int w = 0; w < 4; ++w)
+          *reinterpret_cast<uint4*>(dst + operand_offset(row, 4 * grp + w)) = make_uint4(0u, 0u, 0u, 0u);
       }
-      *reinterpret_cast<uint4*>(stage + part * L::kPartBytes + operand_offset(row, w)) = v;
     }
   }
 };
@@ -156,11 +164,14 @@ __device__ __forceinline__ void fence_array(float (&r)[N]) {
   for (int i = 0; i < N; ++i) ptx::fence_operand(r[i]);
 }
 
-template <bool kInt4, int kD>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) attention_prefill_wgmma_kernel(const PrefillArgs args) {
-  using L = Layout<kInt4, kD>;
+template <bool kInt4, int kD, int kConsumers>
+__global__ void __launch_bounds__(Shape<kConsumers>::kThreads, Shape<kConsumers>::kMinCtasPerSm)
+    attention_prefill_wgmma_kernel(const PrefillArgs args) {
+  using Sh = Shape<kConsumers>;
+  using L = Layout<kInt4, kD, kConsumers>;
   using P = Producer<kInt4, kD>;
   using M = Mma16<kInt4>;
+  constexpr int kStages = Sh::kStages;
   extern __shared__ __align__(16) unsigned char smem_window[];
   const uint32_t window_s = ptx::smem_addr(smem_window);
   const uint32_t base_s = (window_s + (kAlign - 1)) & ~static_cast<uint32_t>(kAlign - 1);
@@ -174,19 +185,21 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) attention_prefill_wgm
   n_rows = min(n_rows, args.max_chunk_rows);
   n_rows = min(n_rows, args.rows - first_row);
   if (first_row < 0 || n_rows <= 0) return;
-  const int tile = prefill::tiles_for_rows(n_rows, G) - 1 - static_cast<int>(blockIdx.x);  // heaviest first
+  const int tile = tiles_for_rows(n_rows, G, Sh::kTileVectors) - 1 - static_cast<int>(blockIdx.x);  // heaviest first
   if (tile < 0) return;
   const int start = max(0, args.chunk_start_pos[chunk]);
   const int capacity = args.max_pages * kBlockTokens;
-  const prefill::TileWork work = prefill::tile_work(n_rows, G, start, capacity, tile);
+  const prefill::TileWork work = tile_work(n_rows, G, start, capacity, tile, Sh::kTileVectors);
   if (work.blocks <= 0) return;
 
-  const uint32_t bar_s = base_s + L::kBarOffset;  // full[s] at bar_s + 8 s, empty[s] at bar_s + 8 (kStages + s)
+  // full[s] at bar_s + 8 s (the producer's 128 arrivals), empty[s] at bar_s + 8 (kStages + s) (every consumer
+  // thread's arrival).
+  const uint32_t bar_s = base_s + L::kBarOffset;
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(bar_s + 8 * s, kWarpgroupThreads);
-      ptx::mbarrier_init(bar_s + 8 * (kStages + s), kWarpgroupThreads);
+      ptx::mbarrier_init(bar_s + 8 * (kStages + s), kConsumers * kWarpgroupThreads);
     }
     ptx::fence_mbarrier_init();
   }
@@ -198,10 +211,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) attention_prefill_wgm
     const int page_id = __ldg(bt + j);
     return args.pool + (int64_t{page_id} * args.n_kv_heads + kvh) * L::kRawPageBytes;
   };
+  auto wait_empty = [&](int j) {  // stage of block j free again: the consumers are done with block j − kStages
+    if (j >= kStages) ptx::mbarrier_wait_parity(bar_s + 8 * (kStages + j % kStages), ((j / kStages) - 1) & 1);
+  };
 
   if (threadIdx.x < kWarpgroupThreads) {
     // ---------------- producer ----------------
-    ptx::setmaxnreg_dec<kProducerRegs>();
+    ptx::setmaxnreg_dec<Sh::kProducerRegs>();
     if constexpr (kInt4) {
       const uint32_t raw_s = base_s + L::kRawOffset;
       auto issue_raw = [&](int j) {
@@ -212,57 +228,73 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) attention_prefill_wgm
       issue_raw(0);
       ptx::cp_async_commit_group();
       for (int j = 0; j < work.blocks; ++j) {
-        const int s = j % kStages;
         ptx::cp_async_wait_group<0>();                       // this thread's copies of page j have landed
-        ptx::bar_sync(kProducerBarrier, kWarpgroupThreads);  // everyone's; and everyone is done with page j − 1
+        // everyone's; and everyone is done with page j − 1
+        asm volatile("bar.sync %0, %1;\n" ::"n"(kProducerBarrier), "n"(kWarpgroupThreads) : "memory");
         if (j + 1 < work.blocks) issue_raw(j + 1);           // into the buffer page j − 1 used
         ptx::cp_async_commit_group();
-        if (j >= kStages) ptx::mbarrier_wait_parity(bar_s + 8 * (kStages + s), ((j / kStages) - 1) & 1);
-        P::dequantise(base + L::kRawOffset + (j & 1) * L::kRawPageBytes, base + L::kStageOffset + s * L::kStageBytes,
-                      work.kv_len - j * kBlockTokens, tid);
-        ptx::fence_proxy_async_shared();  // generic-proxy stores -> the consumer's wgmma reads
-        ptx::mbarrier_arrive(bar_s + 8 * s);
+        wait_empty(j);
+        P::dequantise(base + L::kRawOffset + (j & 1) * L::kRawPageBytes,
+                      base + L::kStageOffset + (j % kStages) * L::kStageBytes, work.kv_len - j * kBlockTokens, tid);
+        ptx::fence_proxy_async_shared();  // generic-proxy stores -> the consumers' wgmma reads
+        ptx::mbarrier_arrive(bar_s + 8 * (j % kStages));
       }
       ptx::cp_async_wait_group<0>();
     } else {
+      // Block j's copies are issued before block j − 1's are waited for: two blocks in flight.
       for (int j = 0; j < work.blocks; ++j) {
-        const int s = j % kStages;
-        if (j >= kStages) ptx::mbarrier_wait_parity(bar_s + 8 * (kStages + s), ((j / kStages) - 1) & 1);
-        P::copy_bf16(base_s + L::kStageOffset + s * L::kStageBytes, page_of(j), work.kv_len - j * kBlockTokens, tid);
+        wait_empty(j);
+        P::copy_bf16(base_s + L::kStageOffset + (j % kStages) * L::kStageBytes, page_of(j),
+                     work.kv_len - j * kBlockTokens, tid);
         ptx::cp_async_commit_group();
-        ptx::cp_async_wait_group<0>();
-        ptx::fence_proxy_async_shared();
-        ptx::mbarrier_arrive(bar_s + 8 * s);
+        if (j > 0) {
+          ptx::cp_async_wait_group<1>();
+          ptx::fence_proxy_async_shared();
+          ptx::mbarrier_arrive(bar_s + 8 * ((j - 1) % kStages));
+        }
       }
+      ptx::cp_async_wait_group<0>();
+      ptx::fence_proxy_async_shared();
+      ptx::mbarrier_arrive(bar_s + 8 * ((work.blocks - 1) % kStages));
     }
     return;
   }
 
-  // ---------------- consumer ----------------
-  ptx::setmaxnreg_inc<kConsumerRegs>();
+  // ---------------- consumers ----------------
+  ptx::setmaxnreg_inc<Sh::kConsumerRegs>();
+  const int cw = threadIdx.x / kWarpgroupThreads - 1;  // this consumer: vectors 64 cw .. 64 cw + 63 of the tile
   const int lane = tid & 31, warp = tid >> 5, t = lane & 3;
 
-  // Q tile -> shared memory (K-major operand); vectors past the chunk repeat the last one. q rows are only 4-byte
-  // aligned by contract: 4-byte loads.
-  const uint32_t q_s = base_s + L::kQOffset;
+  // Q -> shared memory (K-major operand); vectors past the tile repeat its last one. q rows are only 4-byte aligned
+  // by contract: 4-byte loads.
+  const uint32_t q_s = base_s + L::kQOffset + cw * L::kPartBytes;
   for (int i = tid; i < kRows * L::kChunksPerRow; i += kWarpgroupThreads) {
     const int r = i / L::kChunksPerRow, c = i % L::kChunksPerRow;
-    const int v = min(work.v_begin + r, work.v_end - 1);
+    const int v = tile_vector(work, kRows * cw + r);
     const int64_t row = first_row + v / G, head = int64_t{kvh} * G + v % G;
     const uint32_t* src = reinterpret_cast<const uint32_t*>(args.q + (row * args.n_heads + head) * kD + 8 * c);
     uint4 x = make_uint4(src[0], src[1], src[2], src[3]);
-    if constexpr (kInt4) x = make_uint4(bf16x2_to_f16x2(x.x), bf16x2_to_f16x2(x.y), bf16x2_to_f16x2(x.z), bf16x2_to_f16x2(x.w));
-    *reinterpret_cast<uint4*>(base + L::kQOffset + operand_offset(r, c)) = x;
+    if constexpr (kInt4)
+      x = make_uint4(bf16x2_to_f16x2(x.x), bf16x2_to_f16x2(x.y), bf16x2_to_f16x2(x.z), bf16x2_to_f16x2(x.w));
+    *reinterpret_cast<uint4*>(base + L::kQOffset + cw * L::kPartBytes + operand_offset(r, c)) = x;
   }
   ptx::fence_proxy_async_shared();
-  ptx::bar_sync(kConsumerBarrier, kWarpgroupThreads);
+  // Immediate barrier ids: a register id makes ptxas reserve all 16, which would allow one CTA per SM.
+  if (cw == 0) {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(kConsumerBarrier), "n"(kWarpgroupThreads) : "memory");
+  } else {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(kConsumerBarrier + 1), "n"(kWarpgroupThreads) : "memory");
+  }
 
-  // This lane's two rows (warp rows g, g + 8): their positions.
+  // This lane's two rows (warp rows g, g + 8): their positions; the consumer's first and last positions.
   int pos[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
-    pos[r] = prefill::vector_position(start, prefill::warp_row_vector(work, warp, (lane >> 2) + 8 * r), G, capacity);
-  const int tile_min_pos = prefill::vector_position(start, work.v_begin, G, capacity);
+    pos[r] = prefill::vector_position(start, tile_vector(work, kRows * cw + 16 * warp + (lane >> 2) + 8 * r), G,
+                                      capacity);
+  const int my_min_pos = prefill::vector_position(start, tile_vector(work, kRows * cw), G, capacity);
+  const int my_max_pos = prefill::vector_position(start, tile_vector(work, kRows * cw + kRows - 1), G, capacity);
+  const int my_blocks = my_max_pos / kBlockTokens + 1;  // blocks this consumer's rows see (<= work.blocks)
 
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
   float o[kD / 2];  // O: register 4 j + e is row g + 8 (e >> 1), channel 8 j + 2 t + (e & 1)
@@ -272,72 +304,76 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) attention_prefill_wgm
   for (int j = 0; j < work.blocks; ++j) {
     const int s = j % kStages;
     ptx::mbarrier_wait_parity(bar_s + 8 * s, (j / kStages) & 1);
-    const uint32_t k_s = base_s + L::kStageOffset + s * L::kStageBytes;
-    const uint32_t v_s = k_s + L::kPartBytes;
+    if (j < my_blocks) {  // warpgroup-uniform; the other consumer may still need the block
+      const uint32_t k_s = base_s + L::kStageOffset + s * L::kStageBytes;
+      const uint32_t v_s = k_s + L::kPartBytes;
 
-    float sacc[32];  // S: register 4 nt + e is row g + 8 (e >> 1), token 8 nt + 2 t + (e & 1) of the block
-    ptx::wgmma_fence();
+      float sacc[32];  // S: register 4 nt + e is row g + 8 (e >> 1), token 8 nt + 2 t + (e & 1) of the block
+      ptx::wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks)
-      M::ss_n64(sacc, make_desc(q_s + kmajor_step_offset(ks >> 1, ks & 1), kLboKMajor),
-                make_desc(k_s + kmajor_step_offset(ks >> 1, ks & 1), kLboKMajor), ks > 0);
-    ptx::wgmma_commit_group();
-    ptx::wgmma_wait_group<0>();
-    fence_array(sacc);
+      for (int ks = 0; ks < kD / 16; ++ks)
+        M::ss_n64(sacc, make_desc(q_s + kmajor_step_offset(ks >> 1, ks & 1), kLboKMajor),
+                  make_desc(k_s + kmajor_step_offset(ks >> 1, ks & 1), kLboKMajor), ks > 0);
+      ptx::wgmma_commit_group();
+      ptx::wgmma_wait_group<0>();
+      fence_array(sacc);
 
-    // Mask, online softmax (exp2 domain), exactly as the mma.sync kernel per row.
-    const int kb = j * kBlockTokens;
-    const bool masked = kb + kBlockTokens - 1 > tile_min_pos;
-    float bmax[2] = {kNegInf, kNegInf};
+      // Mask, online softmax (exp2 domain), exactly as the mma.sync kernel per row.
+      const int kb = j * kBlockTokens;
+      const bool masked = kb + kBlockTokens - 1 > my_min_pos;
+      float bmax[2] = {kNegInf, kNegInf};
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+      for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int tok = kb + 8 * nt + 2 * t + (e & 1);
-        float& x = sacc[4 * nt + e];
-        x = masked && tok > pos[e >> 1] ? kNegInf : x * args.score_scale;
-        bmax[e >> 1] = fmaxf(bmax[e >> 1], x);
+        for (int e = 0; e < 4; ++e) {
+          const int tok = kb + 8 * nt + 2 * t + (e & 1);
+          float& x = sacc[4 * nt + e];
+          x = masked && tok > pos[e >> 1] ? kNegInf : x * args.score_scale;
+          bmax[e >> 1] = fmaxf(bmax[e >> 1], x);
+        }
       }
-    }
-    float alpha[2], m_use[2], psum[2] = {0.0f, 0.0f};
+      float alpha[2], m_use[2], psum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 1));
-      bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 2));
-      const float m_new = fmaxf(m[r], bmax[r]);
-      m_use[r] = m_new == kNegInf ? 0.0f : m_new;
-      alpha[r] = ptx::ex2_approx(m[r] - m_use[r]);
-      m[r] = m_new;
-    }
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      sacc[i] = ptx::ex2_approx(sacc[i] - m_use[(i >> 1) & 1]);
-      psum[(i >> 1) & 1] += sacc[i];
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], psum[r]);
-#pragma unroll
-    for (int i = 0; i < kD / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
-
-    // O += P·V: the probabilities rounded once to the operand type.
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint32_t a[4] = {M::pack(sacc[8 * kk + 0], sacc[8 * kk + 1]), M::pack(sacc[8 * kk + 2], sacc[8 * kk + 3]),
-                             M::pack(sacc[8 * kk + 4], sacc[8 * kk + 5]), M::pack(sacc[8 * kk + 6], sacc[8 * kk + 7])};
-      const uint64_t db = make_desc(v_s + nmajor_step_offset(0, kk), kLboNMajor);
-      if constexpr (kD == 128) {
-        M::rs_n128(o, a, db);
-      } else {
-        M::rs_n64(o, a, db);
+      for (int r = 0; r < 2; ++r) {
+        bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 1));
+        bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 2));
+        const float m_new = fmaxf(m[r], bmax[r]);
+        // Key 0 is visible to every row, so m is finite from block 0 on; the guard keeps a row with no visible
+        // key at p = 0 instead of NaN.
+        m_use[r] = m_new == kNegInf ? 0.0f : m_new;
+        alpha[r] = ptx::ex2_approx(m[r] - m_use[r]);  // 0 on the first block (m = −inf)
+        m[r] = m_new;
       }
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        sacc[i] = ptx::ex2_approx(sacc[i] - m_use[(i >> 1) & 1]);
+        psum[(i >> 1) & 1] += sacc[i];
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], psum[r]);
+#pragma unroll
+      for (int i = 0; i < kD / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
+
+      // O += P·V: the probabilities rounded once to the operand type.
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint32_t a[4] = {M::pack(sacc[8 * kk + 0], sacc[8 * kk + 1]), M::pack(sacc[8 * kk + 2], sacc[8 * kk + 3]),
+                               M::pack(sacc[8 * kk + 4], sacc[8 * kk + 5]), M::pack(sacc[8 * kk + 6], sacc[8 * kk + 7])};
+        const uint64_t db = make_desc(v_s + nmajor_step_offset(0, kk), kLboNMajor);
+        if constexpr (kD == 128) {
+          M::rs_n128(o, a, db);
+        } else {
+          M::rs_n64(o, a, db);
+        }
+      }
+      ptx::wgmma_commit_group();
+      // P·V(j) completes before the next block (carried across the loop's back edge, ptxas serialises every
+      // wgmma); the other consumer on the SM fills the gap.
+      ptx::wgmma_wait_group<0>();
+      fence_array(o);
     }
-    ptx::wgmma_commit_group();
-    // P·V(j) completes before the next block (carried across the loop's back edge, ptxas serialises every
-    // wgmma); the other CTA on the SM fills the gap. Then the stage goes back to the producer.
-    ptx::wgmma_wait_group<0>();
-    fence_array(o);
-    ptx::mbarrier_arrive(bar_s + 8 * (kStages + s));
+    ptx::mbarrier_arrive(bar_s + 8 * (kStages + s));  // the stage goes back to the producer
   }
 
   // Normalise and store: row r of the lane is vector v (stored only when it is a real vector of the tile).
@@ -346,7 +382,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) attention_prefill_wgm
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const int v = work.v_begin + prefill::kWarpVectors * warp + g + 8 * r;
+    const int v = work.v_begin + kRows * cw + 16 * warp + g + 8 * r;
     if (v >= work.v_end) continue;
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     const int64_t row = first_row + v / G, head = int64_t{kvh} * G + v % G;

@@ -21,23 +21,49 @@
 
 namespace futransformer::cuda::prefill_wgmma {
 
-constexpr int kThreads = 256;      // warpgroup 0: producer; warpgroup 1: consumer (wgmma, softmax)
 constexpr int kWarpgroupThreads = 128;
-constexpr int kMinCtasPerSm = 2;   // 2 x 256 threads; register pool 65536 / 2 / 128 = 256 per producer+consumer pair
-constexpr int kProducerRegs = 56;  // dequantisation / copies
-constexpr int kConsumerRegs = 200; // O (D / 2) + S (32) + P fragments + softmax state
-static_assert(kProducerRegs + kConsumerRegs <= 65536 / kMinCtasPerSm / kWarpgroupThreads,
-              "two CTAs per SM must fit the register file after setmaxnreg");
-constexpr int kStages = 2;         // key blocks in flight between producer and consumer
-constexpr int kRows = 64;          // rows of an operand: query vectors (M) or tokens of a key block
-constexpr int kGroupChannels = 32; // channels per column group = one INT4 scale group
-constexpr int kRowBytes = 64;      // one row of a column group: 32 BF16
+constexpr int kRows = 64;          // rows of an operand: query vectors of one consumer (M) or tokens of a key block
+constexpr int kGroupChannels = 32; // channels per column group
+constexpr int kRowBytes = 64;      // one row of a column group: 32 16-bit elements
 constexpr int kGroupBytes = kRows * kRowBytes;  // 4096
 constexpr int kAtomBytes = 8 * kRowBytes;       // 512: the 64-byte swizzle's repeat
 constexpr int kAlign = 1024;                    // operand regions start 1024-byte aligned
-constexpr int kBarriers = 2 * kStages;          // full[s], empty[s]
 
-static_assert(prefill::kTileVectors == kRows, "one consumer warpgroup computes the mma.sync kernel's 64-vector tile");
+// The two CTA shapes: warpgroup 0 produces, warpgroups 1 .. kConsumers consume (64 query vectors each, sharing
+// every key block the producer delivers).
+//  1 consumer:  256 threads, two CTAs per SM, tiles of 64 vectors (the mma.sync kernel's), two stages.
+//  2 consumers: 384 threads, one CTA per SM, tiles of 128 vectors: half the copies / dequantisation and half the
+//               L2 -> shared traffic per query, three stages.
+template <int kConsumers>
+struct Shape {
+  static_assert(kConsumers == 1 || kConsumers == 2, "one or two consumer warpgroups");
+  static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
+  static constexpr int kTileVectors = kRows * kConsumers;
+  static constexpr int kMinCtasPerSm = kConsumers == 1 ? 2 : 1;
+  static constexpr int kProducerRegs = 56;                           // copies / dequantisation
+  static constexpr int kConsumerRegs = kConsumers == 1 ? 200 : 224;  // O (D / 2) + S (32) + P + softmax state
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 65536 / kMinCtasPerSm / kWarpgroupThreads,
+                "the CTAs of an SM must fit the register file after setmaxnreg");
+  static constexpr int kStages = kConsumers == 1 ? 2 : 3;  // key blocks in flight between producer and consumers
+  static constexpr int kBarriers = 2 * kStages;            // full[s], empty[s]
+};
+
+// Tiles of `tv` consecutive query vectors (v = row · G + head) of a chunk: as prefill::tile_work, any tile size.
+FT_HD int tiles_for_rows(int rows, int gqa, int tv) { return rows > 0 ? (rows * gqa + tv - 1) / tv : 0; }
+FT_HD prefill::TileWork tile_work(int rows, int gqa, int start, int capacity, int tile, int tv) {
+  prefill::TileWork w;
+  const int n_vec = rows * gqa;
+  w.v_begin = tile * tv;
+  w.v_end = w.v_begin + tv < n_vec ? w.v_begin + tv : n_vec;
+  if (w.v_begin >= w.v_end) return prefill::TileWork{};
+  w.kv_len = prefill::vector_position(start, w.v_end - 1, gqa, capacity) + 1;
+  w.blocks = (w.kv_len + prefill::kBlockTokens - 1) / prefill::kBlockTokens;
+  return w;
+}
+// Vector v_begin + i of the tile, or the tile's last vector past its end (finite, never stored).
+FT_HD int tile_vector(const prefill::TileWork& w, int i) {
+  return w.v_begin + i < w.v_end ? w.v_begin + i : w.v_end - 1;
+}
 
 // The 64-byte swizzle on a byte offset from a 512-byte aligned base.
 FT_HD uint32_t swizzle64(uint32_t offset) { return offset ^ (((offset >> 7) & 3u) << 4); }
@@ -53,25 +79,26 @@ FT_HD uint32_t element_offset(int row, int channel) {
   return operand_offset(row, channel >> 3) + static_cast<uint32_t>((channel & 7) * 2);
 }
 
-template <bool kInt4, int kD>
+template <bool kInt4, int kD, int kConsumers>
 struct Layout {
+  using S = Shape<kConsumers>;
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
   using Page = attn::Geometry<kInt4, kD>;  // canonical page offsets
   static constexpr int kGroups = kD / kGroupChannels;
   static constexpr int kChunksPerRow = kD / 8;               // 16-byte chunks of one row
-  static constexpr int kPartBytes = kGroups * kGroupBytes;   // Q, K or V: 64 rows x D
+  static constexpr int kPartBytes = kGroups * kGroupBytes;   // K, V or one consumer's Q: 64 rows x D
   static constexpr int kStageBytes = 2 * kPartBytes;         // [K | V], bf16 (BF16 cache) or f16 (INT4)
-  static constexpr int kQOffset = 0;
-  static constexpr int kStageOffset = kPartBytes;
+  static constexpr int kQOffset = 0;                           // consumer c's Q at kQOffset + c * kPartBytes
+  static constexpr int kStageOffset = kConsumers * kPartBytes;
   static constexpr int kRawPageBytes = static_cast<int>(Page::kPageBytes);
-  static constexpr int kRawOffset = kStageOffset + kStages * kStageBytes;  // INT4: two raw page buffers
+  static constexpr int kRawOffset = kStageOffset + S::kStages * kStageBytes;  // INT4: two raw page buffers
   static constexpr int kRawBuffers = kInt4 ? 2 : 0;
   static constexpr int kBarOffset = kRawOffset + kRawBuffers * kRawPageBytes;
-  static constexpr int kBytes = kBarOffset + kBarriers * 8;
+  static constexpr int kBytes = kBarOffset + S::kBarriers * 8;
   static constexpr int kAllocBytes = kBytes + kAlign;  // the dynamic window is only guaranteed 16-byte aligned
   static_assert(kStageOffset % kAlign == 0 && kStageBytes % kAlign == 0, "operands stay 1024-byte aligned");
   static_assert(kRawPageBytes % 16 == 0 && kBarOffset % 8 == 0);
-  static_assert(2 * (kAllocBytes + 1024) <= 228 * 1024, "two CTAs per SM");
+  static_assert(S::kMinCtasPerSm * (kAllocBytes + 1024) <= 228 * 1024, "the CTAs of an SM fit its shared memory");
 };
 
 // --- wgmma shared-memory descriptors (PTX ISA "Matrix Descriptor Format"): bits 0-13 start address >> 4,

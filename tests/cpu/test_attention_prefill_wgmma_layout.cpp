@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <set>
+#include <vector>
 
 #include "cuda/attention_prefill_wgmma_layout.h"
 
@@ -97,7 +98,7 @@ void check_tiling() {
     for (int c = 0; c < kD / 8; ++c) {
       const uint32_t off = pw::operand_offset(row, c);
       EXPECT_EQ(off % 16, 0u);
-      EXPECT_LT(off, static_cast<uint32_t>(pw::Layout<false, kD>::kPartBytes));
+      EXPECT_LT(off, static_cast<uint32_t>(pw::Layout<false, kD, 1>::kPartBytes));
       EXPECT_TRUE(slots.insert(off).second) << "row " << row << " chunk " << c << " collides";
     }
   }
@@ -118,29 +119,62 @@ TEST(AttentionPrefillWgmmaLayout, ChunksTileEachOperandOnce) {
 
 // Regions: Q, the stages, the raw pages and the barriers follow each other without overlap, operand regions are
 // 1024-byte aligned, and two CTAs fit an SM (228 KB, 1 KB reserved per CTA).
-template <bool kInt4, int kD>
+template <bool kInt4, int kD, int kConsumers>
 void check_regions() {
-  using L = pw::Layout<kInt4, kD>;
-  SCOPED_TRACE(testing::Message() << (kInt4 ? "int4" : "bf16") << " head_dim " << kD);
+  using L = pw::Layout<kInt4, kD, kConsumers>;
+  using S = pw::Shape<kConsumers>;
+  SCOPED_TRACE(testing::Message() << (kInt4 ? "int4" : "bf16") << " head_dim " << kD << " consumers " << kConsumers);
   EXPECT_EQ(L::kQOffset, 0);
-  EXPECT_EQ(L::kStageOffset, L::kPartBytes);
+  EXPECT_EQ(L::kStageOffset, kConsumers * L::kPartBytes);
   EXPECT_EQ(L::kStageOffset % 1024, 0);
   EXPECT_EQ(L::kStageBytes % 1024, 0);
   EXPECT_EQ(L::kStageBytes, 2 * L::kPartBytes);
-  EXPECT_EQ(L::kRawOffset, L::kStageOffset + pw::kStages * L::kStageBytes);
+  EXPECT_EQ(L::kRawOffset, L::kStageOffset + S::kStages * L::kStageBytes);
   EXPECT_EQ(L::kBarOffset, L::kRawOffset + (kInt4 ? 2 * L::kRawPageBytes : 0));
-  EXPECT_EQ(L::kBytes, L::kBarOffset + 8 * pw::kBarriers);
-  EXPECT_LE(2 * (L::kAllocBytes + 1024), 228 * 1024);
+  EXPECT_EQ(L::kBytes, L::kBarOffset + 8 * S::kBarriers);
+  EXPECT_LE(S::kMinCtasPerSm * (L::kAllocBytes + 1024), 228 * 1024);
+  EXPECT_LE(S::kProducerRegs + kConsumers * S::kConsumerRegs, 65536 / S::kMinCtasPerSm / pw::kWarpgroupThreads);
+  EXPECT_EQ(S::kThreads, 128 * (1 + kConsumers));
+  EXPECT_EQ(S::kTileVectors, 64 * kConsumers);
 }
 
 TEST(AttentionPrefillWgmmaLayout, RegionsAndOccupancy) {
-  check_regions<true, 128>();
-  check_regions<true, 64>();
-  check_regions<false, 128>();
-  check_regions<false, 64>();
-  EXPECT_EQ((pw::Layout<true, 128>::kRawPageBytes), 9728);  // docs/formats.md's worked example
-  EXPECT_EQ((pw::Layout<true, 64>::kRawPageBytes), 4864);
-  EXPECT_LE(pw::kProducerRegs + pw::kConsumerRegs, 65536 / pw::kMinCtasPerSm / pw::kWarpgroupThreads);
+  check_regions<true, 128, 1>();
+  check_regions<true, 64, 1>();
+  check_regions<false, 128, 1>();
+  check_regions<false, 64, 1>();
+  check_regions<true, 128, 2>();
+  check_regions<true, 64, 2>();
+  check_regions<false, 128, 2>();
+  check_regions<false, 64, 2>();
+  EXPECT_EQ((pw::Layout<true, 128, 1>::kRawPageBytes), 9728);  // docs/formats.md's worked example
+  EXPECT_EQ((pw::Layout<true, 64, 1>::kRawPageBytes), 4864);
+}
+
+// 128-vector tiles cover a chunk's vectors exactly once, and positions match prefill::tile_work at 64.
+TEST(AttentionPrefillWgmmaLayout, TilesCoverEveryVectorOnce) {
+  for (int gqa : {1, 3, 4, 8}) {
+    for (int rows : {1, 17, 64, 200, 2048}) {
+      for (int tv : {64, 128}) {
+        std::vector<int> seen(static_cast<size_t>(rows * gqa), 0);
+        const int tiles = pw::tiles_for_rows(rows, gqa, tv);
+        for (int tile = 0; tile < tiles; ++tile) {
+          const auto w = pw::tile_work(rows, gqa, 37, 1 << 20, tile, tv);
+          ASSERT_LT(w.v_begin, w.v_end);
+          for (int v = w.v_begin; v < w.v_end; ++v) ++seen[static_cast<size_t>(v)];
+          EXPECT_EQ(w.kv_len, 37 + (w.v_end - 1) / gqa + 1);
+          EXPECT_EQ(pw::tile_vector(w, tv + 5), w.v_end - 1);
+          if (tv == 64) {
+            const auto ref = futransformer::cuda::prefill::tile_work(rows, gqa, 37, 1 << 20, tile);
+            EXPECT_EQ(ref.v_begin, w.v_begin);
+            EXPECT_EQ(ref.v_end, w.v_end);
+            EXPECT_EQ(ref.blocks, w.blocks);
+          }
+        }
+        for (int c : seen) ASSERT_EQ(c, 1) << "gqa " << gqa << " rows " << rows << " tile " << tv;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -161,7 +161,8 @@ void check_against_twin(KvFormat format, int head_dim, int n_heads, int n_kv, co
 // sequence, all in one call.
 const std::vector<ChunkSpec> kMixedChunks = {{0, 200}, {37, 17}, {3000, 64}, {130, 1}, {100, 0}, {64, 64}, {2999, 17}};
 
-// Both designs (warp-specialised wgmma, the default; mma.sync) against the twin on the same cases.
+// Every design (warp-specialised wgmma with two consumers, the default, or one; mma.sync) against the twin on the
+// same cases.
 class AttentionPrefillGpu : public testing::TestWithParam<cuda::AttentionPrefillKernel> {
  protected:
   void SetUp() override { g_kernel = GetParam(); }
@@ -212,9 +213,12 @@ TEST_P(AttentionPrefillGpu, LongChunks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, AttentionPrefillGpu,
-                         testing::Values(cuda::AttentionPrefillKernel::kWgmma, cuda::AttentionPrefillKernel::kMmaSync),
+                         testing::Values(cuda::AttentionPrefillKernel::kWgmma, cuda::AttentionPrefillKernel::kWgmma64,
+                                         cuda::AttentionPrefillKernel::kMmaSync),
                          [](const testing::TestParamInfo<cuda::AttentionPrefillKernel>& i) {
-                           return std::string(i.param == cuda::AttentionPrefillKernel::kWgmma ? "wgmma" : "mma_sync");
+                           std::string n = cuda::attention_prefill_kernel_name(i.param);
+                           for (char& ch : n) ch = ch == '-' ? '_' : ch;
+                           return n;
                          });
 
 TEST(AttentionPrefillGpuCalls, RejectedCallsLeaveTheOutputUntouched) {

@@ -24,10 +24,13 @@
 //   chunk_start_pos  int32 [n_chunks]: tokens already in the cache before the chunk's first row (negative values
 //                    count as 0; positions beyond max_pages_per_seq * 64 − 1 are clamped to it).
 //   max_chunk_rows   host-side upper bound of the chunks' row counts (it sizes the grid).
-// scores = q·k / sqrt(head_dim). Keys and values are read from the cache as exact integers (INT4: u − z, the scales
-// applied in fp32: key scales to the per-group dot products, value scales folded into the probabilities) or as
-// BF16; both products accumulate in fp32 (mma bf16 inputs), the probabilities are rounded to BF16 before P·V (times
-// the value scale for INT4), the output once to BF16. Deterministic (no atomics, no split of the keys).
+// scores = q·k / sqrt(head_dim); both products accumulate in fp32, the output is rounded once to BF16.
+// Deterministic (no atomics, no split of the keys). The default kernel (warp-specialised wgmma, docs/kernels.md)
+// reads BF16 caches as BF16 and rounds the probabilities to BF16 before P·V; it dequantises INT4 caches once per CTA
+// to f16 values (u − z)·s (one f16 rounding), converts q to f16 (exact for 2^-14 <= |q| <= 65504; larger |q|
+// overflows) and rounds the probabilities to f16. The first design (FT_PREFILL_ATTENTION=mma-sync) keeps INT4 codes
+// exact (u − z, key scales applied in fp32 to per-group dot products, value scales folded into the BF16-rounded
+// probabilities).
 // FP8 caches are rejected. Includable from plain C++: no CUDA device types beyond cuda_runtime_api.h.
 #pragma once
 

@@ -301,79 +301,141 @@ __global__ void __launch_bounds__(Shape<kConsumers>::kThreads, Shape<kConsumers>
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
 
-  for (int j = 0; j < work.blocks; ++j) {
-    const int s = j % kStages;
-    ptx::mbarrier_wait_parity(bar_s + 8 * s, (j / kStages) & 1);
-    if (j < my_blocks) {  // warpgroup-uniform; the other consumer may still need the block
-      const uint32_t k_s = base_s + L::kStageOffset + s * L::kStageBytes;
-      const uint32_t v_s = k_s + L::kPartBytes;
-
-      float sacc[32];  // S: register 4 nt + e is row g + 8 (e >> 1), token 8 nt + 2 t + (e & 1) of the block
-      ptx::wgmma_fence();
+  auto stage_addr = [&](int j) { return base_s + L::kStageOffset + (j % kStages) * L::kStageBytes; };
+  auto wait_full = [&](int j) { ptx::mbarrier_wait_parity(bar_s + 8 * (j % kStages), (j / kStages) & 1); };
+  auto release = [&](int j) { ptx::mbarrier_arrive(bar_s + 8 * (kStages + j % kStages)); };
+  float sacc[32];  // S, then P: register 4 nt + e is row g + 8 (e >> 1), token 8 nt + 2 t + (e & 1) of the block
+  // S(j) = Q·Kᵀ into sacc: issued and committed as one group.
+  auto issue_s = [&](int j) {
+    const uint32_t k_s = stage_addr(j);
+    ptx::wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < kD / 16; ++ks)
-        M::ss_n64(sacc, make_desc(q_s + kmajor_step_offset(ks >> 1, ks & 1), kLboKMajor),
-                  make_desc(k_s + kmajor_step_offset(ks >> 1, ks & 1), kLboKMajor), ks > 0);
-      ptx::wgmma_commit_group();
-      ptx::wgmma_wait_group<0>();
+    for (int ks = 0; ks < kD / 16; ++ks)
+      M::ss_n64(sacc, make_desc(q_s + kmajor_step_offset(ks >> 1, ks & 1), kLboKMajor),
+                make_desc(k_s + kmajor_step_offset(ks >> 1, ks & 1), kLboKMajor), ks > 0);
+    ptx::wgmma_commit_group();
+  };
+  // Mask and online softmax of block j (exp2 domain, exactly as the mma.sync kernel per row): sacc becomes the
+  // unnormalised probabilities, m the new running max; returns nothing, leaves alpha (the factor O and l take).
+  float alpha[2];
+  auto softmax = [&](int j) {
+    const int kb = j * kBlockTokens;
+    const bool masked = kb + kBlockTokens - 1 > my_min_pos;
+    float bmax[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int tok = kb + 8 * nt + 2 * t + (e & 1);
+        float& x = sacc[4 * nt + e];
+        x = masked && tok > pos[e >> 1] ? kNegInf : x * args.score_scale;
+        bmax[e >> 1] = fmaxf(bmax[e >> 1], x);
+      }
+    }
+    float m_use[2], psum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 1));
+      bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 2));
+      const float m_new = fmaxf(m[r], bmax[r]);
+      // Key 0 is visible to every row, so m is finite from block 0 on; the guard keeps a row with no visible key
+      // at p = 0 instead of NaN.
+      m_use[r] = m_new == kNegInf ? 0.0f : m_new;
+      alpha[r] = ptx::ex2_approx(m[r] - m_use[r]);  // 0 on the first block (m = −inf)
+      m[r] = m_new;
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      sacc[i] = ptx::ex2_approx(sacc[i] - m_use[(i >> 1) & 1]);
+      psum[(i >> 1) & 1] += sacc[i];
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], psum[r]);
+  };
+  auto rescale_o = [&] {
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
+  };
+  // P (rounded once to the operand type) as the A fragments of the four k-steps of P·V.
+  uint32_t pa[4][4];
+  auto pack_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      pa[kk][0] = M::pack(sacc[8 * kk + 0], sacc[8 * kk + 1]);
+      pa[kk][1] = M::pack(sacc[8 * kk + 2], sacc[8 * kk + 3]);
+      pa[kk][2] = M::pack(sacc[8 * kk + 4], sacc[8 * kk + 5]);
+      pa[kk][3] = M::pack(sacc[8 * kk + 6], sacc[8 * kk + 7]);
+    }
+  };
+  // O += P·V(j): issued and committed as one group.
+  auto issue_pv = [&](int j) {
+    const uint32_t v_s = stage_addr(j) + L::kPartBytes;
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t db = make_desc(v_s + nmajor_step_offset(0, kk), kLboNMajor);
+      if constexpr (kD == 128) {
+        M::rs_n128(o, pa[kk], db);
+      } else {
+        M::rs_n64(o, pa[kk], db);
+      }
+    }
+    ptx::wgmma_commit_group();
+  };
+
+  if constexpr (kConsumers == 1) {
+    // One block at a time: S, softmax, P·V, release. (The other CTA on the SM overlaps.)
+    for (int j = 0; j < work.blocks; ++j) {
+      wait_full(j);
+      if (j < my_blocks) {  // warpgroup-uniform
+        issue_s(j);
+        ptx::wgmma_wait_group<0>();
+        fence_array(sacc);
+        softmax(j);
+        rescale_o();
+        pack_p();
+        issue_pv(j);
+        // Waited here: carried across the loop's back edge, ptxas would serialise every wgmma.
+        ptx::wgmma_wait_group<0>();
+        fence_array(o);
+      }
+      release(j);
+    }
+  } else {
+    // Software-pipelined: block j's S is issued together with block j − 1's P·V, and block j's softmax runs while
+    // that P·V is still on the tensor cores; both are waited for inside the iteration (nothing in flight across
+    // the back edge) and the steady-state loop has no branch around a wgmma (ptxas serialises wgmmas issued in
+    // paths it cannot prove warpgroup-uniform). A consumer holds two stages at a time (j − 1's values, j's keys):
+    // three stages. my_blocks >= 1: every row sees key 0.
+    wait_full(0);
+    issue_s(0);
+    ptx::wgmma_wait_group<0>();
+    fence_array(sacc);
+    softmax(0);
+    pack_p();  // O is still zero: no rescale
+    for (int j = 1; j < my_blocks; ++j) {
+      wait_full(j);
+      issue_s(j);
+      issue_pv(j - 1);
+      ptx::wgmma_wait_group<1>();  // S(j) (committed first) is done; P·V(j − 1) may still run
       fence_array(sacc);
-
-      // Mask, online softmax (exp2 domain), exactly as the mma.sync kernel per row.
-      const int kb = j * kBlockTokens;
-      const bool masked = kb + kBlockTokens - 1 > my_min_pos;
-      float bmax[2] = {kNegInf, kNegInf};
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int tok = kb + 8 * nt + 2 * t + (e & 1);
-          float& x = sacc[4 * nt + e];
-          x = masked && tok > pos[e >> 1] ? kNegInf : x * args.score_scale;
-          bmax[e >> 1] = fmaxf(bmax[e >> 1], x);
-        }
-      }
-      float alpha[2], m_use[2], psum[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 1));
-        bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 2));
-        const float m_new = fmaxf(m[r], bmax[r]);
-        // Key 0 is visible to every row, so m is finite from block 0 on; the guard keeps a row with no visible
-        // key at p = 0 instead of NaN.
-        m_use[r] = m_new == kNegInf ? 0.0f : m_new;
-        alpha[r] = ptx::ex2_approx(m[r] - m_use[r]);  // 0 on the first block (m = −inf)
-        m[r] = m_new;
-      }
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        sacc[i] = ptx::ex2_approx(sacc[i] - m_use[(i >> 1) & 1]);
-        psum[(i >> 1) & 1] += sacc[i];
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], psum[r]);
-#pragma unroll
-      for (int i = 0; i < kD / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
-
-      // O += P·V: the probabilities rounded once to the operand type.
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint32_t a[4] = {M::pack(sacc[8 * kk + 0], sacc[8 * kk + 1]), M::pack(sacc[8 * kk + 2], sacc[8 * kk + 3]),
-                               M::pack(sacc[8 * kk + 4], sacc[8 * kk + 5]), M::pack(sacc[8 * kk + 6], sacc[8 * kk + 7])};
-        const uint64_t db = make_desc(v_s + nmajor_step_offset(0, kk), kLboNMajor);
-        if constexpr (kD == 128) {
-          M::rs_n128(o, a, db);
-        } else {
-          M::rs_n64(o, a, db);
-        }
-      }
-      ptx::wgmma_commit_group();
-      // P·V(j) completes before the next block (carried across the loop's back edge, ptxas serialises every
-      // wgmma); the other consumer on the SM fills the gap.
+      softmax(j);
       ptx::wgmma_wait_group<0>();
       fence_array(o);
+      release(j - 1);
+      rescale_o();
+      pack_p();
     }
-    ptx::mbarrier_arrive(bar_s + 8 * (kStages + s));  // the stage goes back to the producer
+    issue_pv(my_blocks - 1);
+    ptx::wgmma_wait_group<0>();
+    fence_array(o);
+    release(my_blocks - 1);
+    // Blocks only the other consumer's rows see: wait for each to be filled before handing it back, so that no
+    // thread arrives twice on one phase of a stage's barrier.
+    for (int j = my_blocks; j < work.blocks; ++j) {
+      wait_full(j);
+      release(j);
+    }
   }
 
   // Normalise and store: row r of the lane is vector v (stored only when it is a real vector of the tile).

@@ -124,7 +124,7 @@ struct Producer {
   static __device__ __forceinline__ void dequantise(const unsigned char* raw, unsigned char* stage, int valid,
                                                     int tid) {
     constexpr int kPartUnits = kRows * L::kGroups;
-#pragma unroll 2
+#pragma unroll 4
     for (int i = tid; i < 2 * kPartUnits; i += kWarpgroupThreads) {
       const int part = i / kPartUnits, row = (i % kPartUnits) / L::kGroups, grp = i % L::kGroups;
       const unsigned char* src = raw + part * Page::kPagePartBytes;
@@ -266,17 +266,31 @@ __global__ void __launch_bounds__(Shape<kConsumers>::kThreads, Shape<kConsumers>
   const int lane = tid & 31, warp = tid >> 5, t = lane & 3;
 
   // Q -> shared memory (K-major operand); vectors past the tile repeat its last one. q rows are only 4-byte aligned
-  // by contract: 4-byte loads.
+  // by contract: 4-byte loads, all of a thread's loads issued before the first conversion / store (the global
+  // latency is paid once per CTA, not once per chunk).
   const uint32_t q_s = base_s + L::kQOffset + cw * L::kPartBytes;
-  for (int i = tid; i < kRows * L::kChunksPerRow; i += kWarpgroupThreads) {
-    const int r = i / L::kChunksPerRow, c = i % L::kChunksPerRow;
-    const int v = tile_vector(work, kRows * cw + r);
-    const int64_t row = first_row + v / G, head = int64_t{kvh} * G + v % G;
-    const uint32_t* src = reinterpret_cast<const uint32_t*>(args.q + (row * args.n_heads + head) * kD + 8 * c);
-    uint4 x = make_uint4(src[0], src[1], src[2], src[3]);
-    if constexpr (kInt4)
-      x = make_uint4(bf16x2_to_f16x2(x.x), bf16x2_to_f16x2(x.y), bf16x2_to_f16x2(x.z), bf16x2_to_f16x2(x.w));
-    *reinterpret_cast<uint4*>(base + L::kQOffset + cw * L::kPartBytes + operand_offset(r, c)) = x;
+  {
+    constexpr int kPerThread = kRows * L::kChunksPerRow / kWarpgroupThreads;  // 8 (head_dim 128) or 4
+    static_assert(kRows * L::kChunksPerRow % kWarpgroupThreads == 0);
+    uint4 x[kPerThread];
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int i = tid + k * kWarpgroupThreads;
+      const int r = i / L::kChunksPerRow, c = i % L::kChunksPerRow;
+      const int v = tile_vector(work, kRows * cw + r);
+      const int64_t row = first_row + v / G, head = int64_t{kvh} * G + v % G;
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(args.q + (row * args.n_heads + head) * kD + 8 * c);
+      x[k] = make_uint4(__ldg(src), __ldg(src + 1), __ldg(src + 2), __ldg(src + 3));
+    }
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int i = tid + k * kWarpgroupThreads;
+      const int r = i / L::kChunksPerRow, c = i % L::kChunksPerRow;
+      uint4 y = x[k];
+      if constexpr (kInt4)
+        y = make_uint4(bf16x2_to_f16x2(y.x), bf16x2_to_f16x2(y.y), bf16x2_to_f16x2(y.z), bf16x2_to_f16x2(y.w));
+      *reinterpret_cast<uint4*>(base + L::kQOffset + cw * L::kPartBytes + operand_offset(r, c)) = y;
+    }
   }
   ptx::fence_proxy_async_shared();
   // Immediate barrier ids: a register id makes ptxas reserve all 16, which would allow one CTA per SM.

@@ -124,7 +124,7 @@ struct Producer {
   static __device__ __forceinline__ void dequantise(const unsigned char* raw, unsigned char* stage, int valid,
                                                     int tid) {
     constexpr int kPartUnits = kRows * L::kGroups;
-#pragma unroll 4
+#pragma unroll 2  // unroll 4 measured slower (2048 tokens: 176.5 vs 158.6 µs)
     for (int i = tid; i < 2 * kPartUnits; i += kWarpgroupThreads) {
       const int part = i / kPartUnits, row = (i % kPartUnits) / L::kGroups, grp = i % L::kGroups;
       const unsigned char* src = raw + part * Page::kPagePartBytes;

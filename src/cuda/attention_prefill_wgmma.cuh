@@ -42,11 +42,8 @@ namespace futransformer::cuda::prefill_wgmma {
 
 using prefill::kBlockTokens;
 using prefill::kNegInf;
-using prefill::kNibbleMask;
 using prefill::pack_bf16x2;
 using prefill::PrefillArgs;
-
-constexpr uint32_t kF16Magic = 0x64006400u;  // f16x2 {1024, 1024}: 0x6400 | u is exactly 1024 + u for u < 1024
 
 __device__ __forceinline__ uint32_t sub_f16x2(uint32_t a, uint32_t b) {
   uint32_t r;
@@ -134,8 +131,8 @@ struct Producer {
         const int group = row * L::kGroups + grp;
         const uint32_t z = src[Page::kPageCodeBytes + Page::kPageScaleBytes + group];
         const uint32_t s = *reinterpret_cast<const uint16_t*>(src + Page::kPageCodeBytes + 2 * group);
-        const uint32_t bias = (z * 0x00010001u) | kF16Magic;  // f16x2 {1024 + z, 1024 + z}
-        const uint32_t scale = s | (s << 16);                 // f16x2 {s, s}
+        const uint32_t bias = f16_bias_pair(z);    // f16x2 {1024 + z, 1024 + z}
+        const uint32_t scale = f16_scale_pair(s);  // f16x2 {s, s}
         const uint32_t words[4] = {code.x, code.y, code.z, code.w};
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
@@ -144,7 +141,7 @@ struct Producer {
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const uint32_t u =
-                ptx::lop3<0xea>(ptx::prmt(words[w], hi, prefill::dequant_selector(j)), kNibbleMask, kF16Magic);
+                ptx::lop3<0xea>(ptx::prmt(words[w], hi, prefill::dequant_selector(j)), kF16NibbleMask, kF16Magic);
             o[j] = mul_f16x2(sub_f16x2(u, bias), scale);
           }
           *reinterpret_cast<uint4*>(dst + operand_offset(row, 4 * grp + w)) = make_uint4(o[0], o[1], o[2], o[3]);

@@ -65,6 +65,17 @@ FT_HD int tile_vector(const prefill::TileWork& w, int i) {
   return w.v_begin + i < w.v_end ? w.v_begin + i : w.v_end - 1;
 }
 
+// INT4 dequantisation to f16 (the producer, per 32-bit word of 8 codes, for byte j = 0..3):
+//   u2 = lop3(prmt(word, word >> 4, prefill::dequant_selector(j)), 0x000F000F, kF16Magic, (a & b) | c)
+//      = f16x2 {1024 + u(2j), 1024 + u(2j + 1)} (exact: 0x6400 | u is 1024 + u for u < 1024)
+//   v2 = mul.rn.f16x2(sub.rn.f16x2(u2, f16x2 {1024 + z}), f16x2 {s})   (u − z exact, one rounding)
+// with z the group's zero-point byte and s its fp16 scale bits. tests/cpu/test_attention_prefill_wgmma_layout.cpp
+// checks it against the page bytes decoded by formats::kv_decode_token.
+constexpr uint32_t kF16Magic = 0x64006400u;
+constexpr uint32_t kF16NibbleMask = 0x000F000Fu;
+FT_HD uint32_t f16_bias_pair(uint32_t zero_point) { return (zero_point * 0x00010001u) | kF16Magic; }
+FT_HD uint32_t f16_scale_pair(uint32_t scale_bits) { return scale_bits | (scale_bits << 16); }
+
 // The 64-byte swizzle on a byte offset from a 512-byte aligned base.
 FT_HD uint32_t swizzle64(uint32_t offset) { return offset ^ (((offset >> 7) & 3u) << 4); }
 

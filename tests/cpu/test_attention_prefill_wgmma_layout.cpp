@@ -1,4 +1,4 @@
-// CPU checks of the wgmma prefill attention's shared-memory layout (src/cuda/attention_prefill_wgmma_layout.h)
+// CPU checks of the wgmma prefill attention's INT4 dequantisation arithmetic and of its shared-memory layout (src/cuda/attention_prefill_wgmma_layout.h)
 // against the PTX ISA's canonical wgmma layouts ("Shared Memory Matrix Layout", "Canonical Layouts"), written here
 // independently of the header:
 //   K-major, 64-byte swizzle: ((8, m), (T, 2k)) : ((4T, SBO), (1, T))        (T = 8 bf16 = 16 bytes)
@@ -8,11 +8,16 @@
 // descriptor selects for each logical element must be where the producer / Q loader stores that element.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <random>
 #include <set>
 #include <vector>
 
 #include "cuda/attention_prefill_wgmma_layout.h"
+#include "futransformer/dtype.h"
+#include "futransformer/formats/kv_cache.h"
 
 namespace {
 
@@ -175,6 +180,79 @@ TEST(AttentionPrefillWgmmaLayout, TilesCoverEveryVectorOnce) {
       }
     }
   }
+}
+
+// --- The producer's INT4 -> f16 dequantisation (layout header: the steps), modelled from the PTX ISA. ---
+uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {  // byte i = byte (sel nibble i & 7) of {b, a}
+  const uint64_t x = a | (static_cast<uint64_t>(b) << 32);
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((x >> (8 * ((sel >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+}
+uint32_t lop3_ea(uint32_t a, uint32_t b, uint32_t c) { return (a & b) | c; }  // immediate 0xea
+// sub.rn.f16x2 / mul.rn.f16x2: each half computed exactly in fp32 (a difference or product of two fp16 values
+// is exact there) and rounded once to fp16 (RNE), which is the instruction's single rounding.
+uint32_t f16x2_op(uint32_t a, uint32_t b, bool mul) {
+  uint32_t r = 0;
+  for (int h = 0; h < 2; ++h) {
+    const float x = futransformer::f16_to_f32(static_cast<uint16_t>(a >> (16 * h)));
+    const float y = futransformer::f16_to_f32(static_cast<uint16_t>(b >> (16 * h)));
+    r |= static_cast<uint32_t>(futransformer::f32_to_f16(mul ? x * y : x - y)) << (16 * h);
+  }
+  return r;
+}
+
+// Every code of random INT4 / INT4-Hadamard pages (keys with outlier channels and both parts): the producer's
+// f16 value is exactly fp16((u − z) · s) of the page's bytes, i.e. formats::kv_decode_token's value rounded once
+// to f16 (relative difference ≤ 2^-11).
+TEST(AttentionPrefillWgmmaDequant, F16ValuesAreTheDecodedValuesRoundedOnce) {
+  using namespace futransformer;
+  namespace pf = futransformer::cuda::prefill;
+  namespace pw = futransformer::cuda::prefill_wgmma;
+  std::mt19937 rng(2026);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int checked = 0;
+  for (formats::KvFormat f : {formats::KvFormat::INT4, formats::KvFormat::INT4_HADAMARD}) {
+    for (int hd : {64, 128}) {
+      const formats::KvPageLayout L = formats::kv_page_layout(f, hd);
+      std::vector<uint8_t> page(static_cast<size_t>(L.page_bytes), 0xFF);
+      std::vector<float> x(static_cast<size_t>(hd));
+      for (int t = 0; t < 64; ++t) {
+        for (int p = 0; p < 2; ++p) {
+          for (int c = 0; c < hd; ++c) x[c] = normal(rng) * (c % 17 == 3 ? 30.0f : 1.0f) + (c % 5 == 1 ? 4.0f : 0.0f);
+          formats::kv_encode_token(L, page.data(), t, p == 0 ? formats::KvPart::K : formats::KvPart::V, x);
+        }
+      }
+      std::vector<float> decoded(static_cast<size_t>(hd));
+      for (int t = 0; t < 64; ++t) {
+        for (int p = 0; p < 2; ++p) {
+          formats::kv_decode_token(L, page.data(), t, p == 0 ? formats::KvPart::K : formats::KvPart::V, decoded);
+          for (int w = 0; w < hd / 8; ++w) {
+            const int group = t * static_cast<int>(L.groups) + w / 4;
+            uint32_t word, s16 = 0;
+            std::memcpy(&word, page.data() + L.codes[p] + t * (hd / 2) + 4 * w, 4);
+            std::memcpy(&s16, page.data() + L.scales[p] + 2 * group, 2);
+            const uint32_t z = page[static_cast<size_t>(L.zeros[p] + group)];
+            for (int j = 0; j < 4; ++j) {
+              const uint32_t u2 = lop3_ea(prmt(word, word >> 4, pf::dequant_selector(j)), pw::kF16NibbleMask, pw::kF16Magic);
+              const uint32_t v2 = f16x2_op(f16x2_op(u2, pw::f16_bias_pair(z), false), pw::f16_scale_pair(s16), true);
+              for (int h = 0; h < 2; ++h) {
+                const int c = 8 * w + 2 * j + h;
+                const float got = f16_to_f32(static_cast<uint16_t>(v2 >> (16 * h)));
+                const float want = decoded[static_cast<size_t>(c)];
+                ASSERT_EQ(got, f16_to_f32(f32_to_f16(want)))
+                    << formats::kv_format_name(f) << " hd " << hd << " token " << t << " part " << p << " channel "
+                    << c;
+                ASSERT_LE(std::fabs(got - want), std::ldexp(std::fabs(want), -11));
+                ++checked;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 2 * 64 * 2 * (64 + 128));
 }
 
 }  // namespace

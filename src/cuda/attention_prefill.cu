@@ -30,17 +30,17 @@ constexpr int smem_bytes() {
   return prefill::Layout<kInt4, kD>::kSmemBytes;
 }
 
-template <int kConsumers>
+template <int kConsumers, bool kLean = false>
 PrefillFn pick_wgmma(bool int4, int head_dim, int* smem) {
   namespace w = prefill_wgmma;
   if (int4) {
     *smem = head_dim == 128 ? w::Layout<true, 128, kConsumers>::kAllocBytes : w::Layout<true, 64, kConsumers>::kAllocBytes;
-    return head_dim == 128 ? w::attention_prefill_wgmma_kernel<true, 128, kConsumers>
-                           : w::attention_prefill_wgmma_kernel<true, 64, kConsumers>;
+    return head_dim == 128 ? w::attention_prefill_wgmma_kernel<true, 128, kConsumers, kLean>
+                           : w::attention_prefill_wgmma_kernel<true, 64, kConsumers, kLean>;
   }
   *smem = head_dim == 128 ? w::Layout<false, 128, kConsumers>::kAllocBytes : w::Layout<false, 64, kConsumers>::kAllocBytes;
-  return head_dim == 128 ? w::attention_prefill_wgmma_kernel<false, 128, kConsumers>
-                         : w::attention_prefill_wgmma_kernel<false, 64, kConsumers>;
+  return head_dim == 128 ? w::attention_prefill_wgmma_kernel<false, 128, kConsumers, kLean>
+                         : w::attention_prefill_wgmma_kernel<false, 64, kConsumers, kLean>;
 }
 
 PrefillFn pick(bool int4, int head_dim, int* smem) {
@@ -92,6 +92,7 @@ const char* attention_prefill_last_error() { return g_last_error.c_str(); }
 const char* attention_prefill_kernel_name(AttentionPrefillKernel kernel) {
   switch (kernel) {
     case AttentionPrefillKernel::kWgmma64: return "wgmma64";
+    case AttentionPrefillKernel::kWgmmaLean: return "wgmma-lean";
     case AttentionPrefillKernel::kMmaSync: return "mma-sync";
     default: return "wgmma";
   }
@@ -100,7 +101,8 @@ const char* attention_prefill_kernel_name(AttentionPrefillKernel kernel) {
 AttentionPrefillKernel attention_prefill_default_kernel() {
   static const AttentionPrefillKernel k = [] {
     const char* e = std::getenv("FT_PREFILL_ATTENTION");
-    for (AttentionPrefillKernel c : {AttentionPrefillKernel::kWgmma64, AttentionPrefillKernel::kMmaSync})
+    for (AttentionPrefillKernel c :
+         {AttentionPrefillKernel::kWgmma64, AttentionPrefillKernel::kWgmmaLean, AttentionPrefillKernel::kMmaSync})
       if (e != nullptr && std::strcmp(e, attention_prefill_kernel_name(c)) == 0) return c;
     return AttentionPrefillKernel::kWgmma;
   }();
@@ -148,6 +150,11 @@ cudaError_t attention_prefill_with(AttentionPrefillKernel which, KvFormat format
       kernel = pick_wgmma<1>(is_int4(format), head_dim, &smem);
       threads = prefill_wgmma::Shape<1>::kThreads;
       tile_vectors = prefill_wgmma::Shape<1>::kTileVectors;
+      break;
+    case AttentionPrefillKernel::kWgmmaLean:
+      kernel = pick_wgmma<2, true>(is_int4(format), head_dim, &smem);
+      threads = prefill_wgmma::Shape<2>::kThreads;
+      tile_vectors = prefill_wgmma::Shape<2>::kTileVectors;
       break;
     default:
       kernel = pick_wgmma<2>(is_int4(format), head_dim, &smem);

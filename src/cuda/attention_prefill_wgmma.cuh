@@ -161,7 +161,9 @@ __device__ __forceinline__ void fence_array(float (&r)[N]) {
   for (int i = 0; i < N; ++i) ptx::fence_operand(r[i]);
 }
 
-template <bool kInt4, int kD, int kConsumers>
+// kLean: the softmax with fewer instructions per block (scale folded into the exponent's FMA, the mask only in
+// blocks that need it, O's rescale skipped when no row's max moved); otherwise the same kernel.
+template <bool kInt4, int kD, int kConsumers, bool kLean = false>
 __global__ void __launch_bounds__(Shape<kConsumers>::kThreads, Shape<kConsumers>::kMinCtasPerSm)
     attention_prefill_wgmma_kernel(const PrefillArgs args) {
   using Sh = Shape<kConsumers>;
@@ -333,14 +335,35 @@ __global__ void __launch_bounds__(Shape<kConsumers>::kThreads, Shape<kConsumers>
     const int kb = j * kBlockTokens;
     const bool masked = kb + kBlockTokens - 1 > my_min_pos;
     float bmax[2] = {kNegInf, kNegInf};
+    if constexpr (kLean) {
+      // Raw scores: the scale is applied inside the exponent's FMA (max commutes with a positive scale, and
+      // rounding is monotonic, so m is the same); the mask only in the blocks that reach past a row's position.
+      if (masked) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+        for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int tok = kb + 8 * nt + 2 * t + (e & 1);
-        float& x = sacc[4 * nt + e];
-        x = masked && tok > pos[e >> 1] ? kNegInf : x * args.score_scale;
-        bmax[e >> 1] = fmaxf(bmax[e >> 1], x);
+          for (int e = 0; e < 4; ++e) {
+            float& x = sacc[4 * nt + e];
+            x = kb + 8 * nt + 2 * t + (e & 1) > pos[e >> 1] ? kNegInf : x;
+            bmax[e >> 1] = fmaxf(bmax[e >> 1], x);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) bmax[(i >> 1) & 1] = fmaxf(bmax[(i >> 1) & 1], sacc[i]);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) bmax[r] *= args.score_scale;  // −inf stays −inf
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int tok = kb + 8 * nt + 2 * t + (e & 1);
+          float& x = sacc[4 * nt + e];
+          x = masked && tok > pos[e >> 1] ? kNegInf : x * args.score_scale;
+          bmax[e >> 1] = fmaxf(bmax[e >> 1], x);
+        }
       }
     }
     float m_use[2], psum[2] = {0.0f, 0.0f};
@@ -357,13 +380,22 @@ __global__ void __launch_bounds__(Shape<kConsumers>::kThreads, Shape<kConsumers>
     }
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
-      sacc[i] = ptx::ex2_approx(sacc[i] - m_use[(i >> 1) & 1]);
+      if constexpr (kLean) {
+        sacc[i] = ptx::ex2_approx(fmaf(sacc[i], args.score_scale, -m_use[(i >> 1) & 1]));  // −inf -> 0
+      } else {
+        sacc[i] = ptx::ex2_approx(sacc[i] - m_use[(i >> 1) & 1]);
+      }
       psum[(i >> 1) & 1] += sacc[i];
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], psum[r]);
   };
   auto rescale_o = [&] {
+    if constexpr (kLean) {
+      // Most blocks leave every row's max unchanged (alpha = 1): skip the D / 2 multiplies when the whole warp
+      // can (a warp-level branch, no wgmma under it).
+      if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+    }
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
   };

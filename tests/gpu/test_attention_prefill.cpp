@@ -214,6 +214,7 @@ TEST_P(AttentionPrefillGpu, LongChunks) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, AttentionPrefillGpu,
                          testing::Values(cuda::AttentionPrefillKernel::kWgmma, cuda::AttentionPrefillKernel::kWgmma64,
+                                         cuda::AttentionPrefillKernel::kWgmmaLean,
                                          cuda::AttentionPrefillKernel::kMmaSync),
                          [](const testing::TestParamInfo<cuda::AttentionPrefillKernel>& i) {
                            std::string n = cuda::attention_prefill_kernel_name(i.param);

@@ -1,10 +1,11 @@
 // Prefill attention with warpgroup MMAs (sm_90a): shared-memory layout, the 64-byte swizzle, the wgmma
 // descriptors and the register budgets of attention_prefill_wgmma_kernel (src/cuda/attention_prefill_wgmma.cuh).
-// The work decomposition (64 query vectors of one chunk and one KV head per CTA, tiles, positions) is the mma.sync
-// kernel's (src/cuda/attention_prefill_layout.h). Plain C++ so the CPU test (tests/cpu/test_attention_prefill_wgmma_layout.cpp)
-// checks every offset here against the PTX ISA's canonical wgmma layouts.
+// The work decomposition is the mma.sync kernel's (src/cuda/attention_prefill_layout.h: query vectors v = row · G +
+// head of one chunk and one KV head, positions) with tiles of 64 or 128 vectors (Shape, tile_work below). Plain C++
+// so the CPU test (tests/cpu/test_attention_prefill_wgmma_layout.cpp) checks every offset here against the PTX ISA's
+// canonical wgmma layouts, and the INT4 -> f16 steps against the cache format.
 //
-// Operand layout ("group-major, 64-byte swizzle"): a [64 rows][D] BF16 matrix (Q: rows = query vectors; K and V:
+// Operand layout ("group-major, 64-byte swizzle"): a [64 rows][D] 16-bit matrix (Q: rows = query vectors; K and V:
 // rows = the 64 tokens of a key block) is stored as D / 32 column groups of [64 rows][32 channels]; a row of a
 // group is 64 bytes and 16-byte chunk c of row r sits at chunk c ^ ((r >> 1) & 3) (the 64-byte swizzle:
 // address bits 4-5 XOR bits 7-8, inside 512-byte atoms of 8 rows). 16-bit elements: bf16, or f16 for INT4 caches.

@@ -159,6 +159,26 @@ __global__ void __launch_bounds__(kThreads, 1)
       // sums are added in the same K order, so the result is unchanged.
       uint32_t pend_stage = 0;
       float pend_lo = 0.0f, pend_hi = 0.0f;  // the outstanding group's stage and block scales
+      // The K block scales come from global memory (L2): loaded kScaleAhead blocks before the issue that uses them
+      // (one block ahead left the promotion waiting on the load), rotated through registers.
+      constexpr int kScaleAhead = 3;
+      float ahead_lo[kScaleAhead], ahead_hi[kScaleAhead];  // scales of K blocks kb .. kb + kScaleAhead − 1
+#pragma unroll
+      for (int i = 0; i < kScaleAhead; ++i) {
+        ahead_lo[i] = block_scale(a_scale_lo, a_row_lo, i);
+        ahead_hi[i] = block_scale(a_scale_hi, a_row_hi, i);
+      }
+      auto take_scales = [&](int kb, float& lo, float& hi) {  // K block kb's scales; queue the load of kb + ahead
+        lo = ahead_lo[0];
+        hi = ahead_hi[0];
+#pragma unroll
+        for (int i = 0; i + 1 < kScaleAhead; ++i) {
+          ahead_lo[i] = ahead_lo[i + 1];
+          ahead_hi[i] = ahead_hi[i + 1];
+        }
+        ahead_lo[kScaleAhead - 1] = block_scale(a_scale_lo, a_row_lo, kb + kScaleAhead);
+        ahead_hi[kScaleAhead - 1] = block_scale(a_scale_hi, a_row_hi, kb + kScaleAhead);
+      };
       auto retire = [&](float (&a)[kAccRegs]) {
         // This warp's share of the stage has been read: one arrival per consumer warp frees it.
         if (lane == 0) ptx::mbarrier_arrive(empty_bar + 8u * pend_stage);
@@ -167,7 +187,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
       for (int kb = 0;;) {
         {
-          const float lo = block_scale(a_scale_lo, a_row_lo, kb), hi = block_scale(a_scale_hi, a_row_hi, kb);
+          float lo, hi;
+          take_scales(kb, lo, hi);
           const uint32_t stage = pipe.stage;
           issue(acc);
           advance(pipe, kStages);
@@ -183,7 +204,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         {
-          const float lo = block_scale(a_scale_lo, a_row_lo, kb), hi = block_scale(a_scale_hi, a_row_hi, kb);
+          float lo, hi;
+          take_scales(kb, lo, hi);
           const uint32_t stage = pipe.stage;
           issue(acc2);
           advance(pipe, kStages);

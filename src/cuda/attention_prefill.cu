@@ -34,11 +34,13 @@ template <int kConsumers, bool kLean = false>
 PrefillFn pick_wgmma(bool int4, int head_dim, int* smem) {
   namespace w = prefill_wgmma;
   if (int4) {
-    *smem = head_dim == 128 ? w::Layout<true, 128, kConsumers>::kAllocBytes : w::Layout<true, 64, kConsumers>::kAllocBytes;
+    *smem = head_dim == 128 ? w::KernelLayout<true, 128, kConsumers, kLean>::kAllocBytes
+                            : w::KernelLayout<true, 64, kConsumers, kLean>::kAllocBytes;
     return head_dim == 128 ? w::attention_prefill_wgmma_kernel<true, 128, kConsumers, kLean>
                            : w::attention_prefill_wgmma_kernel<true, 64, kConsumers, kLean>;
   }
-  *smem = head_dim == 128 ? w::Layout<false, 128, kConsumers>::kAllocBytes : w::Layout<false, 64, kConsumers>::kAllocBytes;
+  *smem = head_dim == 128 ? w::KernelLayout<false, 128, kConsumers, kLean>::kAllocBytes
+                          : w::KernelLayout<false, 64, kConsumers, kLean>::kAllocBytes;
   return head_dim == 128 ? w::attention_prefill_wgmma_kernel<false, 128, kConsumers, kLean>
                          : w::attention_prefill_wgmma_kernel<false, 64, kConsumers, kLean>;
 }

@@ -15,7 +15,8 @@ enum class AttentionPrefillKernel {
              // 128-vector tiles, one CTA per SM — the default
   kWgmma64,  // the same with one consumer warpgroup, 64-vector tiles, two CTAs per SM
   kWgmmaLean,  // kWgmma with a leaner softmax (scale in the exponent's FMA, mask only where needed, O's rescale
-               // skipped when no row's max moved): built after the seventh session's last device call, not yet run
+               // skipped when no row's max moved) and two INT4 raw pages in flight: built after the seventh
+               // session's last device call, not yet run
   kMmaSync,  // the first design, mma.sync m16n8k16 with the dequantisation between barriers (attention_prefill.cuh)
 };
 

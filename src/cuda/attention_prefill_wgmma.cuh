@@ -162,12 +162,13 @@ __device__ __forceinline__ void fence_array(float (&r)[N]) {
 }
 
 // kLean: the softmax with fewer instructions per block (scale folded into the exponent's FMA, the mask only in
-// blocks that need it, O's rescale skipped when no row's max moved); otherwise the same kernel.
+// blocks that need it, O's rescale skipped when no row's max moved) and, for INT4, two raw pages in flight ahead of
+// the dequantisation instead of one; otherwise the same kernel.
 template <bool kInt4, int kD, int kConsumers, bool kLean = false>
 __global__ void __launch_bounds__(Shape<kConsumers>::kThreads, Shape<kConsumers>::kMinCtasPerSm)
     attention_prefill_wgmma_kernel(const PrefillArgs args) {
   using Sh = Shape<kConsumers>;
-  using L = Layout<kInt4, kD, kConsumers>;
+  using L = KernelLayout<kInt4, kD, kConsumers, kLean>;
   using P = Producer<kInt4, kD>;
   using M = Mma16<kInt4>;
   constexpr int kStages = Sh::kStages;
@@ -219,21 +220,27 @@ __global__ void __launch_bounds__(Shape<kConsumers>::kThreads, Shape<kConsumers>
     ptx::setmaxnreg_dec<Sh::kProducerRegs>();
     if constexpr (kInt4) {
       const uint32_t raw_s = base_s + L::kRawOffset;
+      constexpr int kRaw = L::kRawBuffers;  // raw page buffers: kRaw − 1 pages in flight ahead of the dequantisation
+      auto raw_index = [](int j) { return kRaw == 2 ? (j & 1) : static_cast<int>(static_cast<unsigned>(j) % kRaw); };
       auto issue_raw = [&](int j) {
         const uint8_t* page = page_of(j);
-        const uint32_t dst = raw_s + (j & 1) * L::kRawPageBytes;
+        const uint32_t dst = raw_s + raw_index(j) * L::kRawPageBytes;
         for (int i = tid; i < L::kRawPageBytes / 16; i += kWarpgroupThreads) ptx::cp_async_16(dst + 16 * i, page + 16 * i);
       };
-      issue_raw(0);
+      issue_raw(0);  // work.blocks >= 1
       ptx::cp_async_commit_group();
+      if constexpr (kRaw == 3) {  // one commit group per page, empty past the last: uniform counting
+        if (work.blocks > 1) issue_raw(1);
+        ptx::cp_async_commit_group();
+      }
       for (int j = 0; j < work.blocks; ++j) {
-        ptx::cp_async_wait_group<0>();                       // this thread's copies of page j have landed
+        ptx::cp_async_wait_group<kRaw - 2>();  // this thread's copies of page j have landed (later ones may not)
         // everyone's; and everyone is done with page j − 1
         asm volatile("bar.sync %0, %1;\n" ::"n"(kProducerBarrier), "n"(kWarpgroupThreads) : "memory");
-        if (j + 1 < work.blocks) issue_raw(j + 1);           // into the buffer page j − 1 used
+        if (j + kRaw - 1 < work.blocks) issue_raw(j + kRaw - 1);  // into the buffer page j − 1 used
         ptx::cp_async_commit_group();
         wait_empty(j);
-        P::dequantise(base + L::kRawOffset + (j & 1) * L::kRawPageBytes,
+        P::dequantise(base + L::kRawOffset + raw_index(j) * L::kRawPageBytes,
                       base + L::kStageOffset + (j % kStages) * L::kStageBytes, work.kv_len - j * kBlockTokens, tid);
         ptx::fence_proxy_async_shared();  // generic-proxy stores -> the consumers' wgmma reads
         ptx::mbarrier_arrive(bar_s + 8 * (j % kStages));

@@ -91,7 +91,8 @@ FT_HD uint32_t element_offset(int row, int channel) {
   return operand_offset(row, channel >> 3) + static_cast<uint32_t>((channel & 7) * 2);
 }
 
-template <bool kInt4, int kD, int kConsumers>
+// kRawPages: INT4 raw page buffers of the producer (pages in flight ahead of the dequantisation: kRawPages − 1).
+template <bool kInt4, int kD, int kConsumers, int kRawPages = 2>
 struct Layout {
   using S = Shape<kConsumers>;
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
@@ -103,8 +104,9 @@ struct Layout {
   static constexpr int kQOffset = 0;                           // consumer c's Q at kQOffset + c * kPartBytes
   static constexpr int kStageOffset = kConsumers * kPartBytes;
   static constexpr int kRawPageBytes = static_cast<int>(Page::kPageBytes);
-  static constexpr int kRawOffset = kStageOffset + S::kStages * kStageBytes;  // INT4: two raw page buffers
-  static constexpr int kRawBuffers = kInt4 ? 2 : 0;
+  static constexpr int kRawOffset = kStageOffset + S::kStages * kStageBytes;  // INT4: the raw page buffers
+  static constexpr int kRawBuffers = kInt4 ? kRawPages : 0;
+  static_assert(kRawPages == 2 || kRawPages == 3, "one or two pages in flight ahead of the dequantisation");
   static constexpr int kBarOffset = kRawOffset + kRawBuffers * kRawPageBytes;
   static constexpr int kBytes = kBarOffset + S::kBarriers * 8;
   static constexpr int kAllocBytes = kBytes + kAlign;  // the dynamic window is only guaranteed 16-byte aligned
@@ -112,6 +114,10 @@ struct Layout {
   static_assert(kRawPageBytes % 16 == 0 && kBarOffset % 8 == 0);
   static_assert(S::kMinCtasPerSm * (kAllocBytes + 1024) <= 228 * 1024, "the CTAs of an SM fit its shared memory");
 };
+
+// The layout of a kernel instance: the lean variant (attention_prefill_wgmma.cuh) keeps two INT4 pages in flight.
+template <bool kInt4, int kD, int kConsumers, bool kLean>
+using KernelLayout = Layout<kInt4, kD, kConsumers, kLean ? 3 : 2>;
 
 // --- wgmma shared-memory descriptors (PTX ISA "Matrix Descriptor Format"): bits 0-13 start address >> 4,
 // 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4, 49-51 base offset (0: regions are 512-byte

@@ -124,9 +124,9 @@ TEST(AttentionPrefillWgmmaLayout, ChunksTileEachOperandOnce) {
 
 // Regions: Q, the stages, the raw pages and the barriers follow each other without overlap, operand regions are
 // 1024-byte aligned, and two CTAs fit an SM (228 KB, 1 KB reserved per CTA).
-template <bool kInt4, int kD, int kConsumers>
+template <bool kInt4, int kD, int kConsumers, bool kLean = false>
 void check_regions() {
-  using L = pw::Layout<kInt4, kD, kConsumers>;
+  using L = pw::KernelLayout<kInt4, kD, kConsumers, kLean>;
   using S = pw::Shape<kConsumers>;
   SCOPED_TRACE(testing::Message() << (kInt4 ? "int4" : "bf16") << " head_dim " << kD << " consumers " << kConsumers);
   EXPECT_EQ(L::kQOffset, 0);
@@ -135,7 +135,7 @@ void check_regions() {
   EXPECT_EQ(L::kStageBytes % 1024, 0);
   EXPECT_EQ(L::kStageBytes, 2 * L::kPartBytes);
   EXPECT_EQ(L::kRawOffset, L::kStageOffset + S::kStages * L::kStageBytes);
-  EXPECT_EQ(L::kBarOffset, L::kRawOffset + (kInt4 ? 2 * L::kRawPageBytes : 0));
+  EXPECT_EQ(L::kBarOffset, L::kRawOffset + (kInt4 ? (kLean ? 3 : 2) * L::kRawPageBytes : 0));
   EXPECT_EQ(L::kBytes, L::kBarOffset + 8 * S::kBarriers);
   EXPECT_LE(S::kMinCtasPerSm * (L::kAllocBytes + 1024), 228 * 1024);
   EXPECT_LE(S::kProducerRegs + kConsumers * S::kConsumerRegs, 65536 / S::kMinCtasPerSm / pw::kWarpgroupThreads);
@@ -152,6 +152,9 @@ TEST(AttentionPrefillWgmmaLayout, RegionsAndOccupancy) {
   check_regions<true, 64, 2>();
   check_regions<false, 128, 2>();
   check_regions<false, 64, 2>();
+  check_regions<true, 128, 2, true>();  // the lean variant: a third raw page buffer
+  check_regions<true, 64, 2, true>();
+  check_regions<false, 128, 2, true>();
   EXPECT_EQ((pw::Layout<true, 128, 1>::kRawPageBytes), 9728);  // docs/formats.md's worked example
   EXPECT_EQ((pw::Layout<true, 64, 1>::kRawPageBytes), 4864);
 }

@@ -112,8 +112,9 @@ struct MetaLayout {
   }
 };
 
-// A pass attends with attention_prefill when one of its chunks has at least this many rows (a 64-vector tile is
-// then mostly full); shorter passes keep the decode kernels, which split long contexts across CTAs.
+// A pass attends with attention_prefill when one of its chunks has at least this many rows; shorter passes keep the
+// decode kernels, which split long contexts across CTAs. Chosen for the mma.sync kernel's 64-vector tiles (mostly
+// full at 16 rows for G >= 4); the default wgmma kernel's tiles hold 128 vectors — not re-measured since.
 constexpr int kPrefillAttentionMinChunkRows = 16;
 
 struct SeqState {

@@ -5,10 +5,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
 #include "cuda/fused_ops.cuh"
+#include "cuda/fused_ops_internal.h"
 #include "cuda/launch_status.h"
 #include "futransformer/cuda/decoder_ops.h"
 #include "futransformer/cuda/fused_ops.h"
@@ -48,6 +50,23 @@ auto qkv_kernel(bool rope) {
   return rope ? fused::qkv_rope_kv_append_kernel<F, true> : fused::qkv_rope_kv_append_kernel<F, false>;
 }
 
+QuadAppend g_quad_mode = QuadAppend::kDefault;
+
+bool quad_enabled() {
+  if (g_quad_mode != QuadAppend::kDefault) return g_quad_mode == QuadAppend::kOn;
+  static const bool env = [] {
+    const char* e = std::getenv("FT_QKV_QUAD");
+    return e != nullptr && e[0] == '1';
+  }();
+  return env;
+}
+
+// The quad kernel's shape: INT4 caches at head_dim 128 (its 32 channels per lane), 16-byte loads and stores.
+bool quad_applies(KvFormat format, int head_dim, const void* qkv, const void* q_out) {
+  return (format == KvFormat::INT4 || format == KvFormat::INT4_HADAMARD) && head_dim == fused::kQuadHeadDim &&
+         aligned(qkv, 16) && aligned(q_out, 16);
+}
+
 // Shared by qkv_rope_kv_append (rope) and kv_append_rotate_q (!rope): checks, then the launch.
 cudaError_t qkv_append(const char* op, bool rope, KvFormat format, __nv_bfloat16* qkv, int rows, int n_heads,
                        int n_kv_heads, int head_dim, const int32_t* positions, const float* inv_freq,
@@ -61,10 +80,27 @@ cudaError_t qkv_append(const char* op, bool rope, KvFormat format, __nv_bfloat16
                                                  hadamard_block, q_out, &a, &g_last_error);
       e != cudaSuccess)
     return e;
+  if (!rope && quad_enabled() && quad_applies(format, head_dim, qkv, q_out)) {
+    // make_qkv_args checked the blocks: q's a power of two dividing head_dim (or none), kv's the format's (128).
+    const int64_t quads = static_cast<int64_t>(rows) * (n_heads + 2 * n_kv_heads);
+    const dim3 grid(static_cast<unsigned>((quads + fused::kQuadItemsPerCta - 1) / fused::kQuadItemsPerCta));
+    const dim3 block(fused::kQuadThreads);
+    return format == KvFormat::INT4
+               ? launch_maybe_programmatic(fused::kv_append_rotate_q_quad_kernel<KvFormat::INT4>, grid, block, stream,
+                                           a, rows)
+               : launch_maybe_programmatic(fused::kv_append_rotate_q_quad_kernel<KvFormat::INT4_HADAMARD>, grid, block,
+                                           stream, a, rows);
+  }
   return fused::launch_qkv_kernel(a, format, rows, rope, stream);
 }
 
 }  // namespace
+
+void set_kv_append_rotate_q_quad(QuadAppend mode) { g_quad_mode = mode; }
+
+bool kv_append_rotate_q_uses_quad(KvFormat format, int head_dim, const void* qkv, const void* q_out) {
+  return quad_enabled() && quad_applies(format, head_dim, qkv, q_out);
+}
 
 namespace fused {
 

@@ -219,6 +219,144 @@ __global__ void __launch_bounds__(kQkvWarps * kWarp) qkv_rope_kv_append_kernel(c
   qkv_head_item<F, kRope>(a, cs, meta, r, item, lane);
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// kv_append_rotate_q for the prefill shape (no RoPE; INT4 / INT4_HADAMARD caches, head_dim 128): one QUAD of lanes
+// per (row, head item) instead of one warp. Lane t of the quad holds channels 32 t .. 32 t + 31, so
+//  - an INT4 group of 32 channels is one lane's 32 registers: its min / max need no shuffle;
+//  - the Hadamard butterflies of strides 1..16 are in-register, strides 32 and 64 one quad shuffle each (pairs
+//    (c, c + h) with h = 32 · 2^s sit in lanes t and t ^ 2^s), in formats/hadamard.h's order (increasing stride,
+//    (a + b, a − b) with a the lower channel), then one multiply by the scale: bit for bit kv::hadamard_warp;
+//  - the 16 code bytes of the group are one 16-byte store, the head's 256 input bytes 16-byte loads.
+// Every other operation is kv::store_int4's / kv::encode_quantized's, in the same order. Quads of one row item are
+// quad-uniform (padding rows, q / k / v), so the quad shuffles (mask: the quad's lanes) never diverge inside a quad.
+constexpr int kQuadHeadDim = 128;
+constexpr int kQuadPerLane = kQuadHeadDim / 4;      // 32 channels per lane
+constexpr int kQuadThreads = 128;                   // 32 quads per CTA
+constexpr int kQuadItemsPerCta = kQuadThreads / 4;
+
+// Butterflies of strides 1 .. block / 2 (block a power of two in 2..128) over the quad's head, then x *= scale.
+__device__ __forceinline__ void hadamard_quad(float (&x)[kQuadPerLane], int block, float scale, int t,
+                                              unsigned quad_mask) {
+#pragma unroll
+  for (int h = 1; h < kQuadPerLane; h *= 2) {
+    if (h < block) {
+#pragma unroll
+      for (int k = 0; k < kQuadPerLane; ++k) {
+        if ((k & h) == 0) {
+          const float a = x[k], b = x[k | h];
+          x[k] = __fadd_rn(a, b);
+          x[k | h] = __fsub_rn(a, b);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 1; m < 4; m *= 2) {  // stride 32 m: lanes t and t ^ m
+    if (kQuadPerLane * m < block) {
+#pragma unroll
+      for (int k = 0; k < kQuadPerLane; ++k) {
+        const float other = __shfl_xor_sync(quad_mask, x[k], m);
+        x[k] = (t & m) ? __fsub_rn(other, x[k]) : __fadd_rn(x[k], other);
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kQuadPerLane; ++k) x[k] = __fmul_rn(x[k], scale);
+}
+
+// grid = ceil(rows · items / 32) CTAs of 128 threads; quad i of the launch owns item i % items of row i / items.
+template <formats::KvFormat F>
+__global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(const QkvArgs a, int rows) {
+  static_assert(F == formats::KvFormat::INT4 || F == formats::KvFormat::INT4_HADAMARD, "INT4 caches");
+  const int items = a.n_heads + 2 * a.n_kv_heads;
+  const int64_t quad = static_cast<int64_t>(blockIdx.x) * kQuadItemsPerCta + threadIdx.x / 4;
+  const int t = static_cast<int>(threadIdx.x) & 3;
+  const unsigned quad_mask = 0xFu << (threadIdx.x & 28u);
+  if (quad >= static_cast<int64_t>(rows) * items) return;  // quad-uniform
+  const int r = static_cast<int>(quad / items), item = static_cast<int>(quad % items);
+  const bool is_q = item < a.n_heads;
+  const bool is_v = item >= a.n_heads + a.n_kv_heads;
+  QkvRowMeta meta{-1, -1, -1};
+  if (!is_q) meta = qkv_row_meta<F>(a, r);  // inputs of the pass no kernel writes (read before the wait)
+  ops::pdl_prologue();
+  if (!is_q && (meta.page < 0 || meta.slot < 0 || meta.slot >= kv::kPageTokens)) return;  // padding row
+
+  // The lane's 32 channels, widened to fp32 (exact).
+  const __nv_bfloat16* head = a.qkv + static_cast<int64_t>(r) * a.row_width + static_cast<int64_t>(item) * kQuadHeadDim;
+  float x[kQuadPerLane];
+  {
+    const uint4* src = reinterpret_cast<const uint4*>(head + kQuadPerLane * t);
+#pragma unroll
+    for (int v = 0; v < kQuadPerLane / 8; ++v) {
+      const uint4 w = src[v];
+      const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        x[8 * v + 2 * k] = __uint_as_float(ws[k] << 16);
+        x[8 * v + 2 * k + 1] = __uint_as_float(ws[k] & 0xffff0000u);
+      }
+    }
+  }
+
+  if (is_q) {
+    if (a.q_hadamard_block > 1) hadamard_quad(x, a.q_hadamard_block, a.q_hadamard_scale, t, quad_mask);
+    uint4* dst = reinterpret_cast<uint4*>(a.q_out + (static_cast<int64_t>(r) * a.n_heads + item) * kQuadHeadDim +
+                                          kQuadPerLane * t);
+#pragma unroll
+    for (int v = 0; v < kQuadPerLane / 8; ++v) {
+      uint32_t w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(x[8 * v + 2 * k]));
+        const uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(x[8 * v + 2 * k + 1]));
+        w[k] = lo | (hi << 16);
+      }
+      dst[v] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    return;
+  }
+
+  const int h = is_v ? item - a.n_heads - a.n_kv_heads : item - a.n_heads;
+  const kv::SlotDst d = kv::slot_dst(a.pool, a.geo, meta.page, a.n_kv_heads, h, meta.slot, is_v);
+  if constexpr (F == formats::KvFormat::INT4_HADAMARD) {
+    hadamard_quad(x, a.kv_hadamard_block, a.kv_hadamard_scale, t, quad_mask);
+    const int ai = is_v ? -1 : meta.anchor;
+    if (ai >= 0) {
+      const uint16_t* anchor = a.key_anchors + (static_cast<int64_t>(ai) * a.n_kv_heads + h) * kQuadHeadDim;
+#pragma unroll
+      for (int k = 0; k < kQuadPerLane; ++k)
+        x[k] = __fsub_rn(x[k], kv::f16_bits_to_f32(anchor[kQuadPerLane * t + k]));
+    }
+  }
+  // The int4 rule on group t (kv::store_int4's operations; min / max are exact whatever the order).
+  float lo = 0.0f, hi = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kQuadPerLane; ++k) {
+    const float neg = x[k] < 0.0f ? x[k] : 0.0f, pos = 0.0f < x[k] ? x[k] : 0.0f;
+    lo = neg < lo ? neg : lo;
+    hi = hi < pos ? pos : hi;
+  }
+  const float s = __fdiv_rn(__fsub_rn(hi, lo), kv::kInt4Levels);
+  uint16_t scale_bits = kv::f32_to_f16_bits(s);
+  float scale = kv::f16_bits_to_f32(scale_bits);
+  if (!(scale > 0.0f)) {
+    scale_bits = kv::kF16One;
+    scale = 1.0f;
+  }
+  const float zf = rintf(__fdiv_rn(-lo, scale));
+  const int zero = static_cast<int>(fminf(fmaxf(zf, 0.0f), kv::kInt4Levels));
+  uint32_t bytes[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int k = 0; k < kQuadPerLane; ++k) {
+    const float q = __fadd_rn(rintf(__fdiv_rn(x[k], scale)), static_cast<float>(zero));
+    const uint32_t u = static_cast<uint32_t>(fminf(fmaxf(q, 0.0f), kv::kInt4Levels));
+    bytes[k / 8] |= u << (4 * (k % 8));  // channel 32 t + k: byte 16 t + k / 2, the even channel in the low nibble
+  }
+  *reinterpret_cast<uint4*>(d.row + 16 * t) = make_uint4(bytes[0], bytes[1], bytes[2], bytes[3]);
+  reinterpret_cast<uint16_t*>(d.scales)[meta.slot * a.geo.groups + t] = scale_bits;
+  d.zeros[meta.slot * a.geo.groups + t] = static_cast<uint8_t>(zero);
+}
+
 // Host side (fused_ops.cu), shared with the W4A16 GEMM's QKV epilogue (gemm_w4a16.cu): the checks of
 // qkv_rope_kv_append (rope) or kv_append_rotate_q (!rope) — messages start with `op` — then the kernel arguments.
 // cudaErrorInvalidValue with the reason in *why, else cudaSuccess.

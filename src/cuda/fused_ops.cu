@@ -61,10 +61,16 @@ bool quad_enabled() {
   return env;
 }
 
-// The quad kernel's shape: INT4 caches at head_dim 128 (its 32 channels per lane), 16-byte loads and stores.
-bool quad_applies(KvFormat format, int head_dim, const void* qkv, const void* q_out) {
+// The quad kernel's shape: INT4 caches at head_dim 128 (its 32 channels per lane), 16-byte loads and stores, rows
+// of at least kQuadMinItems head items (a CTA's RoPE tables).
+bool quad_applies(KvFormat format, int head_dim, int items, const void* qkv, const void* q_out) {
   return (format == KvFormat::INT4 || format == KvFormat::INT4_HADAMARD) && head_dim == fused::kQuadHeadDim &&
-         aligned(qkv, 16) && aligned(q_out, 16);
+         items >= fused::kQuadMinItems && aligned(qkv, 16) && aligned(q_out, 16);
+}
+
+template <KvFormat F>
+auto quad_kernel(bool rope) {
+  return rope ? fused::kv_append_rotate_q_quad_kernel<F, true> : fused::kv_append_rotate_q_quad_kernel<F, false>;
 }
 
 // Shared by qkv_rope_kv_append (rope) and kv_append_rotate_q (!rope): checks, then the launch.
@@ -80,16 +86,15 @@ cudaError_t qkv_append(const char* op, bool rope, KvFormat format, __nv_bfloat16
                                                  hadamard_block, q_out, &a, &g_last_error);
       e != cudaSuccess)
     return e;
-  if (!rope && quad_enabled() && quad_applies(format, head_dim, qkv, q_out)) {
+  const int items = n_heads + 2 * n_kv_heads;
+  if (quad_enabled() && quad_applies(format, head_dim, items, qkv, q_out)) {
     // make_qkv_args checked the blocks: q's a power of two dividing head_dim (or none), kv's the format's (128).
-    const int64_t quads = static_cast<int64_t>(rows) * (n_heads + 2 * n_kv_heads);
+    const int64_t quads = static_cast<int64_t>(rows) * items;
     const dim3 grid(static_cast<unsigned>((quads + fused::kQuadItemsPerCta - 1) / fused::kQuadItemsPerCta));
     const dim3 block(fused::kQuadThreads);
     return format == KvFormat::INT4
-               ? launch_maybe_programmatic(fused::kv_append_rotate_q_quad_kernel<KvFormat::INT4>, grid, block, stream,
-                                           a, rows)
-               : launch_maybe_programmatic(fused::kv_append_rotate_q_quad_kernel<KvFormat::INT4_HADAMARD>, grid, block,
-                                           stream, a, rows);
+               ? launch_maybe_programmatic(quad_kernel<KvFormat::INT4>(rope), grid, block, stream, a, rows)
+               : launch_maybe_programmatic(quad_kernel<KvFormat::INT4_HADAMARD>(rope), grid, block, stream, a, rows);
   }
   return fused::launch_qkv_kernel(a, format, rows, rope, stream);
 }
@@ -98,8 +103,9 @@ cudaError_t qkv_append(const char* op, bool rope, KvFormat format, __nv_bfloat16
 
 void set_kv_append_rotate_q_quad(QuadAppend mode) { g_quad_mode = mode; }
 
-bool kv_append_rotate_q_uses_quad(KvFormat format, int head_dim, const void* qkv, const void* q_out) {
-  return quad_enabled() && quad_applies(format, head_dim, qkv, q_out);
+bool qkv_append_uses_quad(KvFormat format, int n_heads, int n_kv_heads, int head_dim, const void* qkv,
+                          const void* q_out) {
+  return quad_enabled() && quad_applies(format, head_dim, n_heads + 2 * n_kv_heads, qkv, q_out);
 }
 
 namespace fused {

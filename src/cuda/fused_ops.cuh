@@ -220,8 +220,8 @@ __global__ void __launch_bounds__(kQkvWarps * kWarp) qkv_rope_kv_append_kernel(c
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// kv_append_rotate_q for the prefill shape (no RoPE; INT4 / INT4_HADAMARD caches, head_dim 128): one QUAD of lanes
-// per (row, head item) instead of one warp. Lane t of the quad holds channels 32 t .. 32 t + 31, so
+// kv_append_rotate_q / qkv_rope_kv_append for INT4 / INT4_HADAMARD caches at head_dim 128: one QUAD of lanes per
+// (row, head item) instead of one warp. Lane t of the quad holds channels 32 t .. 32 t + 31, so
 //  - an INT4 group of 32 channels is one lane's 32 registers: its min / max need no shuffle;
 //  - the Hadamard butterflies of strides 1..16 are in-register, strides 32 and 64 one quad shuffle each (pairs
 //    (c, c + h) with h = 32 · 2^s sit in lanes t and t ^ 2^s), in formats/hadamard.h's order (increasing stride,
@@ -264,25 +264,51 @@ __device__ __forceinline__ void hadamard_quad(float (&x)[kQuadPerLane], int bloc
   for (int k = 0; k < kQuadPerLane; ++k) x[k] = __fmul_rn(x[k], scale);
 }
 
+// The rows a CTA of 32 quads can touch when a row has at least kQuadMinItems items (its RoPE table in shared memory).
+constexpr int kQuadMinItems = 11;
+constexpr int kQuadMaxRowsPerCta = (kQuadItemsPerCta - 1) / kQuadMinItems + 2;  // 4
+
+__device__ __forceinline__ uint32_t pack_bf16_pair(float lo, float hi) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+         (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
+}
+
 // grid = ceil(rows · items / 32) CTAs of 128 threads; quad i of the launch owns item i % items of row i / items.
-template <formats::KvFormat F>
+// kRope (qkv_rope_kv_append): q and k heads are RoPE'd first, as qkv_head_item does (the pair (i, i + 64) of lane
+// t's channel sits in lane t ^ 2: one quad shuffle), the BF16 result written back into qkv; the CTA's rows' cos/sin
+// tables are built in shared memory before griddepcontrol.wait. Rows need >= kQuadMinItems items (the host checks).
+template <formats::KvFormat F, bool kRope>
 __global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(const QkvArgs a, int rows) {
   static_assert(F == formats::KvFormat::INT4 || F == formats::KvFormat::INT4_HADAMARD, "INT4 caches");
+  __shared__ float2 cs[kRope ? kQuadMaxRowsPerCta : 1][kQuadHeadDim / 2];
   const int items = a.n_heads + 2 * a.n_kv_heads;
-  const int64_t quad = static_cast<int64_t>(blockIdx.x) * kQuadItemsPerCta + threadIdx.x / 4;
+  const int64_t first_quad = static_cast<int64_t>(blockIdx.x) * kQuadItemsPerCta;
+  const int64_t quad = first_quad + threadIdx.x / 4;
+  const int64_t total = static_cast<int64_t>(rows) * items;
   const int t = static_cast<int>(threadIdx.x) & 3;
   const unsigned quad_mask = 0xFu << (threadIdx.x & 28u);
-  if (quad >= static_cast<int64_t>(rows) * items) return;  // quad-uniform
-  const int r = static_cast<int>(quad / items), item = static_cast<int>(quad % items);
+  const int row0 = static_cast<int>(first_quad / items);
+  if constexpr (kRope) {
+    // The table of rows row0 .. row0 + 3 (those of them that exist), before the wait: positions and inv_freq are
+    // inputs of the pass no kernel writes.
+    for (int i = static_cast<int>(threadIdx.x); i < kQuadMaxRowsPerCta * (kQuadHeadDim / 2); i += kQuadThreads) {
+      const int rr = row0 + i / (kQuadHeadDim / 2), pair = i % (kQuadHeadDim / 2);
+      if (rr < rows) cs[i / (kQuadHeadDim / 2)][pair] = ops::rope_cos_sin(static_cast<double>(a.positions[rr]),
+                                                                          a.inv_freq[pair]);
+    }
+  }
+  const bool live = quad < total;  // quad-uniform
+  const int r = live ? static_cast<int>(quad / items) : 0, item = live ? static_cast<int>(quad % items) : 0;
   const bool is_q = item < a.n_heads;
   const bool is_v = item >= a.n_heads + a.n_kv_heads;
   QkvRowMeta meta{-1, -1, -1};
-  if (!is_q) meta = qkv_row_meta<F>(a, r);  // inputs of the pass no kernel writes (read before the wait)
+  if (live && !is_q) meta = qkv_row_meta<F>(a, r);  // inputs of the pass no kernel writes (read before the wait)
   ops::pdl_prologue();
-  if (!is_q && (meta.page < 0 || meta.slot < 0 || meta.slot >= kv::kPageTokens)) return;  // padding row
+  if constexpr (kRope) __syncthreads();  // the only barrier: every return below is after it
+  if (!live) return;
 
   // The lane's 32 channels, widened to fp32 (exact).
-  const __nv_bfloat16* head = a.qkv + static_cast<int64_t>(r) * a.row_width + static_cast<int64_t>(item) * kQuadHeadDim;
+  __nv_bfloat16* head = a.qkv + static_cast<int64_t>(r) * a.row_width + static_cast<int64_t>(item) * kQuadHeadDim;
   float x[kQuadPerLane];
   {
     const uint4* src = reinterpret_cast<const uint4*>(head + kQuadPerLane * t);
@@ -297,6 +323,30 @@ __global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(c
       }
     }
   }
+  if constexpr (kRope) {
+    if (!is_v) {
+      // RoPE of channel c = 32 t + k with its pair in lane t ^ 2 (c ± 64), rounded to BF16 and written back.
+      const float2* row_cs = cs[r - row0];
+      uint32_t out[kQuadPerLane / 2];
+#pragma unroll
+      for (int k = 0; k < kQuadPerLane; ++k) {
+        const float other = __shfl_xor_sync(quad_mask, x[k], 2);
+        const float2 c = row_cs[(kQuadPerLane * t + k) & (kQuadHeadDim / 2 - 1)];
+        const float y = t < 2 ? ops::rope_lo(x[k], other, c) : ops::rope_hi(other, x[k], c);
+        const uint32_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+        x[k] = __uint_as_float(bits << 16);
+        if (k & 1) {
+          out[k / 2] |= bits << 16;
+        } else {
+          out[k / 2] = bits;
+        }
+      }
+      uint4* dst = reinterpret_cast<uint4*>(head + kQuadPerLane * t);
+#pragma unroll
+      for (int v = 0; v < kQuadPerLane / 8; ++v) dst[v] = make_uint4(out[4 * v], out[4 * v + 1], out[4 * v + 2], out[4 * v + 3]);
+    }
+  }
+  if (!is_q && (meta.page < 0 || meta.slot < 0 || meta.slot >= kv::kPageTokens)) return;  // padding row
 
   if (is_q) {
     if (a.q_hadamard_block > 1) hadamard_quad(x, a.q_hadamard_block, a.q_hadamard_scale, t, quad_mask);
@@ -304,14 +354,8 @@ __global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(c
                                           kQuadPerLane * t);
 #pragma unroll
     for (int v = 0; v < kQuadPerLane / 8; ++v) {
-      uint32_t w[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(x[8 * v + 2 * k]));
-        const uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(x[8 * v + 2 * k + 1]));
-        w[k] = lo | (hi << 16);
-      }
-      dst[v] = make_uint4(w[0], w[1], w[2], w[3]);
+      dst[v] = make_uint4(pack_bf16_pair(x[8 * v], x[8 * v + 1]), pack_bf16_pair(x[8 * v + 2], x[8 * v + 3]),
+                          pack_bf16_pair(x[8 * v + 4], x[8 * v + 5]), pack_bf16_pair(x[8 * v + 6], x[8 * v + 7]));
     }
     return;
   }

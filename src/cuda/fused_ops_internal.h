@@ -5,13 +5,15 @@
 
 namespace futransformer::cuda {
 
-// Which kernel kv_append_rotate_q runs where the quad-per-head kernel applies (INT4 / INT4_HADAMARD caches,
-// head_dim 128, 16-byte aligned qkv and q_out): kDefault follows FT_QKV_QUAD (=1: quad; otherwise the warp-per-head
-// kernel — the quad kernel was built after the seventh session's last device call and has not run yet), kOff / kOn
-// force it. Process-wide, not thread-safe: set it before enqueueing.
+// Which kernel kv_append_rotate_q and qkv_rope_kv_append run where the quad-per-head kernel applies (INT4 /
+// INT4_HADAMARD caches, head_dim 128, at least 11 head items per row, 16-byte aligned qkv and q_out): kDefault
+// follows FT_QKV_QUAD (=1: quad; otherwise the warp-per-head kernel — the quad kernel was built after the seventh
+// session's last device call and has not run yet), kOff / kOn force it. Process-wide, not thread-safe: set it before
+// enqueueing. (The W4A16 GEMM's split-K QKV epilogue keeps the warp-per-head code.)
 enum class QuadAppend { kDefault, kOff, kOn };
 void set_kv_append_rotate_q_quad(QuadAppend mode);
-// Whether kv_append_rotate_q would run the quad kernel for these arguments under the current setting.
-bool kv_append_rotate_q_uses_quad(formats::KvFormat format, int head_dim, const void* qkv, const void* q_out);
+// Whether kv_append_rotate_q / qkv_rope_kv_append would run the quad kernel for these arguments now.
+bool qkv_append_uses_quad(formats::KvFormat format, int n_heads, int n_kv_heads, int head_dim, const void* qkv,
+                          const void* q_out);
 
 }  // namespace futransformer::cuda

@@ -367,27 +367,32 @@ TEST(FusedOpsGpu, QkvRopeKvAppendOtherHeadSizesAndBlocks) {
   for (const QkvCase& c : cases) check_qkv(c, true, seed += 11);
 }
 
-// kv_append_rotate_q's quad-per-head kernel (INT4 caches at head_dim 128), forced on: the same bits as the unfused
-// sequence, on GQA 32/8 and 9/3 (15 items per row: CTAs of 32 quads end inside a row), rows up to the prefill size,
-// with and without the q rotation, and with every row's anchor (row_anchor) for int4-hadamard keys.
-TEST(FusedOpsGpu, KvAppendRotateQQuadKernelMatchesTheUnfusedSequenceBitForBit) {
+// The quad-per-head kernel (INT4 caches at head_dim 128), forced on, for both entry points: the same bits as the
+// unfused sequence (qkv after RoPE, q_out, every pool byte, anchors) on GQA 32/8 and 9/3 (15 items per row: a CTA of
+// 32 quads spans three rows), rows up to the prefill size, with and without the q rotation, with every row's anchor
+// for int4-hadamard keys.
+TEST(FusedOpsGpu, QuadKernelMatchesTheUnfusedSequenceBitForBit) {
   FT_REQUIRE_CUDA_DEVICE();
   struct Restore {
     ~Restore() { cuda::set_kv_append_rotate_q_quad(cuda::QuadAppend::kDefault); }
   } restore;
   cuda::set_kv_append_rotate_q_quad(cuda::QuadAppend::kOn);
-  // Not vacuous: the dispatcher takes the quad kernel for this shape (cudaMalloc'd buffers are 256-byte aligned).
+  // Not vacuous: the dispatcher takes the quad kernel for these shapes (cudaMalloc'd buffers are 256-byte aligned).
   const void* aligned16 = reinterpret_cast<const void*>(uintptr_t{256});
-  ASSERT_TRUE(cuda::kv_append_rotate_q_uses_quad(KvFormat::INT4_HADAMARD, 128, aligned16, aligned16));
-  ASSERT_FALSE(cuda::kv_append_rotate_q_uses_quad(KvFormat::INT4_HADAMARD, 64, aligned16, aligned16));
-  ASSERT_FALSE(cuda::kv_append_rotate_q_uses_quad(KvFormat::FP8, 128, aligned16, aligned16));
+  ASSERT_TRUE(cuda::qkv_append_uses_quad(KvFormat::INT4_HADAMARD, 32, 8, 128, aligned16, aligned16));
+  ASSERT_TRUE(cuda::qkv_append_uses_quad(KvFormat::INT4, 9, 3, 128, aligned16, aligned16));
+  ASSERT_FALSE(cuda::qkv_append_uses_quad(KvFormat::INT4_HADAMARD, 32, 8, 64, aligned16, aligned16));
+  ASSERT_FALSE(cuda::qkv_append_uses_quad(KvFormat::FP8, 32, 8, 128, aligned16, aligned16));
+  ASSERT_FALSE(cuda::qkv_append_uses_quad(KvFormat::INT4, 4, 2, 128, aligned16, aligned16));  // 8 items per row
   uint32_t seed = 3500;
-  for (KvFormat f : {KvFormat::INT4, KvFormat::INT4_HADAMARD}) {
-    for (auto [nh, nkv] : {std::pair{32, 8}, std::pair{9, 3}}) {
-      for (int rows : {1, 3, 17, 64, 2048}) check_qkv({f, nh, nkv, 128, rows, -1}, false, seed += 11);
+  for (bool rope : {false, true}) {
+    for (KvFormat f : {KvFormat::INT4, KvFormat::INT4_HADAMARD}) {
+      for (auto [nh, nkv] : {std::pair{32, 8}, std::pair{9, 3}}) {
+        for (int rows : {1, 3, 17, 64, 2048}) check_qkv({f, nh, nkv, 128, rows, -1}, rope, seed += 11);
+      }
+      check_qkv({f, 32, 8, 128, 33, 0}, rope, seed += 11);   // no q rotation
+      check_qkv({f, 32, 8, 128, 33, 32}, rope, seed += 11);  // a q block below the lane's 32 channels
     }
-    check_qkv({f, 32, 8, 128, 33, 0}, false, seed += 11);   // no q rotation
-    check_qkv({f, 32, 8, 128, 33, 32}, false, seed += 11);  // a q block below the lane's 32 channels
   }
 }
 

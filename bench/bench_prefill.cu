@@ -13,7 +13,10 @@
 //                 [--no-loop]   (skip the INT4 64-row-loop engine)
 //                 [--profile]   (also per-op GPU times of the one-layer blocks, bench_op_profile.h)
 // Environment: FT_FP8_BLOCK_SWIGLU=1 runs the FP8 engine with CudaEngineOptions::fp8_block_swiglu (the down input per
-// token per 128 channels; SwiGLU → FP8 in the gate|up GEMM's epilogue); compare with a run without it.
+// token per 128 channels; SwiGLU → FP8 in the gate|up GEMM's epilogue); FT_PREFILL_UNROTATE=1 every engine with
+// CudaEngineOptions::fused_prefill_unrotation (int4-hadamard output un-rotated in the prefill attention's store);
+// FT_PREFILL_ATTENTION and FT_QKV_QUAD choose kernels (src/cuda/attention_prefill_internal.h, fused_ops_internal.h).
+// Compare each with a run without it in the same call.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -125,6 +128,8 @@ int main(int argc, char** argv) {
           o.synthetic_fp8_prefill = fp8;
           const char* blk = std::getenv("FT_FP8_BLOCK_SWIGLU");
           o.fp8_block_swiglu = fp8 && blk != nullptr && blk[0] == '1';
+          const char* unrot = std::getenv("FT_PREFILL_UNROTATE");  // CudaEngineOptions::fused_prefill_unrotation
+          o.fused_prefill_unrotation = unrot != nullptr && unrot[0] == '1';
           o.int4_dequant_min_rows = path == Path::loop ? 0 : -1;
           std::vector<double>& times = fp8 ? fp8_us : (path == Path::loop ? loop_us : int4_us);
           const char* label = fp8 ? "FP8 prefill" : (path == Path::loop ? "INT4 64-row loop" : "INT4 path");

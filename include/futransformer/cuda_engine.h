@@ -58,6 +58,11 @@ struct CudaEngineOptions {
   // rotate_heads_bf16 (bit-identical by construction; GPU-tested, one kernel fewer per layer: 8B step at context
   // 1024 1.5 % faster at batch 1 and 8 on the H200, docs/results.md). false: the separate kernel (kept to compare).
   bool fused_attention_unrotation = true;
+  // With fused_epilogues and an int4-hadamard cache: prompt passes that attend with attention_prefill un-rotate its
+  // output in the kernel's store (cuda::attention_prefill_int4_unrotated; bit-identical to the separate
+  // rotate_heads_bf16 by construction). Built after the seventh session's last device call and not yet run on a GPU,
+  // so off by default; bench_prefill turns it on with FT_PREFILL_UNROTATE=1.
+  bool fused_prefill_unrotation = false;
   // With fused_epilogues: run the attention prologue (RoPE, cache append, q rotation) inside the qkv GEMM's split-K
   // reduce when every W4A16 launch of the pass splits K (gemm_w4a16_qkv_rope_append; bit-identical by construction,
   // GPU-tested against the two-kernel order). false: the two kernels always (kept to compare and measure).

@@ -13,6 +13,7 @@
 #include "cuda/attention_prefill_wgmma.cuh"
 #include "cuda/launch_status.h"
 #include "futransformer/cuda/attention_prefill.h"
+#include "futransformer/formats/hadamard.h"
 
 namespace futransformer::cuda {
 namespace {
@@ -121,11 +122,15 @@ cudaError_t attention_prefill(KvFormat format, const __nv_bfloat16* q, const uin
                                 max_pages_per_seq, max_chunk_rows, stream);
 }
 
-cudaError_t attention_prefill_with(AttentionPrefillKernel which, KvFormat format, const __nv_bfloat16* q,
-                                   const uint8_t* kv_pool, const int32_t* block_table, const int32_t* chunk_first_row,
-                                   const int32_t* chunk_start_pos, __nv_bfloat16* out, int rows, int n_chunks,
-                                   int n_heads, int n_kv_heads, int head_dim, int max_pages_per_seq,
-                                   int max_chunk_rows, cudaStream_t stream) {
+namespace {
+
+// attention_prefill_with, and with unrotate_block > 1 (INT4_HADAMARD, the default wgmma shape only: the caller
+// checked) the un-rotating instance.
+cudaError_t launch_prefill(AttentionPrefillKernel which, KvFormat format, const __nv_bfloat16* q,
+                           const uint8_t* kv_pool, const int32_t* block_table, const int32_t* chunk_first_row,
+                           const int32_t* chunk_start_pos, __nv_bfloat16* out, int rows, int n_chunks, int n_heads,
+                           int n_kv_heads, int head_dim, int max_pages_per_seq, int max_chunk_rows, int unrotate_block,
+                           cudaStream_t stream) {
   g_last_error.clear();
   if (attention_prefill_can_implement(format, rows, n_chunks, n_heads, n_kv_heads, head_dim, max_pages_per_seq,
                                       max_chunk_rows, &g_last_error) != cudaSuccess)
@@ -164,6 +169,10 @@ cudaError_t attention_prefill_with(AttentionPrefillKernel which, KvFormat format
       tile_vectors = prefill_wgmma::Shape<2>::kTileVectors;
       break;
   }
+  if (unrotate_block > 1) {
+    kernel = head_dim == 128 ? prefill_wgmma::attention_prefill_wgmma_kernel<true, 128, 2, false, true>
+                             : prefill_wgmma::attention_prefill_wgmma_kernel<true, 64, 2, false, true>;
+  }
   const int tiles = prefill_wgmma::tiles_for_rows(max_chunk_rows, gqa, tile_vectors);
   if (print_heuristics()) {
     std::fprintf(stderr,
@@ -190,13 +199,49 @@ cudaError_t attention_prefill_with(AttentionPrefillKernel which, KvFormat format
                                   gqa,
                                   max_pages_per_seq,
                                   max_chunk_rows,
-                                  static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim)))};
+                                  static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim))),
+                                  unrotate_block,
+                                  // rotate_heads_bf16's scale: formats::hadamard_scale's formula
+                                  unrotate_block > 1 ? formats::hadamard_scale(unrotate_block) : 1.0f};
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(n_kv_heads), static_cast<unsigned>(n_chunks));
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
   return cudaLaunchKernelEx(&cfg, kernel, args);
+}
+
+}  // namespace
+
+cudaError_t attention_prefill_with(AttentionPrefillKernel which, KvFormat format, const __nv_bfloat16* q,
+                                   const uint8_t* kv_pool, const int32_t* block_table, const int32_t* chunk_first_row,
+                                   const int32_t* chunk_start_pos, __nv_bfloat16* out, int rows, int n_chunks,
+                                   int n_heads, int n_kv_heads, int head_dim, int max_pages_per_seq,
+                                   int max_chunk_rows, cudaStream_t stream) {
+  return launch_prefill(which, format, q, kv_pool, block_table, chunk_first_row, chunk_start_pos, out, rows, n_chunks,
+                        n_heads, n_kv_heads, head_dim, max_pages_per_seq, max_chunk_rows, 0, stream);
+}
+
+cudaError_t attention_prefill_int4_unrotated(const __nv_bfloat16* q, const uint8_t* kv_pool,
+                                             const int32_t* block_table, const int32_t* chunk_first_row,
+                                             const int32_t* chunk_start_pos, __nv_bfloat16* out, int rows,
+                                             int n_chunks, int n_heads, int n_kv_heads, int head_dim,
+                                             int max_pages_per_seq, int max_chunk_rows, int hadamard_block,
+                                             cudaStream_t stream, bool* unrotated) {
+  if (unrotated) *unrotated = false;
+  g_last_error.clear();
+  if (hadamard_block < 2 || (hadamard_block & (hadamard_block - 1)) != 0 || hadamard_block > head_dim)
+    return reject(&g_last_error, "attention_prefill_int4_unrotated: hadamard_block = " +
+                                     std::to_string(hadamard_block) + ", expected a power of two in 2.." +
+                                     std::to_string(head_dim) + " (head_dim)");
+  const AttentionPrefillKernel which = attention_prefill_default_kernel();
+  const bool fused = which == AttentionPrefillKernel::kWgmma;  // the shape with un-rotating instances
+  const cudaError_t e =
+      launch_prefill(which, KvFormat::INT4_HADAMARD, q, kv_pool, block_table, chunk_first_row, chunk_start_pos, out,
+                     rows, n_chunks, n_heads, n_kv_heads, head_dim, max_pages_per_seq, max_chunk_rows,
+                     fused ? hadamard_block : 0, stream);
+  if (e == cudaSuccess && unrotated) *unrotated = fused;
+  return e;
 }
 
 }  // namespace futransformer::cuda

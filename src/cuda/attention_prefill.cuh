@@ -41,6 +41,10 @@ struct PrefillArgs {
   __nv_bfloat16* out;              // [rows, n_heads, D]
   int rows, n_heads, n_kv_heads, gqa, max_pages, max_chunk_rows;
   float score_scale;  // log2(e) / sqrt(D): scores go straight to the exp2 domain
+  // Un-rotating instances only (attention_prefill_int4_unrotated): the Hadamard block (a power of two in 2..D) and
+  // rotate_heads_bf16's scale for it.
+  int unrotate_block;
+  float unrotate_scale;
 };
 
 constexpr float kNegInf = -__builtin_huge_valf();

@@ -161,12 +161,18 @@ __device__ __forceinline__ void fence_array(float (&r)[N]) {
   for (int i = 0; i < N; ++i) ptx::fence_operand(r[i]);
 }
 
+// kUnrotate (INT4_HADAMARD): the output is un-rotated before it is stored — the BF16 output values, then
+// rotate_heads_bf16's butterflies (strides 1, 2, ..., block / 2 by increasing stride, (a + b, a − b), then one multiply
+// by the scale), rounded to BF16 again: the same bits as attention_prefill followed by rotate_heads_bf16. In the
+// accumulator fragment, channel c = 8 nt + 2 t + e of a row is register 4 nt + 2 r + e of lane t of the row's quad:
+// stride 1 is e, strides 2 and 4 a quad shuffle (lane ^ 1, lane ^ 2), strides 8 .. 64 the nt index.
 // kLean: the softmax with fewer instructions per block (scale folded into the exponent's FMA, the mask only in
 // blocks that need it, O's rescale skipped when no row's max moved) and, for INT4, two raw pages in flight ahead of
 // the dequantisation instead of one; otherwise the same kernel.
-template <bool kInt4, int kD, int kConsumers, bool kLean = false>
+template <bool kInt4, int kD, int kConsumers, bool kLean = false, bool kUnrotate = false>
 __global__ void __launch_bounds__(Shape<kConsumers>::kThreads, Shape<kConsumers>::kMinCtasPerSm)
     attention_prefill_wgmma_kernel(const PrefillArgs args) {
+  static_assert(!kUnrotate || kInt4, "only INT4_HADAMARD outputs are rotated");
   using Sh = Shape<kConsumers>;
   using L = KernelLayout<kInt4, kD, kConsumers, kLean>;
   using P = Producer<kInt4, kD>;
@@ -490,6 +496,68 @@ __global__ void __launch_bounds__(Shape<kConsumers>::kThreads, Shape<kConsumers>
 
   // Normalise and store: row r of the lane is vector v (stored only when it is a real vector of the tile).
   const int g = lane >> 2;
+  if constexpr (kUnrotate) {
+    // Every lane takes part in the shuffles (rows past the tile repeat a real vector: finite values).
+    float y[2][kD / 4];  // y[r][2 nt + e]: row r, channel 8 nt + 2 t + e
+    const int block = args.unrotate_block;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+#pragma unroll
+      for (int i = 0; i < kD / 4; ++i)  // the BF16 output attention_prefill would store, widened (exact)
+        y[r][i] = __bfloat162float(__float2bfloat16_rn(o[4 * (i >> 1) + 2 * r + (i & 1)] * inv));
+      if (block > 1) {  // stride 1: e
+#pragma unroll
+        for (int nt = 0; nt < kD / 8; ++nt) {
+          const float a = y[r][2 * nt], b = y[r][2 * nt + 1];
+          y[r][2 * nt] = __fadd_rn(a, b);
+          y[r][2 * nt + 1] = __fsub_rn(a, b);
+        }
+      }
+#pragma unroll
+      for (int m = 1; m <= 2; m *= 2) {  // strides 2 and 4: lanes t and t ^ m
+        if (2 * m < block) {
+#pragma unroll
+          for (int i = 0; i < kD / 4; ++i) {
+            const float other = __shfl_xor_sync(0xffffffffu, y[r][i], m);
+            y[r][i] = (t & m) ? __fsub_rn(other, y[r][i]) : __fadd_rn(y[r][i], other);
+          }
+        }
+      }
+#pragma unroll
+      for (int m = 1; m < kD / 8; m *= 2) {  // strides 8 m: nt and nt | m
+        if (8 * m < block) {
+#pragma unroll
+          for (int nt = 0; nt < kD / 8; ++nt) {
+            if ((nt & m) == 0) {
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const float a = y[r][2 * nt + e], b = y[r][2 * (nt | m) + e];
+                y[r][2 * nt + e] = __fadd_rn(a, b);
+                y[r][2 * (nt | m) + e] = __fsub_rn(a, b);
+              }
+            }
+          }
+        }
+      }
+      if (block > 1) {
+#pragma unroll
+        for (int i = 0; i < kD / 4; ++i) y[r][i] = __fmul_rn(y[r][i], args.unrotate_scale);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int v = work.v_begin + kRows * cw + 16 * warp + g + 8 * r;
+      if (v >= work.v_end) continue;
+      const int64_t row = first_row + v / G, head = int64_t{kvh} * G + v % G;
+      __nv_bfloat16* orow = args.out + (row * args.n_heads + head) * kD;
+#pragma unroll
+      for (int nt = 0; nt < kD / 8; ++nt)
+        *reinterpret_cast<uint32_t*>(orow + 8 * nt + 2 * t) = pack_bf16x2(y[r][2 * nt], y[r][2 * nt + 1]);
+    }
+  } else {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -504,6 +572,7 @@ __global__ void __launch_bounds__(Shape<kConsumers>::kThreads, Shape<kConsumers>
       const uint32_t pair = pack_bf16x2(o[4 * nt + 2 * r] * inv, o[4 * nt + 2 * r + 1] * inv);
       *reinterpret_cast<uint32_t*>(orow + 8 * nt + 2 * t) = pair;
     }
+  }
   }
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/attention_prefill_internal.h"
+#include "cuda/engine/engine_kernels.h"
 #include "futransformer/cuda/attention_prefill.h"
 #include "futransformer/dtype.h"
 #include "gpu_test_util.h"
@@ -221,6 +222,69 @@ INSTANTIATE_TEST_SUITE_P(Kernels, AttentionPrefillGpu,
                            for (char& ch : n) ch = ch == '-' ? '_' : ch;
                            return n;
                          });
+
+// attention_prefill_int4_unrotated: the same bits as attention_prefill followed by rotate_heads_bf16 (the engine's
+// unfused order), for head_dim 128 and 64, G 4 and 3, the format's block and a smaller one; and it reports that the
+// default kernel un-rotated.
+TEST(AttentionPrefillGpuCalls, Int4UnrotatedEqualsPrefillThenRotateHeads) {
+  FT_REQUIRE_HOPPER();
+  struct Shape {
+    int head_dim, n_heads, n_kv, block;
+  };
+  uint32_t seed = 700;
+  for (const Shape& sh : {Shape{128, 32, 8, 128}, Shape{128, 8, 2, 32}, Shape{64, 6, 2, 64}, Shape{64, 6, 2, 16}}) {
+    for (const std::vector<ChunkSpec>& chunks : {kMixedChunks, std::vector<ChunkSpec>{{0, 300}}}) {
+      const PrefillCase c = make_case(KvFormat::INT4_HADAMARD, sh.head_dim, sh.n_heads, sh.n_kv, chunks, ++seed);
+      SCOPED_TRACE(testing::Message() << "head_dim " << sh.head_dim << " heads " << sh.n_heads << "/" << sh.n_kv
+                                      << " block " << sh.block << " chunks" << describe(chunks));
+      const Uploaded u(c);
+      const size_t n = static_cast<size_t>(c.rows) * sh.n_heads * sh.head_dim;
+      DeviceBuffer<uint16_t> ref(n), got(n);
+      ASSERT_EQ(ref.poison(), cudaSuccess);
+      ASSERT_EQ(got.poison(), cudaSuccess);
+      auto* qp = reinterpret_cast<const __nv_bfloat16*>(u.q.p);
+      auto* rp = reinterpret_cast<__nv_bfloat16*>(ref.p);
+      auto* gp = reinterpret_cast<__nv_bfloat16*>(got.p);
+      const int n_chunks = static_cast<int>(chunks.size());
+      ASSERT_EQ(cuda::attention_prefill(KvFormat::INT4_HADAMARD, qp, u.pool.p, u.block_table.p, u.first_row.p,
+                                        u.start_pos.p, rp, c.rows, n_chunks, sh.n_heads, sh.n_kv, sh.head_dim,
+                                        c.kv.max_pages, c.max_chunk_rows, nullptr),
+                cudaSuccess)
+          << cuda::attention_prefill_last_error();
+      ASSERT_EQ(cuda::rotate_heads_bf16(rp, sh.n_heads * sh.head_dim, rp, c.rows, sh.n_heads, sh.head_dim, sh.block,
+                                        nullptr),
+                cudaSuccess);
+      bool unrotated = false;
+      ASSERT_EQ(cuda::attention_prefill_int4_unrotated(qp, u.pool.p, u.block_table.p, u.first_row.p, u.start_pos.p,
+                                                       gp, c.rows, n_chunks, sh.n_heads, sh.n_kv, sh.head_dim,
+                                                       c.kv.max_pages, c.max_chunk_rows, sh.block, nullptr,
+                                                       &unrotated),
+                cudaSuccess)
+          << cuda::attention_prefill_last_error();
+      EXPECT_EQ(unrotated, cuda::attention_prefill_default_kernel() == cuda::AttentionPrefillKernel::kWgmma);
+      if (!unrotated) {
+        ASSERT_EQ(cuda::rotate_heads_bf16(gp, sh.n_heads * sh.head_dim, gp, c.rows, sh.n_heads, sh.head_dim,
+                                          sh.block, nullptr),
+                  cudaSuccess);
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<uint16_t> r = ref.download(), g = got.download();
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(g[i], r[i]) << "element " << i << " (row " << i / (static_cast<size_t>(sh.n_heads) * sh.head_dim)
+                              << ")";
+      }
+      size_t nan = 0;  // not vacuous: every chunk row written (finite)
+      for (uint16_t b : g) nan += (b & 0x7fff) > 0x7f80;
+      EXPECT_EQ(nan, 0u);
+    }
+  }
+  bool unrotated = true;
+  EXPECT_EQ(cuda::attention_prefill_int4_unrotated(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 64, 1, 32, 8,
+                                                   128, 4, 64, 48, nullptr, &unrotated),
+            cudaErrorInvalidValue);
+  EXPECT_FALSE(unrotated);
+  EXPECT_NE(std::string(cuda::attention_prefill_last_error()).find("hadamard_block = 48"), std::string::npos);
+}
 
 TEST(AttentionPrefillGpuCalls, RejectedCallsLeaveTheOutputUntouched) {
   FT_REQUIRE_HOPPER();

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/attention_prefill_internal.h"
 #include "futransformer/cuda/attention_decode.h"
 #include "futransformer/cuda/gemm_w4a16.h"
 #include "futransformer/cuda_engine.h"
@@ -378,6 +379,56 @@ TEST(CudaEngineEpiloguesModels, SmolLM2Int4FusedEqualsUnfused) {
   co.fused_epilogues = false;
   std::unique_ptr<CudaEngine> unfused = make_cuda_engine(q, co);
   expect_identical(*fused, *unfused, model.config.vocab_size, 7, 16);
+}
+
+// int4-hadamard prompt passes that attend with attention_prefill: with fused_prefill_unrotation the prefill kernel
+// un-rotates its output in its store (attention_prefill_int4_unrotated), without it rotate_heads_bf16 follows; the
+// logits of prompt and continuation passes and of the decode steps after them are identical bit for bit, and the
+// profile shows which ran.
+TEST(CudaEngineEpiloguesUnrotation, PrefillAttentionUnrotatesInItsStore) {
+  FT_REQUIRE_HOPPER();
+  const test::TinyLlama s = test::tiny_llama_w4a16_shape();
+  const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 61)), "int4-rtn-g64-bf16+kv-int4-hadamard");
+  CudaEngineOptions co = cuda_engine_options(q.recipe);
+  ASSERT_EQ(co.kv, formats::KvFormat::INT4_HADAMARD);
+  co.max_sequences = 4;
+  co.max_sequence_length = 512;
+  co.fused_prefill_unrotation = true;
+  std::unique_ptr<CudaEngine> fused = make_cuda_engine(q, co);
+  co.profile_ops = true;
+  std::unique_ptr<CudaEngine> profiled = make_cuda_engine(q, co);
+  co.profile_ops = false;
+  co.fused_prefill_unrotation = false;
+  std::unique_ptr<CudaEngine> unfused = make_cuda_engine(q, co);
+
+  std::mt19937 rng(29);
+  const std::vector<SequenceChunk> prompt = {{0, test::random_token_ids(60, s.vocab, rng)},
+                                             {1, test::random_token_ids(44, s.vocab, rng)}};
+  const std::vector<SequenceChunk> more = {{0, test::random_token_ids(30, s.vocab, rng)},
+                                           {1, test::random_token_ids(20, s.vocab, rng)}};
+  for (const std::vector<SequenceChunk>* batch : {&prompt, &more}) {
+    const auto lf = fused->forward(*batch, true), lp = profiled->forward(*batch, true);
+    const auto lu = unfused->forward(*batch, true);
+    ASSERT_EQ(lf.size(), batch->size());
+    for (size_t i = 0; i < batch->size(); ++i) {
+      EXPECT_EQ(lf[i], lu[i]) << (batch == &prompt ? "prompts" : "continuations") << ", sequence "
+                              << (*batch)[i].seq_id;
+      EXPECT_EQ(lp[i], lu[i]) << "profiled engine, sequence " << (*batch)[i].seq_id;
+    }
+  }
+  std::vector<SequenceChunk> step = {{0, {5}}, {1, {6}}};
+  for (int k = 0; k < 4; ++k) {
+    const auto lf = fused->forward(step), lu = unfused->forward(step);
+    for (size_t i = 0; i < step.size(); ++i) {
+      ASSERT_EQ(lf[i], lu[i]) << "decode step " << k << ", sequence " << step[i].seq_id;
+      step[i].tokens = {argmax(lf[i])};
+    }
+  }
+  std::map<std::string, int64_t> calls;
+  for (const CudaEngine::OpTime& t : profiled->op_profile()) calls[t.op] += t.calls;
+  const bool kernel_unrotates = cuda::attention_prefill_default_kernel() == cuda::AttentionPrefillKernel::kWgmma;
+  EXPECT_EQ(calls["prefill attention + un-rotation"], kernel_unrotates ? s.layers * 2 : 0);
+  EXPECT_EQ(calls["prefill attention"], kernel_unrotates ? 0 : s.layers * 2);
 }
 
 }  // namespace

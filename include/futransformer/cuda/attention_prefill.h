@@ -66,6 +66,19 @@ cudaError_t attention_prefill(formats::KvFormat format, const __nv_bfloat16* q, 
                               int n_kv_heads, int head_dim, int max_pages_per_seq, int max_chunk_rows,
                               cudaStream_t stream);
 
+// attention_prefill on an INT4_HADAMARD cache with the output un-rotated before it is stored (the model's basis):
+// the same bits as attention_prefill followed by rotate_heads_bf16(out, n_heads * head_dim, out, rows, n_heads,
+// head_dim, hadamard_block), one launch fewer. hadamard_block: a power of two in 2..head_dim. *unrotated (may be
+// null) tells the caller whether the kernel did it: false when the prefill kernel in use (FT_PREFILL_ATTENTION) has no
+// un-rotating instance — the output is then attention_prefill's and the caller un-rotates. Errors as
+// attention_prefill (messages in attention_prefill_last_error()).
+cudaError_t attention_prefill_int4_unrotated(const __nv_bfloat16* q, const uint8_t* kv_pool,
+                                             const int32_t* block_table, const int32_t* chunk_first_row,
+                                             const int32_t* chunk_start_pos, __nv_bfloat16* out, int rows,
+                                             int n_chunks, int n_heads, int n_kv_heads, int head_dim,
+                                             int max_pages_per_seq, int max_chunk_rows, int hadamard_block,
+                                             cudaStream_t stream, bool* unrotated);
+
 // Why the last attention_prefill call on this thread returned cudaErrorInvalidValue ("" after a success).
 const char* attention_prefill_last_error();
 

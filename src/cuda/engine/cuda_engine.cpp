@@ -883,7 +883,16 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       }
     }
     bool attention_unrotated = false;  // the attention kernel un-rotated its int4-hadamard output itself
-    if (pass_chunks_ > 0) {
+    if (pass_chunks_ > 0 && hadamard_block_ > 1 && opt_.fused_epilogues && opt_.fused_prefill_unrotation) {
+      // The prefill kernel un-rotates its int4-hadamard output in its store when its shape has the instance (same
+      // bits as the separate kernel below); the answer is known on the host, so a captured graph holds what ran.
+      const cudaError_t e = cuda::attention_prefill_int4_unrotated(
+          bf(q_), pool, m + ml.chunk_table, m + ml.chunk_first, m + ml.chunk_start, bf(att_), r, pass_chunks_, nh,
+          nkv, hd, static_cast<int>(pages_per_seq_), pass_max_chunk_rows_, hadamard_block_, stream_,
+          &attention_unrotated);
+      check_op(e, attention_unrotated ? "prefill attention + un-rotation" : "prefill attention",
+               cuda::attention_prefill_last_error);
+    } else if (pass_chunks_ > 0) {
       check_op(cuda::attention_prefill(opt_.kv, bf(q_), pool, m + ml.chunk_table, m + ml.chunk_first,
                                        m + ml.chunk_start, bf(att_), r, pass_chunks_, nh, nkv, hd,
                                        static_cast<int>(pages_per_seq_), pass_max_chunk_rows_, stream_),

@@ -67,6 +67,24 @@ __device__ __forceinline__ uint32_t sub_bf16x2(uint32_t a, uint32_t b) {
   return r;
 }
 
+// The online softmax's max step for a lane's two A rows (g, g + 8), shared by both prefill kernels: bmax (the
+// lane's maxima over its columns of the block) becomes the row's block maximum across its 4 lanes, m the new running
+// maximum, m_use the value the exponents subtract and alpha = 2^(m_old − m_use), the factor the running sum and O
+// take. Key 0 is visible to every row, so m is finite from block 0 on; the guard keeps a row with no visible key at
+// p = 0 instead of NaN; alpha is 0 on the first block (m = −inf).
+__device__ __forceinline__ void online_max_update(float (&bmax)[2], float (&m)[2], float (&m_use)[2],
+                                                  float (&alpha)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 1));
+    bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 2));
+    const float m_new = fmaxf(m[r], bmax[r]);
+    m_use[r] = m_new == kNegInf ? 0.0f : m_new;
+    alpha[r] = ptx::ex2_approx(m[r] - m_use[r]);
+    m[r] = m_new;
+  }
+}
+
 template <bool kInt4, int kD>
 struct Block {
   using L = Layout<kInt4, kD>;
@@ -331,17 +349,7 @@ __global__ void __launch_bounds__(kThreads, (Layout<kInt4, kD>::kMinCtasPerSm))
       }
     }
     float alpha[2], m_use[2], psum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 1));
-      bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 2));
-      const float m_new = fmaxf(m[r], bmax[r]);
-      // Key 0 is visible to every row, so m is finite from block 0 on; the guard keeps a row with no visible key
-      // at p = 0 instead of NaN.
-      m_use[r] = m_new == kNegInf ? 0.0f : m_new;
-      alpha[r] = ptx::ex2_approx(m[r] - m_use[r]);  // 0 on the first block (m = −inf)
-      m[r] = m_new;
-    }
+    online_max_update(bmax, m, m_use, alpha);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll

@@ -380,17 +380,7 @@ __global__ void __launch_bounds__(Shape<kConsumers>::kThreads, Shape<kConsumers>
       }
     }
     float m_use[2], psum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 1));
-      bmax[r] = fmaxf(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 2));
-      const float m_new = fmaxf(m[r], bmax[r]);
-      // Key 0 is visible to every row, so m is finite from block 0 on; the guard keeps a row with no visible key
-      // at p = 0 instead of NaN.
-      m_use[r] = m_new == kNegInf ? 0.0f : m_new;
-      alpha[r] = ptx::ex2_approx(m[r] - m_use[r]);  // 0 on the first block (m = −inf)
-      m[r] = m_new;
-    }
+    prefill::online_max_update(bmax, m, m_use, alpha);
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       if constexpr (kLean) {

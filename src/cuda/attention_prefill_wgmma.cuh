@@ -2,19 +2,22 @@
 // the mma.sync kernel (src/cuda/attention_prefill.cuh), restructured for Hopper. Layout, descriptors and budgets:
 // src/cuda/attention_prefill_wgmma_layout.h; design and numerics: docs/kernels.md ("Prefill attention").
 //
-// - A CTA is two warpgroups and owns one 64-vector tile (64 (row, query head) pairs of one chunk, all G heads of
-//   one KV head). Warpgroup 0 is the producer: it puts each key block (page) into a two-stage ring in the swizzled
-//   operand layout — BF16 pages by cp.async straight into place; INT4 pages through two raw page buffers (cp.async
-//   one page ahead), then dequantised to f16 values (u − z) · s — and hands stages over with mbarriers. Warpgroup 1
-//   is the consumer: S = Q·Kᵀ and O += P·V as wgmma (fp32 accumulate), online softmax in registers. So the INT4
-//   dequantisation of block j + 1 overlaps the MMAs of block j, once per CTA instead of once per warp.
+// - A CTA is a producer warpgroup and one or two consumer warpgroups (Shape: the default has two and owns a tile of
+//   128 query vectors — (row, query head) pairs of one chunk, all G heads of one KV head; the one-consumer shape 64).
+//   The producer puts each key block (page) into a ring of stages in the swizzled operand layout — BF16 pages by
+//   cp.async straight into place; INT4 pages through raw page buffers (cp.async ahead), then dequantised to f16
+//   values (u − z) · s — and hands stages over with mbarriers. Each consumer runs S = Q·Kᵀ and O += P·V as wgmma
+//   (fp32 accumulate) for its 64 vectors, online softmax in registers. So the INT4 dequantisation of the next block
+//   overlaps the MMAs of the current one, once per CTA instead of once per warp.
 // - Operand type: BF16 caches — bf16 (the cache's own values, q as given, P rounded to bf16). INT4 caches — f16:
 //   keys and values (u − z) · s rounded once to f16 (2^-11 relative), q converted from bf16 to f16 (exact for
 //   2^-14 ≤ |q| ≤ 65504), P rounded to f16. The scales therefore ride in the operands and the consumer is one path.
 // - S: eight (head_dim 128) m64n64k16 SS wgmmas, Q and K from shared memory. P·V: the S accumulator is P's A
 //   fragment (RS wgmma), m64n(head_dim)k16 per 16 tokens.
-// - The consumer waits for P·V(j) at the end of block j and then releases the stage; the second CTA on the SM
-//   (two per SM) overlaps one CTA's softmax with the other's MMAs.
+// - Two consumers: software-pipelined, block j's S issued with block j − 1's P·V (see the loop). One consumer: P·V(j)
+//   is waited for at the end of block j, and the second CTA on the SM overlaps one CTA's softmax with the other's
+//   MMAs. Variants (template flags): kLean (a leaner softmax, a deeper INT4 prefetch), kUnrotate (int4-hadamard
+//   output un-rotated in the store).
 // - Causal masking when a block reaches past the tile's first position; each output element is written once by
 //   one lane, in a fixed order: deterministic.
 #pragma once

@@ -105,9 +105,9 @@ AttentionPrefillKernel attention_prefill_default_kernel() {
   static const AttentionPrefillKernel k = [] {
     const char* e = std::getenv("FT_PREFILL_ATTENTION");
     for (AttentionPrefillKernel c :
-         {AttentionPrefillKernel::kWgmma64, AttentionPrefillKernel::kWgmmaLean, AttentionPrefillKernel::kMmaSync})
+         {AttentionPrefillKernel::kWgmma, AttentionPrefillKernel::kWgmma64, AttentionPrefillKernel::kMmaSync})
       if (e != nullptr && std::strcmp(e, attention_prefill_kernel_name(c)) == 0) return c;
-    return AttentionPrefillKernel::kWgmma;
+    return AttentionPrefillKernel::kWgmmaLean;
   }();
   return k;
 }
@@ -125,7 +125,7 @@ cudaError_t attention_prefill(KvFormat format, const __nv_bfloat16* q, const uin
 namespace {
 
 // attention_prefill_with, and with unrotate_block > 1 (INT4_HADAMARD, the default wgmma shape only: the caller
-// checked) the un-rotating instance.
+// checked) the un-rotating instance (the lean two-consumer shape: the caller checked that it is the default).
 cudaError_t launch_prefill(AttentionPrefillKernel which, KvFormat format, const __nv_bfloat16* q,
                            const uint8_t* kv_pool, const int32_t* block_table, const int32_t* chunk_first_row,
                            const int32_t* chunk_start_pos, __nv_bfloat16* out, int rows, int n_chunks, int n_heads,
@@ -170,8 +170,8 @@ cudaError_t launch_prefill(AttentionPrefillKernel which, KvFormat format, const 
       break;
   }
   if (unrotate_block > 1) {
-    kernel = head_dim == 128 ? prefill_wgmma::attention_prefill_wgmma_kernel<true, 128, 2, false, true>
-                             : prefill_wgmma::attention_prefill_wgmma_kernel<true, 64, 2, false, true>;
+    kernel = head_dim == 128 ? prefill_wgmma::attention_prefill_wgmma_kernel<true, 128, 2, true, true>
+                             : prefill_wgmma::attention_prefill_wgmma_kernel<true, 64, 2, true, true>;
   }
   const int tiles = prefill_wgmma::tiles_for_rows(max_chunk_rows, gqa, tile_vectors);
   if (print_heuristics()) {
@@ -235,7 +235,7 @@ cudaError_t attention_prefill_int4_unrotated(const __nv_bfloat16* q, const uint8
                                      std::to_string(hadamard_block) + ", expected a power of two in 2.." +
                                      std::to_string(head_dim) + " (head_dim)");
   const AttentionPrefillKernel which = attention_prefill_default_kernel();
-  const bool fused = which == AttentionPrefillKernel::kWgmma;  // the shape with un-rotating instances
+  const bool fused = which == AttentionPrefillKernel::kWgmmaLean;  // the shape with un-rotating instances
   const cudaError_t e =
       launch_prefill(which, KvFormat::INT4_HADAMARD, q, kv_pool, block_table, chunk_first_row, chunk_start_pos, out,
                      rows, n_chunks, n_heads, n_kv_heads, head_dim, max_pages_per_seq, max_chunk_rows,

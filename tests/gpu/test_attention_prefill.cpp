@@ -261,7 +261,7 @@ TEST(AttentionPrefillGpuCalls, Int4UnrotatedEqualsPrefillThenRotateHeads) {
                                                        &unrotated),
                 cudaSuccess)
           << cuda::attention_prefill_last_error();
-      EXPECT_EQ(unrotated, cuda::attention_prefill_default_kernel() == cuda::AttentionPrefillKernel::kWgmma);
+      EXPECT_EQ(unrotated, cuda::attention_prefill_default_kernel() == cuda::AttentionPrefillKernel::kWgmmaLean);
       if (!unrotated) {
         ASSERT_EQ(cuda::rotate_heads_bf16(gp, sh.n_heads * sh.head_dim, gp, c.rows, sh.n_heads, sh.head_dim,
                                           sh.block, nullptr),

@@ -56,7 +56,7 @@ bool quad_enabled() {
   if (g_quad_mode != QuadAppend::kDefault) return g_quad_mode == QuadAppend::kOn;
   static const bool env = [] {
     const char* e = std::getenv("FT_QKV_QUAD");
-    return e != nullptr && e[0] == '1';
+    return e == nullptr || e[0] != '0';  // on unless FT_QKV_QUAD=0
   }();
   return env;
 }

@@ -1,21 +1,14 @@
 // KV-cache writes of a prefill chunk at Llama-3.1-8B's shape (8 KV heads, head_dim 128, qkv rows of 6144 BF16):
 // kv_key_anchor_compute (the int4-hadamard key anchor of a new sequence: a per-channel fp64 mean of the chunk's
-// rotated keys, summed in token order) and kv_append (int4-hadamard) of the same rows. Times are medians, with the
-// qkv rows L2-warm ("hot", as in the engine right after the QKV GEMM) and after an L2 flush.
+// keys, summed in 32-row blocks, then rotated) and kv_append (int4-hadamard) of the same rows. Times are medians,
+// with the qkv rows L2-warm ("hot", as in the engine right after the QKV GEMM) and after an L2 flush.
 //
-// --probe adds two diagnostics, run on the same data, of the anchor kernel's first design (one CTA per head, each
-// lane loading its channels with 2-byte loads, one 64-token tile in flight): the tile loads + rotation without the
-// fp64 sum, and the fp64 sum over a resident tile without the loads. They are not library code: the second is the
-// floor of the exact token-order sum (one dependent fp64 chain per channel); the first showed that the loads, not
-// the sum, set the first design's time (which led to the cp.async ring of the library kernel).
-//
-//   bench_kv_append [--json PATH] [--iters N] [--probe]
+//   bench_kv_append [--json PATH] [--iters N]
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
 
-#include "cuda/kv_append.cuh"
 #include "futransformer/cuda/kv_append.h"
 #include "futransformer/formats/hadamard.h"
 #include "futransformer/formats/kv_cache.h"
@@ -25,7 +18,6 @@
 
 using namespace futransformer::bench;
 namespace ftc = futransformer::cuda;
-namespace kv = futransformer::cuda::kv;
 namespace formats = futransformer::formats;
 
 namespace {
@@ -33,69 +25,16 @@ namespace {
 constexpr int kKvHeads = 8, kHeadDim = 128, kQWidth = 4096, kRowWidth = kQWidth + 2 * kKvHeads * kHeadDim;
 constexpr int kTokens[] = {64, 512, 2048, 8192};
 
-constexpr int kProbeTileFloats = 8192;  // 64 tokens of head_dim 128
-
 struct Row {
   const char* op;
   int tokens;
   double hot_us, flushed_us;
 };
 
-// Probe: the anchor kernel's tile loop with the fp64 sum replaced by one fp32 add per tile (loads + rotation).
-template <bool kLoads, bool kSum>
-__global__ void __launch_bounds__(kv::kAnchorWarps * kv::kWarp) anchor_probe_kernel(const kv::AnchorArgs a) {
-  constexpr int kP = 4;
-  __shared__ float tile[kProbeTileFloats];
-  const int h = static_cast<int>(blockIdx.x);
-  const int count = a.row_count[0];
-  const int warp = static_cast<int>(threadIdx.x) / kv::kWarp;
-  const int lane = static_cast<int>(threadIdx.x) % kv::kWarp;
-  const int c = static_cast<int>(threadIdx.x);
-  const int nv = a.head_dim / kv::kWarp;
-  constexpr int kTileTokens = kv::kAnchorWarps * kP;
-  const uint16_t* keys = reinterpret_cast<const uint16_t*>(a.qkv) + a.k_offset + static_cast<int64_t>(h) * a.head_dim;
-  for (int i = threadIdx.x; i < kProbeTileFloats; i += blockDim.x) tile[i] = 1.0f + i * 1e-3f;
-  __syncthreads();
-  double sum = 0.0;
-  float fsum = 0.0f;
-  for (int t0 = 0; t0 < count; t0 += kTileTokens) {
-    if constexpr (kLoads) {
-#pragma unroll
-      for (int p = 0; p < kP; ++p) {
-        const int row = warp + kv::kAnchorWarps * p;
-        if (t0 + row < count) {
-          float x[kv::kMaxPerLane];
-#pragma unroll
-          for (int i = 0; i < kv::kMaxPerLane; ++i) {
-            const int ch = i * kv::kWarp + lane;
-            x[i] = ch < a.head_dim ? __uint_as_float(static_cast<uint32_t>(keys[(t0 + row) * a.row_stride + ch]) << 16)
-                                   : 0.0f;
-          }
-          kv::hadamard_warp(x, nv, a.hadamard_block, a.hadamard_scale, lane);
-#pragma unroll
-          for (int i = 0; i < kv::kMaxPerLane; ++i)
-            if (i < nv) tile[row * a.head_dim + i * kv::kWarp + lane] = x[i];
-        }
-      }
-    }
-    __syncthreads();
-    if (c < a.head_dim) {
-      const int n = min(kTileTokens, count - t0);
-      if constexpr (kSum) {
-        for (int w = 0; w < n; ++w) sum = __dadd_rn(sum, static_cast<double>(tile[w * a.head_dim + c]));
-      } else {
-        fsum += tile[(n - 1) * a.head_dim + c];
-      }
-    }
-    __syncthreads();
-  }
-  if (c < a.head_dim) a.key_anchors[h * a.head_dim + c] = static_cast<uint16_t>(__double2float_rn(sum) + fsum);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parse_args(argc, argv, 50, 10, "--probe");
+  const Args args = parse_args(argc, argv, 50, 10);
   const DeviceInfo d = query_device();
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -160,29 +99,6 @@ int main(int argc, char** argv) {
       CHECK_CUDA(ftc::kv_append(formats::KvFormat::INT4_HADAMARD, qkv, kRowWidth, kQWidth, kQWidth + kKvHeads * kHeadDim,
                                 tokens, kKvHeads, kHeadDim, d_page, d_slot, anchors, d_ra, pool, stream));
     });
-    if (args.flag) {
-      kv::AnchorArgs a{};
-      a.qkv = qkv;
-      a.row_stride = kRowWidth;
-      a.k_offset = kQWidth;
-      a.n_kv_heads = kKvHeads;
-      a.head_dim = kHeadDim;
-      a.first_row = first;
-      a.row_count = count;
-      a.anchor_index = index;
-      a.key_anchors = anchors;
-      a.hadamard_block = static_cast<int32_t>(formats::kv_hadamard_block(formats::KvFormat::INT4_HADAMARD, kHeadDim));
-      a.hadamard_scale = formats::hadamard_scale(a.hadamard_block);
-      const dim3 grid(kKvHeads), block(kv::kAnchorWarps * kv::kWarp);
-      add("probe: loads + rotation only", tokens, [&] {
-        anchor_probe_kernel<true, false><<<grid, block, 0, stream>>>(a);
-        CHECK_CUDA(cudaGetLastError());
-      });
-      add("probe: fp64 sum only", tokens, [&] {
-        anchor_probe_kernel<false, true><<<grid, block, 0, stream>>>(a);
-        CHECK_CUDA(cudaGetLastError());
-      });
-    }
   }
   const int sm_mhz_now = report_sm_clock_after_runs(d.dev);
   if (!args.json_path.empty()) {

@@ -174,11 +174,13 @@ cudaError_t kv_key_anchor_compute(const __nv_bfloat16* qkv, int row_stride, int 
   args.hadamard_scale = formats::hadamard_scale(args.hadamard_block);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(n_kv_heads), static_cast<unsigned>(n_seqs));
-  cfg.blockDim = dim3(kv::kAnchorWarps * kv::kWarp);
+  cfg.blockDim = dim3(kv::kAnchorThreads);
   cfg.stream = stream;
-  // 16-byte cp.async copies need every key row 16-byte aligned: the pointer, the row stride and the offsets.
-  const bool vector_loads = reinterpret_cast<uintptr_t>(qkv) % 16 == 0 && row_stride % 8 == 0 && k_offset % 8 == 0;
-  return cudaLaunchKernelEx(&cfg, kv::kv_key_anchor_kernel, args, vector_loads);
+  // Two channels per 4-byte load need every key row 4-byte aligned: the pointer, the row stride and the offset
+  // (head_dim is even).
+  const bool pairs = reinterpret_cast<uintptr_t>(qkv) % 4 == 0 && row_stride % 2 == 0 && k_offset % 2 == 0;
+  return pairs ? cudaLaunchKernelEx(&cfg, kv::kv_key_anchor_kernel<2>, args)
+               : cudaLaunchKernelEx(&cfg, kv::kv_key_anchor_kernel<1>, args);
 }
 
 const char* kv_append_last_error() { return g_last_error.c_str(); }

@@ -15,7 +15,6 @@
 
 #include <cstdint>
 
-#include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/cvt.cuh"
 #include "futransformer/cuda/kv_append.h"
 #include "futransformer/formats/kv_cache.h"
@@ -26,11 +25,11 @@ constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMaxPerLane = kKvAppendMaxHeadDim / kWarp;  // registers per lane for the largest head
 constexpr int kAppendWarps = 4;  // warps per CTA of kv_append_kernel, each one (row, KV head, K or V)
-constexpr int kAnchorWarps = 16;  // warps per CTA of kv_key_anchor_kernel
-// BF16 elements of one kv_key_anchor_kernel tile (32 tokens at head_dim 128, 16 at 256) and the depth of its
-// ring: 6 × 8 KB of shared memory, five tiles' copies in flight while one is summed.
-constexpr int kAnchorTileElems = 4096;
-constexpr int kAnchorStages = 6;
+constexpr int kAnchorThreads = 1024;  // threads per CTA of kv_key_anchor_kernel
+constexpr int kAnchorBlockTokens = static_cast<int>(formats::kKvAnchorBlockTokens);  // rows per fp64 block sum
+// fp64 block sums staged per round of kv_key_anchor_kernel: (threads / channels per group) blocks x head_dim
+// channels, at most kAnchorThreads x 2 (two channels per thread) — 16 KB of shared memory.
+constexpr int kAnchorStagedSums = 2 * kAnchorThreads;
 constexpr int kPageTokens = static_cast<int>(formats::kKvPageTokens);
 constexpr int kInt4Group = static_cast<int>(formats::kKvInt4Group);
 constexpr float kInt4Levels = 15.0f;  // int4.cpp: 16 levels, 15 steps
@@ -40,7 +39,8 @@ constexpr uint16_t kF16One = 0x3C00;  // f32_to_f16(1.0f): the unit scale of an 
 
 static_assert(kInt4Group == kWarp, "an int4 group must be one register across the warp");
 static_assert(kMaxPerLane == 8, "the Hadamard register stages below cover strides 32, 64 and 128");
-static_assert(kAnchorWarps * kWarp >= kKvAppendMaxHeadDim, "kv_key_anchor_kernel sums one channel per thread");
+static_assert(kAnchorThreads >= kKvAppendMaxHeadDim, "kv_key_anchor_kernel needs one group of threads per head");
+static_assert(kAnchorBlockTokens == 32, "kv_key_anchor_kernel unrolls one block's loads");
 
 // Byte offsets of one page's regions (formats::KvPageLayout, narrowed: a page is at most 64 KiB here).
 struct PageGeometry {
@@ -293,18 +293,18 @@ __global__ void __launch_bounds__(kAppendWarps * kWarp) kv_append_kernel(const A
   }
 }
 
-// One CTA per (KV head, sequence), formats::kv_key_anchor: c = fp16(H·m), m the fp64 token-order mean of the
-// chunk's raw keys. The keys stream through shared memory in tiles of kAnchorTileElems / head_dim tokens (32 at
-// head_dim 128), a kAnchorStages-deep ring filled by 16-byte cp.async copies (2-byte loads when a key row is not
-// 16-byte aligned: `vector_loads` false, decided by the host), so several tiles are in flight while one is summed:
-// thread c adds channel c of the tile's tokens to its fp64 sum in token order (the CPU's order: fp64 addition is
-// not associative, so the order is part of the result). The sum is one dependent chain per channel (about 12 ns
-// per token on an H200), which sets the kernel's time; at the end one warp rotates the mean vector (hadamard_warp,
-// the CPU's butterflies) and rounds it to fp16.
+// One CTA per (KV head, sequence), formats::kv_key_anchor: c = fp16(H·m), m the mean of the chunk's raw keys from
+// fp64 sums of 32-row blocks (token order inside a block) added in block order. The CTA's threads form groups of
+// head_dim / kPairs threads, each thread kPairs adjacent channels (kPairs = 2: 4-byte loads when every key row is
+// 4-byte aligned, decided by the host); group g sums block `round + g` of each round, its 32 rows' loads issued
+// together (independent of the chain) straight from global memory (L2: the QKV GEMM has just written them), and
+// stages its block sums in shared memory; then group 0 adds the round's block sums in block order. The dependent
+// chains are 32 additions per block and one per block (2048 rows: 64 instead of the 2048 of a token-order sum). At
+// the end one warp rotates the mean vector (hadamard_warp, the CPU's butterflies) and rounds it to fp16.
 // static: this header is included by more than one .cu file (fused_ops.cu reuses its device functions).
-static __global__ void __launch_bounds__(kAnchorWarps * kWarp) kv_key_anchor_kernel(const AnchorArgs a,
-                                                                                      const bool vector_loads) {
-  __shared__ alignas(16) uint16_t raw[kAnchorStages][kAnchorTileElems];
+template <int kPairs>
+static __global__ void __launch_bounds__(kAnchorThreads) kv_key_anchor_kernel(const AnchorArgs a) {
+  __shared__ double staged[kAnchorStagedSums];
   __shared__ float mean[kKvAppendMaxHeadDim];
   const int h = static_cast<int>(blockIdx.x);
   const int seq = static_cast<int>(blockIdx.y);
@@ -312,54 +312,59 @@ static __global__ void __launch_bounds__(kAnchorWarps * kWarp) kv_key_anchor_ker
   const int count = a.row_count[seq];
   const int index = a.anchor_index[seq];
   if (first < 0 || count <= 0 || index < 0) return;  // CTA-uniform: no __syncthreads is skipped by only some
-  const int warp = static_cast<int>(threadIdx.x) / kWarp;
-  const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  const int c = static_cast<int>(threadIdx.x);
-  const int tile_tokens = kAnchorTileElems / a.head_dim;  // >= 16 (head_dim <= 256)
-  const int n_tiles = (count + tile_tokens - 1) / tile_tokens;
+  const int group_threads = a.head_dim / kPairs;
+  const int groups = kAnchorThreads / group_threads;  // blocks summed per round (>= 4: head_dim <= 256)
+  const int t = static_cast<int>(threadIdx.x);
+  const int g = t / group_threads;
+  const int c0 = (t % group_threads) * kPairs;  // this thread's first channel
+  const bool active = g < groups;
+  const int n_blocks = (count + kAnchorBlockTokens - 1) / kAnchorBlockTokens;
   const uint16_t* keys = reinterpret_cast<const uint16_t*>(a.qkv) + static_cast<int64_t>(first) * a.row_stride +
-                         a.k_offset + static_cast<int64_t>(h) * a.head_dim;
-  // Stage `tile % kAnchorStages` <- the tile's rows that exist (the rest is never read).
-  auto load_tile = [&](int tile) {
-    if (tile >= n_tiles) return;
-    uint16_t* dst = raw[tile % kAnchorStages];
-    const int t0 = tile * tile_tokens;
-    const int rows = min(tile_tokens, count - t0);
-    if (vector_loads) {
-      const int chunks_per_row = a.head_dim / 8;  // 16-byte chunks of 8 BF16 values
-      for (int k = c; k < rows * chunks_per_row; k += kAnchorWarps * kWarp) {
-        const int row = k / chunks_per_row, col = (k % chunks_per_row) * 8;
-        ptx::cp_async_16(static_cast<uint32_t>(__cvta_generic_to_shared(dst + row * a.head_dim + col)),
-                         keys + static_cast<int64_t>(t0 + row) * a.row_stride + col);
-      }
-    } else {
-      for (int k = c; k < rows * a.head_dim; k += kAnchorWarps * kWarp)
-        dst[k] = keys[static_cast<int64_t>(t0 + k / a.head_dim) * a.row_stride + k % a.head_dim];
-    }
-  };
+                         a.k_offset + static_cast<int64_t>(h) * a.head_dim + c0;
+  double total[kPairs] = {};
+  for (int round = 0; round < n_blocks; round += groups) {
+    const int b = round + g;
+    if (active && b < n_blocks) {
+      const int r0 = b * kAnchorBlockTokens;
+      const int rows = min(kAnchorBlockTokens, count - r0);
+      uint32_t v[kAnchorBlockTokens];  // the block's bf16 values (kPairs = 2: both channels' bits in one word)
 #pragma unroll
-  for (int s = 0; s < kAnchorStages - 1; ++s) {
-    load_tile(s);
-    ptx::cp_async_commit_group();
-  }
-  double sum = 0.0;
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    load_tile(tile + kAnchorStages - 1);  // into the stage summed in the previous iteration
-    ptx::cp_async_commit_group();
-    ptx::cp_async_wait_group<kAnchorStages - 1>();  // this thread's copies of `tile` have landed
-    __syncthreads();                                 // ... and everyone else's
-    if (c < a.head_dim) {
-      const uint16_t* src = raw[tile % kAnchorStages];
-      const int rows = min(tile_tokens, count - tile * tile_tokens);
-      for (int w = 0; w < rows; ++w)
-        sum = __dadd_rn(sum, static_cast<double>(__uint_as_float(static_cast<uint32_t>(src[w * a.head_dim + c]) << 16)));
+      for (int r = 0; r < kAnchorBlockTokens; ++r) {
+        if (r < rows) {
+          const uint16_t* p = keys + static_cast<int64_t>(r0 + r) * a.row_stride;
+          if constexpr (kPairs == 2) v[r] = *reinterpret_cast<const uint32_t*>(p);
+          else v[r] = *p;
+        }
+      }
+      double s[kPairs] = {};
+#pragma unroll
+      for (int r = 0; r < kAnchorBlockTokens; ++r) {
+        if (r < rows) {
+#pragma unroll
+          for (int j = 0; j < kPairs; ++j)
+            s[j] = __dadd_rn(s[j], static_cast<double>(__uint_as_float((v[r] >> (16 * j)) << 16)));
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) staged[g * a.head_dim + c0 + j] = s[j];
     }
-    __syncthreads();  // the stage is refilled by the next iteration's copies
+    __syncthreads();
+    if (g == 0) {
+      const int n = min(groups, n_blocks - round);
+      for (int k = 0; k < n; ++k) {
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) total[j] = __dadd_rn(total[j], staged[k * a.head_dim + c0 + j]);
+      }
+    }
+    __syncthreads();  // the staged sums are overwritten by the next round
   }
-  ptx::cp_async_wait_group<0>();  // nothing may be in flight into shared memory when the CTA exits
-  if (c < a.head_dim) mean[c] = __double2float_rn(__ddiv_rn(sum, static_cast<double>(count)));
+  if (g == 0) {
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) mean[c0 + j] = __double2float_rn(__ddiv_rn(total[j], static_cast<double>(count)));
+  }
   __syncthreads();
-  if (warp == 0) {
+  if (t < kWarp) {
+    const int lane = t;
     const int nv = a.head_dim / kWarp;
     float x[kMaxPerLane];
 #pragma unroll

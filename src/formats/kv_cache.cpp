@@ -174,13 +174,19 @@ std::vector<uint16_t> kv_key_anchor(KvFormat format, std::span<const float> keys
   // tokens · head_dim cannot overflow once tokens is bounded by the span's size.
   check(static_cast<uint64_t>(tokens) <= keys.size() && static_cast<int64_t>(keys.size()) == tokens * head_dim,
         "KV key anchor: got ", keys.size(), " values, expected ", tokens, " x ", head_dim);
-  std::vector<double> sum(static_cast<size_t>(head_dim), 0.0);
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t i = 0; i < head_dim; ++i) {
-      const float x = keys[static_cast<size_t>(t * head_dim + i)];
-      check(std::isfinite(x), "KV key anchor: key of token ", t, " channel ", i, " is not finite");
-      sum[static_cast<size_t>(i)] += x;
+  // Two-level fp64 sum (the header's order): blocks of kKvAnchorBlockTokens rows in token order, then the block sums
+  // in block order.
+  std::vector<double> sum(static_cast<size_t>(head_dim), 0.0), block(static_cast<size_t>(head_dim));
+  for (int64_t t0 = 0; t0 < tokens; t0 += kKvAnchorBlockTokens) {
+    std::fill(block.begin(), block.end(), 0.0);
+    for (int64_t t = t0; t < std::min(tokens, t0 + kKvAnchorBlockTokens); ++t) {
+      for (int64_t i = 0; i < head_dim; ++i) {
+        const float x = keys[static_cast<size_t>(t * head_dim + i)];
+        check(std::isfinite(x), "KV key anchor: key of token ", t, " channel ", i, " is not finite");
+        block[static_cast<size_t>(i)] += x;
+      }
     }
+    for (int64_t i = 0; i < head_dim; ++i) sum[static_cast<size_t>(i)] += block[static_cast<size_t>(i)];
   }
   std::vector<float> mean(static_cast<size_t>(head_dim));
   for (size_t i = 0; i < mean.size(); ++i) mean[i] = static_cast<float>(sum[i] / static_cast<double>(tokens));

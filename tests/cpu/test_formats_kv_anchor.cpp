@@ -50,12 +50,18 @@ std::vector<float> offset_outlier_keys(std::mt19937& rng, int64_t tokens, int64_
   return k;
 }
 
-// The anchor spelled out: the fp64 token-order mean of the raw keys, rounded to fp32, rotated once, to fp16.
+// The anchor spelled out: the mean of the raw keys (fp64 sums of 32-token blocks in token order, added in block
+// order), rounded to fp32, rotated once, to fp16.
 std::vector<uint16_t> anchor_by_hand(const std::vector<float>& keys, int64_t tokens, int64_t hd) {
   std::vector<float> m(static_cast<size_t>(hd));
   for (int64_t i = 0; i < hd; ++i) {
     double s = 0;
-    for (int64_t t = 0; t < tokens; ++t) s += keys[static_cast<size_t>(t * hd + i)];
+    for (int64_t b = 0; b * kKvAnchorBlockTokens < tokens; ++b) {
+      double sb = 0;
+      for (int64_t t = kKvAnchorBlockTokens * b; t < std::min(tokens, kKvAnchorBlockTokens * (b + 1)); ++t)
+        sb += keys[static_cast<size_t>(t * hd + i)];
+      s += sb;
+    }
     m[static_cast<size_t>(i)] = static_cast<float>(s / static_cast<double>(tokens));
   }
   const std::vector<float> hm = rotated(m, hd);
@@ -70,7 +76,7 @@ TEST(KvAnchor, AnchorIsFp16OfTheRotatedChunkMean) {
   // fp16 rounding they agree to within one fp16 ulp (2^-10 relative) plus an absolute 2^-14 near zero.
   constexpr double kFp16Ulp = 1.0 / 1024.0, kNearZero = 1.0 / 16384.0;
   for (int64_t hd : {64, 128}) {
-    for (int64_t n : {1, 37, 64}) {
+    for (int64_t n : {1, 37, 64, 100}) {
       const std::vector<float> keys = offset_outlier_keys(rng, n, hd, 2, 50.0f);
       const std::vector<uint16_t> c = kv_key_anchor(kHad, keys, n, hd);
       EXPECT_EQ(c, anchor_by_hand(keys, n, hd)) << "head_dim " << hd << " tokens " << n;
@@ -87,6 +93,14 @@ TEST(KvAnchor, AnchorIsFp16OfTheRotatedChunkMean) {
       }
     }
   }
+  // The sum's order is part of the result: +2^60 opens block 0 and -2^60 opens block 1, every other key is 1. In
+  // token order the ones of block 0 vanish into 2^60, the sum returns to 0 at token 32, and block 1's 31 ones
+  // survive (mean 31/64); by blocks, each block's ones vanish into its own ±2^60 and the block sums cancel (mean 0).
+  std::vector<float> order(64, 1.0f);
+  order[0] = 0x1p60f;
+  order[32] = -0x1p60f;
+  EXPECT_EQ(kv_key_anchor(KvFormat::INT4, order, 64, 1), (std::vector<uint16_t>{f32_to_f16(0.0f)}))
+      << "the block sums are added, not the keys one by one";
   // Means beyond fp16's range saturate to the largest finite value instead of inf (INT4: no rotation, so the
   // values are the means themselves).
   const std::vector<float> huge = {1e6f, -1e6f, 65504.0f, 1.0f};

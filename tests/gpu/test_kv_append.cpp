@@ -315,19 +315,20 @@ TEST(KvAnchorGpu, MatchesKvKeyAnchorBitForBit) {
   check_anchors(128, 8, seed += 10);
 }
 
-// Prefill-length chunks: many tiles of the kernel (32 or 64 tokens each), a chunk one token past a whole tile and
-// one short of it, so both the prefetch past the end and the partial last tile are exercised.
+// Prefill-length chunks: many rounds of the kernel's 32-row blocks, a chunk one row past a whole block and one short
+// of it, so partial last blocks and partial last rounds are exercised. One channel carries keys whose sum depends on
+// the order of the fp64 additions (kv_key_anchor's blocks, not token order).
 TEST(KvAnchorGpu, LongChunksMatchKvKeyAnchorBitForBit) {
   FT_REQUIRE_CUDA_DEVICE();
   uint32_t seed = 3500;
   for (int head_dim : {64, 128, 256, 96}) {
-    // head_dim 96 also gets a row stride that is not a multiple of 8 elements: the kernel's 2-byte-load path.
+    // head_dim 96 also gets an odd row stride: the kernel's 2-byte-load path.
     const bool unaligned = head_dim == 96;
     SCOPED_TRACE(testing::Message() << "head_dim " << head_dim << (unaligned ? " (unaligned rows)" : ""));
     const int n_kv = head_dim == 256 ? 2 : 3;
     Qkv q = make_qkv(1200, n_kv, head_dim, seed += 10);
     if (unaligned) {
-      constexpr int kExtra = 4;  // elements: rows 8-byte but not 16-byte aligned
+      constexpr int kExtra = 3;  // elements: rows only 2-byte aligned
       std::vector<uint16_t> bits(static_cast<size_t>(q.rows) * (q.row_stride + kExtra), 0);
       for (int r = 0; r < q.rows; ++r)
         std::copy(q.bits.begin() + static_cast<ptrdiff_t>(r) * q.row_stride,
@@ -336,6 +337,9 @@ TEST(KvAnchorGpu, LongChunksMatchKvKeyAnchorBitForBit) {
       q.bits = std::move(bits);
       q.row_stride += kExtra;
     }
+    // Sequence 0, KV head 0, channel 5: +2^60 opens block 0 and -2^60 block 1, the rest of both blocks is 1. In
+    // token order block 0's ones vanish into 2^60 and block 1's survive; by blocks both vanish and the sums cancel.
+    for (int r = 0; r < 64; ++r) q.at(r, q.k_offset, 0, 5) = f32_to_bf16(r == 0 ? 0x1p60f : r == 32 ? -0x1p60f : 1.0f);
     const std::vector<int32_t> first = {0, 1037, 1102}, count = {1037, 65, 63}, index = {2, 0, 1};
     std::vector<uint16_t> want(3 * static_cast<size_t>(n_kv) * head_dim);
     for (size_t s = 0; s < first.size(); ++s) {

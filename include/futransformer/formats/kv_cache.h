@@ -84,14 +84,20 @@ void kv_encode_token(const KvPageLayout& layout, uint8_t* page, int64_t slot, Kv
 void kv_decode_token(const KvPageLayout& layout, const uint8_t* page, int64_t slot, KvPart part,
                      std::span<float> out);
 
+// Tokens per block of kv_key_anchor's sum: the chunk's keys are summed block by block (see below).
+inline constexpr int64_t kKvAnchorBlockTokens = 32;
+
 // The key anchor of int4-hadamard: c = fp16(H·m), m_i = the mean over the `tokens` rows of keys ([tokens][head_dim],
-// in the model's basis, i.e. not rotated) of channel i, summed in fp64 in token order and rounded to fp32; then H·m
+// in the model's basis, i.e. not rotated) of channel i, rounded to fp32 from an fp64 sum taken in two levels: the
+// rows in consecutive blocks of kKvAnchorBlockTokens (the last block may be shorter), each block summed in fp64 in
+// token order starting from 0, then the block sums added in fp64 in block order starting from 0. (A GPU sums the
+// blocks in parallel: the longest dependent chain is 32 + tokens / 32 additions instead of `tokens`.) Then H·m
 // is kv_rotate_query(format, ...) of m in fp32 (the queries' and keys' transform; nothing for a format that does not
 // rotate), and each value is rounded to fp16 with round-to-nearest-even (f32_to_f16). A value beyond fp16's range
 // saturates to ±65504, a NaN (butterflies of means near fp32's limit) becomes 0 (any c keeps attention invariant;
 // the finite value keeps y finite). H·m equals the mean of the rotated keys H·k up to fp32 rounding: the mean is
-// taken before the rotation so that a GPU computes it as one fp64 chain per channel over the raw keys and rotates one
-// vector, instead of rotating every key of the chunk first. The engine passes the sequence's first appended chunk
+// taken before the rotation so that a GPU sums the raw keys and rotates one vector, instead of rotating every key
+// of the chunk first. The engine passes the sequence's first appended chunk
 // (one token for a decode-only start: c = fp16(H·k)). tokens must be positive, head_dim positive, the values
 // finite and keys.size() == tokens · head_dim; anything else is an Error.
 std::vector<uint16_t> kv_key_anchor(KvFormat format, std::span<const float> keys, int64_t tokens, int64_t head_dim);

@@ -132,9 +132,9 @@ cudaError_t kv_key_anchor_compute_can_implement(int n_kv_heads, int head_dim, in
     return reject(why, "kv_key_anchor_compute: head_dim = " + to_string(head_dim) +
                            " is not supported (expected a positive multiple of " + to_string(multiple) +
                            ", at most " + to_string(kKvAppendMaxHeadDim) + ")");
-  if (n_kv_heads < 1 || n_kv_heads > kMaxGridY)
+  if (n_kv_heads < 1 || n_kv_heads > kMaxGridY / kv::kAnchorCluster)
     return reject(why, "kv_key_anchor_compute: n_kv_heads = " + to_string(n_kv_heads) + ", expected 1.." +
-                           to_string(kMaxGridY));
+                           to_string(kMaxGridY / kv::kAnchorCluster));
   if (n_seqs < 0 || n_seqs > kMaxGridY)
     return reject(why,
                   "kv_key_anchor_compute: n_seqs = " + to_string(n_seqs) + ", expected 0.." + to_string(kMaxGridY));
@@ -173,11 +173,18 @@ cudaError_t kv_key_anchor_compute(const __nv_bfloat16* qkv, int row_stride, int 
   args.hadamard_block = static_cast<int32_t>(formats::kv_hadamard_block(KvFormat::INT4_HADAMARD, head_dim));
   args.hadamard_scale = formats::hadamard_scale(args.hadamard_block);
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(n_kv_heads), static_cast<unsigned>(n_seqs));
+  cfg.gridDim = dim3(static_cast<unsigned>(n_kv_heads * kv::kAnchorCluster), static_cast<unsigned>(n_seqs));
   cfg.blockDim = dim3(kv::kAnchorThreads);
   cfg.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kv::kAnchorCluster;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cfg.attrs = &cluster;
+  cfg.numAttrs = 1;
   // Two channels per 4-byte load need every key row 4-byte aligned: the pointer, the row stride and the offset
-  // (head_dim is even).
+  // (a CTA's first channel, a multiple of head_dim / 8 — itself a multiple of 4 — is even).
   const bool pairs = reinterpret_cast<uintptr_t>(qkv) % 4 == 0 && row_stride % 2 == 0 && k_offset % 2 == 0;
   return pairs ? cudaLaunchKernelEx(&cfg, kv::kv_key_anchor_kernel<2>, args)
                : cudaLaunchKernelEx(&cfg, kv::kv_key_anchor_kernel<1>, args);

@@ -10,6 +10,7 @@
 // pairs registers i and i ^ m of one lane.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -25,10 +26,11 @@ constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMaxPerLane = kKvAppendMaxHeadDim / kWarp;  // registers per lane for the largest head
 constexpr int kAppendWarps = 4;  // warps per CTA of kv_append_kernel, each one (row, KV head, K or V)
-constexpr int kAnchorThreads = 1024;  // threads per CTA of kv_key_anchor_kernel
+constexpr int kAnchorThreads = 512;  // threads per CTA of kv_key_anchor_kernel
+constexpr int kAnchorCluster = 8;    // CTAs per (KV head, sequence): each sums head_dim / 8 channels
 constexpr int kAnchorBlockTokens = static_cast<int>(formats::kKvAnchorBlockTokens);  // rows per fp64 block sum
-// fp64 block sums staged per round of kv_key_anchor_kernel: (threads / channels per group) blocks x head_dim
-// channels, at most kAnchorThreads x 2 (two channels per thread) — 16 KB of shared memory.
+// fp64 block sums staged per round of kv_key_anchor_kernel: (threads / threads per block) blocks x the CTA's
+// channels = threads x channels per thread (at most 2) — 8 KB of shared memory.
 constexpr int kAnchorStagedSums = 2 * kAnchorThreads;
 constexpr int kPageTokens = static_cast<int>(formats::kKvPageTokens);
 constexpr int kInt4Group = static_cast<int>(formats::kKvInt4Group);
@@ -293,47 +295,52 @@ __global__ void __launch_bounds__(kAppendWarps * kWarp) kv_append_kernel(const A
   }
 }
 
-// One CTA per (KV head, sequence), formats::kv_key_anchor: c = fp16(H·m), m the mean of the chunk's raw keys from
-// fp64 sums of 32-row blocks (token order inside a block) added in block order. The CTA's threads form groups of
-// head_dim / kPairs threads, each thread kPairs adjacent channels (kPairs = 2: 4-byte loads when every key row is
-// 4-byte aligned, decided by the host); group g sums block `round + g` of each round, its 32 rows' loads issued
-// together (independent of the chain) straight from global memory (L2: the QKV GEMM has just written them), and
-// stages its block sums in shared memory; then group 0 adds the round's block sums in block order. The dependent
-// chains are 32 additions per block and one per block (2048 rows: 64 instead of the 2048 of a token-order sum). At
-// the end one warp rotates the mean vector (hadamard_warp, the CPU's butterflies) and rounds it to fp16.
+// formats::kv_key_anchor: c = fp16(H·m), m the mean of the chunk's raw keys from fp64 sums of 32-row blocks (token
+// order inside a block) added in block order. One cluster of kAnchorCluster CTAs per (KV head, sequence): grid
+// (n_kv_heads · kAnchorCluster, n_seqs), CTA rank r sums channels r · head_dim / 8 … (r + 1) · head_dim / 8 − 1,
+// so 64 SMs work at the 8B shape instead of 8. Inside a CTA the threads form groups of (its channels / kPairs)
+// threads, each thread kPairs adjacent channels (kPairs = 2: 4-byte loads when every key row is 4-byte aligned,
+// decided by the host); group g sums block `round + g` of each round with its 32 rows' loads issued together
+// (straight from global memory: the rows are L2-resident after the QKV GEMM) and stages the block sums in shared
+// memory; group 0 then adds the round's block sums in block order. After a cluster barrier, one warp of rank 0
+// gathers the whole mean vector from the cluster's shared memory, rotates it (hadamard_warp, the CPU's
+// butterflies) and rounds it to fp16; a second barrier keeps every CTA's shared memory alive until then.
 // static: this header is included by more than one .cu file (fused_ops.cu reuses its device functions).
 template <int kPairs>
 static __global__ void __launch_bounds__(kAnchorThreads) kv_key_anchor_kernel(const AnchorArgs a) {
+  namespace cg = cooperative_groups;
   __shared__ double staged[kAnchorStagedSums];
-  __shared__ float mean[kKvAppendMaxHeadDim];
-  const int h = static_cast<int>(blockIdx.x);
+  __shared__ float mean[kKvAppendMaxHeadDim / kAnchorCluster];
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int h = static_cast<int>(blockIdx.x) / kAnchorCluster;
   const int seq = static_cast<int>(blockIdx.y);
   const int first = a.first_row[seq];
   const int count = a.row_count[seq];
   const int index = a.anchor_index[seq];
-  if (first < 0 || count <= 0 || index < 0) return;  // CTA-uniform: no __syncthreads is skipped by only some
-  const int group_threads = a.head_dim / kPairs;
-  const int groups = kAnchorThreads / group_threads;  // blocks summed per round (>= 4: head_dim <= 256)
+  if (first < 0 || count <= 0 || index < 0) return;  // cluster-uniform: no barrier is skipped by only some
+  const int channels = a.head_dim / kAnchorCluster;  // this CTA's
+  const int group_threads = channels / kPairs;
+  const int groups = kAnchorThreads / group_threads;  // blocks summed per round
   const int t = static_cast<int>(threadIdx.x);
   const int g = t / group_threads;
-  const int c0 = (t % group_threads) * kPairs;  // this thread's first channel
-  const bool active = g < groups;
+  const int c0 = (t % group_threads) * kPairs;  // this thread's first channel within the CTA's
   const int n_blocks = (count + kAnchorBlockTokens - 1) / kAnchorBlockTokens;
   const uint16_t* keys = reinterpret_cast<const uint16_t*>(a.qkv) + static_cast<int64_t>(first) * a.row_stride +
-                         a.k_offset + static_cast<int64_t>(h) * a.head_dim + c0;
+                         a.k_offset + static_cast<int64_t>(h) * a.head_dim + rank * channels + c0;
   double total[kPairs] = {};
   for (int round = 0; round < n_blocks; round += groups) {
     const int b = round + g;
-    if (active && b < n_blocks) {
+    if (g < groups && b < n_blocks) {
       const int r0 = b * kAnchorBlockTokens;
       const int rows = min(kAnchorBlockTokens, count - r0);
+      const uint16_t* p = keys + static_cast<int64_t>(r0) * a.row_stride;
       uint32_t v[kAnchorBlockTokens];  // the block's bf16 values (kPairs = 2: both channels' bits in one word)
 #pragma unroll
       for (int r = 0; r < kAnchorBlockTokens; ++r) {
         if (r < rows) {
-          const uint16_t* p = keys + static_cast<int64_t>(r0 + r) * a.row_stride;
-          if constexpr (kPairs == 2) v[r] = *reinterpret_cast<const uint32_t*>(p);
-          else v[r] = *p;
+          if constexpr (kPairs == 2) v[r] = *reinterpret_cast<const uint32_t*>(p + static_cast<int64_t>(r) * a.row_stride);
+          else v[r] = p[static_cast<int64_t>(r) * a.row_stride];
         }
       }
       double s[kPairs] = {};
@@ -346,14 +353,14 @@ static __global__ void __launch_bounds__(kAnchorThreads) kv_key_anchor_kernel(co
         }
       }
 #pragma unroll
-      for (int j = 0; j < kPairs; ++j) staged[g * a.head_dim + c0 + j] = s[j];
+      for (int j = 0; j < kPairs; ++j) staged[g * channels + c0 + j] = s[j];
     }
     __syncthreads();
     if (g == 0) {
       const int n = min(groups, n_blocks - round);
       for (int k = 0; k < n; ++k) {
 #pragma unroll
-        for (int j = 0; j < kPairs; ++j) total[j] = __dadd_rn(total[j], staged[k * a.head_dim + c0 + j]);
+        for (int j = 0; j < kPairs; ++j) total[j] = __dadd_rn(total[j], staged[k * channels + c0 + j]);
       }
     }
     __syncthreads();  // the staged sums are overwritten by the next round
@@ -362,13 +369,16 @@ static __global__ void __launch_bounds__(kAnchorThreads) kv_key_anchor_kernel(co
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) mean[c0 + j] = __double2float_rn(__ddiv_rn(total[j], static_cast<double>(count)));
   }
-  __syncthreads();
-  if (t < kWarp) {
+  cluster.sync();  // barrier.cluster (release / acquire): every rank's means are visible to rank 0
+  if (rank == 0 && t < kWarp) {
     const int lane = t;
     const int nv = a.head_dim / kWarp;
     float x[kMaxPerLane];
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) x[i] = i < nv ? mean[i * kWarp + lane] : 0.0f;
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      const int c = i * kWarp + lane;
+      x[i] = i < nv ? cluster.map_shared_rank(mean, c / channels)[c % channels] : 0.0f;
+    }
     hadamard_warp(x, nv, a.hadamard_block, a.hadamard_scale, lane);
     uint16_t* out = a.key_anchors + (static_cast<int64_t>(index) * a.n_kv_heads + h) * a.head_dim;
 #pragma unroll
@@ -379,6 +389,7 @@ static __global__ void __launch_bounds__(kAnchorThreads) kv_key_anchor_kernel(co
       }
     }
   }
+  cluster.sync();  // no CTA leaves (freeing its shared memory) before rank 0 has read it
 }
 
 }  // namespace futransformer::cuda::kv

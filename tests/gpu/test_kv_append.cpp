@@ -492,6 +492,7 @@ TEST(KvAppendHost, CanImplementNamesTheProblem) {
            BadAnchor{1, 512, 1, 1024, 0, "head_dim = 512"},
            BadAnchor{0, 128, 1, 1024, 0, "n_kv_heads = 0"},
            BadAnchor{70000, 128, 1, 1 << 30, 0, "n_kv_heads = 70000"},
+           BadAnchor{9000, 128, 1, 1 << 30, 0, "n_kv_heads = 9000"},  // 8 CTAs per head: grid x past 65535
            BadAnchor{1, 128, -1, 1024, 0, "n_seqs = -1"},
            BadAnchor{1, 128, 70000, 1024, 0, "n_seqs = 70000"},
            BadAnchor{2, 128, 1, 1024, 800, "k_offset = 800"},

@@ -58,9 +58,10 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // sum = fma(acc_kb, a_scale[m][kb], sum), with the scale loaded before the K block's wgmmas are waited on; the
 // epilogue then scales by b_scale alone. CPU twin: formats::gemm_fp8_block_a_reference.
 //
-// kOverlap (per-token A at block_n 128): the block-scaled instance's two-accumulator main loop with a plain
-// `sum += acc` promotion — K block kb + 1's wgmmas run while kb is added. Same additions in the same order, so the
-// same bits as the one-accumulator loop (mainloop_per_token).
+// kOverlap (per-token A at block_n 128, the launcher's default for the BF16 store): the block-scaled instance's
+// two-accumulator main loop with a plain `sum += acc` promotion — K block kb + 1's wgmmas run while kb is added.
+// Same additions in the same order, so the same bits as the one-accumulator loop (mainloop_per_token), which the
+// residual instances keep (the warp-specialised residual kernel's consumers have 168 registers, not 3 x 64 + more).
 template <int kBlockN, int kStages, bool kResidual = false, bool kBlockScaledA = false, bool kOverlap = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,

@@ -31,19 +31,14 @@ constexpr int smem_bytes() {
   return prefill::Layout<kInt4, kD>::kSmemBytes;
 }
 
-template <int kConsumers, bool kLean = false>
 PrefillFn pick_wgmma(bool int4, int head_dim, int* smem) {
   namespace w = prefill_wgmma;
   if (int4) {
-    *smem = head_dim == 128 ? w::KernelLayout<true, 128, kConsumers, kLean>::kAllocBytes
-                            : w::KernelLayout<true, 64, kConsumers, kLean>::kAllocBytes;
-    return head_dim == 128 ? w::attention_prefill_wgmma_kernel<true, 128, kConsumers, kLean>
-                           : w::attention_prefill_wgmma_kernel<true, 64, kConsumers, kLean>;
+    *smem = head_dim == 128 ? w::Layout<true, 128>::kAllocBytes : w::Layout<true, 64>::kAllocBytes;
+    return head_dim == 128 ? w::attention_prefill_wgmma_kernel<true, 128> : w::attention_prefill_wgmma_kernel<true, 64>;
   }
-  *smem = head_dim == 128 ? w::KernelLayout<false, 128, kConsumers, kLean>::kAllocBytes
-                          : w::KernelLayout<false, 64, kConsumers, kLean>::kAllocBytes;
-  return head_dim == 128 ? w::attention_prefill_wgmma_kernel<false, 128, kConsumers, kLean>
-                         : w::attention_prefill_wgmma_kernel<false, 64, kConsumers, kLean>;
+  *smem = head_dim == 128 ? w::Layout<false, 128>::kAllocBytes : w::Layout<false, 64>::kAllocBytes;
+  return head_dim == 128 ? w::attention_prefill_wgmma_kernel<false, 128> : w::attention_prefill_wgmma_kernel<false, 64>;
 }
 
 PrefillFn pick(bool int4, int head_dim, int* smem) {
@@ -93,21 +88,14 @@ cudaError_t attention_prefill_can_implement(KvFormat format, int rows, int n_chu
 const char* attention_prefill_last_error() { return g_last_error.c_str(); }
 
 const char* attention_prefill_kernel_name(AttentionPrefillKernel kernel) {
-  switch (kernel) {
-    case AttentionPrefillKernel::kWgmma64: return "wgmma64";
-    case AttentionPrefillKernel::kWgmmaLean: return "wgmma-lean";
-    case AttentionPrefillKernel::kMmaSync: return "mma-sync";
-    default: return "wgmma";
-  }
+  return kernel == AttentionPrefillKernel::kMmaSync ? "mma-sync" : "wgmma";
 }
 
 AttentionPrefillKernel attention_prefill_default_kernel() {
   static const AttentionPrefillKernel k = [] {
     const char* e = std::getenv("FT_PREFILL_ATTENTION");
-    for (AttentionPrefillKernel c :
-         {AttentionPrefillKernel::kWgmma, AttentionPrefillKernel::kWgmma64, AttentionPrefillKernel::kMmaSync})
-      if (e != nullptr && std::strcmp(e, attention_prefill_kernel_name(c)) == 0) return c;
-    return AttentionPrefillKernel::kWgmmaLean;
+    const bool mma_sync = e != nullptr && std::strcmp(e, attention_prefill_kernel_name(AttentionPrefillKernel::kMmaSync)) == 0;
+    return mma_sync ? AttentionPrefillKernel::kMmaSync : AttentionPrefillKernel::kWgmma;
   }();
   return k;
 }
@@ -125,7 +113,7 @@ cudaError_t attention_prefill(KvFormat format, const __nv_bfloat16* q, const uin
 namespace {
 
 // attention_prefill_with, and with unrotate_block > 1 (INT4_HADAMARD, the default wgmma shape only: the caller
-// checked) the un-rotating instance (the lean two-consumer shape: the caller checked that it is the default).
+// checked) the un-rotating instance of the wgmma kernel (the caller checked that it is the default).
 cudaError_t launch_prefill(AttentionPrefillKernel which, KvFormat format, const __nv_bfloat16* q,
                            const uint8_t* kv_pool, const int32_t* block_table, const int32_t* chunk_first_row,
                            const int32_t* chunk_start_pos, __nv_bfloat16* out, int rows, int n_chunks, int n_heads,
@@ -147,31 +135,18 @@ cudaError_t launch_prefill(AttentionPrefillKernel which, KvFormat format, const 
   int smem = 0;
   PrefillFn kernel = nullptr;
   int threads = 0, tile_vectors = 0;
-  switch (which) {
-    case AttentionPrefillKernel::kMmaSync:
-      kernel = pick(is_int4(format), head_dim, &smem);
-      threads = prefill::kThreads;
-      tile_vectors = prefill::kTileVectors;
-      break;
-    case AttentionPrefillKernel::kWgmma64:
-      kernel = pick_wgmma<1>(is_int4(format), head_dim, &smem);
-      threads = prefill_wgmma::Shape<1>::kThreads;
-      tile_vectors = prefill_wgmma::Shape<1>::kTileVectors;
-      break;
-    case AttentionPrefillKernel::kWgmmaLean:
-      kernel = pick_wgmma<2, true>(is_int4(format), head_dim, &smem);
-      threads = prefill_wgmma::Shape<2>::kThreads;
-      tile_vectors = prefill_wgmma::Shape<2>::kTileVectors;
-      break;
-    default:
-      kernel = pick_wgmma<2>(is_int4(format), head_dim, &smem);
-      threads = prefill_wgmma::Shape<2>::kThreads;
-      tile_vectors = prefill_wgmma::Shape<2>::kTileVectors;
-      break;
+  if (which == AttentionPrefillKernel::kMmaSync) {
+    kernel = pick(is_int4(format), head_dim, &smem);
+    threads = prefill::kThreads;
+    tile_vectors = prefill::kTileVectors;
+  } else {
+    kernel = pick_wgmma(is_int4(format), head_dim, &smem);
+    threads = prefill_wgmma::Shape::kThreads;
+    tile_vectors = prefill_wgmma::Shape::kTileVectors;
   }
   if (unrotate_block > 1) {
-    kernel = head_dim == 128 ? prefill_wgmma::attention_prefill_wgmma_kernel<true, 128, 2, true, true>
-                             : prefill_wgmma::attention_prefill_wgmma_kernel<true, 64, 2, true, true>;
+    kernel = head_dim == 128 ? prefill_wgmma::attention_prefill_wgmma_kernel<true, 128, true>
+                             : prefill_wgmma::attention_prefill_wgmma_kernel<true, 64, true>;
   }
   const int tiles = prefill_wgmma::tiles_for_rows(max_chunk_rows, gqa, tile_vectors);
   if (print_heuristics()) {
@@ -235,7 +210,7 @@ cudaError_t attention_prefill_int4_unrotated(const __nv_bfloat16* q, const uint8
                                      std::to_string(hadamard_block) + ", expected a power of two in 2.." +
                                      std::to_string(head_dim) + " (head_dim)");
   const AttentionPrefillKernel which = attention_prefill_default_kernel();
-  const bool fused = which == AttentionPrefillKernel::kWgmmaLean;  // the shape with un-rotating instances
+  const bool fused = which == AttentionPrefillKernel::kWgmma;  // the kernel with un-rotating instances
   const cudaError_t e =
       launch_prefill(which, KvFormat::INT4_HADAMARD, q, kv_pool, block_table, chunk_first_row, chunk_start_pos, out,
                      rows, n_chunks, n_heads, n_kv_heads, head_dim, max_pages_per_seq, max_chunk_rows,

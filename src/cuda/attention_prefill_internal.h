@@ -12,18 +12,14 @@ namespace futransformer::cuda {
 
 enum class AttentionPrefillKernel {
   kWgmma,    // warp-specialised, wgmma (attention_prefill_wgmma.cuh): a producer and two consumer warpgroups,
-             // 128-vector tiles, one CTA per SM
-  kWgmma64,  // the same with one consumer warpgroup, 64-vector tiles, two CTAs per SM
-  kWgmmaLean,  // kWgmma with a leaner softmax (scale in the exponent's FMA, mask only where needed, O's rescale
-               // skipped when no row's max moved) and two INT4 raw pages in flight — the default (8-9 % faster
-               // than kWgmma at 2k and 8k tokens, docs/results.md, eighth session)
+             // 128-vector tiles, one CTA per SM, the lean softmax — the default
   kMmaSync,  // the first design, mma.sync m16n8k16 with the dequantisation between barriers (attention_prefill.cuh)
 };
 
-// Name used by FT_PREFILL_ATTENTION and the bench: "wgmma", "wgmma64", "wgmma-lean", "mma-sync".
+// Name used by FT_PREFILL_ATTENTION and the bench: "wgmma", "mma-sync".
 const char* attention_prefill_kernel_name(AttentionPrefillKernel kernel);
 
-// The kernel attention_prefill runs: kWgmmaLean unless FT_PREFILL_ATTENTION names another (read once per process).
+// The kernel attention_prefill runs: kWgmma unless FT_PREFILL_ATTENTION names another (read once per process).
 AttentionPrefillKernel attention_prefill_default_kernel();
 
 // attention_prefill with `kernel` instead of the default; same checks, errors and contract.

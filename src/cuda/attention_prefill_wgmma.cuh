@@ -2,8 +2,8 @@
 // the mma.sync kernel (src/cuda/attention_prefill.cuh), restructured for Hopper. Layout, descriptors and budgets:
 // src/cuda/attention_prefill_wgmma_layout.h; design and numerics: docs/kernels.md ("Prefill attention").
 //
-// - A CTA is a producer warpgroup and one or two consumer warpgroups (Shape: the default has two and owns a tile of
-//   128 query vectors — (row, query head) pairs of one chunk, all G heads of one KV head; the one-consumer shape 64).
+// - A CTA is a producer warpgroup and two consumer warpgroups (Shape) and owns a tile of 128 query vectors — (row,
+//   query head) pairs of one chunk, all G heads of one KV head.
 //   The producer puts each key block (page) into a ring of stages in the swizzled operand layout — BF16 pages by
 //   cp.async straight into place; INT4 pages through raw page buffers (cp.async ahead), then dequantised to f16
 //   values (u − z) · s — and hands stages over with mbarriers. Each consumer runs S = Q·Kᵀ and O += P·V as wgmma
@@ -14,10 +14,10 @@
 //   2^-14 ≤ |q| ≤ 65504), P rounded to f16. The scales therefore ride in the operands and the consumer is one path.
 // - S: eight (head_dim 128) m64n64k16 SS wgmmas, Q and K from shared memory. P·V: the S accumulator is P's A
 //   fragment (RS wgmma), m64n(head_dim)k16 per 16 tokens.
-// - Two consumers: software-pipelined, block j's S issued with block j − 1's P·V (see the loop). One consumer: P·V(j)
-//   is waited for at the end of block j, and the second CTA on the SM overlaps one CTA's softmax with the other's
-//   MMAs. Variants (template flags): kLean (a leaner softmax, a deeper INT4 prefetch), kUnrotate (int4-hadamard
-//   output un-rotated in the store).
+// - The consumers are software-pipelined: block j's S is issued with block j − 1's P·V (see the loop). The softmax
+//   is lean: the score scale rides in the exponent's FMA, the mask only in blocks that reach past a row's position,
+//   O's rescale is skipped when no row's max moved. Variant (template flag): kUnrotate (int4-hadamard output
+//   un-rotated in the store).
 // - Causal masking when a block reaches past the tile's first position; each output element is written once by
 //   one lane, in a fixed order: deterministic.
 #pragma once
@@ -103,7 +103,7 @@ constexpr int kConsumerBarrier = 2;  // named barriers of the consumer warpgroup
 
 template <bool kInt4, int kD>
 struct Producer {
-  using L = Layout<kInt4, kD, 1>;  // part geometry only: the same for every CTA shape
+  using L = Layout<kInt4, kD>;  // part geometry only
   using Page = typename L::Page;
 
   // BF16: page -> stage at `dst` (K part, V part), rows at or past `valid` zero-filled without reading them.
@@ -169,15 +169,13 @@ __device__ __forceinline__ void fence_array(float (&r)[N]) {
 // by the scale), rounded to BF16 again: the same bits as attention_prefill followed by rotate_heads_bf16. In the
 // accumulator fragment, channel c = 8 nt + 2 t + e of a row is register 4 nt + 2 r + e of lane t of the row's quad:
 // stride 1 is e, strides 2 and 4 a quad shuffle (lane ^ 1, lane ^ 2), strides 8 .. 64 the nt index.
-// kLean: the softmax with fewer instructions per block (scale folded into the exponent's FMA, the mask only in
-// blocks that need it, O's rescale skipped when no row's max moved) and, for INT4, two raw pages in flight ahead of
-// the dequantisation instead of one; otherwise the same kernel.
-template <bool kInt4, int kD, int kConsumers, bool kLean = false, bool kUnrotate = false>
-__global__ void __launch_bounds__(Shape<kConsumers>::kThreads, Shape<kConsumers>::kMinCtasPerSm)
+template <bool kInt4, int kD, bool kUnrotate = false>
+__global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
     attention_prefill_wgmma_kernel(const PrefillArgs args) {
   static_assert(!kUnrotate || kInt4, "only INT4_HADAMARD outputs are rotated");
-  using Sh = Shape<kConsumers>;
-  using L = KernelLayout<kInt4, kD, kConsumers, kLean>;
+  using Sh = Shape;
+  using L = Layout<kInt4, kD>;
+  constexpr int kConsumers = Sh::kConsumers;
   using P = Producer<kInt4, kD>;
   using M = Mma16<kInt4>;
   constexpr int kStages = Sh::kStages;
@@ -351,57 +349,38 @@ __global__ void __launch_bounds__(Shape<kConsumers>::kThreads, Shape<kConsumers>
     const int kb = j * kBlockTokens;
     const bool masked = kb + kBlockTokens - 1 > my_min_pos;
     float bmax[2] = {kNegInf, kNegInf};
-    if constexpr (kLean) {
-      // Raw scores: the scale is applied inside the exponent's FMA (max commutes with a positive scale, and
-      // rounding is monotonic, so m is the same); the mask only in the blocks that reach past a row's position.
-      if (masked) {
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float& x = sacc[4 * nt + e];
-            x = kb + 8 * nt + 2 * t + (e & 1) > pos[e >> 1] ? kNegInf : x;
-            bmax[e >> 1] = fmaxf(bmax[e >> 1], x);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < 32; ++i) bmax[(i >> 1) & 1] = fmaxf(bmax[(i >> 1) & 1], sacc[i]);
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) bmax[r] *= args.score_scale;  // −inf stays −inf
-    } else {
+    // Raw scores: the scale is applied inside the exponent's FMA (max commutes with a positive scale, and
+    // rounding is monotonic, so m is the same); the mask only in the blocks that reach past a row's position.
+    if (masked) {
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int tok = kb + 8 * nt + 2 * t + (e & 1);
           float& x = sacc[4 * nt + e];
-          x = masked && tok > pos[e >> 1] ? kNegInf : x * args.score_scale;
+          x = kb + 8 * nt + 2 * t + (e & 1) > pos[e >> 1] ? kNegInf : x;
           bmax[e >> 1] = fmaxf(bmax[e >> 1], x);
         }
       }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) bmax[(i >> 1) & 1] = fmaxf(bmax[(i >> 1) & 1], sacc[i]);
     }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) bmax[r] *= args.score_scale;  // −inf stays −inf
     float m_use[2], psum[2] = {0.0f, 0.0f};
     prefill::online_max_update(bmax, m, m_use, alpha);
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
-      if constexpr (kLean) {
-        sacc[i] = ptx::ex2_approx(fmaf(sacc[i], args.score_scale, -m_use[(i >> 1) & 1]));  // −inf -> 0
-      } else {
-        sacc[i] = ptx::ex2_approx(sacc[i] - m_use[(i >> 1) & 1]);
-      }
+      sacc[i] = ptx::ex2_approx(fmaf(sacc[i], args.score_scale, -m_use[(i >> 1) & 1]));  // −inf -> 0
       psum[(i >> 1) & 1] += sacc[i];
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], psum[r]);
   };
   auto rescale_o = [&] {
-    if constexpr (kLean) {
-      // Most blocks leave every row's max unchanged (alpha = 1): skip the D / 2 multiplies when the whole warp
-      // can (a warp-level branch, no wgmma under it).
-      if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
-    }
+    // Most blocks leave every row's max unchanged (alpha = 1): skip the D / 2 multiplies when the whole warp can (a
+    // warp-level branch, no wgmma under it).
+    if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
   };
@@ -432,25 +411,7 @@ __global__ void __launch_bounds__(Shape<kConsumers>::kThreads, Shape<kConsumers>
     ptx::wgmma_commit_group();
   };
 
-  if constexpr (kConsumers == 1) {
-    // One block at a time: S, softmax, P·V, release. (The other CTA on the SM overlaps.)
-    for (int j = 0; j < work.blocks; ++j) {
-      wait_full(j);
-      if (j < my_blocks) {  // warpgroup-uniform
-        issue_s(j);
-        ptx::wgmma_wait_group<0>();
-        fence_array(sacc);
-        softmax(j);
-        rescale_o();
-        pack_p();
-        issue_pv(j);
-        // Waited here: carried across the loop's back edge, ptxas would serialise every wgmma.
-        ptx::wgmma_wait_group<0>();
-        fence_array(o);
-      }
-      release(j);
-    }
-  } else {
+  {
     // Software-pipelined: block j's S is issued together with block j − 1's P·V, and block j's softmax runs while
     // that P·V is still on the tensor cores; both are waited for inside the iteration (nothing in flight across
     // the back edge) and the steady-state loop has no branch around a wgmma (ptxas serialises wgmmas issued in

@@ -30,23 +30,20 @@ constexpr int kGroupBytes = kRows * kRowBytes;  // 4096
 constexpr int kAtomBytes = 8 * kRowBytes;       // 512: the 64-byte swizzle's repeat
 constexpr int kAlign = 1024;                    // operand regions start 1024-byte aligned
 
-// The two CTA shapes: warpgroup 0 produces, warpgroups 1 .. kConsumers consume (64 query vectors each, sharing
-// every key block the producer delivers).
-//  1 consumer:  256 threads, two CTAs per SM, tiles of 64 vectors (the mma.sync kernel's), two stages.
-//  2 consumers: 384 threads, one CTA per SM, tiles of 128 vectors: half the copies / dequantisation and half the
-//               L2 -> shared traffic per query, three stages.
-template <int kConsumers>
+// The CTA shape: warpgroup 0 produces, warpgroups 1 and 2 consume (64 query vectors each, sharing every key block the
+// producer delivers): 384 threads, one CTA per SM, tiles of 128 vectors, three stages. (A one-consumer shape with
+// two CTAs per SM measured 14-27 % slower and was removed in the eighth session.)
 struct Shape {
-  static_assert(kConsumers == 1 || kConsumers == 2, "one or two consumer warpgroups");
+  static constexpr int kConsumers = 2;
   static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
   static constexpr int kTileVectors = kRows * kConsumers;
-  static constexpr int kMinCtasPerSm = kConsumers == 1 ? 2 : 1;
-  static constexpr int kProducerRegs = 56;                           // copies / dequantisation
-  static constexpr int kConsumerRegs = kConsumers == 1 ? 200 : 224;  // O (D / 2) + S (32) + P + softmax state
+  static constexpr int kMinCtasPerSm = 1;
+  static constexpr int kProducerRegs = 56;   // copies / dequantisation
+  static constexpr int kConsumerRegs = 224;  // O (D / 2) + S (32) + P + softmax state
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 65536 / kMinCtasPerSm / kWarpgroupThreads,
                 "the CTAs of an SM must fit the register file after setmaxnreg");
-  static constexpr int kStages = kConsumers == 1 ? 2 : 3;  // key blocks in flight between producer and consumers
-  static constexpr int kBarriers = 2 * kStages;            // full[s], empty[s]
+  static constexpr int kStages = 3;               // key blocks in flight between producer and consumers
+  static constexpr int kBarriers = 2 * kStages;   // full[s], empty[s]
 };
 
 // Tiles of `tv` consecutive query vectors (v = row · G + head) of a chunk: as prefill::tile_work, any tile size.
@@ -91,10 +88,11 @@ FT_HD uint32_t element_offset(int row, int channel) {
   return operand_offset(row, channel >> 3) + static_cast<uint32_t>((channel & 7) * 2);
 }
 
-// kRawPages: INT4 raw page buffers of the producer (pages in flight ahead of the dequantisation: kRawPages − 1).
-template <bool kInt4, int kD, int kConsumers, int kRawPages = 2>
+// INT4: kRawPages raw page buffers in the producer (two pages in flight ahead of the dequantisation).
+template <bool kInt4, int kD>
 struct Layout {
-  using S = Shape<kConsumers>;
+  using S = Shape;
+  static constexpr int kRawPages = 3;
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
   using Page = attn::Geometry<kInt4, kD>;  // canonical page offsets
   static constexpr int kGroups = kD / kGroupChannels;
@@ -102,11 +100,10 @@ struct Layout {
   static constexpr int kPartBytes = kGroups * kGroupBytes;   // K, V or one consumer's Q: 64 rows x D
   static constexpr int kStageBytes = 2 * kPartBytes;         // [K | V], bf16 (BF16 cache) or f16 (INT4)
   static constexpr int kQOffset = 0;                           // consumer c's Q at kQOffset + c * kPartBytes
-  static constexpr int kStageOffset = kConsumers * kPartBytes;
+  static constexpr int kStageOffset = S::kConsumers * kPartBytes;
   static constexpr int kRawPageBytes = static_cast<int>(Page::kPageBytes);
   static constexpr int kRawOffset = kStageOffset + S::kStages * kStageBytes;  // INT4: the raw page buffers
   static constexpr int kRawBuffers = kInt4 ? kRawPages : 0;
-  static_assert(kRawPages == 2 || kRawPages == 3, "one or two pages in flight ahead of the dequantisation");
   static constexpr int kBarOffset = kRawOffset + kRawBuffers * kRawPageBytes;
   static constexpr int kBytes = kBarOffset + S::kBarriers * 8;
   static constexpr int kAllocBytes = kBytes + kAlign;  // the dynamic window is only guaranteed 16-byte aligned
@@ -114,10 +111,6 @@ struct Layout {
   static_assert(kRawPageBytes % 16 == 0 && kBarOffset % 8 == 0);
   static_assert(S::kMinCtasPerSm * (kAllocBytes + 1024) <= 228 * 1024, "the CTAs of an SM fit its shared memory");
 };
-
-// The layout of a kernel instance: the lean variant (attention_prefill_wgmma.cuh) keeps two INT4 pages in flight.
-template <bool kInt4, int kD, int kConsumers, bool kLean>
-using KernelLayout = Layout<kInt4, kD, kConsumers, kLean ? 3 : 2>;
 
 // --- wgmma shared-memory descriptors (PTX ISA "Matrix Descriptor Format"): bits 0-13 start address >> 4,
 // 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4, 49-51 base offset (0: regions are 512-byte

@@ -103,7 +103,7 @@ void check_tiling() {
     for (int c = 0; c < kD / 8; ++c) {
       const uint32_t off = pw::operand_offset(row, c);
       EXPECT_EQ(off % 16, 0u);
-      EXPECT_LT(off, static_cast<uint32_t>(pw::Layout<false, kD, 1>::kPartBytes));
+      EXPECT_LT(off, static_cast<uint32_t>(pw::Layout<false, kD>::kPartBytes));
       EXPECT_TRUE(slots.insert(off).second) << "row " << row << " chunk " << c << " collides";
     }
   }
@@ -123,40 +123,33 @@ TEST(AttentionPrefillWgmmaLayout, ChunksTileEachOperandOnce) {
 }
 
 // Regions: Q, the stages, the raw pages and the barriers follow each other without overlap, operand regions are
-// 1024-byte aligned, and two CTAs fit an SM (228 KB, 1 KB reserved per CTA).
-template <bool kInt4, int kD, int kConsumers, bool kLean = false>
+// 1024-byte aligned, and the CTA fits an SM (228 KB, 1 KB reserved per CTA) and its register file.
+template <bool kInt4, int kD>
 void check_regions() {
-  using L = pw::KernelLayout<kInt4, kD, kConsumers, kLean>;
-  using S = pw::Shape<kConsumers>;
-  SCOPED_TRACE(testing::Message() << (kInt4 ? "int4" : "bf16") << " head_dim " << kD << " consumers " << kConsumers);
+  using L = pw::Layout<kInt4, kD>;
+  using S = pw::Shape;
+  SCOPED_TRACE(testing::Message() << (kInt4 ? "int4" : "bf16") << " head_dim " << kD);
   EXPECT_EQ(L::kQOffset, 0);
-  EXPECT_EQ(L::kStageOffset, kConsumers * L::kPartBytes);
+  EXPECT_EQ(L::kStageOffset, S::kConsumers * L::kPartBytes);
   EXPECT_EQ(L::kStageOffset % 1024, 0);
   EXPECT_EQ(L::kStageBytes % 1024, 0);
   EXPECT_EQ(L::kStageBytes, 2 * L::kPartBytes);
   EXPECT_EQ(L::kRawOffset, L::kStageOffset + S::kStages * L::kStageBytes);
-  EXPECT_EQ(L::kBarOffset, L::kRawOffset + (kInt4 ? (kLean ? 3 : 2) * L::kRawPageBytes : 0));
+  EXPECT_EQ(L::kBarOffset, L::kRawOffset + (kInt4 ? 3 * L::kRawPageBytes : 0));  // three raw page buffers
   EXPECT_EQ(L::kBytes, L::kBarOffset + 8 * S::kBarriers);
   EXPECT_LE(S::kMinCtasPerSm * (L::kAllocBytes + 1024), 228 * 1024);
-  EXPECT_LE(S::kProducerRegs + kConsumers * S::kConsumerRegs, 65536 / S::kMinCtasPerSm / pw::kWarpgroupThreads);
-  EXPECT_EQ(S::kThreads, 128 * (1 + kConsumers));
-  EXPECT_EQ(S::kTileVectors, 64 * kConsumers);
+  EXPECT_LE(S::kProducerRegs + S::kConsumers * S::kConsumerRegs, 65536 / S::kMinCtasPerSm / pw::kWarpgroupThreads);
+  EXPECT_EQ(S::kThreads, 128 * (1 + S::kConsumers));
+  EXPECT_EQ(S::kTileVectors, 64 * S::kConsumers);
 }
 
 TEST(AttentionPrefillWgmmaLayout, RegionsAndOccupancy) {
-  check_regions<true, 128, 1>();
-  check_regions<true, 64, 1>();
-  check_regions<false, 128, 1>();
-  check_regions<false, 64, 1>();
-  check_regions<true, 128, 2>();
-  check_regions<true, 64, 2>();
-  check_regions<false, 128, 2>();
-  check_regions<false, 64, 2>();
-  check_regions<true, 128, 2, true>();  // the lean variant: a third raw page buffer
-  check_regions<true, 64, 2, true>();
-  check_regions<false, 128, 2, true>();
-  EXPECT_EQ((pw::Layout<true, 128, 1>::kRawPageBytes), 9728);  // docs/formats.md's worked example
-  EXPECT_EQ((pw::Layout<true, 64, 1>::kRawPageBytes), 4864);
+  check_regions<true, 128>();
+  check_regions<true, 64>();
+  check_regions<false, 128>();
+  check_regions<false, 64>();
+  EXPECT_EQ((pw::Layout<true, 128>::kRawPageBytes), 9728);  // docs/formats.md's worked example
+  EXPECT_EQ((pw::Layout<true, 64>::kRawPageBytes), 4864);
 }
 
 // 128-vector tiles cover a chunk's vectors exactly once, and positions match prefill::tile_work at 64.

@@ -214,9 +214,7 @@ TEST_P(AttentionPrefillGpu, LongChunks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, AttentionPrefillGpu,
-                         testing::Values(cuda::AttentionPrefillKernel::kWgmma, cuda::AttentionPrefillKernel::kWgmma64,
-                                         cuda::AttentionPrefillKernel::kWgmmaLean,
-                                         cuda::AttentionPrefillKernel::kMmaSync),
+                         testing::Values(cuda::AttentionPrefillKernel::kWgmma, cuda::AttentionPrefillKernel::kMmaSync),
                          [](const testing::TestParamInfo<cuda::AttentionPrefillKernel>& i) {
                            std::string n = cuda::attention_prefill_kernel_name(i.param);
                            for (char& ch : n) ch = ch == '-' ? '_' : ch;
@@ -261,7 +259,7 @@ TEST(AttentionPrefillGpuCalls, Int4UnrotatedEqualsPrefillThenRotateHeads) {
                                                        &unrotated),
                 cudaSuccess)
           << cuda::attention_prefill_last_error();
-      EXPECT_EQ(unrotated, cuda::attention_prefill_default_kernel() == cuda::AttentionPrefillKernel::kWgmmaLean);
+      EXPECT_EQ(unrotated, cuda::attention_prefill_default_kernel() == cuda::AttentionPrefillKernel::kWgmma);
       if (!unrotated) {
         ASSERT_EQ(cuda::rotate_heads_bf16(gp, sh.n_heads * sh.head_dim, gp, c.rows, sh.n_heads, sh.head_dim,
                                           sh.block, nullptr),

@@ -426,7 +426,7 @@ TEST(CudaEngineEpiloguesUnrotation, PrefillAttentionUnrotatesInItsStore) {
   }
   std::map<std::string, int64_t> calls;
   for (const CudaEngine::OpTime& t : profiled->op_profile()) calls[t.op] += t.calls;
-  const bool kernel_unrotates = cuda::attention_prefill_default_kernel() == cuda::AttentionPrefillKernel::kWgmmaLean;
+  const bool kernel_unrotates = cuda::attention_prefill_default_kernel() == cuda::AttentionPrefillKernel::kWgmma;
   EXPECT_EQ(calls["prefill attention + un-rotation"], kernel_unrotates ? s.layers * 2 : 0);
   EXPECT_EQ(calls["prefill attention"], kernel_unrotates ? 0 : s.layers * 2);
 }

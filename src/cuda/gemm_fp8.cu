@@ -162,6 +162,17 @@ bool residual_ws_enabled() {
   return v;
 }
 
+// FT_FP8_RESIDUAL_OVERLAP=1: the warp-specialised residual GEMM with the overlapped main loop (registers moved from
+// its epilogue warpgroup to the consumers; same bits). Built after the eighth session's last device call, not yet
+// run: off until measured. Read once per process.
+bool residual_overlap_enabled() {
+  static const bool v = [] {
+    const char* e = std::getenv("FT_FP8_RESIDUAL_OVERLAP");
+    return e != nullptr && e[0] == '1';
+  }();
+  return v;
+}
+
 template <bool kResidual, bool kBlockScaledA>
 cudaError_t dispatch(const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& md, const fp8::KernelParams& p,
                      const Config& c, cudaStream_t stream) {
@@ -224,7 +235,9 @@ cudaError_t run_gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scal
   // Per-token residual at block_n 128 with a 16-byte aligned residual: the warp-specialised epilogue (same bits).
   if (residual_mode && c.block_n == fp8rw::kBlockN && aligned(residual, 16) && residual_ws_enabled() &&
       static_cast<int64_t>(fp8rw::smem_layout().alloc_bytes) <= d.smem_per_block)
-    return launch_persistent(fp8rw::gemm_fp8_residual_ws_kernel, c.grid, fp8rw::kThreads,
+    return launch_persistent(residual_overlap_enabled() ? fp8rw::gemm_fp8_residual_ws_kernel<true>
+                                                        : fp8rw::gemm_fp8_residual_ws_kernel<false>,
+                             c.grid, fp8rw::kThreads,
                              fp8rw::smem_layout().alloc_bytes, stream, ma, mb, p);
   return residual_mode ? dispatch<true, false>(ma, mb, md, p, c, stream) : dispatch<false, false>(ma, mb, md, p, c, stream);
 }

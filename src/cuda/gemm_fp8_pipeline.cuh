@@ -131,4 +131,72 @@ __device__ __forceinline__ void mainloop_per_token(float (&acc)[Mma::kRegs], flo
   }
 }
 
+// mainloop_per_token with two accumulators: K block kb + 1's wgmmas are issued before kb's are waited for
+// (wgmma.wait_group 1), then kb's stage is freed and kb is added to the sum. The same additions in the same order as
+// mainloop_per_token, so the same bits; registers: 3 x Mma::kRegs.
+template <class Mma, int kStages>
+__device__ __forceinline__ void mainloop_per_token_overlapped(float (&acc)[Mma::kRegs], float (&acc2)[Mma::kRegs],
+                                                              float (&sum)[Mma::kRegs], PipeState& pipe,
+                                                              const PipelineBarriers& b, int k_blocks,
+                                                              uint32_t a_stage0, uint32_t a_stage_bytes,
+                                                              uint32_t a_rows_offset, uint32_t b_stage0,
+                                                              uint32_t b_stage_bytes, uint32_t b_rows_offset,
+                                                              int lane) {
+#pragma unroll
+  for (int i = 0; i < Mma::kRegs; ++i) sum[i] = 0.0f;
+  auto issue = [&](float (&a)[Mma::kRegs]) {
+    ptx::mbarrier_wait_parity(b.full + 8u * pipe.stage, pipe.phase);
+    const uint32_t a_addr = a_stage0 + pipe.stage * a_stage_bytes + a_rows_offset;
+    const uint32_t b_addr = b_stage0 + pipe.stage * b_stage_bytes + b_rows_offset;
+#pragma unroll
+    for (int i = 0; i < Mma::kRegs; ++i) ptx::fence_operand(a[i]);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      Mma::mma(a, make_smem_desc(a_addr + static_cast<uint32_t>(ks * kWgmmaK)),
+               make_smem_desc(b_desc_addr(b_addr, ks)), ks > 0);
+    }
+    ptx::wgmma_commit_group();
+#pragma unroll
+    for (int i = 0; i < Mma::kRegs; ++i) ptx::fence_operand(a[i]);
+  };
+  uint32_t pend_stage = 0;  // the stage of the group being retired
+  auto retire = [&](float (&a)[Mma::kRegs]) {
+    // This warp's share of the stage has been read: one arrival per consumer warp frees it.
+    if (lane == 0) ptx::mbarrier_arrive(b.empty + 8u * pend_stage);
+#pragma unroll
+    for (int i = 0; i < Mma::kRegs; ++i) sum[i] = __fadd_rn(sum[i], a[i]);
+  };
+  for (int kb = 0;;) {
+    {
+      const uint32_t stage = pipe.stage;
+      issue(acc);
+      advance(pipe, kStages);
+      if (kb > 0) {
+        ptx::wgmma_wait_group<1>();
+        retire(acc2);
+      }
+      pend_stage = stage;
+      if (++kb == k_blocks) {
+        ptx::wgmma_wait_group<0>();
+        retire(acc);
+        break;
+      }
+    }
+    {
+      const uint32_t stage = pipe.stage;
+      issue(acc2);
+      advance(pipe, kStages);
+      ptx::wgmma_wait_group<1>();
+      retire(acc);
+      pend_stage = stage;
+      if (++kb == k_blocks) {
+        ptx::wgmma_wait_group<0>();
+        retire(acc2);
+        break;
+      }
+    }
+  }
+}
+
 }  // namespace futransformer::cuda::fp8

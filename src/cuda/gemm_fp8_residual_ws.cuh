@@ -21,6 +21,9 @@
 
 namespace futransformer::cuda::fp8rw {
 
+// kOverlap: the consumers run mainloop_per_token_overlapped (same bits) with kConsumerRegsOverlap registers, taken
+// from the epilogue warpgroup (kEpilogueRegsOverlap, kRowsPerBatchOverlap rows in flight per warp).
+template <bool kOverlap = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_residual_ws_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                 const fp8::KernelParams p) {
@@ -73,6 +76,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---------------- epilogue: residual += the staged BF16 tile ----------------
     // Warp w adds rows 32 w .. 32 w + 31; lane l columns 4 l .. 4 l + 3 (8 bytes of staging, 16 of residual; N is
     // a multiple of 8, so a column group starting below N ends below N).
+    if constexpr (kOverlap) ptx::setmaxnreg_dec<kEpilogueRegsOverlap>();
+    constexpr int kBatch = kOverlap ? kRowsPerBatchOverlap : kRowsPerBatch;
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     uint32_t phase = 0;
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
@@ -80,11 +85,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int col = tc.n_block * kBlockN + 4 * lane;
       ptx::mbarrier_wait_parity(staging_full, phase);
 #pragma unroll 1
-      for (int r0 = 32 * warp; r0 < 32 * warp + 32; r0 += kRowsPerBatch) {
-        float4 v[kRowsPerBatch];
-        uint2 d[kRowsPerBatch];
+      for (int r0 = 32 * warp; r0 < 32 * warp + 32; r0 += kBatch) {
+        float4 v[kBatch];
+        uint2 d[kBatch];
 #pragma unroll
-        for (int i = 0; i < kRowsPerBatch; ++i) {
+        for (int i = 0; i < kBatch; ++i) {
           const int row = tc.m_block * kBlockM + r0 + i;
           const uint32_t at = staging + 2u * static_cast<uint32_t>((r0 + i) * kStagingPitch + 4 * lane);
           d[i] = ptx::ld_shared_v2_b32(at);
@@ -93,7 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
-        for (int i = 0; i < kRowsPerBatch; ++i) {
+        for (int i = 0; i < kBatch; ++i) {
           const int row = tc.m_block * kBlockM + r0 + i;
           if (row >= p.M || col >= p.N) continue;
           const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&d[i].x);
@@ -113,18 +118,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---------------- consumers (gemm_fp8_kernel's main loop) ----------------
-  ptx::setmaxnreg_inc<kConsumerRegs>();
+  ptx::setmaxnreg_inc<kOverlap ? kConsumerRegsOverlap : kConsumerRegs>();
   const int cw = wg - 1;
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32;
   float acc[kAccRegs];
+  float acc2[kOverlap ? kAccRegs : 1];
   float sum[kAccRegs];
   PipeState pipe;
   uint32_t scale_phase = 0, staging_phase = 0;
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    fp8::mainloop_per_token<Mma, kStages>(acc, sum, pipe, bars, k_blocks, base + L.a_offset, L.a_stage_bytes,
-                                          static_cast<uint32_t>(cw * kWgmmaM * fp8::kSwizzleBytes),
-                                          base + L.b_offset, L.b_stage_bytes, 0u, lane);
+    if constexpr (kOverlap) {
+      fp8::mainloop_per_token_overlapped<Mma, kStages>(acc, acc2, sum, pipe, bars, k_blocks, base + L.a_offset,
+                                                       L.a_stage_bytes,
+                                                       static_cast<uint32_t>(cw * kWgmmaM * fp8::kSwizzleBytes),
+                                                       base + L.b_offset, L.b_stage_bytes, 0u, lane);
+    } else {
+      fp8::mainloop_per_token<Mma, kStages>(acc, sum, pipe, bars, k_blocks, base + L.a_offset, L.a_stage_bytes,
+                                            static_cast<uint32_t>(cw * kWgmmaM * fp8::kSwizzleBytes),
+                                            base + L.b_offset, L.b_stage_bytes, 0u, lane);
+    }
     // The BF16 outputs (gemm_fp8's store expression) into the staging tile.
     const int r_lo = acc_row(warp, lane, 0), r_hi = acc_row(warp, lane, 2);
     ptx::mbarrier_wait_parity(bars.scale_full, scale_phase);

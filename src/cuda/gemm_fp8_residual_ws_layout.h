@@ -18,6 +18,11 @@ constexpr int kStagingEmptyArrivals = 128;
 // setmaxnreg for 512 threads (128 registers each at launch): 128 x 40 + 256 x 168 + 128 x 128 = 64512 of 65536.
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 168;
+// The overlapped instance (two accumulators: 3 x 64 registers of fp32 state per consumer thread) moves registers
+// from the epilogue warpgroup to the consumers: 128 x 40 + 256 x 208 + 128 x 56 = 65536.
+constexpr int kConsumerRegsOverlap = 208;
+constexpr int kEpilogueRegsOverlap = 56;
+constexpr int kRowsPerBatchOverlap = 4;  // residual rows in flight per epilogue warp with 56 registers
 // BF16 staging [128 rows][136]: 272-byte rows (68 words), so a consumer warp's eight rows start 4 banks apart.
 constexpr int kStagingPitch = 136;
 constexpr int kRowsPerBatch = 8;  // residual rows in flight per epilogue warp (16-byte loads per lane)

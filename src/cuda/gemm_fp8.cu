@@ -163,8 +163,9 @@ bool residual_ws_enabled() {
 }
 
 // FT_FP8_RESIDUAL_OVERLAP=1: the warp-specialised residual GEMM with the overlapped main loop (registers moved from
-// its epilogue warpgroup to the consumers; same bits). Built after the eighth session's last device call, not yet
-// run: off until measured. Read once per process.
+// its epilogue warpgroup to the consumers; same bits, GPU-tested). Off: measured at the 8B shape, 2048 tokens, down
+// + residual 209.0 -> 204.0 us and o + residual 69.3 -> 68.9 us, but the whole prefill did not move (38.28 vs
+// 38.49 ms, within the call-to-call spread). Read once per process.
 bool residual_overlap_enabled() {
   static const bool v = [] {
     const char* e = std::getenv("FT_FP8_RESIDUAL_OVERLAP");

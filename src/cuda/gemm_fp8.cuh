@@ -58,10 +58,10 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // sum = fma(acc_kb, a_scale[m][kb], sum), with the scale loaded before the K block's wgmmas are waited on; the
 // epilogue then scales by b_scale alone. CPU twin: formats::gemm_fp8_block_a_reference.
 //
-// kOverlap (per-token A at block_n 128, the launcher's default for the BF16 store): the block-scaled instance's
-// two-accumulator main loop with a plain `sum += acc` promotion — K block kb + 1's wgmmas run while kb is added.
-// Same additions in the same order, so the same bits as the one-accumulator loop (mainloop_per_token), which the
-// residual instances keep (the warp-specialised residual kernel's consumers have 168 registers, not 3 x 64 + more).
+// kOverlap (per-token A at block_n 128, the launcher's default for the BF16 store): mainloop_per_token_overlapped —
+// K block kb + 1's wgmmas run while kb is added. Same additions in the same order, so the same bits as the
+// one-accumulator loop (mainloop_per_token), which the residual instances keep by default (the warp-specialised
+// residual kernel's consumers have 168 registers, not 3 x 64 + more).
 template <int kBlockN, int kStages, bool kResidual = false, bool kBlockScaledA = false, bool kOverlap = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
@@ -122,15 +122,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Block-scaled A at block_n 128, and kOverlap, promote one K block while the next one's wgmmas run (registers:
   // 3 x 64).
   static_assert(!kOverlap || (kBlockN == 128 && !kBlockScaledA), "kOverlap: per-token A at block_n 128");
-  constexpr bool kOverlapPromotion = (kBlockScaledA || kOverlap) && kBlockN == 128;
+  constexpr bool kOverlapPromotion = kBlockScaledA && kBlockN == 128;
   float acc[kAccRegs];  // written only by wgmma (the first of each K block starts from zero)
-  float acc2[kOverlapPromotion ? kAccRegs : 1];  // kOverlapPromotion: the odd K blocks' accumulator
+  float acc2[kOverlapPromotion || kOverlap ? kAccRegs : 1];  // the odd K blocks' accumulator
   float sum[kAccRegs];  // fp32 promotion target
   PipeState pipe;
   uint32_t scale_phase = 0;
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const TileCoord tc = tile_coord(tile, p.m_blocks, p.n_blocks, p.group_m);
-    if constexpr (kBlockScaledA || kOverlapPromotion) {
+    if constexpr (kBlockScaledA) {
 #pragma unroll
       for (int i = 0; i < kAccRegs; ++i) sum[i] = 0.0f;
     }
@@ -172,14 +172,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       float ahead_lo[kScaleAhead], ahead_hi[kScaleAhead];  // scales of K blocks kb .. kb + kScaleAhead − 1
 #pragma unroll
       for (int i = 0; i < kScaleAhead; ++i) {
-        ahead_lo[i] = kBlockScaledA ? block_scale(a_scale_lo, a_row_lo, i) : 0.0f;
-        ahead_hi[i] = kBlockScaledA ? block_scale(a_scale_hi, a_row_hi, i) : 0.0f;
+        ahead_lo[i] = block_scale(a_scale_lo, a_row_lo, i);
+        ahead_hi[i] = block_scale(a_scale_hi, a_row_hi, i);
       }
       auto take_scales = [&](int kb, float& lo, float& hi) {  // K block kb's scales; queue the load of kb + ahead
-        if constexpr (!kBlockScaledA) {  // kOverlap: per-token scales apply in the epilogue
-          lo = hi = 1.0f;
-          return;
-        }
         lo = ahead_lo[0];
         hi = ahead_hi[0];
 #pragma unroll
@@ -193,13 +189,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       auto retire = [&](float (&a)[kAccRegs]) {
         // This warp's share of the stage has been read: one arrival per consumer warp frees it.
         if (lane == 0) ptx::mbarrier_arrive(empty_bar + 8u * pend_stage);
-        if constexpr (kBlockScaledA) {
 #pragma unroll
-          for (int i = 0; i < kAccRegs; ++i) sum[i] = __fmaf_rn(a[i], (i & 2) ? pend_hi : pend_lo, sum[i]);
-        } else {
-#pragma unroll
-          for (int i = 0; i < kAccRegs; ++i) sum[i] = __fadd_rn(sum[i], a[i]);  // mainloop_per_token's sum += acc
-        }
+        for (int i = 0; i < kAccRegs; ++i) sum[i] = __fmaf_rn(a[i], (i & 2) ? pend_hi : pend_lo, sum[i]);
       };
       for (int kb = 0;;) {
         {
@@ -256,6 +247,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         sa_next_lo = sa_far_lo;
         sa_next_hi = sa_far_hi;
       }
+    } else if constexpr (kOverlap) {
+      mainloop_per_token_overlapped<Mma, kStages>(acc, acc2, sum, pipe, bars, k_blocks, base + L.a_offset,
+                                                  L.a_stage_bytes, static_cast<uint32_t>(cw * kWgmmaM * kSwizzleBytes),
+                                                  base + L.b_offset, L.b_stage_bytes, 0u, lane);
     } else {
       mainloop_per_token<Mma, kStages>(acc, sum, pipe, bars, k_blocks, base + L.a_offset, L.a_stage_bytes,
                                        static_cast<uint32_t>(cw * kWgmmaM * kSwizzleBytes), base + L.b_offset,

@@ -97,9 +97,31 @@ __device__ __forceinline__ void load_tile_scales(const PipelineBarriers& b, cons
   }
 }
 
-// A consumer warpgroup's main loop over one tile with per-token A scales: each K block's wgmmas (kKSteps of
-// m64nNk32 from the stage's A rows at a_rows_offset and B rows at b_rows_offset, bytes into the stage) start from
-// zero and are then added to the fp32 sum (the promotion), and one arrival per warp frees the stage.
+// Waits for the current stage, then issues one K block's wgmmas into `a` (kKSteps of m64nNk32 from the stage's A rows
+// at a_rows_offset and B rows at b_rows_offset, bytes into the stage; the first starts from zero) as one committed
+// group.
+template <class Mma>
+__device__ __forceinline__ void issue_k_block(float (&a)[Mma::kRegs], const PipeState& pipe, const PipelineBarriers& b,
+                                              uint32_t a_stage0, uint32_t a_stage_bytes, uint32_t a_rows_offset,
+                                              uint32_t b_stage0, uint32_t b_stage_bytes, uint32_t b_rows_offset) {
+  ptx::mbarrier_wait_parity(b.full + 8u * pipe.stage, pipe.phase);
+  const uint32_t a_addr = a_stage0 + pipe.stage * a_stage_bytes + a_rows_offset;
+  const uint32_t b_addr = b_stage0 + pipe.stage * b_stage_bytes + b_rows_offset;
+#pragma unroll
+  for (int i = 0; i < Mma::kRegs; ++i) ptx::fence_operand(a[i]);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    Mma::mma(a, make_smem_desc(a_addr + static_cast<uint32_t>(ks * kWgmmaK)), make_smem_desc(b_desc_addr(b_addr, ks)),
+             ks > 0);
+  }
+  ptx::wgmma_commit_group();
+#pragma unroll
+  for (int i = 0; i < Mma::kRegs; ++i) ptx::fence_operand(a[i]);
+}
+
+// A consumer warpgroup's main loop over one tile with per-token A scales: each K block's wgmmas (issue_k_block) start
+// from zero and are then added to the fp32 sum (the promotion), and one arrival per warp frees the stage.
 template <class Mma, int kStages>
 __device__ __forceinline__ void mainloop_per_token(float (&acc)[Mma::kRegs], float (&sum)[Mma::kRegs], PipeState& pipe,
                                                    const PipelineBarriers& b, int k_blocks, uint32_t a_stage0,
@@ -108,20 +130,7 @@ __device__ __forceinline__ void mainloop_per_token(float (&acc)[Mma::kRegs], flo
 #pragma unroll
   for (int i = 0; i < Mma::kRegs; ++i) sum[i] = 0.0f;
   for (int kb = 0; kb < k_blocks; ++kb) {
-    ptx::mbarrier_wait_parity(b.full + 8u * pipe.stage, pipe.phase);
-    const uint32_t a_addr = a_stage0 + pipe.stage * a_stage_bytes + a_rows_offset;
-    const uint32_t b_addr = b_stage0 + pipe.stage * b_stage_bytes + b_rows_offset;
-#pragma unroll
-    for (int i = 0; i < Mma::kRegs; ++i) ptx::fence_operand(acc[i]);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      Mma::mma(acc, make_smem_desc(a_addr + static_cast<uint32_t>(ks * kWgmmaK)),
-               make_smem_desc(b_desc_addr(b_addr, ks)), ks > 0);
-    }
-    ptx::wgmma_commit_group();
-#pragma unroll
-    for (int i = 0; i < Mma::kRegs; ++i) ptx::fence_operand(acc[i]);
+    issue_k_block<Mma>(acc, pipe, b, a_stage0, a_stage_bytes, a_rows_offset, b_stage0, b_stage_bytes, b_rows_offset);
     ptx::wgmma_wait_group<0>();
     // This warp's share of the stage has been read: one arrival per consumer warp frees it.
     if (lane == 0) ptx::mbarrier_arrive(b.empty + 8u * pipe.stage);
@@ -145,20 +154,7 @@ __device__ __forceinline__ void mainloop_per_token_overlapped(float (&acc)[Mma::
 #pragma unroll
   for (int i = 0; i < Mma::kRegs; ++i) sum[i] = 0.0f;
   auto issue = [&](float (&a)[Mma::kRegs]) {
-    ptx::mbarrier_wait_parity(b.full + 8u * pipe.stage, pipe.phase);
-    const uint32_t a_addr = a_stage0 + pipe.stage * a_stage_bytes + a_rows_offset;
-    const uint32_t b_addr = b_stage0 + pipe.stage * b_stage_bytes + b_rows_offset;
-#pragma unroll
-    for (int i = 0; i < Mma::kRegs; ++i) ptx::fence_operand(a[i]);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      Mma::mma(a, make_smem_desc(a_addr + static_cast<uint32_t>(ks * kWgmmaK)),
-               make_smem_desc(b_desc_addr(b_addr, ks)), ks > 0);
-    }
-    ptx::wgmma_commit_group();
-#pragma unroll
-    for (int i = 0; i < Mma::kRegs; ++i) ptx::fence_operand(a[i]);
+    issue_k_block<Mma>(a, pipe, b, a_stage0, a_stage_bytes, a_rows_offset, b_stage0, b_stage_bytes, b_rows_offset);
   };
   uint32_t pend_stage = 0;  // the stage of the group being retired
   auto retire = [&](float (&a)[Mma::kRegs]) {

@@ -15,6 +15,8 @@
 // Environment: FT_FP8_BLOCK_SWIGLU=1 runs the FP8 engine with CudaEngineOptions::fp8_block_swiglu (the down input per
 // token per 128 channels; SwiGLU → FP8 in the gate|up GEMM's epilogue); FT_PREFILL_UNROTATE=1 every engine with
 // CudaEngineOptions::fused_prefill_unrotation (int4-hadamard output un-rotated in the prefill attention's store);
+// FT_UNROTATE_FP8=1 every engine with CudaEngineOptions::fused_unrotate_fp8 (un-rotation + FP8 of the o GEMM's input
+// in one kernel);
 // FT_PREFILL_ATTENTION and FT_QKV_QUAD choose kernels (src/cuda/attention_prefill_internal.h, fused_ops_internal.h).
 // Compare each with a run without it in the same call.
 #include <algorithm>
@@ -130,6 +132,8 @@ int main(int argc, char** argv) {
           o.fp8_block_swiglu = fp8 && blk != nullptr && blk[0] == '1';
           const char* unrot = std::getenv("FT_PREFILL_UNROTATE");  // CudaEngineOptions::fused_prefill_unrotation
           o.fused_prefill_unrotation = unrot != nullptr && unrot[0] == '1';
+          const char* unrot8 = std::getenv("FT_UNROTATE_FP8");  // CudaEngineOptions::fused_unrotate_fp8
+          o.fused_unrotate_fp8 = unrot8 != nullptr && unrot8[0] == '1';
           o.int4_dequant_min_rows = path == Path::loop ? 0 : -1;
           std::vector<double>& times = fp8 ? fp8_us : (path == Path::loop ? loop_us : int4_us);
           const char* label = fp8 ? "FP8 prefill" : (path == Path::loop ? "INT4 64-row loop" : "INT4 path");

@@ -63,6 +63,12 @@ struct CudaEngineOptions {
   // rotate_heads_bf16 by construction). Built after the seventh session's last device call and not yet run on a GPU,
   // so off by default; bench_prefill turns it on with FT_PREFILL_UNROTATE=1.
   bool fused_prefill_unrotation = false;
+  // FP8 prefill passes with an int4-hadamard cache whose attention output still needs its un-rotation: one kernel
+  // un-rotates and quantises it for the o GEMM (cuda::unrotate_rows_fp8; the same codes and scales as
+  // rotate_heads_bf16 + quantize_rows_fp8 by construction), so the un-rotated BF16 rows are never written. Built after
+  // the eighth session's last device call and not yet run on a GPU: off by default; bench_prefill turns it on with
+  // FT_UNROTATE_FP8=1.
+  bool fused_unrotate_fp8 = false;
   // With fused_epilogues: run the attention prologue (RoPE, cache append, q rotation) inside the qkv GEMM's split-K
   // reduce when every W4A16 launch of the pass splits K (gemm_w4a16_qkv_rope_append; bit-identical by construction,
   // GPU-tested against the two-kernel order). false: the two kernels always (kept to compare and measure).

@@ -153,6 +153,66 @@ cudaError_t quantize_rows_fp8(const __nv_bfloat16* x, int row_stride, uint8_t* c
                 stream, x, int64_t{row_stride}, codes, scales, cols);
 }
 
+cudaError_t unrotate_rows_fp8_can_implement(int rows, int n_heads, int head_dim, int hadamard_block, int row_stride,
+                                            std::string* why) {
+  constexpr const char* op = "unrotate_rows_fp8";
+  constexpr int kVec = hadamard::kLaneChannels;
+  const auto fail = [&](const std::string& m) { return reject(why, std::string(op) + ": " + m); };
+  if (rows < 1 || rows > kFp8ProducersMaxRows)
+    return fail("rows = " + to_string(rows) + ", expected 1.." + to_string(kFp8ProducersMaxRows));
+  if (n_heads < 1 || n_heads > kFp8ProducersMaxWidth)
+    return fail("n_heads = " + to_string(n_heads) + ", expected 1.." + to_string(kFp8ProducersMaxWidth));
+  const int lanes = head_dim / kVec;
+  if (head_dim % kVec != 0 || lanes < 1 || lanes > fp8p::kWarp || (lanes & (lanes - 1)) != 0)
+    return fail("head_dim = " + to_string(head_dim) + ", expected 16, 32, 64, 128, 256 or 512");
+  if (hadamard_block < 2 || hadamard_block > head_dim || (hadamard_block & (hadamard_block - 1)) != 0)
+    return fail("hadamard_block = " + to_string(hadamard_block) + ", expected a power of two in 2.." +
+                to_string(head_dim));
+  const int64_t cols = int64_t{n_heads} * head_dim;
+  if (cols / kVec > fp8p::kMaxBlockThreads)
+    return fail("n_heads x head_dim = " + to_string(cols) + ", expected at most " +
+                to_string(kVec * fp8p::kMaxBlockThreads) + " (one thread per 16 channels)");
+  if (row_stride < cols || row_stride % fp8p::kBf16Vec != 0)
+    return fail("row_stride = " + to_string(row_stride) + ", expected a multiple of 8 and at least n_heads x head_dim = " +
+                to_string(cols));
+  if (why) why->clear();
+  return cudaSuccess;
+}
+
+cudaError_t unrotate_rows_fp8(const __nv_bfloat16* x, int row_stride, uint8_t* codes, float* scales, int rows,
+                              int n_heads, int head_dim, int hadamard_block, cudaStream_t stream) {
+  constexpr const char* op = "unrotate_rows_fp8";
+  constexpr int kVec = hadamard::kLaneChannels;
+  g_last_error.clear();
+  if (!x || !codes || !scales) return null_pointer(op, "x, codes and scales");
+  if (unrotate_rows_fp8_can_implement(rows, n_heads, head_dim, hadamard_block, row_stride, &g_last_error) !=
+      cudaSuccess)
+    return cudaErrorInvalidValue;
+  const int lanes = head_dim / kVec;
+  const int64_t cols = int64_t{n_heads} * head_dim;
+  if (!aligned(x, 16) || !aligned(codes, 8))
+    return reject(&g_last_error, std::string(op) + ": x must be 16-byte and codes 8-byte aligned");
+  const int64_t in_elems = int64_t{rows - 1} * row_stride + cols;
+  if (check_disjoint(op, {{"x", x, in_elems * 2}},
+                     {{"codes", codes, rows * cols}, {"scales", scales, int64_t{rows} * 4}}))
+    return cudaErrorInvalidValue;
+  // rotate_heads_bf16's scale: formats::hadamard_scale's formula.
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hadamard_block)));
+  const int threads = row_threads(cols / kVec);
+  const int c = static_cast<int>(cols);
+  const auto go = [&](void (*kernel)(const __nv_bfloat16*, int64_t, uint8_t*, float*, int, int, float)) {
+    return launch(kernel, rows, threads, stream, x, int64_t{row_stride}, codes, scales, c, hadamard_block, scale);
+  };
+  switch (lanes) {
+    case 1: return go(fp8p::unrotate_rows_fp8_kernel<1>);
+    case 2: return go(fp8p::unrotate_rows_fp8_kernel<2>);
+    case 4: return go(fp8p::unrotate_rows_fp8_kernel<4>);
+    case 8: return go(fp8p::unrotate_rows_fp8_kernel<8>);
+    case 16: return go(fp8p::unrotate_rows_fp8_kernel<16>);
+    default: return go(fp8p::unrotate_rows_fp8_kernel<32>);
+  }
+}
+
 cudaError_t swiglu_fp8(const __nv_bfloat16* gate_up, uint8_t* codes, float* scales, int rows, int inter,
                        cudaStream_t stream, float* y_debug) {
   constexpr const char* op = "swiglu_fp8";

@@ -15,6 +15,7 @@
 
 #include "cuda/decoder_ops.cuh"
 #include "cuda/fp8_block_quant.cuh"
+#include "cuda/hadamard_lanes.cuh"
 #include "cuda/ptx/cvt.cuh"
 
 namespace futransformer::cuda::fp8p {
@@ -212,6 +213,57 @@ __global__ void __launch_bounds__(kRegMaxThreads)
   scan_units<kBf16Vec, kRegUnits>(y, units, nullptr, amax, finite);
   const float s = row_scale(amax, finite, scales + blockIdx.x, red_max);
   store_units<kBf16Vec, kRegUnits>(y, units, codes + static_cast<int64_t>(blockIdx.x) * cols, s);
+}
+
+// Un-rotation + FP8 of the int4-hadamard attention output (unrotate_rows_fp8), row in registers: one CTA per row,
+// thread t holds channels 16 t .. 16 t + 15 (head t / kLanes, lane t % kLanes of it: hadamard_lanes.cuh's layout,
+// the one rotate_heads_bf16's vector kernel uses, so the same fp32 operations per pair), rounds them to BF16 as that
+// kernel stores them, and then quantises the row as quantize_rows_fp8_reg_kernel does (amax and the finite flag are
+// order-free; the scale is row_scale's). Threads past the row (the last warp's tail) hold zeros and join the
+// shuffles. Requirements (launcher): cols = 16 · active threads, row_stride % 8 == 0, x 16-byte and codes 8-byte
+// aligned.
+template <int kLanes>
+__global__ void __launch_bounds__(kMaxBlockThreads)
+    unrotate_rows_fp8_kernel(const __nv_bfloat16* x, int64_t row_stride, uint8_t* codes, float* scales, int cols,
+                             int block, float scale) {
+  constexpr int kVec = hadamard::kLaneChannels;
+  ops::pdl_prologue();
+  __shared__ float red_max[kWarp];
+  const int t = static_cast<int>(threadIdx.x);
+  const bool active = t * kVec < cols;
+  uint4 v[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+  if (active) {
+    const uint4* p = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(blockIdx.x) * row_stride + t * kVec);
+    v[0] = __ldcs(p);
+    v[1] = __ldcs(p + 1);
+  }
+  float y[2][kBf16Vec];
+  ops::bf16x8_to_f32(v[0], y[0]);
+  ops::bf16x8_to_f32(v[1], y[1]);
+  float h[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) h[j] = y[j / kBf16Vec][j % kBf16Vec];
+  hadamard::blocks_over_lanes<kLanes>(h, t % kLanes, block, scale);
+  float amax = 0.0f;
+  int finite = 1;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const float b = __bfloat162float(__float2bfloat16_rn(h[j]));  // the BF16 rotate_heads_bf16 stores
+    y[j / kBf16Vec][j % kBf16Vec] = b;
+    if (active) {
+      finite &= isfinite(b) ? 1 : 0;
+      amax = fmaxf(amax, fabsf(b));
+    }
+  }
+  const float s = row_scale(amax, finite, scales + blockIdx.x, red_max);
+  if (!active) return;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    float q[kBf16Vec];
+#pragma unroll
+    for (int e = 0; e < kBf16Vec; ++e) q[e] = __fdiv_rn(y[k][e], s);
+    store_codes<kBf16Vec>(codes + static_cast<int64_t>(blockIdx.x) * cols + t * kVec + k * kBf16Vec, q);
+  }
 }
 
 // RMSNorm → FP8, row in registers, with rmsnorm_kernel's summation order kept exactly. That order is defined by a

@@ -361,6 +361,46 @@ INSTANTIATE_TEST_SUITE_P(Kv, CudaEngineFp8BlockSwiglu,
                          ::testing::Values(formats::KvFormat::BF16, formats::KvFormat::INT4_HADAMARD),
                          test::kv_param_name);
 
+// CudaEngineOptions::fused_unrotate_fp8: the int4-hadamard attention output is un-rotated and quantised for the o GEMM
+// by one kernel (unrotate_rows_fp8). Same codes and scales as rotate_heads_bf16 + quantize_rows_fp8, so the same
+// logits bit for bit, prompt and a continuation chunk; the profile shows the fused op once per layer and pass, and
+// no separate un-rotation.
+TEST(CudaEngineFp8, UnrotateIntoFp8EqualsTheSeparateKernels) {
+  FT_REQUIRE_HOPPER();
+  const Fp8Fixture f;
+  CudaEngineOptions co;
+  co.kv = formats::KvFormat::INT4_HADAMARD;
+  co.fused_epilogues = true;
+  co.fused_prefill_unrotation = false;  // the attention kernel leaves its output rotated
+  co.fused_unrotate_fp8 = true;
+  co.profile_ops = true;
+  std::unique_ptr<CudaEngine> fused = make_cuda_engine(f.dec, f.pre, co);
+  CudaEngineOptions uo = co;
+  uo.fused_unrotate_fp8 = false;
+  uo.profile_ops = false;
+  std::unique_ptr<CudaEngine> plain = make_cuda_engine(f.dec, f.pre, uo);
+  std::mt19937 rng(12);
+  for (int64_t n : {75, 40}) {  // a prompt, then a chunk continuing the same sequence
+    const SequenceChunk chunk{0, test::random_token_ids(n, f.model.config.vocab_size, rng)};
+    const std::vector<float> lf = fused->forward(std::span(&chunk, 1), true)[0];
+    const std::vector<float> lp = plain->forward(std::span(&chunk, 1), true)[0];
+    ASSERT_EQ(lf.size(), lp.size());
+    for (size_t i = 0; i < lf.size(); ++i) {
+      uint32_t a, b;
+      std::memcpy(&a, &lf[i], 4);
+      std::memcpy(&b, &lp[i], 4);
+      ASSERT_EQ(a, b) << "chunk of " << n << " tokens, logit " << i << ": fused " << lf[i] << ", separate " << lp[i];
+    }
+  }
+  int64_t fused_calls = 0, separate_calls = 0;
+  for (const CudaEngine::OpTime& t : fused->op_profile()) {
+    if (t.op == "attention output un-rotation + FP8") fused_calls += t.calls;
+    if (t.op == "attention output un-rotation") separate_calls += t.calls;
+  }
+  EXPECT_EQ(fused_calls, 2 * f.model.config.num_hidden_layers) << "two FP8 passes over every layer";
+  EXPECT_EQ(separate_calls, 0);
+}
+
 // A prefill model quantised with the recipe act-fp8-block-bf16 turns the option on by itself (what the CLI's
 // --configs fp8+act-fp8-block-bf16 runs), and gives the option's logits bit for bit.
 TEST(CudaEngineFp8, BlockRecipeTurnsTheOptionOn) {

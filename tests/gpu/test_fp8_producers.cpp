@@ -24,10 +24,12 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/engine/engine_kernels.h"
 #include "futransformer/cuda/decoder_ops.h"
 #include "futransformer/cuda/fp8_producers.h"
 #include "futransformer/dtype.h"
 #include "futransformer/formats/fp8.h"
+#include "futransformer/formats/hadamard.h"
 #include "gpu_test_util.h"
 #include "ref/ops.h"
 
@@ -251,6 +253,65 @@ TEST(Fp8ProducersGpu, QuantizeRowsFp8IsExact) {
       }
     }
   }
+}
+
+// --- unrotate_rows_fp8 ---------------------------------------------------------------------------------------------
+// Against two references: the CPU (each head through formats::hadamard_blocks, rounded to BF16, then the per-token
+// quantiser: exact), and the two GPU kernels it replaces (rotate_heads_bf16 into a buffer, then quantize_rows_fp8:
+// the same codes and scale bits).
+void check_unrotate_rows(int rows, int n_heads, int head_dim, int block, int pad, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "rows " << rows << " heads " << n_heads << " head_dim " << head_dim << " block "
+                                  << block << " pad " << pad << " seed " << seed);
+  std::mt19937 rng(seed);
+  const int cols = n_heads * head_dim, stride = cols + pad;
+  const size_t in_elems = static_cast<size_t>(rows - 1) * stride + cols;
+  std::vector<uint16_t> x = random_bf16(in_elems, rng, -3.0f, 3.0f);
+  for (int r = 0; r < rows; ++r) {
+    const float mag = std::ldexp(1.0f, 13 * (r % 4) - 12);  // rows from 2^-12 to 2^27
+    for (int c = 0; c < cols; ++c) {
+      uint16_t& b = x[static_cast<size_t>(r) * stride + c];
+      b = f32_to_bf16(bf16_to_f32(b) * mag);
+    }
+  }
+  // Stride padding holds NaN: reading it would turn the row's scale into NaN.
+  for (int r = 0; r + 1 < rows; ++r) std::fill_n(x.begin() + r * stride + cols, stride - cols, uint16_t{0xFFFF});
+  std::vector<float> y(static_cast<size_t>(rows) * cols);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) y[static_cast<size_t>(r) * cols + c] = bf16_to_f32(x[static_cast<size_t>(r) * stride + c]);
+    for (int h = 0; h < n_heads; ++h)
+      formats::hadamard_blocks(&y[static_cast<size_t>(r) * cols + static_cast<size_t>(h) * head_dim], head_dim, block);
+  }
+  for (float& v : y) v = bf16_to_f32(f32_to_bf16(v));  // rotate_heads_bf16 stores BF16
+
+  const DeviceBuffer<uint16_t> d_x(x);
+  DeviceBuffer<uint8_t> d_codes(static_cast<size_t>(rows) * cols), d_codes2(static_cast<size_t>(rows) * cols);
+  DeviceBuffer<float> d_scales(static_cast<size_t>(rows)), d_scales2(static_cast<size_t>(rows));
+  DeviceBuffer<uint16_t> d_rot(static_cast<size_t>(rows) * cols);
+  for (auto* b : {&d_codes, &d_codes2}) ASSERT_EQ(b->poison(), cudaSuccess);
+  for (auto* b : {&d_scales, &d_scales2}) ASSERT_EQ(b->poison(), cudaSuccess);
+  expect_launched(cuda::unrotate_rows_fp8(as_bf16(d_x.p), stride, d_codes.p, d_scales.p, rows, n_heads, head_dim,
+                                          block, nullptr));
+  const std::vector<uint8_t> codes = d_codes.download();
+  const std::vector<float> scales = d_scales.download();
+  expect_exact_quantisation(y, codes, scales, rows, cols);
+
+  ASSERT_EQ(cuda::rotate_heads_bf16(as_bf16(d_x.p), stride, as_bf16(d_rot.p), rows, n_heads, head_dim, block, nullptr),
+            cudaSuccess);
+  expect_launched(cuda::quantize_rows_fp8(as_bf16(d_rot.p), cols, d_codes2.p, d_scales2.p, rows, cols, nullptr));
+  EXPECT_EQ(codes, d_codes2.download()) << "codes differ from rotate_heads_bf16 + quantize_rows_fp8";
+  const std::vector<float> scales2 = d_scales2.download();
+  for (int r = 0; r < rows; ++r) EXPECT_EQ(f32_bits(scales[r]), f32_bits(scales2[r])) << "scale of row " << r;
+}
+
+TEST(Fp8ProducersGpu, UnrotateRowsFp8EqualsRotateHeadsThenQuantizeRows) {
+  FT_REQUIRE_CUDA_DEVICE();
+  uint32_t seed = 900;
+  check_unrotate_rows(37, 32, 128, 128, 0, ++seed);   // Llama-3.1-8B's attention output (int4-hadamard, block 128)
+  check_unrotate_rows(5, 64, 128, 128, 8, ++seed);    // 70B: 8192 channels, padded rows
+  check_unrotate_rows(17, 9, 64, 64, 0, ++seed);      // SmolLM2: 576 channels, the last warp partly outside the row
+  check_unrotate_rows(3, 6, 32, 32, 16, ++seed);      // 2 lanes per head
+  check_unrotate_rows(4, 3, 256, 128, 0, ++seed);     // block smaller than the head: two blocks per head
+  check_unrotate_rows(2, 5, 16, 8, 0, ++seed);        // one lane per head, block inside a lane
 }
 
 // --- swiglu_fp8 ----------------------------------------------------------------------------------------------------
@@ -482,6 +543,28 @@ TEST(Fp8ProducersHost, QuantizeRowsFp8RejectsBadArguments) {
   expect_rejected(cuda::quantize_rows_fp8(x, 100, fake<uint8_t>(0x100000 + 327), scales, 2, 64, nullptr),
                   "codes overlaps x");
   expect_rejected(cuda::quantize_rows_fp8(x, 64, codes, fake<float>(0x100000), 2, 64, nullptr), "scales overlaps x");
+}
+
+TEST(Fp8ProducersHost, UnrotateRowsFp8RejectsBadArguments) {
+  const __nv_bfloat16* x = fake<const __nv_bfloat16>(0x100000);
+  uint8_t* codes = fake<uint8_t>(0x300000);
+  float* scales = fake<float>(0x400000);
+  expect_rejected(cuda::unrotate_rows_fp8(nullptr, 4096, codes, scales, 2, 32, 128, 128, nullptr), "non-null");
+  expect_rejected(cuda::unrotate_rows_fp8(x, 4096, codes, scales, 0, 32, 128, 128, nullptr), "rows = 0");
+  expect_rejected(cuda::unrotate_rows_fp8(x, 4096, codes, scales, 2, 0, 128, 128, nullptr), "n_heads = 0");
+  expect_rejected(cuda::unrotate_rows_fp8(x, 4096, codes, scales, 2, 32, 96, 32, nullptr), "head_dim = 96");
+  expect_rejected(cuda::unrotate_rows_fp8(x, 4096, codes, scales, 2, 32, 128, 96, nullptr), "hadamard_block = 96");
+  expect_rejected(cuda::unrotate_rows_fp8(x, 4096, codes, scales, 2, 32, 128, 1, nullptr), "hadamard_block = 1");
+  expect_rejected(cuda::unrotate_rows_fp8(x, 4096, codes, scales, 2, 32, 128, 256, nullptr), "hadamard_block = 256");
+  expect_rejected(cuda::unrotate_rows_fp8(x, 32768, codes, scales, 2, 256, 128, 128, nullptr), "at most 16384");
+  expect_rejected(cuda::unrotate_rows_fp8(x, 4100, codes, scales, 2, 32, 128, 128, nullptr), "row_stride = 4100");
+  expect_rejected(cuda::unrotate_rows_fp8(x, 4088, codes, scales, 2, 32, 128, 128, nullptr), "row_stride = 4088");
+  expect_rejected(cuda::unrotate_rows_fp8(fake<const __nv_bfloat16>(0x100008), 4096, codes, scales, 2, 32, 128, 128,
+                                          nullptr),
+                  "aligned");
+  // Two rows of 4096 BF16 span 16 KB from 0x100000: codes starting inside them overlap.
+  expect_rejected(cuda::unrotate_rows_fp8(x, 4096, fake<uint8_t>(0x100000 + 16376), scales, 2, 32, 128, 128, nullptr),
+                  "codes overlaps x");
 }
 
 TEST(Fp8ProducersHost, SwigluFp8RejectsBadArguments) {

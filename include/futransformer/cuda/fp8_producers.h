@@ -3,6 +3,7 @@
 // layer has at hand, so no BF16 activation is written and re-read before an FP8 GEMM.
 //   rmsnorm_fp8        fp32 residual stream → q|k|v and gate|up GEMM inputs
 //   quantize_rows_fp8  BF16 attention output → o_proj input
+//   unrotate_rows_fp8  BF16 int4-hadamard attention output → un-rotated, o_proj input
 //   swiglu_fp8         BF16 gate|up GEMM output → down_proj input
 // Each op computes its fp32 value y exactly as its BF16 sibling in decoder_ops.h (same expression, same summation
 // order, same launch shape) and then quantises each row per token by formats/fp8.h's rule, the one
@@ -29,6 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 struct __nv_bfloat16;  // cuda_bf16.h's type, used through pointers only
 
@@ -48,6 +50,21 @@ cudaError_t rmsnorm_fp8(const float* x, const float* weight, uint8_t* codes, flo
 // cols), scales [rows].
 cudaError_t quantize_rows_fp8(const __nv_bfloat16* x, int row_stride, uint8_t* codes, float* scales, int rows, int cols,
                               cudaStream_t stream);
+
+// The int4-hadamard attention output's un-rotation and the o_proj input in one pass: y = the BF16 values that
+// rotate_heads_bf16(x, row_stride, ·, rows, n_heads, head_dim, hadamard_block) would store (each head read into fp32,
+// the block Hadamard in fp32 in formats/hadamard.h's order, rounded once to BF16), widened; then per-token FP8 of y.
+// So the same codes and scales as rotate_heads_bf16 followed by quantize_rows_fp8, without writing the un-rotated
+// BF16 rows. x is not modified. Shapes (else cudaErrorInvalidValue, reason in fp8_producers_last_error()):
+// head_dim = 16 · L with L a power of two up to 32, hadamard_block a power of two from 2 to head_dim,
+// n_heads · head_dim ≤ 16384 (one thread per 16 channels), row_stride a multiple of 8 and ≥ n_heads · head_dim,
+// x 16-byte and codes 8-byte aligned. codes [rows, n_heads · head_dim], scales [rows].
+cudaError_t unrotate_rows_fp8(const __nv_bfloat16* x, int row_stride, uint8_t* codes, float* scales, int rows,
+                              int n_heads, int head_dim, int hadamard_block, cudaStream_t stream);
+// unrotate_rows_fp8's shape checks alone (rows, n_heads, head_dim, hadamard_block, row_stride; no pointers, no
+// device): cudaSuccess, or cudaErrorInvalidValue with the reason in *why (may be null).
+cudaError_t unrotate_rows_fp8_can_implement(int rows, int n_heads, int head_dim, int hadamard_block, int row_stride,
+                                            std::string* why);
 
 // gate_up row r holds [gate (inter values) | up (inter values)] BF16; y[r, i] = silu(g) · u in fp32 with
 // swiglu_bf16's arithmetic (so bf16(y) is bit for bit swiglu_bf16's output), then per-token FP8 of y.

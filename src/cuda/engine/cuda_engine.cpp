@@ -919,7 +919,12 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                                               nh, nkv, hd, static_cast<int>(pages_per_seq_), stream_),
                "attention (generic)", cuda::attention_generic_last_error);
     }
-    if (hadamard_block_ > 1 && !attention_unrotated) {
+    // FP8 passes may un-rotate while quantising the o GEMM's input (fused_unrotate_fp8): the shape is known here.
+    const bool unrotate_into_fp8 =
+        fp8 && hadamard_block_ > 1 && !attention_unrotated && opt_.fused_unrotate_fp8 &&
+        cuda::unrotate_rows_fp8_can_implement(r, nh, hd, hadamard_block_, static_cast<int>(q_width_), nullptr) ==
+            cudaSuccess;
+    if (hadamard_block_ > 1 && !attention_unrotated && !unrotate_into_fp8) {
       cuda_check(cuda::rotate_heads_bf16(bf(att_), static_cast<int>(q_width_), bf(att_), r, nh, hd, hadamard_block_,
                                          stream_),
                  "attention output un-rotation");
@@ -941,9 +946,15 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
           check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
         }
       };
-      check_op(cuda::quantize_rows_fp8(bf(att_), static_cast<int>(q_width_), codes, scales, r,
-                                       static_cast<int>(q_width_), stream_),
-               "attention output to FP8", cuda::fp8_producers_last_error);
+      if (unrotate_into_fp8) {
+        check_op(cuda::unrotate_rows_fp8(bf(att_), static_cast<int>(q_width_), codes, scales, r, nh, hd,
+                                         hadamard_block_, stream_),
+                 "attention output un-rotation + FP8", cuda::fp8_producers_last_error);
+      } else {
+        check_op(cuda::quantize_rows_fp8(bf(att_), static_cast<int>(q_width_), codes, scales, r,
+                                         static_cast<int>(q_width_), stream_),
+                 "attention output to FP8", cuda::fp8_producers_last_error);
+      }
       fp8_into_residual(l.o8, "o GEMM (FP8) + residual", "o GEMM (FP8)");
       rmsnorm_to_fp8(l.mlp_norm.get(), "MLP RMSNorm (FP8)");
       if (opt_.fp8_block_swiglu) {

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/hadamard_lanes.cuh"
 #include "cuda/kv_append.cuh"
 
 namespace futransformer::cuda {
@@ -91,33 +92,7 @@ __global__ void __launch_bounds__(kRotateWarps * kWarp)
       x[8 * k + 2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
     }
   }
-  if (block > 1) {
-#pragma unroll
-    for (int h = 1; h < kVec; h *= 2) {  // compile-time strides: register indices stay static
-      if (h < block) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          if ((j & h) == 0) {
-            const float a = x[j], b = x[j + h];
-            x[j] = __fadd_rn(a, b);
-            x[j + h] = __fsub_rn(a, b);
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int m = 1; m < kLanes; m *= 2) {
-      if (kVec * m < block) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const float other = __shfl_xor_sync(0xffffffffu, x[j], m);
-          x[j] = (s & m) ? __fsub_rn(other, x[j]) : __fadd_rn(x[j], other);
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) x[j] = __fmul_rn(x[j], scale);
-  }
+  hadamard::blocks_over_lanes<kLanes>(x, s, block, scale);
   if (!active) return;
   uint32_t o[kVec / 2];
 #pragma unroll

@@ -94,8 +94,9 @@ const char* attention_prefill_kernel_name(AttentionPrefillKernel kernel) {
 AttentionPrefillKernel attention_prefill_default_kernel() {
   static const AttentionPrefillKernel k = [] {
     const char* e = std::getenv("FT_PREFILL_ATTENTION");
-    const bool mma_sync = e != nullptr && std::strcmp(e, attention_prefill_kernel_name(AttentionPrefillKernel::kMmaSync)) == 0;
-    return mma_sync ? AttentionPrefillKernel::kMmaSync : AttentionPrefillKernel::kWgmma;
+    const char* mma_sync = attention_prefill_kernel_name(AttentionPrefillKernel::kMmaSync);
+    return e != nullptr && std::strcmp(e, mma_sync) == 0 ? AttentionPrefillKernel::kMmaSync
+                                                         : AttentionPrefillKernel::kWgmma;
   }();
   return k;
 }

@@ -173,8 +173,8 @@ cudaError_t unrotate_rows_fp8_can_implement(int rows, int n_heads, int head_dim,
     return fail("n_heads x head_dim = " + to_string(cols) + ", expected at most " +
                 to_string(kVec * fp8p::kMaxBlockThreads) + " (one thread per 16 channels)");
   if (row_stride < cols || row_stride % fp8p::kBf16Vec != 0)
-    return fail("row_stride = " + to_string(row_stride) + ", expected a multiple of 8 and at least n_heads x head_dim = " +
-                to_string(cols));
+    return fail("row_stride = " + to_string(row_stride) +
+                ", expected a multiple of 8 and at least n_heads x head_dim = " + to_string(cols));
   if (why) why->clear();
   return cudaSuccess;
 }

@@ -339,8 +339,9 @@ static __global__ void __launch_bounds__(kAnchorThreads) kv_key_anchor_kernel(co
 #pragma unroll
       for (int r = 0; r < kAnchorBlockTokens; ++r) {
         if (r < rows) {
-          if constexpr (kPairs == 2) v[r] = *reinterpret_cast<const uint32_t*>(p + static_cast<int64_t>(r) * a.row_stride);
-          else v[r] = p[static_cast<int64_t>(r) * a.row_stride];
+          const uint16_t* row = p + static_cast<int64_t>(r) * a.row_stride;
+          if constexpr (kPairs == 2) v[r] = *reinterpret_cast<const uint32_t*>(row);
+          else v[r] = *row;
         }
       }
       double s[kPairs] = {};

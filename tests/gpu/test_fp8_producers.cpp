@@ -277,7 +277,8 @@ void check_unrotate_rows(int rows, int n_heads, int head_dim, int block, int pad
   for (int r = 0; r + 1 < rows; ++r) std::fill_n(x.begin() + r * stride + cols, stride - cols, uint16_t{0xFFFF});
   std::vector<float> y(static_cast<size_t>(rows) * cols);
   for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < cols; ++c) y[static_cast<size_t>(r) * cols + c] = bf16_to_f32(x[static_cast<size_t>(r) * stride + c]);
+    for (int c = 0; c < cols; ++c)
+      y[static_cast<size_t>(r) * cols + c] = bf16_to_f32(x[static_cast<size_t>(r) * stride + c]);
     for (int h = 0; h < n_heads; ++h)
       formats::hadamard_blocks(&y[static_cast<size_t>(r) * cols + static_cast<size_t>(h) * head_dim], head_dim, block);
   }

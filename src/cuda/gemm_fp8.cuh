@@ -164,8 +164,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       // (sum = fma(acc, a_scale[m][kb], sum) is 64 FFMAs with a freshly loaded scale per thread and K block; issued
       // between the blocks they delayed the next wgmmas: measured 23 % slower than the per-token instance). The
       // sums are added in the same K order, so the result is unchanged.
-      uint32_t pend_stage = 0;
-      float pend_lo = 0.0f, pend_hi = 0.0f;  // the outstanding group's stage and block scales
       // The K block scales come from global memory (L2): loaded kScaleAhead blocks before the issue that uses them
       // (one block ahead left the promotion waiting on the load), rotated through registers.
       constexpr int kScaleAhead = 3;
@@ -175,9 +173,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         ahead_lo[i] = block_scale(a_scale_lo, a_row_lo, i);
         ahead_hi[i] = block_scale(a_scale_hi, a_row_hi, i);
       }
-      auto take_scales = [&](int kb, float& lo, float& hi) {  // K block kb's scales; queue the load of kb + ahead
-        lo = ahead_lo[0];
-        hi = ahead_hi[0];
+      struct Scales {
+        float lo, hi;
+      };
+      const auto take_scales = [&](int kb) {  // K block kb's scales; queue the load of kb + ahead
+        const Scales s{ahead_lo[0], ahead_hi[0]};
 #pragma unroll
         for (int i = 0; i + 1 < kScaleAhead; ++i) {
           ahead_lo[i] = ahead_lo[i + 1];
@@ -185,47 +185,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         ahead_lo[kScaleAhead - 1] = block_scale(a_scale_lo, a_row_lo, kb + kScaleAhead);
         ahead_hi[kScaleAhead - 1] = block_scale(a_scale_hi, a_row_hi, kb + kScaleAhead);
+        return s;
       };
-      auto retire = [&](float (&a)[kAccRegs]) {
+      const auto retire = [&](float (&a)[kAccRegs], uint32_t stage, Scales sc) {
         // This warp's share of the stage has been read: one arrival per consumer warp frees it.
-        if (lane == 0) ptx::mbarrier_arrive(empty_bar + 8u * pend_stage);
+        if (lane == 0) ptx::mbarrier_arrive(empty_bar + 8u * stage);
 #pragma unroll
-        for (int i = 0; i < kAccRegs; ++i) sum[i] = __fmaf_rn(a[i], (i & 2) ? pend_hi : pend_lo, sum[i]);
+        for (int i = 0; i < kAccRegs; ++i) sum[i] = __fmaf_rn(a[i], (i & 2) ? sc.hi : sc.lo, sum[i]);
       };
-      for (int kb = 0;;) {
-        {
-          float lo, hi;
-          take_scales(kb, lo, hi);
-          const uint32_t stage = pipe.stage;
-          issue(acc);
-          advance(pipe, kStages);
-          if (kb > 0) {
-            ptx::wgmma_wait_group<1>();
-            retire(acc2);
-          }
-          pend_stage = stage, pend_lo = lo, pend_hi = hi;
-          if (++kb == k_blocks) {
-            ptx::wgmma_wait_group<0>();
-            retire(acc);
-            break;
-          }
-        }
-        {
-          float lo, hi;
-          take_scales(kb, lo, hi);
-          const uint32_t stage = pipe.stage;
-          issue(acc2);
-          advance(pipe, kStages);
-          ptx::wgmma_wait_group<1>();
-          retire(acc);
-          pend_stage = stage, pend_lo = lo, pend_hi = hi;
-          if (++kb == k_blocks) {
-            ptx::wgmma_wait_group<0>();
-            retire(acc2);
-            break;
-          }
-        }
-      }
+      mainloop_two_accumulators<kStages>(acc, acc2, pipe, k_blocks, take_scales, issue, retire);
     } else if constexpr (kBlockScaledA) {
       // Block-scaled A at block_n 192 (no registers for a second accumulator): the K block scales are loaded two
       // blocks ahead of their use.

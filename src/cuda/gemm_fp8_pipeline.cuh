@@ -140,8 +140,51 @@ __device__ __forceinline__ void mainloop_per_token(float (&acc)[Mma::kRegs], flo
   }
 }
 
-// mainloop_per_token with two accumulators: K block kb + 1's wgmmas are issued before kb's are waited for
-// (wgmma.wait_group 1), then kb's stage is freed and kb is added to the sum. The same additions in the same order as
+// The two-accumulator main loop over one tile: K block kb + 1's wgmmas are issued (issue(acc or acc2)) before kb's
+// are waited for (wgmma.wait_group 1), then kb is retired (retire(its accumulator, its stage, its token): free the
+// stage, add into the sum). begin(kb), called before K block kb is issued, returns what its retirement needs (the
+// block-scaled instance's scales; nothing for per-token A). Blocks are retired in K order.
+template <int kStages, class Acc, class Begin, class Issue, class Retire>
+__device__ __forceinline__ void mainloop_two_accumulators(Acc& acc, Acc& acc2, PipeState& pipe, int k_blocks,
+                                                          const Begin& begin, const Issue& issue,
+                                                          const Retire& retire) {
+  uint32_t pend_stage = 0;          // the stage of the group being retired
+  decltype(begin(0)) pend{};        // and its token
+  for (int kb = 0;;) {
+    {
+      const auto token = begin(kb);
+      const uint32_t stage = pipe.stage;
+      issue(acc);
+      advance(pipe, kStages);
+      if (kb > 0) {
+        ptx::wgmma_wait_group<1>();
+        retire(acc2, pend_stage, pend);
+      }
+      pend_stage = stage, pend = token;
+      if (++kb == k_blocks) {
+        ptx::wgmma_wait_group<0>();
+        retire(acc, pend_stage, pend);
+        break;
+      }
+    }
+    {
+      const auto token = begin(kb);
+      const uint32_t stage = pipe.stage;
+      issue(acc2);
+      advance(pipe, kStages);
+      ptx::wgmma_wait_group<1>();
+      retire(acc, pend_stage, pend);
+      pend_stage = stage, pend = token;
+      if (++kb == k_blocks) {
+        ptx::wgmma_wait_group<0>();
+        retire(acc2, pend_stage, pend);
+        break;
+      }
+    }
+  }
+}
+
+// mainloop_per_token with two accumulators (mainloop_two_accumulators): the same additions in the same order as
 // mainloop_per_token, so the same bits; registers: 3 x Mma::kRegs.
 template <class Mma, int kStages>
 __device__ __forceinline__ void mainloop_per_token_overlapped(float (&acc)[Mma::kRegs], float (&acc2)[Mma::kRegs],
@@ -153,46 +196,18 @@ __device__ __forceinline__ void mainloop_per_token_overlapped(float (&acc)[Mma::
                                                               int lane) {
 #pragma unroll
   for (int i = 0; i < Mma::kRegs; ++i) sum[i] = 0.0f;
-  auto issue = [&](float (&a)[Mma::kRegs]) {
-    issue_k_block<Mma>(a, pipe, b, a_stage0, a_stage_bytes, a_rows_offset, b_stage0, b_stage_bytes, b_rows_offset);
-  };
-  uint32_t pend_stage = 0;  // the stage of the group being retired
-  auto retire = [&](float (&a)[Mma::kRegs]) {
-    // This warp's share of the stage has been read: one arrival per consumer warp frees it.
-    if (lane == 0) ptx::mbarrier_arrive(b.empty + 8u * pend_stage);
+  struct NoToken {};
+  mainloop_two_accumulators<kStages>(
+      acc, acc2, pipe, k_blocks, [](int) { return NoToken{}; },
+      [&](float (&a)[Mma::kRegs]) {
+        issue_k_block<Mma>(a, pipe, b, a_stage0, a_stage_bytes, a_rows_offset, b_stage0, b_stage_bytes, b_rows_offset);
+      },
+      [&](float (&a)[Mma::kRegs], uint32_t stage, NoToken) {
+        // This warp's share of the stage has been read: one arrival per consumer warp frees it.
+        if (lane == 0) ptx::mbarrier_arrive(b.empty + 8u * stage);
 #pragma unroll
-    for (int i = 0; i < Mma::kRegs; ++i) sum[i] = __fadd_rn(sum[i], a[i]);
-  };
-  for (int kb = 0;;) {
-    {
-      const uint32_t stage = pipe.stage;
-      issue(acc);
-      advance(pipe, kStages);
-      if (kb > 0) {
-        ptx::wgmma_wait_group<1>();
-        retire(acc2);
-      }
-      pend_stage = stage;
-      if (++kb == k_blocks) {
-        ptx::wgmma_wait_group<0>();
-        retire(acc);
-        break;
-      }
-    }
-    {
-      const uint32_t stage = pipe.stage;
-      issue(acc2);
-      advance(pipe, kStages);
-      ptx::wgmma_wait_group<1>();
-      retire(acc);
-      pend_stage = stage;
-      if (++kb == k_blocks) {
-        ptx::wgmma_wait_group<0>();
-        retire(acc2);
-        break;
-      }
-    }
-  }
+        for (int i = 0; i < Mma::kRegs; ++i) sum[i] = __fadd_rn(sum[i], a[i]);
+      });
 }
 
 }  // namespace futransformer::cuda::fp8

@@ -1,5 +1,6 @@
 // Benchmark of the FP8 prefill GEMM against cuBLASLt (FP8 and BF16) on Llama-3.1-8B / 70B projection shapes.
 //   bench_gemm_fp8 [--json PATH] [--iters N]
+//   FT_BENCH_ONLY=8B.gate_up:2048 runs that one shape and M (for profilers: ncu, nsys).
 // Each row: median of N (default 20) launches, each timed by its own pair of CUDA events after the L2 was flushed
 // (a 2x L2-sized memset between launches, outside the timed interval), after warm-up. TFLOP/s counts 2 M N K.
 // Baselines, same data and layout (A [M, K], B [N, K], both K-major: cuBLASLt's "TN"):
@@ -169,9 +170,16 @@ int main(int argc, char** argv) {
   std::printf("%-12s %5s %6s %6s | %9s %7s | %9s %7s %6s %-9s| %7s | %7s | %8s\n", "shape", "M", "K", "N", "ours us",
               "TFLOP/s", "ltfp8 us", "TFLOP/s", "ratio", "scales", "fastacc", "bf16", "max diff");
 
+  // FT_BENCH_ONLY=SHAPE:M keeps one row (a profiler then sees only its kernels); unknown names run nothing.
+  const char* only_env = std::getenv("FT_BENCH_ONLY");
+  const std::string only = only_env ? only_env : "";
+  auto selected = [&](const Shape& s, int M) {
+    return only.empty() || only == std::string(s.name) + ":" + std::to_string(M);
+  };
   std::vector<Row> rows;
   const int max_m = *std::max_element(std::begin(kMs), std::end(kMs));
   for (const Shape& s : kShapes) {
+    if (!std::any_of(std::begin(kMs), std::end(kMs), [&](int M) { return selected(s, M); })) continue;
     const size_t a_n = static_cast<size_t>(max_m) * s.K, b_n = static_cast<size_t>(s.N) * s.K;
     const size_t d_n = static_cast<size_t>(max_m) * s.N;
     uint8_t *a8 = nullptr, *b8 = nullptr;
@@ -195,6 +203,7 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaStreamSynchronize(stream));
 
     for (int M : kMs) {
+      if (!selected(s, M)) continue;
       Row r{s.name, "", M, s.K, s.N, 0, 0, 0, 0, 0};
       r.ours_us = time_median_flushed_us(iters, stream, flush, [&] {
         CHECK_CUDA(futransformer::cuda::gemm_fp8(a8, b8, sa, sb, reinterpret_cast<__nv_bfloat16*>(d_ours), M, s.N,

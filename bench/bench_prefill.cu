@@ -15,8 +15,9 @@
 // Environment: FT_FP8_BLOCK_SWIGLU=1 runs the FP8 engine with CudaEngineOptions::fp8_block_swiglu (the down input per
 // token per 128 channels; SwiGLU → FP8 in the gate|up GEMM's epilogue); FT_PREFILL_UNROTATE=1 every engine with
 // CudaEngineOptions::fused_prefill_unrotation (int4-hadamard output un-rotated in the prefill attention's store);
-// FT_UNROTATE_FP8=1 every engine with CudaEngineOptions::fused_unrotate_fp8 (un-rotation + FP8 of the o GEMM's input
-// in one kernel);
+// FT_UNROTATE_FP8=0 every engine without CudaEngineOptions::fused_unrotate_fp8 (un-rotation + FP8 of the o GEMM's
+// input in one kernel, the default); FT_FP8_QKV_EPILOGUE=1 with CudaEngineOptions::fused_fp8_qkv (RoPE, q rotation and
+// INT4 cache placement in the FP8 qkv GEMM's epilogue);
 // FT_PREFILL_ATTENTION and FT_QKV_QUAD choose kernels (src/cuda/attention_prefill_internal.h, fused_ops_internal.h).
 // Compare each with a run without it in the same call.
 #include <algorithm>
@@ -133,7 +134,9 @@ int main(int argc, char** argv) {
           const char* unrot = std::getenv("FT_PREFILL_UNROTATE");  // CudaEngineOptions::fused_prefill_unrotation
           o.fused_prefill_unrotation = unrot != nullptr && unrot[0] == '1';
           const char* unrot8 = std::getenv("FT_UNROTATE_FP8");  // CudaEngineOptions::fused_unrotate_fp8
-          o.fused_unrotate_fp8 = unrot8 != nullptr && unrot8[0] == '1';
+          o.fused_unrotate_fp8 = !(unrot8 != nullptr && unrot8[0] == '0');
+          const char* qkv_epi = std::getenv("FT_FP8_QKV_EPILOGUE");  // CudaEngineOptions::fused_fp8_qkv
+          o.fused_fp8_qkv = qkv_epi != nullptr && qkv_epi[0] == '1';
           o.int4_dequant_min_rows = path == Path::loop ? 0 : -1;
           std::vector<double>& times = fp8 ? fp8_us : (path == Path::loop ? loop_us : int4_us);
           const char* label = fp8 ? "FP8 prefill" : (path == Path::loop ? "INT4 64-row loop" : "INT4 path");

@@ -132,6 +132,22 @@ cudaError_t rope_qk_bf16(__nv_bfloat16* qkv, const int32_t* positions, const flo
                                    rot_heads, row_width, head_dim);
 }
 
+cudaError_t rope_cos_sin_table(const int32_t* positions, const float* inv_freq, int rows, int head_dim, float* out,
+                               cudaStream_t stream) {
+  constexpr const char* op = "rope_cos_sin_table";
+  g_last_error.clear();
+  if (!positions || !inv_freq || !out) return null_pointer(op, "positions, inv_freq and out");
+  if (check_rows(op, rows)) return cudaErrorInvalidValue;
+  if (head_dim < 2 || head_dim > kRopeMaxHeadDim || head_dim % 2 != 0)
+    return reject(&g_last_error, std::string(op) + ": head_dim = " + to_string(head_dim) +
+                                     ", expected an even value in 2.." + to_string(kRopeMaxHeadDim));
+  if (!aligned(out, 8)) return reject(&g_last_error, std::string(op) + ": out must be 8-byte aligned");
+  const int half = head_dim / 2;
+  const dim3 grid(static_cast<unsigned>(ceil_div(int64_t{rows} * half, ops::kRopeThreads)));
+  return launch_maybe_programmatic(ops::rope_table_kernel, grid, dim3(ops::kRopeThreads), stream, positions, inv_freq,
+                                   rows, half, reinterpret_cast<float2*>(out));
+}
+
 cudaError_t argmax_rows_f32(const float* logits, int32_t* out, int rows, int vocab, cudaStream_t stream) {
   constexpr const char* op = "argmax_rows_f32";
   g_last_error.clear();

@@ -238,6 +238,16 @@ __device__ __forceinline__ float rope_hi(float x0, float x1, float2 cs) {  // ne
   return __fadd_rn(__fmul_rn(x1, cs.x), __fmul_rn(x0, cs.y));
 }
 
+// out[r][i] = rope_cos_sin(positions[r], inv_freq[i]) for i < half; grid = ceil(rows · half / kRopeThreads).
+static __global__ void __launch_bounds__(kRopeThreads)
+    rope_table_kernel(const int32_t* positions, const float* inv_freq, int rows, int half, float2* out) {
+  pdl_prologue();
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kRopeThreads + threadIdx.x;
+  if (j >= static_cast<int64_t>(rows) * half) return;
+  const int r = static_cast<int>(j / half), i = static_cast<int>(j % half);
+  out[j] = rope_cos_sin(static_cast<double>(positions[r]), inv_freq[i]);
+}
+
 // RoPE on the q and k heads of the fused QKV rows, in place. grid = (ceil(rot_heads / kRopeHeadsPerCta), rows),
 // kRopeThreads threads. The row's cos/sin table (head_dim / 2 pairs, fp64 sincos rounded to fp32 as
 // ref::apply_rope) is built in shared memory once per CTA: fp64 sincos costs ~100 instructions, so it is not

@@ -114,12 +114,12 @@ cudaError_t make_qkv_args(const char* op, bool rope, KvFormat format, __nv_bfloa
                           int n_kv_heads, int head_dim, const int32_t* positions, const float* inv_freq,
                           const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors,
                           const int32_t* row_anchor, uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out,
-                          QkvArgs* args, std::string* why) {
+                          QkvArgs* args, std::string* why, bool needs_q_out) {
   std::string shape_why;
   if (qkv_rope_kv_append_can_implement(format, rows, n_heads, n_kv_heads, head_dim, hadamard_block, &shape_why) !=
       cudaSuccess)
     return reject(why, std::string(op) + shape_why.substr(shape_why.find(':')));
-  if (!qkv || !row_page || !row_slot || !kv_pool || !q_out || !aligned(qkv, 2) || !aligned(q_out, 2) ||
+  if (!qkv || !row_page || !row_slot || !kv_pool || (needs_q_out && !q_out) || !aligned(qkv, 2) || !aligned(q_out, 2) ||
       !aligned(row_page, 4) || !aligned(row_slot, 4) || !aligned(kv_pool, 16))
     return reject(why, std::string(op) +
                            ": qkv, row_page, row_slot, kv_pool and q_out must be non-null; qkv and q_out "
@@ -134,7 +134,7 @@ cudaError_t make_qkv_args(const char* op, bool rope, KvFormat format, __nv_bfloa
   const int items = n_heads + 2 * n_kv_heads;
   const int row_width = items * head_dim;  // <= 3 * 65535 * 256: fits int32
   // Warps write q_out while others still read qkv: the buffers must be distinct.
-  if (overlap(qkv, int64_t{rows} * row_width * 2, q_out, int64_t{rows} * n_heads * head_dim * 2))
+  if (q_out && overlap(qkv, int64_t{rows} * row_width * 2, q_out, int64_t{rows} * n_heads * head_dim * 2))
     return reject(why, std::string(op) + ": q_out overlaps qkv; expected separate buffers");
 
   QkvArgs a{};
@@ -247,6 +247,33 @@ cudaError_t kv_append_rotate_q(KvFormat format, const __nv_bfloat16* qkv, int ro
   return qkv_append("kv_append_rotate_q", false, format, const_cast<__nv_bfloat16*>(qkv), rows, n_heads, n_kv_heads,
                     head_dim, nullptr, nullptr, row_page, row_slot, key_anchors, row_anchor, kv_pool, hadamard_block,
                     q_out, stream);
+}
+
+cudaError_t kv_append_keys(KvFormat format, const __nv_bfloat16* qkv, int rows, int n_heads, int n_kv_heads,
+                           int head_dim, const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors,
+                           const int32_t* row_anchor, uint8_t* kv_pool, cudaStream_t stream) {
+  constexpr const char* op = "kv_append_keys";
+  g_last_error.clear();
+  if ((format != KvFormat::INT4 && format != KvFormat::INT4_HADAMARD) || head_dim != fused::kQuadHeadDim)
+    return reject(&g_last_error, std::string(op) + ": " + formats::kv_format_name(format) + " cache at head_dim " +
+                                     to_string(head_dim) + ", expected an int4 or int4-hadamard cache at head_dim " +
+                                     to_string(fused::kQuadHeadDim));
+  fused::QkvArgs a{};
+  if (const cudaError_t e = fused::make_qkv_args(op, false, format, const_cast<__nv_bfloat16*>(qkv), rows, n_heads,
+                                                 n_kv_heads, head_dim, nullptr, nullptr, row_page, row_slot,
+                                                 key_anchors, row_anchor, kv_pool, 0, nullptr, &a, &g_last_error,
+                                                 /*needs_q_out=*/false);
+      e != cudaSuccess)
+    return e;
+  if (!aligned(qkv, 16)) return reject(&g_last_error, std::string(op) + ": qkv must be 16-byte aligned");
+  const int64_t quads = static_cast<int64_t>(rows) * n_kv_heads;
+  const dim3 grid(static_cast<unsigned>((quads + fused::kQuadItemsPerCta - 1) / fused::kQuadItemsPerCta));
+  const dim3 block(fused::kQuadThreads);
+  return format == KvFormat::INT4
+             ? launch_maybe_programmatic(fused::kv_append_rotate_q_quad_kernel<KvFormat::INT4, false, true>, grid,
+                                         block, stream, a, rows)
+             : launch_maybe_programmatic(fused::kv_append_rotate_q_quad_kernel<KvFormat::INT4_HADAMARD, false, true>,
+                                         grid, block, stream, a, rows);
 }
 
 const char* fused_ops_last_error() { return g_last_error.c_str(); }

@@ -273,79 +273,58 @@ __device__ __forceinline__ uint32_t pack_bf16_pair(float lo, float hi) {
          (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
 }
 
-// grid = ceil(rows · items / 32) CTAs of 128 threads; quad i of the launch owns item i % items of row i / items.
-// kRope (qkv_rope_kv_append): q and k heads are RoPE'd first, as qkv_head_item does (the pair (i, i + 64) of lane
-// t's channel sits in lane t ^ 2: one quad shuffle), the BF16 result written back into qkv; the CTA's rows' cos/sin
-// tables are built in shared memory before griddepcontrol.wait. Rows need >= kQuadMinItems items (the host checks).
-template <formats::KvFormat F, bool kRope>
-__global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(const QkvArgs a, int rows) {
-  static_assert(F == formats::KvFormat::INT4 || F == formats::KvFormat::INT4_HADAMARD, "INT4 caches");
-  __shared__ float2 cs[kRope ? kQuadMaxRowsPerCta : 1][kQuadHeadDim / 2];
-  const int items = a.n_heads + 2 * a.n_kv_heads;
-  const int64_t first_quad = static_cast<int64_t>(blockIdx.x) * kQuadItemsPerCta;
-  const int64_t quad = first_quad + threadIdx.x / 4;
-  const int64_t total = static_cast<int64_t>(rows) * items;
-  const int t = static_cast<int>(threadIdx.x) & 3;
-  const unsigned quad_mask = 0xFu << (threadIdx.x & 28u);
-  const int row0 = static_cast<int>(first_quad / items);
-  if constexpr (kRope) {
-    // The table of rows row0 .. row0 + 3 (those of them that exist), before the wait: positions and inv_freq are
-    // inputs of the pass no kernel writes.
-    for (int i = static_cast<int>(threadIdx.x); i < kQuadMaxRowsPerCta * (kQuadHeadDim / 2); i += kQuadThreads) {
-      const int rr = row0 + i / (kQuadHeadDim / 2), pair = i % (kQuadHeadDim / 2);
-      if (rr < rows) cs[i / (kQuadHeadDim / 2)][pair] = ops::rope_cos_sin(static_cast<double>(a.positions[rr]),
-                                                                          a.inv_freq[pair]);
+// The lane's 32 channels 32 t .. 32 t + 31 of a BF16 head (16-byte aligned), widened to fp32 (exact).
+__device__ __forceinline__ void load_quad_head(const __nv_bfloat16* head, int t, float (&x)[kQuadPerLane]) {
+  const uint4* src = reinterpret_cast<const uint4*>(head + kQuadPerLane * t);
+#pragma unroll
+  for (int v = 0; v < kQuadPerLane / 8; ++v) {
+    const uint4 w = src[v];
+    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      x[8 * v + 2 * k] = __uint_as_float(ws[k] << 16);
+      x[8 * v + 2 * k + 1] = __uint_as_float(ws[k] & 0xffff0000u);
     }
   }
-  const bool live = quad < total;  // quad-uniform
-  const int r = live ? static_cast<int>(quad / items) : 0, item = live ? static_cast<int>(quad % items) : 0;
+}
+
+// RoPE of a q or k head held by a quad: channel c = 32 t + k pairs with c ± 64 in lane t ^ 2 (one quad shuffle);
+// row_cs[i] is pair i's (cos, sin) (ops::rope_cos_sin of the row's position). x becomes the BF16-rounded result
+// (exact in fp32) and out its BF16 bits, channel 32 t + 2 j in the low half of out[j]. The whole quad must call it.
+__device__ __forceinline__ void rope_quad(float (&x)[kQuadPerLane], const float2* row_cs, int t, unsigned quad_mask,
+                                          uint32_t (&out)[kQuadPerLane / 2]) {
+#pragma unroll
+  for (int k = 0; k < kQuadPerLane; ++k) {
+    const float other = __shfl_xor_sync(quad_mask, x[k], 2);
+    const float2 c = row_cs[(kQuadPerLane * t + k) & (kQuadHeadDim / 2 - 1)];
+    const float y = t < 2 ? ops::rope_lo(x[k], other, c) : ops::rope_hi(other, x[k], c);
+    const uint32_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+    x[k] = __uint_as_float(bits << 16);
+    if (k & 1) {
+      out[k / 2] |= bits << 16;
+    } else {
+      out[k / 2] = bits;
+    }
+  }
+}
+
+// The lane's 64 bytes of a BF16 head from out (rope_quad's order).
+__device__ __forceinline__ void store_quad_head(__nv_bfloat16* head, int t, const uint32_t (&out)[kQuadPerLane / 2]) {
+  uint4* dst = reinterpret_cast<uint4*>(head + kQuadPerLane * t);
+#pragma unroll
+  for (int v = 0; v < kQuadPerLane / 8; ++v) dst[v] = make_uint4(out[4 * v], out[4 * v + 1], out[4 * v + 2], out[4 * v + 3]);
+}
+
+// Everything after the (RoPE'd) values of head item `item` of row r are in the quad's registers: q heads are
+// rotated with the caller's block and stored as BF16 into q_out; k and v heads (not on padding rows) are rotated
+// with the format's block (INT4_HADAMARD), the key anchor subtracted (keys of rows with one), and encoded by the
+// INT4 rule of group t into their cache slot. Shared by kv_append_rotate_q_quad_kernel and the FP8 QKV GEMM's
+// epilogue (gemm_fp8_qkv.cuh), so the two cannot drift apart. The whole quad must call it (quad shuffles).
+template <formats::KvFormat F>
+__device__ __forceinline__ void finish_quad_item(const QkvArgs& a, float (&x)[kQuadPerLane], int r, int item,
+                                                 const QkvRowMeta& meta, int t, unsigned quad_mask) {
   const bool is_q = item < a.n_heads;
   const bool is_v = item >= a.n_heads + a.n_kv_heads;
-  QkvRowMeta meta{-1, -1, -1};
-  if (live && !is_q) meta = qkv_row_meta<F>(a, r);  // inputs of the pass no kernel writes (read before the wait)
-  ops::pdl_prologue();
-  if constexpr (kRope) __syncthreads();  // the only barrier: every return below is after it
-  if (!live) return;
-
-  // The lane's 32 channels, widened to fp32 (exact).
-  __nv_bfloat16* head = a.qkv + static_cast<int64_t>(r) * a.row_width + static_cast<int64_t>(item) * kQuadHeadDim;
-  float x[kQuadPerLane];
-  {
-    const uint4* src = reinterpret_cast<const uint4*>(head + kQuadPerLane * t);
-#pragma unroll
-    for (int v = 0; v < kQuadPerLane / 8; ++v) {
-      const uint4 w = src[v];
-      const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        x[8 * v + 2 * k] = __uint_as_float(ws[k] << 16);
-        x[8 * v + 2 * k + 1] = __uint_as_float(ws[k] & 0xffff0000u);
-      }
-    }
-  }
-  if constexpr (kRope) {
-    if (!is_v) {
-      // RoPE of channel c = 32 t + k with its pair in lane t ^ 2 (c ± 64), rounded to BF16 and written back.
-      const float2* row_cs = cs[r - row0];
-      uint32_t out[kQuadPerLane / 2];
-#pragma unroll
-      for (int k = 0; k < kQuadPerLane; ++k) {
-        const float other = __shfl_xor_sync(quad_mask, x[k], 2);
-        const float2 c = row_cs[(kQuadPerLane * t + k) & (kQuadHeadDim / 2 - 1)];
-        const float y = t < 2 ? ops::rope_lo(x[k], other, c) : ops::rope_hi(other, x[k], c);
-        const uint32_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(y));
-        x[k] = __uint_as_float(bits << 16);
-        if (k & 1) {
-          out[k / 2] |= bits << 16;
-        } else {
-          out[k / 2] = bits;
-        }
-      }
-      uint4* dst = reinterpret_cast<uint4*>(head + kQuadPerLane * t);
-#pragma unroll
-      for (int v = 0; v < kQuadPerLane / 8; ++v) dst[v] = make_uint4(out[4 * v], out[4 * v + 1], out[4 * v + 2], out[4 * v + 3]);
-    }
-  }
   if (!is_q && (meta.page < 0 || meta.slot < 0 || meta.slot >= kv::kPageTokens)) return;  // padding row
 
   if (is_q) {
@@ -401,6 +380,57 @@ __global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(c
   d.zeros[meta.slot * a.geo.groups + t] = static_cast<uint8_t>(zero);
 }
 
+// grid = ceil(rows · items / 32) CTAs of 128 threads; quad i of the launch owns item i % items of row i / items.
+// kRope (qkv_rope_kv_append): q and k heads are RoPE'd first (rope_quad), the BF16 result written back into qkv;
+// the CTA's rows' cos/sin tables are built in shared memory before griddepcontrol.wait. Rows need >= kQuadMinItems
+// items (the host checks). kKeysOnly (kv_append_keys, !kRope): only the k heads (items = n_kv_heads; quad i owns
+// k head i % n_kv_heads of row i / n_kv_heads) — the cache append of keys that an FP8 QKV GEMM left as RoPE'd BF16
+// because their key anchors were not known yet.
+template <formats::KvFormat F, bool kRope, bool kKeysOnly = false>
+__global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(const QkvArgs a, int rows) {
+  static_assert(F == formats::KvFormat::INT4 || F == formats::KvFormat::INT4_HADAMARD, "INT4 caches");
+  static_assert(!(kRope && kKeysOnly), "the keys-only append reads RoPE'd keys");
+  __shared__ float2 cs[kRope ? kQuadMaxRowsPerCta : 1][kQuadHeadDim / 2];
+  const int items = kKeysOnly ? a.n_kv_heads : a.n_heads + 2 * a.n_kv_heads;
+  const int64_t first_quad = static_cast<int64_t>(blockIdx.x) * kQuadItemsPerCta;
+  const int64_t quad = first_quad + threadIdx.x / 4;
+  const int64_t total = static_cast<int64_t>(rows) * items;
+  const int t = static_cast<int>(threadIdx.x) & 3;
+  const unsigned quad_mask = 0xFu << (threadIdx.x & 28u);
+  const int row0 = static_cast<int>(first_quad / items);
+  if constexpr (kRope) {
+    // The table of rows row0 .. row0 + 3 (those of them that exist), before the wait: positions and inv_freq are
+    // inputs of the pass no kernel writes.
+    for (int i = static_cast<int>(threadIdx.x); i < kQuadMaxRowsPerCta * (kQuadHeadDim / 2); i += kQuadThreads) {
+      const int rr = row0 + i / (kQuadHeadDim / 2), pair = i % (kQuadHeadDim / 2);
+      if (rr < rows) cs[i / (kQuadHeadDim / 2)][pair] = ops::rope_cos_sin(static_cast<double>(a.positions[rr]),
+                                                                          a.inv_freq[pair]);
+    }
+  }
+  const bool live = quad < total;  // quad-uniform
+  const int r = live ? static_cast<int>(quad / items) : 0;
+  const int item = (kKeysOnly ? a.n_heads : 0) + (live ? static_cast<int>(quad % items) : 0);
+  const bool is_q = item < a.n_heads;
+  const bool is_v = item >= a.n_heads + a.n_kv_heads;
+  QkvRowMeta meta{-1, -1, -1};
+  if (live && !is_q) meta = qkv_row_meta<F>(a, r);  // inputs of the pass no kernel writes (read before the wait)
+  ops::pdl_prologue();
+  if constexpr (kRope) __syncthreads();  // the only barrier: every return below is after it
+  if (!live) return;
+
+  __nv_bfloat16* head = a.qkv + static_cast<int64_t>(r) * a.row_width + static_cast<int64_t>(item) * kQuadHeadDim;
+  float x[kQuadPerLane];
+  load_quad_head(head, t, x);
+  if constexpr (kRope) {
+    if (!is_v) {
+      uint32_t out[kQuadPerLane / 2];
+      rope_quad(x, cs[r - row0], t, quad_mask, out);
+      store_quad_head(head, t, out);
+    }
+  }
+  finish_quad_item<F>(a, x, r, item, meta, t, quad_mask);
+}
+
 // Host side (fused_ops.cu), shared with the W4A16 GEMM's QKV epilogue (gemm_w4a16.cu): the checks of
 // qkv_rope_kv_append (rope) or kv_append_rotate_q (!rope) — messages start with `op` — then the kernel arguments.
 // cudaErrorInvalidValue with the reason in *why, else cudaSuccess.
@@ -408,7 +438,7 @@ cudaError_t make_qkv_args(const char* op, bool rope, formats::KvFormat format, _
                           int n_heads, int n_kv_heads, int head_dim, const int32_t* positions, const float* inv_freq,
                           const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors,
                           const int32_t* row_anchor, uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out,
-                          QkvArgs* args, std::string* why);
+                          QkvArgs* args, std::string* why, bool needs_q_out = true);
 // Enqueues qkv_rope_kv_append_kernel<format, rope> for `rows` rows of checked arguments (no check here).
 cudaError_t launch_qkv_kernel(const QkvArgs& a, formats::KvFormat format, int rows, bool rope, cudaStream_t stream);
 

@@ -1,6 +1,7 @@
 // Host side of the FP8 GEMM: shape and pointer checks, the TMA tensor maps (cuTensorMapEncodeTiled, reached
 // through the runtime's driver entry point so nothing links against libcuda), the tile choice and the launch.
 #include "futransformer/cuda/gemm_fp8.h"
+#include "futransformer/cuda/gemm_fp8_qkv.h"
 #include "futransformer/cuda/gemm_fp8_swiglu.h"
 
 #include <cuda.h>
@@ -14,10 +15,12 @@
 #include <string>
 
 #include "cuda/gemm_fp8.cuh"
+#include "cuda/gemm_fp8_qkv.cuh"
 #include "cuda/gemm_fp8_residual_ws.cuh"
 #include "cuda/gemm_fp8_swiglu.cuh"
 #include "cuda/gemm_fp8_heuristics.h"
 #include "cuda/launch_status.h"
+#include "futransformer/formats/hadamard.h"
 
 namespace futransformer::cuda {
 namespace {
@@ -27,6 +30,7 @@ using fp8::DeviceLimits;
 
 thread_local std::string g_last_error;
 thread_local std::string g_swiglu_last_error;
+thread_local std::string g_qkv_last_error;
 
 // FT_FP8_GEMM_BLOCK_N=128|192 forces the tile width (for calibrating the heuristic with the bench).
 int forced_block_n() {
@@ -90,6 +94,16 @@ cudaError_t device_limits(DeviceLimits* d, bool* hopper) {
   return cudaSuccess;
 }
 
+// FT_FP8_PDL=0 launches the FP8 GEMMs without the programmatic attribute (FT_PDL=0 turns it off everywhere), for
+// comparisons. Read once per process.
+bool fp8_pdl_enabled() {
+  static const bool v = [] {
+    const char* e = std::getenv("FT_FP8_PDL");
+    return !(e != nullptr && e[0] == '0');
+  }();
+  return v;
+}
+
 // One persistent launch: `grid` CTAs of `threads` with `smem` bytes of dynamic shared memory. The opt-in limit is set
 // per function and device each time (cheap enough to repeat, and it keeps multi-device use correct).
 template <typename... Params, typename... Args>
@@ -103,6 +117,9 @@ cudaError_t launch_persistent(void (*kernel)(Params...), int grid, int threads, 
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
+  // Programmatic dependent launch (the kernels wait first: fp8::pdl_wait_then_release), unless FT_FP8_PDL=0.
+  cudaLaunchAttribute attr;
+  if (fp8_pdl_enabled()) add_programmatic_attribute(&cfg, &attr);
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
@@ -341,5 +358,103 @@ cudaError_t gemm_fp8_swiglu(const uint8_t* A, const uint8_t* B_packed, const flo
 }
 
 const char* gemm_fp8_swiglu_last_error() { return g_swiglu_last_error.c_str(); }
+
+// ---------------------------------------------------------------------------------------------------------------
+// QKV GEMM + RoPE, Hadamard, INT4 cache placement and q rotation (gemm_fp8_qkv.cuh)
+
+cudaError_t gemm_fp8_qkv_can_implement(formats::KvFormat format, int M, int n_heads, int n_kv_heads, int head_dim,
+                                       int K, int hadamard_block, std::string* why) {
+  using std::to_string;
+  constexpr const char* op = "gemm_fp8_qkv";
+  if (format != formats::KvFormat::INT4 && format != formats::KvFormat::INT4_HADAMARD)
+    return reject(why, std::string(op) + ": KV format " + formats::kv_format_name(format) +
+                           ", expected int4 or int4-hadamard (other caches take gemm_fp8 + qkv_rope_kv_append)");
+  if (head_dim != kFp8QkvHeadDim)
+    return reject(why, std::string(op) + ": head_dim = " + to_string(head_dim) + ", expected " +
+                           to_string(kFp8QkvHeadDim) + " (one 128-column tile per head)");
+  if (n_heads < 1 || n_kv_heads < 1 || n_heads > (1 << 16) || n_kv_heads > (1 << 16))
+    return reject(why, std::string(op) + ": n_heads = " + to_string(n_heads) + ", n_kv_heads = " +
+                           to_string(n_kv_heads) + ", expected 1..65536 each");
+  if (hadamard_block < 0 || hadamard_block > kFp8QkvHeadDim ||
+      (hadamard_block > 1 && (hadamard_block & (hadamard_block - 1)) != 0))
+    return reject(why, std::string(op) + ": hadamard_block = " + to_string(hadamard_block) +
+                           ", expected 0, 1 or a power of two up to 128");
+  const int N = (n_heads + 2 * n_kv_heads) * head_dim;
+  std::string g;
+  if (gemm_fp8_can_implement(M, N, K, &g) != cudaSuccess) return reject(why, std::string(op) + g.substr(g.find(':')));
+  if (why) why->clear();
+  return cudaSuccess;
+}
+
+cudaError_t gemm_fp8_qkv(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale, int M, int K,
+                         const GemmFp8QkvArgs& args, cudaStream_t stream) {
+  std::string& err = g_qkv_last_error;
+  err.clear();
+  if (gemm_fp8_qkv_can_implement(args.format, M, args.n_heads, args.n_kv_heads, args.head_dim, K,
+                                 args.hadamard_block, &err) != cudaSuccess)
+    return cudaErrorInvalidValue;
+  const bool hadamard = args.format == formats::KvFormat::INT4_HADAMARD;
+  if (!A || !B || !a_scale || !b_scale || !aligned(A, 16) || !aligned(B, 16) || !aligned(a_scale, 4) ||
+      !aligned(b_scale, 4))
+    return reject(&err, "gemm_fp8_qkv: A and B must be non-null and 16-byte aligned, a_scale and b_scale non-null "
+                        "and 4-byte aligned");
+  if (!args.rope_cos_sin || !args.row_page || !args.row_slot || !args.kv_pool || !args.q_out ||
+      !aligned(args.rope_cos_sin, 8) || !aligned(args.row_page, 4) || !aligned(args.row_slot, 4) ||
+      !aligned(args.kv_pool, 16) || !aligned(args.q_out, 16) || !aligned(args.qkv_keys, 16))
+    return reject(&err, "gemm_fp8_qkv: rope_cos_sin (8-byte aligned), row_page, row_slot (4-byte aligned), kv_pool and "
+                        "q_out (16-byte aligned) must be non-null; qkv_keys, when given, 16-byte aligned");
+  if (hadamard && (!args.key_anchors || !args.row_anchor || !aligned(args.key_anchors, 2) ||
+                   !aligned(args.row_anchor, 4)))
+    return reject(&err, "gemm_fp8_qkv: int4-hadamard needs key_anchors (non-null, 2-byte aligned) and row_anchor "
+                        "(non-null, 4-byte aligned)");
+  const int items = args.n_heads + 2 * args.n_kv_heads;
+  const int N = items * args.head_dim;
+  DeviceLimits d;
+  bool hopper = false;
+  if (const cudaError_t e = device_limits(&d, &hopper); e != cudaSuccess) return e;
+  if (!hopper) return reject(&err, "gemm_fp8_qkv: the kernel is built for sm_90a (H100/H200) only");
+  constexpr uint32_t smem = fp8rw::smem_layout().alloc_bytes;
+  if (static_cast<int64_t>(smem) > d.smem_per_block)
+    return reject(&err, "gemm_fp8_qkv: the tile needs " + std::to_string(smem) +
+                            " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block));
+  const Config c = fp8::choose_config(M, N, K, d, fp8qkv::kBlockN);
+  if (print_heuristics()) std::fprintf(stderr, "gemm_fp8_qkv: %s\n", fp8::describe_config(c, M, N, K, d).c_str());
+  CUtensorMap ma, mb;
+  if (!make_map(&ma, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, A, M, K, fp8::kBlockM, fp8::kBlockK,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, &err, "A") ||
+      !make_map(&mb, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, B, N, K, fp8qkv::kBlockN, fp8::kBlockK,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, &err, "B"))
+    return cudaErrorInvalidValue;
+  const fp8::KernelParams p{a_scale, b_scale, M, N, K, c.m_blocks, c.n_blocks, c.group_m, nullptr, 0};
+  fp8qkv::EpilogueParams e{};
+  fused::QkvArgs& a = e.a;
+  a.qkv = args.qkv_keys;
+  a.row_width = N;
+  a.n_heads = args.n_heads;
+  a.n_kv_heads = args.n_kv_heads;
+  a.head_dim = args.head_dim;
+  a.row_page = args.row_page;
+  a.row_slot = args.row_slot;
+  a.key_anchors = hadamard ? args.key_anchors : nullptr;
+  a.row_anchor = hadamard ? args.row_anchor : nullptr;
+  a.pool = args.kv_pool;
+  a.geo = kv::page_geometry(args.format, args.head_dim);
+  if (hadamard) {
+    // The host's own functions supply the constants, as in fused::make_qkv_args.
+    a.kv_hadamard_block = static_cast<int32_t>(formats::kv_hadamard_block(args.format, args.head_dim));
+    a.kv_hadamard_scale = formats::hadamard_scale(a.kv_hadamard_block);
+  }
+  a.q_hadamard_block = args.hadamard_block > 1 ? args.hadamard_block : 1;
+  a.q_hadamard_scale = args.hadamard_block > 1 ? formats::hadamard_scale(args.hadamard_block) : 1.0f;
+  a.q_out = args.q_out;
+  e.rope_cs = reinterpret_cast<const float2*>(args.rope_cos_sin);
+  e.keys_to_qkv = args.qkv_keys != nullptr ? 1 : 0;
+  return hadamard ? launch_persistent(fp8qkv::gemm_fp8_qkv_kernel<formats::KvFormat::INT4_HADAMARD>, c.grid,
+                                      fp8qkv::kThreads, smem, stream, ma, mb, p, e)
+                  : launch_persistent(fp8qkv::gemm_fp8_qkv_kernel<formats::KvFormat::INT4>, c.grid, fp8qkv::kThreads,
+                                      smem, stream, ma, mb, p, e);
+}
+
+const char* gemm_fp8_qkv_last_error() { return g_qkv_last_error.c_str(); }
 
 }  // namespace futransformer::cuda

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/gemm_fp8_layout.h"
+#include "cuda/ptx/griddep.cuh"
 #include "cuda/ptx/ldmatrix.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/smem.cuh"
@@ -15,6 +16,16 @@
 #include "cuda/ptx/wgmma.cuh"
 
 namespace futransformer::cuda::fp8 {
+
+// After the CTA's set-up (barrier init, tensor-map prefetch), before any thread reads global memory: under
+// programmatic dependent launch (the launchers' attribute, FT_PDL / FT_FP8_PDL) the kernel may start while the previous
+// kernel on the stream still runs, so every thread waits for that grid's completion and the visibility of its writes.
+// Then the CTA lets the next kernel on the stream be scheduled (it waits in turn before touching this one's output).
+// Without the attribute both instructions do nothing.
+__device__ __forceinline__ void pdl_wait_then_release() {
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
+}
 
 // Barrier addresses in shared memory: full[s] = full + 8 s, empty[s] = empty + 8 s, then the scale slot's pair.
 struct PipelineBarriers {

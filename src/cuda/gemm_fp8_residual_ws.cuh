@@ -58,6 +58,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
+  fp8::pdl_wait_then_release();  // under programmatic launch: the previous kernel's writes are visible from here
 
   if (wg == 0) {
     // ---------------- producer (gemm_fp8's roles) ----------------

@@ -460,6 +460,75 @@ TEST(CudaEngineFp8, SyntheticFp8PrefillRuns) {
   for (float v : lg) ASSERT_TRUE(std::isfinite(v));
 }
 
+// CudaEngineOptions::fused_fp8_qkv: the qkv GEMM's epilogue runs RoPE, the q rotation and the INT4 cache placement
+// (gemm_fp8_qkv) — bit for bit the GEMM + rope_qk_bf16 + kv_append_rotate_q, so the logits equal the separate
+// kernels' bit for bit: a prompt (new sequences: keys via BF16, anchors, keys-only append) and a continuation chunk
+// (keys straight into the cache), for both INT4 caches, on a model with head_dim 128 (a tile per head). The profile
+// shows the fused ops once per layer and pass.
+TEST(CudaEngineFp8, QkvEpilogueEqualsTheSeparateKernels) {
+  FT_REQUIRE_HOPPER();
+  test::TinyLlama s;
+  s.hidden = 256;
+  s.inter = 512;
+  s.heads = 2;
+  s.kv_heads = 1;
+  s.head_dim = 128;
+  s.layers = 2;
+  s.vocab = 500;
+  const Model model = test::bf16_model(test::make_tiny_llama(s, 41));
+  const quant::QuantizedModel dec = quantise(model, kDecodeRecipe), pre = quantise(model, kPrefillRecipe);
+  for (formats::KvFormat kv : {formats::KvFormat::INT4_HADAMARD, formats::KvFormat::INT4}) {
+    SCOPED_TRACE(formats::kv_format_name(kv));
+    CudaEngineOptions co;
+    co.kv = kv;
+    co.fused_fp8_qkv = true;
+    co.profile_ops = true;
+    std::unique_ptr<CudaEngine> fused = make_cuda_engine(dec, pre, co);
+    EXPECT_NE(fused->description().find("qkv GEMM's epilogue"), std::string::npos) << fused->description();
+    CudaEngineOptions uo = co;
+    uo.fused_fp8_qkv = false;
+    uo.profile_ops = false;
+    std::unique_ptr<CudaEngine> plain = make_cuda_engine(dec, pre, uo);
+    EXPECT_EQ(plain->description().find("qkv GEMM's epilogue"), std::string::npos) << plain->description();
+    std::mt19937 rng(14);
+    for (int64_t n : {150, 70}) {  // a prompt (two 128-row tiles), then a chunk continuing the same sequence
+      const SequenceChunk chunk{0, test::random_token_ids(n, model.config.vocab_size, rng)};
+      const std::vector<float> lf = fused->forward(std::span(&chunk, 1), true)[0];
+      const std::vector<float> lp = plain->forward(std::span(&chunk, 1), true)[0];
+      ASSERT_EQ(lf.size(), lp.size());
+      for (size_t i = 0; i < lf.size(); ++i) {
+        uint32_t a, b;
+        std::memcpy(&a, &lf[i], 4);
+        std::memcpy(&b, &lp[i], 4);
+        ASSERT_EQ(a, b) << "chunk of " << n << " tokens, logit " << i << ": fused " << lf[i] << ", separate " << lp[i];
+      }
+    }
+    // Greedy steps after the prompt read the cache the epilogue wrote.
+    int32_t token = 1;
+    for (int step = 0; step < 8; ++step) {
+      const SequenceChunk next{0, {token}};
+      const std::vector<int32_t> tf = fused->forward_greedy(std::span(&next, 1));
+      const std::vector<int32_t> tp = plain->forward_greedy(std::span(&next, 1));
+      ASSERT_EQ(tf, tp) << "decode step " << step;
+      token = tf[0];
+    }
+    int64_t with_keys = 0, keys_later = 0, k_appends = 0, rope = 0;
+    for (const CudaEngine::OpTime& t : fused->op_profile()) {
+      if (t.op == "qkv GEMM (FP8) + RoPE + KV append + q rotation") with_keys += t.calls;
+      if (t.op == "qkv GEMM (FP8) + RoPE + V append + q rotation") keys_later += t.calls;
+      if (t.op == "K append") k_appends += t.calls;
+      if (t.op == "RoPE") rope += t.calls;
+    }
+    const int64_t layers = model.config.num_hidden_layers;
+    const bool hadamard = kv == formats::KvFormat::INT4_HADAMARD;
+    // The prompt starts a sequence: with int4-hadamard its keys wait for the anchors; the continuation does not.
+    EXPECT_EQ(keys_later, hadamard ? layers : 0);
+    EXPECT_EQ(k_appends, hadamard ? layers : 0);
+    EXPECT_EQ(with_keys, hadamard ? layers : 2 * layers);
+    EXPECT_EQ(rope, 0);
+  }
+}
+
 // No device needed from here on: the refusals come before any GPU work.
 void expect_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
   try {

@@ -50,6 +50,13 @@ cudaError_t swiglu_bf16(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int ro
 cudaError_t rope_qk_bf16(__nv_bfloat16* qkv, const int32_t* positions, const float* inv_freq, int rows, int n_heads,
                          int n_kv_heads, int head_dim, cudaStream_t stream);
 
+// RoPE's (cos, sin) table of a pass: out[r][i] = (float(cos a), float(sin a)) with a = double(positions[r]) ·
+// double(inv_freq[i]) (fp64, rope_qk_bf16's values), fp32 pairs [rows, head_dim / 2, 2]. Computed once per pass for
+// the FP8 QKV GEMM's epilogue (gemm_fp8_qkv.h), whose layers all share the positions. head_dim even, 2..kRopeMaxHeadDim;
+// out 8-byte aligned. Programmatic launch as the other ops (positions are read after the wait).
+cudaError_t rope_cos_sin_table(const int32_t* positions, const float* inv_freq, int rows, int head_dim, float* out,
+                               cudaStream_t stream);
+
 // out[r] = index of the largest logit of row r (logits fp32 [rows, vocab]): the lowest index on ties (as
 // futransformer::argmax), NaNs never win; a row of NaNs only gives 0. One CTA per row.
 cudaError_t argmax_rows_f32(const float* logits, int32_t* out, int rows, int vocab, cudaStream_t stream);

@@ -70,6 +70,15 @@ cudaError_t kv_append_rotate_q(formats::KvFormat format, const __nv_bfloat16* qk
                                const uint16_t* key_anchors, const int32_t* row_anchor, uint8_t* kv_pool,
                                int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream);
 
+// The keys-only half of kv_append_rotate_q: the k heads of the RoPE'd qkv rows into the cache (v and q untouched),
+// bit-identical to the keys kv_append writes. For passes whose FP8 QKV GEMM (gemm_fp8_qkv.h) placed v and rotated q
+// itself but left the keys as RoPE'd BF16 because their anchors were not known yet: run kv_key_anchor_compute, then
+// this. INT4 and int4-hadamard caches at head_dim 128 only (the quad kernel), qkv 16-byte aligned; anything else
+// is cudaErrorInvalidValue with the reason in fused_ops_last_error(). Programmatic launch as kv_append_rotate_q.
+cudaError_t kv_append_keys(formats::KvFormat format, const __nv_bfloat16* qkv, int rows, int n_heads, int n_kv_heads,
+                           int head_dim, const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors,
+                           const int32_t* row_anchor, uint8_t* kv_pool, cudaStream_t stream);
+
 // Why the last fused-op launch on this thread returned cudaErrorInvalidValue ("" after an accepted call).
 const char* fused_ops_last_error();
 

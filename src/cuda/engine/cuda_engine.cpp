@@ -23,6 +23,7 @@
 #include "futransformer/cuda/fp8_producers.h"
 #include "futransformer/cuda/fused_ops.h"
 #include "futransformer/cuda/gemm_fp8.h"
+#include "futransformer/cuda/gemm_fp8_qkv.h"
 #include "futransformer/cuda/gemm_fp8_swiglu.h"
 #include "futransformer/cuda/gemm_w4a16.h"
 #include "futransformer/cuda/kv_append.h"
@@ -255,6 +256,8 @@ class CudaEngineImpl final : public CudaEngine {
   DeviceArray<uint8_t> fp8_codes_;  // FP8 prefill: per-token E4M3 GEMM input [rows, max K]
   DeviceArray<float> fp8_scales_;   // and its scales [rows]
   DeviceArray<float> fp8_block_scales_;  // fp8_block_swiglu: the down GEMM input's scales [rows, inter / 128]
+  DeviceArray<float> rope_table_;        // fused FP8 qkv epilogue: the pass's RoPE (cos, sin) [rows, head_dim / 2, 2]
+  bool fp8_qkv_epilogue_ = false;        // FP8 passes run gemm_fp8_qkv (fused_fp8_qkv and the model / cache fit it)
   DeviceArray<int32_t> meta_, ids_;
   int32_t* meta_host_ = nullptr;      // pinned mirror of meta_
   DeviceArray<uint8_t> gemm_ws_, attn_ws_;
@@ -356,6 +359,12 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
   check(!fp8_prefill_ || !opt_.fp8_block_swiglu || c.intermediate_size % cuda::kFp8SwigluChannelMultiple == 0,
         "CUDA engine: fp8_block_swiglu quantises the SwiGLU output per 128 channels, so the intermediate size must be a ",
         "multiple of ", cuda::kFp8SwigluChannelMultiple, "; this model's is ", c.intermediate_size);
+  // The qkv GEMM's epilogue takes the attention prologue for INT4 caches at head_dim 128 (a tile per head).
+  fp8_qkv_epilogue_ =
+      fp8_prefill_ && opt_.fused_fp8_qkv &&
+      cuda::gemm_fp8_qkv_can_implement(opt_.kv, 1, static_cast<int>(c.num_attention_heads),
+                                       static_cast<int>(c.num_key_value_heads), static_cast<int>(c.head_dim),
+                                       static_cast<int>(c.hidden_size), hadamard_block_, nullptr) == cudaSuccess;
   upload_weights(src);
   allocate_buffers();
   // A synthetic model's cache is never read before it is written except through append_synthetic_context: fill it
@@ -386,7 +395,7 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
       << (opt_.fp8_block_swiglu ? (opt_.fused_epilogues ? "; SwiGLU to FP8 per 128 channels in the gate|up GEMM"
                                                         : "; SwiGLU to FP8 per 128 channels")
                                 : "")
-      << ")";
+      << (fp8_qkv_epilogue_ ? "; RoPE, q rotation and INT4 cache placement in the qkv GEMM's epilogue" : "") << ")";
   }
   if (lm_head_.kind() == DeviceLinear::Kind::Int4) d << " | LM head W4A16 INT4 g" << head_group_;
   description_ = d.str();
@@ -575,6 +584,7 @@ void CudaEngineImpl::allocate_buffers() {
   if (fp8_prefill_) {
     fp8_codes_.allocate(static_cast<size_t>(R * std::max({h, q_width_, inter})), "FP8 GEMM input codes");
     fp8_scales_.allocate(static_cast<size_t>(R), "FP8 GEMM input scales");
+    if (fp8_qkv_epilogue_) rope_table_.allocate(static_cast<size_t>(R * c.head_dim), "RoPE table of a pass");
     if (opt_.fp8_block_swiglu) {
       fp8_block_scales_.allocate(static_cast<size_t>(R * inter / cuda::kFp8SwigluChannelMultiple),
                                  "FP8 down GEMM input block scales");
@@ -587,7 +597,7 @@ void CudaEngineImpl::allocate_buffers() {
   memory_.activations = static_cast<int64_t>(x_.bytes() + x_gather_.bytes() + logits_.bytes() + xn_.bytes() +
                                              qkv_.bytes() + q_.bytes() + att_.bytes() + delta_.bytes() +
                                              gate_up_.bytes() + act_.bytes() + ids_.bytes() + meta_.bytes() +
-                                             fp8_codes_.bytes() + fp8_scales_.bytes() + fp8_block_scales_.bytes() +
+                                             fp8_codes_.bytes() + fp8_scales_.bytes() + fp8_block_scales_.bytes() + rope_table_.bytes() +
                                              logits_bf16_.bytes());
 
   size_t gemm_ws = 0;
@@ -775,6 +785,9 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                                  stream_),
            "embedding", decoder_ops_last_error);
   check(!fp8 || fp8_prefill_, "CUDA engine: an FP8 pass needs the FP8 prefill weights");
+  if (fp8 && fp8_qkv_epilogue_)  // once per pass: every layer's qkv epilogue reads the same positions' cos / sin
+    check_op(cuda::rope_cos_sin_table(m + ml.positions, inv_freq_.get(), r, hd, rope_table_.get(), stream_),
+             "RoPE table", decoder_ops_last_error);
   // FP8 passes (docs/design.md "FP8 prefill"): each projection reads per-token FP8 codes written by the op before
   // it (rmsnorm_fp8 / quantize_rows_fp8 / swiglu_fp8) and writes BF16, so everything between the GEMMs — RoPE, the
   // cache append, attention, SwiGLU's inputs, the residual adds — is the decode path's code on the same BF16 values.
@@ -818,7 +831,40 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
         !fp8 && opt_.fused_epilogues && opt_.fused_qkv_prologue && prologue_one_kernel &&
         l.qkv.qkv_prologue_in_reduce(rows, g);
     const bool norm_in_qkv = attn_norm_in_qkv(li);
-    if (fp8) {
+    // FP8 passes with the qkv epilogue: RoPE, the q rotation and the cache placement happen in the GEMM. Keys of a
+    // pass that starts int4-hadamard sequences come out as RoPE'd BF16 in qkv_ (their anchors are a mean over the
+    // chunk's keys), then the anchors and the keys-only append.
+    const bool qkv_epilogue = fp8 && fp8_qkv_epilogue_;
+    if (qkv_epilogue) {
+      const bool keys_later = anchors && n_new > 0;
+      cuda::GemmFp8QkvArgs qa;
+      qa.format = opt_.kv;
+      qa.n_heads = nh;
+      qa.n_kv_heads = nkv;
+      qa.head_dim = hd;
+      qa.rope_cos_sin = rope_table_.get();
+      qa.row_page = m + ml.row_page;
+      qa.row_slot = m + ml.row_slot;
+      qa.key_anchors = anchors;
+      qa.row_anchor = row_anchor;
+      qa.kv_pool = pool;
+      qa.hadamard_block = hadamard_block_;
+      qa.q_out = bf(q_);
+      qa.qkv_keys = keys_later ? bf(qkv_) : nullptr;
+      l.qkv8.forward_fp8_qkv(codes, scales, rows, qa, g);
+      if (keys_later) {
+        mark("qkv GEMM (FP8) + RoPE + V append + q rotation");
+        check_op(cuda::kv_key_anchor_compute(bf(qkv_), static_cast<int>(qkv_width_), static_cast<int>(q_width_), nkv,
+                                             hd, static_cast<int>(n_new), m + ml.new_first, m + ml.new_count,
+                                             m + ml.new_anchor, anchors, stream_),
+                 "KV key anchors", cuda::kv_append_last_error);
+        check_op(cuda::kv_append_keys(opt_.kv, bf(qkv_), r, nh, nkv, hd, m + ml.row_page, m + ml.row_slot, anchors,
+                                      row_anchor, pool, stream_),
+                 "K append", cuda::fused_ops_last_error);
+      } else {
+        mark("qkv GEMM (FP8) + RoPE + KV append + q rotation");
+      }
+    } else if (fp8) {
       l.qkv8.forward_fp8(codes, scales, rows, bf(qkv_), g);
       mark("qkv GEMM (FP8)");
     } else if (prologue_in_gemm) {
@@ -850,8 +896,8 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       l.qkv.forward(bf(xn_), rows, qkv_.get(), false, g);
       mark(l.qkv.dequant_path(rows, g) ? "qkv GEMM (dequant + cuBLAS)" : "qkv GEMM");
     }
-    if (prologue_in_gemm) {
-      // Nothing left: the qkv GEMM's split-K reduce ran the prologue.
+    if (prologue_in_gemm || qkv_epilogue) {
+      // Nothing left: the qkv GEMM's split-K reduce or FP8 epilogue ran the prologue.
     } else if (prologue_one_kernel) {
       // Decode steps and passes without new int4-hadamard sequences: RoPE, cache append and the query gather in one.
       check_op(cuda::qkv_rope_kv_append(opt_.kv, bf(qkv_), r, nh, nkv, hd, m + ml.positions, inv_freq_.get(),

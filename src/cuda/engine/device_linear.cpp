@@ -270,6 +270,17 @@ void DeviceLinear::forward_fp8_residual(const uint8_t* a_codes, const float* a_s
                              e == cudaErrorInvalidValue ? gemm_fp8_last_error() : cudaGetErrorString(e));
 }
 
+void DeviceLinear::forward_fp8_qkv(const uint8_t* a_codes, const float* a_scales, int64_t M,
+                                   const cuda::GemmFp8QkvArgs& args, const GemmContext& ctx) const {
+  check(kind_ == Kind::Fp8 && !fp8_swiglu_packed_, name_, ": forward_fp8_qkv needs canonical FP8 weights");
+  check(N_ == int64_t{args.n_heads + 2 * args.n_kv_heads} * args.head_dim, name_, ": forward_fp8_qkv: ", N_,
+        " output rows, expected (n_heads + 2 n_kv_heads) x head_dim");
+  const cudaError_t e = cuda::gemm_fp8_qkv(a_codes, fp8_codes_.get(), a_scales, fp8_scales_.get(),
+                                           static_cast<int>(M), static_cast<int>(K_), args, ctx.stream);
+  if (e != cudaSuccess) fail("CUDA engine: ", name_, ": FP8 QKV GEMM + attention prologue (M ", M, "): ",
+                             e == cudaErrorInvalidValue ? cuda::gemm_fp8_qkv_last_error() : cudaGetErrorString(e));
+}
+
 void DeviceLinear::forward_fp8_block_a(const uint8_t* a_codes, const float* a_block_scales, int64_t M,
                                        __nv_bfloat16* y, const GemmContext& ctx) const {
   check(kind_ == Kind::Fp8 && !fp8_swiglu_packed_, name_, ": forward_fp8_block_a needs canonical FP8 weights");

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/engine/device_memory.h"
+#include "futransformer/cuda/gemm_fp8_qkv.h"
 #include "futransformer/formats/fp8.h"
 #include "futransformer/formats/int4.h"
 #include "futransformer/formats/int4_mma.h"
@@ -149,6 +150,12 @@ class DeviceLinear {
                            const GemmContext& ctx) const;
   void forward_fp8_block_a_residual(const uint8_t* a_codes, const float* a_block_scales, int64_t M, float* residual,
                                     const GemmContext& ctx) const;
+  // FP8 qkv weights (N = (n_heads + 2 n_kv_heads) · 128): the GEMM with the attention prologue in its epilogue
+  // (gemm_fp8_qkv: RoPE, q rotation into args.q_out, INT4 cache placement of v and of k or the RoPE'd BF16 keys into
+  // args.qkv_keys; bit for bit forward_fp8 + rope_qk_bf16 + kv_append_rotate_q). Throws Error naming the projection
+  // when the GEMM refuses.
+  void forward_fp8_qkv(const uint8_t* a_codes, const float* a_scales, int64_t M, const cuda::GemmFp8QkvArgs& args,
+                       const GemmContext& ctx) const;
   // A gate|up weight packed for it (fp8_swiglu_packed): y = silu(gate) · up of the BF16 GEMM outputs, quantised per
   // token per 128 channels into y_codes [M, N / 2] and y_scales [M, N / 256] (gemm_fp8_swiglu; bit for bit
   // forward_fp8 on the canonical weight + swiglu_fp8_block). y_codes must not overlap a_codes.

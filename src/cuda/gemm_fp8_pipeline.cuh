@@ -18,7 +18,7 @@
 namespace futransformer::cuda::fp8 {
 
 // After the CTA's set-up (barrier init, tensor-map prefetch), before any thread reads global memory: under
-// programmatic dependent launch (the launchers' attribute, FT_PDL / FT_FP8_PDL) the kernel may start while the previous
+// programmatic dependent launch (the launchers' attribute with FT_FP8_PDL=1) the kernel may start while the previous
 // kernel on the stream still runs, so every thread waits for that grid's completion and the visibility of its writes.
 // Then the CTA lets the next kernel on the stream be scheduled (it waits in turn before touching this one's output).
 // Without the attribute both instructions do nothing.

@@ -239,6 +239,13 @@ TEST(GemmFp8QkvGpu, EqualsGemmRopeAndAppendBitForBit) {
   }
 }
 
+// One small case per key mode (compute-sanitizer runs this one: racecheck / memcheck of the epilogue hand-over).
+TEST(GemmFp8QkvGpu, SmallCasesForSanitizers) {
+  FT_REQUIRE_CUDA_DEVICE();
+  check({KvFormat::INT4_HADAMARD, 9, 3, 77, 256, -1, true}, 700);
+  check({KvFormat::INT4_HADAMARD, 9, 3, 200, 256, -1, false}, 701);
+}
+
 // The 8B projection at prefill size (K = 4096, 2048 rows: several tiles per CTA, every epilogue round).
 TEST(GemmFp8QkvGpu, EightBShapeAt2048Rows) {
   FT_REQUIRE_CUDA_DEVICE();

@@ -275,7 +275,9 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
 
   // ---------------- consumers ----------------
   ptx::setmaxnreg_inc<Sh::kConsumerRegs>();
-  const int cw = threadIdx.x / kWarpgroupThreads - 1;  // this consumer: vectors 64 cw .. 64 cw + 63 of the tile
+  // This consumer: vectors 64 cw .. 64 cw + 63 of the tile. Broadcast from lane 0 so the compiler knows it is
+  // warp-uniform and keeps the wgmma descriptors derived from it in uniform registers.
+  const int cw = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kWarpgroupThreads, 0) - 1;
   const int lane = tid & 31, warp = tid >> 5, t = lane & 3;
 
   // Q -> shared memory (K-major operand); vectors past the tile repeat its last one. q rows are only 4-byte aligned
@@ -333,13 +335,17 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
   auto release = [&](int j) { ptx::mbarrier_arrive(bar_s + 8 * (kStages + j % kStages)); };
   float sacc[32];  // S, then P: register 4 nt + e is row g + 8 (e >> 1), token 8 nt + 2 t + (e & 1) of the block
   // S(j) = Q·Kᵀ into sacc: issued and committed as one group.
+  // Descriptors of Q and of stage 0's K and V, once; a stage and a k step only add to the start-address field.
+  const uint64_t q_desc = make_desc(q_s, kLboKMajor);
+  const uint64_t k_desc0 = make_desc(stage_addr(0), kLboKMajor);
+  const uint64_t v_desc0 = make_desc(stage_addr(0) + L::kPartBytes, kLboNMajor);
   auto issue_s = [&](int j) {
-    const uint32_t k_s = stage_addr(j);
+    const uint64_t k_desc = advance_desc(k_desc0, static_cast<uint32_t>((j % kStages) * L::kStageBytes));
     ptx::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks)
-      M::ss_n64(sacc, make_desc(q_s + kmajor_step_offset(ks >> 1, ks & 1), kLboKMajor),
-                make_desc(k_s + kmajor_step_offset(ks >> 1, ks & 1), kLboKMajor), ks > 0);
+      M::ss_n64(sacc, advance_desc(q_desc, kmajor_step_offset(ks >> 1, ks & 1)),
+                advance_desc(k_desc, kmajor_step_offset(ks >> 1, ks & 1)), ks > 0);
     ptx::wgmma_commit_group();
   };
   // Mask and online softmax of block j (exp2 domain, exactly as the mma.sync kernel per row): sacc becomes the
@@ -397,11 +403,11 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
   };
   // O += P·V(j): issued and committed as one group.
   auto issue_pv = [&](int j) {
-    const uint32_t v_s = stage_addr(j) + L::kPartBytes;
+    const uint64_t v_desc = advance_desc(v_desc0, static_cast<uint32_t>((j % kStages) * L::kStageBytes));
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      const uint64_t db = make_desc(v_s + nmajor_step_offset(0, kk), kLboNMajor);
+      const uint64_t db = advance_desc(v_desc, nmajor_step_offset(0, kk));
       if constexpr (kD == 128) {
         M::rs_n128(o, pa[kk], db);
       } else {

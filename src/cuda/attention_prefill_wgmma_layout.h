@@ -123,6 +123,10 @@ FT_HD uint64_t make_desc(uint32_t smem_addr, uint32_t lbo) {
   return static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
          (static_cast<uint64_t>(kSbo >> 4) << 32) | kSwizzle64;
 }
+// The descriptor of smem_addr + bytes from smem_addr's (bytes a multiple of 16): the start address field holds
+// bits 4..17 and every shared-memory address is below 2^18, so the add never carries into the other fields. The
+// consumers advance a stage's descriptors this way instead of encoding each k step's address.
+FT_HD uint64_t advance_desc(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
 // Start of k-step h (16 channels) of column group g of a K-major operand (Q or K).
 FT_HD uint32_t kmajor_step_offset(int g, int h) { return static_cast<uint32_t>(g * kGroupBytes + h * 32); }
 // Start of k-step kk (tokens 16 kk .. 16 kk + 15) of V restricted to column group g (N-major).

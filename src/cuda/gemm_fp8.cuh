@@ -80,11 +80,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = swizzle_aligned_base(smem_raw);
   const PipelineBarriers bars = pipeline_barriers(base + L.bar_offset, kStages);
-  const uint32_t full_bar = bars.full, empty_bar = bars.empty;
+  const uint32_t empty_bar = bars.empty;
   const uint32_t scale_full = bars.scale_full, scale_empty = bars.scale_empty;
   const uint32_t scales = base + L.scale_offset;
 
-  const int wg = threadIdx.x / 128;
+  const int wg = fp8::warpgroup_index();  // warp-uniform for the compiler
   const int num_tiles = p.m_blocks * p.n_blocks;
   const int k_blocks = (p.K + kBlockK - 1) / kBlockK;  // the last block may be partial (zero-filled by TMA)
 
@@ -145,19 +145,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // Issue the four wgmmas of the next K block into `a` (after its stage has landed).
     auto issue = [&](float (&a)[kAccRegs]) {
-      ptx::mbarrier_wait_parity(full_bar + 8u * pipe.stage, pipe.phase);
-      const uint32_t a_addr = base + L.a_offset + pipe.stage * L.a_stage_bytes;
-      const uint32_t b_addr = base + L.b_offset + pipe.stage * L.b_stage_bytes;
-#pragma unroll
-      for (int i = 0; i < kAccRegs; ++i) ptx::fence_operand(a[i]);
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        Mma::mma(a, make_smem_desc(a_desc_addr(a_addr, cw, ks)), make_smem_desc(b_desc_addr(b_addr, ks)), ks > 0);
-      }
-      ptx::wgmma_commit_group();
-#pragma unroll
-      for (int i = 0; i < kAccRegs; ++i) ptx::fence_operand(a[i]);
+      issue_k_block<Mma>(a, pipe, bars, base + L.a_offset, L.a_stage_bytes, a_desc_addr(0u, cw, 0), base + L.b_offset,
+                         L.b_stage_bytes, 0u);
     };
 
     if constexpr (kOverlapPromotion) {

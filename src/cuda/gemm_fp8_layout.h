@@ -96,6 +96,12 @@ FT_HD uint64_t make_smem_desc(uint32_t smem_addr) {
   return static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(kDescLbo >> 4) << 16) |
          (static_cast<uint64_t>(kDescSbo >> 4) << 32) | kDescSwizzle128;
 }
+// The descriptor of smem_addr + bytes from smem_addr's: the start address sits in bits 0..13 in 16-byte units, and
+// every shared-memory address is below 2^18, so adding bytes / 16 to the 64-bit descriptor never carries into the
+// other fields (bytes a multiple of 16, the result still a shared-memory address). The main loops advance a stage's
+// descriptors this way instead of re-deriving them per k step (tests/cpu/test_gemm_fp8_layout.cpp checks it against
+// make_smem_desc for every stage and k step of the rings).
+FT_HD uint64_t advance_smem_desc(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
 // Start addresses handed to make_smem_desc: consumer warpgroup w's 64 rows of the A stage, and k step ks
 // (32 B further along the swizzled row; the XOR acts on address bits 7..9, which a 32-byte step leaves alone, so
 // the base offset field stays 0).

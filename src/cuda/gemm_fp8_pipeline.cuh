@@ -27,6 +27,13 @@ __device__ __forceinline__ void pdl_wait_then_release() {
   ptx::griddepcontrol_launch_dependents();
 }
 
+// threadIdx.x / 128 broadcast from lane 0: the same value, but the compiler then knows it is warp-uniform and keeps
+// what derives from it (a consumer's A rows, hence its wgmma descriptors) in uniform registers instead of computing
+// them per thread and moving them over (R2UR) before every wgmma.
+__device__ __forceinline__ int warpgroup_index() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+}
+
 // Barrier addresses in shared memory: full[s] = full + 8 s, empty[s] = empty + 8 s, then the scale slot's pair.
 struct PipelineBarriers {
   uint32_t full, empty, scale_full, scale_empty;
@@ -116,15 +123,18 @@ __device__ __forceinline__ void issue_k_block(float (&a)[Mma::kRegs], const Pipe
                                               uint32_t a_stage0, uint32_t a_stage_bytes, uint32_t a_rows_offset,
                                               uint32_t b_stage0, uint32_t b_stage_bytes, uint32_t b_rows_offset) {
   ptx::mbarrier_wait_parity(b.full + 8u * pipe.stage, pipe.phase);
-  const uint32_t a_addr = a_stage0 + pipe.stage * a_stage_bytes + a_rows_offset;
-  const uint32_t b_addr = b_stage0 + pipe.stage * b_stage_bytes + b_rows_offset;
+  // Stage 0's descriptors are loop-invariant; a stage and a k step only add to the start-address field.
+  const uint64_t a_desc =
+      advance_smem_desc(make_smem_desc(a_stage0 + a_rows_offset), pipe.stage * a_stage_bytes);
+  const uint64_t b_desc =
+      advance_smem_desc(make_smem_desc(b_stage0 + b_rows_offset), pipe.stage * b_stage_bytes);
 #pragma unroll
   for (int i = 0; i < Mma::kRegs; ++i) ptx::fence_operand(a[i]);
   ptx::wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
-    Mma::mma(a, make_smem_desc(a_addr + static_cast<uint32_t>(ks * kWgmmaK)), make_smem_desc(b_desc_addr(b_addr, ks)),
-             ks > 0);
+    Mma::mma(a, advance_smem_desc(a_desc, static_cast<uint32_t>(ks * kWgmmaK)),
+             advance_smem_desc(b_desc, static_cast<uint32_t>(ks * kWgmmaK)), ks > 0);
   }
   ptx::wgmma_commit_group();
 #pragma unroll

@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t scales = base + L.scale_offset;
   const uint32_t staging = base + L.staging_offset;
 
-  const int wg = threadIdx.x / 128;
+  const int wg = fp8::warpgroup_index();  // warp-uniform for the compiler
   const int num_tiles = p.m_blocks * p.n_blocks;
   const int k_blocks = (p.K + kBlockK - 1) / kBlockK;
 

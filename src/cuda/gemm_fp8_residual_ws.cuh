@@ -27,9 +27,8 @@ template <bool kOverlap = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_residual_ws_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                 const fp8::KernelParams p) {
-  using fp8::acc_col, fp8::acc_row, fp8::a_desc_addr, fp8::advance, fp8::b_desc_addr, fp8::kBlockK, fp8::kBlockM,
-      fp8::kKSteps, fp8::kScaleLoaderWarp, fp8::kSwizzleAtom, fp8::kWgmmaM, fp8::make_smem_desc, fp8::pack_bf16x2,
-      fp8::PipeState, fp8::tile_coord, fp8::TileCoord;
+  using fp8::acc_col, fp8::acc_row, fp8::advance, fp8::kBlockK, fp8::kBlockM, fp8::kScaleLoaderWarp,
+      fp8::kSwizzleAtom, fp8::kWgmmaM, fp8::pack_bf16x2, fp8::PipeState, fp8::tile_coord, fp8::TileCoord;
   constexpr SmemLayout L = smem_layout();
   static_assert(L.a_stage_bytes % kSwizzleAtom == 0 && L.b_stage_bytes % kSwizzleAtom == 0,
                 "every swizzled stage must start on a 1024-byte boundary");
@@ -44,7 +43,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t scales = base + L.scale_offset;
   const uint32_t staging = base + L.staging_offset;
 
-  const int wg = threadIdx.x / 128;
+  const int wg = fp8::warpgroup_index();  // warp-uniform for the compiler
   const int num_tiles = p.m_blocks * p.n_blocks;
   const int k_blocks = (p.K + kBlockK - 1) / kBlockK;
 

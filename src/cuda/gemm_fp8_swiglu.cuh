@@ -48,9 +48,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_swiglu_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                            const KernelParams p) {
   // gemm_fp8's pipeline pieces (this tile's own constants and layout are fp8sw's, found first).
-  using fp8::acc_col, fp8::acc_row, fp8::a_desc_addr, fp8::advance, fp8::b_desc_addr, fp8::kBlockK, fp8::kKSteps,
-      fp8::kScaleLoaderWarp, fp8::kSwizzleAtom, fp8::kSwizzleBytes, fp8::make_smem_desc, fp8::PipeState,
-      fp8::tile_coord, fp8::TileCoord;
+  using fp8::acc_col, fp8::acc_row, fp8::advance, fp8::kBlockK, fp8::kScaleLoaderWarp, fp8::kSwizzleAtom,
+      fp8::kSwizzleBytes, fp8::PipeState, fp8::tile_coord, fp8::TileCoord;
   constexpr SmemLayout L = smem_layout();
   static_assert(L.a_stage_bytes % kSwizzleAtom == 0 && L.b_stage_bytes % kSwizzleAtom == 0,
                 "every swizzled stage must start on a 1024-byte boundary");
@@ -68,7 +67,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t scales = base + L.scale_offset;
   const uint32_t g_stage = base + L.g_offset, u_stage = base + L.u_offset;
 
-  const int wg = threadIdx.x / 128;
+  const int wg = fp8::warpgroup_index();  // warp-uniform for the compiler
   const int num_tiles = p.m_blocks * p.n_blocks;
   const int k_blocks = (p.K + kBlockK - 1) / kBlockK;
 

@@ -152,6 +152,47 @@ TEST(AttentionPrefillWgmmaLayout, RegionsAndOccupancy) {
   EXPECT_EQ((pw::Layout<true, 64>::kRawPageBytes), 4864);
 }
 
+// The consumers advance descriptors (advance_desc: stage · stage bytes + the k step's offset added to stage 0's / Q's)
+// instead of encoding each address: the same descriptor as make_desc of the address for every stage, k step and
+// column group of every layout, and for the aligned window starts the kernel can see.
+template <bool kInt4, int kD>
+void check_advanced_descriptors() {
+  using L = pw::Layout<kInt4, kD>;
+  constexpr int kStages = (L::kRawOffset - L::kStageOffset) / L::kStageBytes;
+  for (uint32_t base : {0u, 1024u, 7u * 1024u}) {
+    for (int c = 0; c < 2; ++c) {
+      const uint32_t q = base + L::kQOffset + static_cast<uint32_t>(c) * L::kPartBytes;
+      for (int g = 0; g < kD / 64; ++g)
+        for (int h = 0; h < 2; ++h)
+          ASSERT_EQ(pw::advance_desc(pw::make_desc(q, pw::kLboKMajor), pw::kmajor_step_offset(g, h)),
+                    pw::make_desc(q + pw::kmajor_step_offset(g, h), pw::kLboKMajor));
+    }
+    for (int stage = 0; stage < kStages; ++stage) {
+      const uint32_t k0 = base + L::kStageOffset, v0 = k0 + L::kPartBytes;
+      const uint32_t at = static_cast<uint32_t>(stage * L::kStageBytes);
+      for (int g = 0; g < kD / 64; ++g) {
+        for (int h = 0; h < 2; ++h)
+          ASSERT_EQ(pw::advance_desc(pw::advance_desc(pw::make_desc(k0, pw::kLboKMajor), at),
+                                     pw::kmajor_step_offset(g, h)),
+                    pw::make_desc(k0 + at + pw::kmajor_step_offset(g, h), pw::kLboKMajor))
+              << "K, stage " << stage;
+        for (int kk = 0; kk < 4; ++kk)
+          ASSERT_EQ(pw::advance_desc(pw::advance_desc(pw::make_desc(v0, pw::kLboNMajor), at),
+                                     pw::nmajor_step_offset(g, kk)),
+                    pw::make_desc(v0 + at + pw::nmajor_step_offset(g, kk), pw::kLboNMajor))
+              << "V, stage " << stage;
+      }
+    }
+  }
+}
+
+TEST(AttentionPrefillWgmmaLayout, AdvancedDescriptorsEqualEncodedOnes) {
+  check_advanced_descriptors<true, 128>();
+  check_advanced_descriptors<true, 64>();
+  check_advanced_descriptors<false, 128>();
+  check_advanced_descriptors<false, 64>();
+}
+
 // 128-vector tiles cover a chunk's vectors exactly once, and positions match prefill::tile_work at 64.
 TEST(AttentionPrefillWgmmaLayout, TilesCoverEveryVectorOnce) {
   for (int gqa : {1, 3, 4, 8}) {

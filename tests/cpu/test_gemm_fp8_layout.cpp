@@ -12,6 +12,8 @@
 #include "cpu/hopper_model.h"
 #include "cuda/gemm_fp8_heuristics.h"
 #include "cuda/gemm_fp8_layout.h"
+#include "cuda/gemm_fp8_residual_ws_layout.h"
+#include "cuda/gemm_fp8_swiglu_layout.h"
 
 namespace {
 
@@ -107,6 +109,60 @@ TEST(GemmFp8Layout, WgmmaDescriptorsReadWhatTmaWrote) {
         }
       }
     }
+  }
+}
+
+// The main loops advance descriptors (advance_smem_desc: stage · stage bytes + k step · 32 added to stage 0's) instead
+// of encoding every address: the same 64-bit descriptor as make_smem_desc of the address, for every stage, k step
+// and row offset of every FP8 GEMM ring (gemm_fp8 at both tiles, the warp-specialised residual / QKV ring, the
+// SwiGLU ring's two B halves), and for random 16-byte aligned shared-memory address pairs.
+TEST(GemmFp8Layout, AdvancedDescriptorsEqualEncodedOnes) {
+  struct Ring {
+    uint32_t a_offset, a_stage_bytes, b_offset, b_stage_bytes;
+    int stages;
+    std::vector<uint32_t> a_rows, b_rows;  // the consumers' row offsets into a stage, in bytes
+  };
+  std::vector<Ring> rings;
+  const uint32_t wg_rows = fp8::kWgmmaM * fp8::kSwizzleBytes;
+  for (int bn : kBlockNs) {
+    const fp8::SmemLayout l = fp8::smem_layout(bn, fp8::stages_for(bn));
+    rings.push_back({l.a_offset, l.a_stage_bytes, l.b_offset, l.b_stage_bytes, fp8::stages_for(bn), {0, wg_rows}, {0}});
+  }
+  const auto rw = futransformer::cuda::fp8rw::smem_layout();
+  rings.push_back({rw.a_offset, rw.a_stage_bytes, rw.b_offset, rw.b_stage_bytes, futransformer::cuda::fp8rw::kStages,
+                   {0, wg_rows}, {0}});
+  namespace sw = futransformer::cuda::fp8sw;
+  const auto sl = sw::smem_layout();
+  rings.push_back({sl.a_offset, sl.a_stage_bytes, sl.b_offset, sl.b_stage_bytes, sw::kStages, {0},
+                   {0, static_cast<uint32_t>(sw::kHalfN * fp8::kSwizzleBytes)}});
+  for (uint32_t raw : {16u, 1024u, 2000u}) {
+    const uint32_t base = (raw + 1023u) & ~1023u;
+    for (const Ring& r : rings) {
+      for (int stage = 0; stage < r.stages; ++stage) {
+        for (int ks = 0; ks < fp8::kKSteps; ++ks) {
+          const uint32_t step = static_cast<uint32_t>(ks * fp8::kWgmmaK);
+          for (uint32_t rows : r.a_rows) {
+            const uint32_t a0 = base + r.a_offset + rows;
+            ASSERT_EQ(fp8::advance_smem_desc(fp8::make_smem_desc(a0), stage * r.a_stage_bytes + step),
+                      fp8::make_smem_desc(a0 + stage * r.a_stage_bytes + step))
+                << "A ring at " << r.a_offset << " stage " << stage << " ks " << ks << " rows " << rows;
+          }
+          for (uint32_t rows : r.b_rows) {
+            const uint32_t b0 = base + r.b_offset + rows;
+            ASSERT_EQ(fp8::advance_smem_desc(fp8::make_smem_desc(b0), stage * r.b_stage_bytes + step),
+                      fp8::make_smem_desc(b0 + stage * r.b_stage_bytes + step))
+                << "B ring at " << r.b_offset << " stage " << stage << " ks " << ks << " rows " << rows;
+          }
+        }
+      }
+    }
+  }
+  std::mt19937 rng(3);
+  const uint32_t kSmemBytes = 228u * 1024u;
+  for (int i = 0; i < 100000; ++i) {
+    const uint32_t a = (rng() % kSmemBytes) & ~15u, b = (rng() % kSmemBytes) & ~15u;
+    const uint32_t lo = std::min(a, b), hi = std::max(a, b);
+    ASSERT_EQ(fp8::advance_smem_desc(fp8::make_smem_desc(lo), hi - lo), fp8::make_smem_desc(hi)) << lo << " + " << hi - lo;
   }
 }
 

@@ -58,7 +58,7 @@ T* device_alloc(size_t n) {
 struct Row {
   int tokens;
   KvFormat format;
-  double wgmma_us, mma_sync_us, decode_path_us, flops;  // decode_path_us < 0: not run
+  double wgmma_us, pingpong_us, mma_sync_us, decode_path_us, flops;  // decode_path_us < 0: not run
 };
 
 Row bench_one(int T, KvFormat f, int iters, bool decode_path, const L2Flush& l2, cudaStream_t stream) {
@@ -94,7 +94,11 @@ Row bench_one(int T, KvFormat f, int iters, bool decode_path, const L2Flush& l2,
                                              kHeadDim, pages, T, stream));
     });
   };
+  ftc::set_attention_prefill_pingpong(ftc::PrefillPingPong::kOff);
   const double wgmma_us = time_kernel(ftc::AttentionPrefillKernel::kWgmma);
+  ftc::set_attention_prefill_pingpong(ftc::PrefillPingPong::kOn);  // the consumers taking turns (same bits)
+  const double pingpong_us = time_kernel(ftc::AttentionPrefillKernel::kWgmma);
+  ftc::set_attention_prefill_pingpong(ftc::PrefillPingPong::kDefault);
   const double mma_sync_us = time_kernel(ftc::AttentionPrefillKernel::kMmaSync);
   const double avg_keys = (T + 1) / 2.0;
   const double flops = 4.0 * T * avg_keys * kHeads * kHeadDim;
@@ -102,7 +106,7 @@ Row bench_one(int T, KvFormat f, int iters, bool decode_path, const L2Flush& l2,
     for (void* p : {static_cast<void*>(pool), static_cast<void*>(q), static_cast<void*>(out),
                     static_cast<void*>(d_table), static_cast<void*>(d_first), static_cast<void*>(d_start)})
       CHECK_CUDA(cudaFree(p));
-    return Row{T, f, wgmma_us, mma_sync_us, -1.0, flops};
+    return Row{T, f, wgmma_us, pingpong_us, mma_sync_us, -1.0, flops};
   }
 
   // Today's path: row i is a decode query of a sequence of i + 1 tokens over the same pages.
@@ -131,7 +135,7 @@ Row bench_one(int T, KvFormat f, int iters, bool decode_path, const L2Flush& l2,
                   static_cast<void*>(d_table), static_cast<void*>(d_first), static_cast<void*>(d_start),
                   static_cast<void*>(d_dup), static_cast<void*>(d_lens), ws})
     CHECK_CUDA(cudaFree(p));
-  return Row{T, f, wgmma_us, mma_sync_us, decode_us, flops};
+  return Row{T, f, wgmma_us, pingpong_us, mma_sync_us, decode_us, flops};
 }
 
 }  // namespace
@@ -147,16 +151,16 @@ int main(int argc, char** argv) {
   std::printf("; %d timed runs per cell, L2 flushed before each\n", args.iters);
   std::printf("Llama-3.1-8B attention: %d heads, %d KV heads, head_dim %d; one chunk from position 0\n", kHeads,
               kKvHeads, kHeadDim);
-  std::printf("| tokens | cache | wgmma us | TFLOP/s | mma.sync us | TFLOP/s | wgmma speedup (over mma.sync) | "
-              "decode-path us |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+  std::printf("| tokens | cache | wgmma us | TFLOP/s | ping-pong us | mma.sync us | TFLOP/s | wgmma speedup (over "
+              "mma.sync) | decode-path us |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
   std::vector<Row> rows;
   for (int T : kTokens) {
     for (KvFormat f : kFormats) {
       const Row r = bench_one(T, f, args.iters, args.flag, l2, stream);
-      std::printf("| %d | %s | %.1f | %.1f | %.1f | %.1f | %.2fx | %s |\n", r.tokens,
+      std::printf("| %d | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | %s |\n", r.tokens,
                   futransformer::formats::kv_format_name(r.format), r.wgmma_us, r.flops / r.wgmma_us * 1e-6,
-                  r.mma_sync_us, r.flops / r.mma_sync_us * 1e-6, r.mma_sync_us / r.wgmma_us,
+                  r.pingpong_us, r.mma_sync_us, r.flops / r.mma_sync_us * 1e-6, r.mma_sync_us / r.wgmma_us,
                   r.decode_path_us < 0 ? "-" : std::to_string(r.decode_path_us).c_str());
       rows.push_back(r);
     }
@@ -173,10 +177,11 @@ int main(int argc, char** argv) {
       const Row& r = rows[i];
       std::fprintf(f,
                    "    {\"tokens\": %d, \"cache\": \"%s\", \"prefill_us\": %.3f, \"prefill_tflops\": %.3f, "
+                   "\"pingpong_us\": %.3f, "
                    "\"mma_sync_us\": %.3f, \"mma_sync_tflops\": %.3f, \"speedup_over_mma_sync\": %.3f, "
                    "\"decode_path_us\": %s}",
                    r.tokens, futransformer::formats::kv_format_name(r.format), r.wgmma_us,
-                   r.flops / r.wgmma_us * 1e-6, r.mma_sync_us,
+                   r.flops / r.wgmma_us * 1e-6, r.pingpong_us, r.mma_sync_us,
                    r.flops / r.mma_sync_us * 1e-6,
                    r.mma_sync_us / r.wgmma_us,
                    r.decode_path_us < 0 ? "null" : std::to_string(r.decode_path_us).c_str());

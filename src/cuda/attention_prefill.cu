@@ -91,6 +91,21 @@ const char* attention_prefill_kernel_name(AttentionPrefillKernel kernel) {
   return kernel == AttentionPrefillKernel::kMmaSync ? "mma-sync" : "wgmma";
 }
 
+namespace {
+PrefillPingPong g_pingpong = PrefillPingPong::kDefault;
+}  // namespace
+
+void set_attention_prefill_pingpong(PrefillPingPong mode) { g_pingpong = mode; }
+
+bool pingpong_enabled() {
+  if (g_pingpong != PrefillPingPong::kDefault) return g_pingpong == PrefillPingPong::kOn;
+  static const bool env = [] {
+    const char* e = std::getenv("FT_PREFILL_PINGPONG");
+    return e != nullptr && e[0] == '1';
+  }();
+  return env;
+}
+
 AttentionPrefillKernel attention_prefill_default_kernel() {
   static const AttentionPrefillKernel k = [] {
     const char* e = std::getenv("FT_PREFILL_ATTENTION");
@@ -178,7 +193,8 @@ cudaError_t launch_prefill(AttentionPrefillKernel which, KvFormat format, const 
                                   static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim))),
                                   unrotate_block,
                                   // rotate_heads_bf16's scale: formats::hadamard_scale's formula
-                                  unrotate_block > 1 ? formats::hadamard_scale(unrotate_block) : 1.0f};
+                                  unrotate_block > 1 ? formats::hadamard_scale(unrotate_block) : 1.0f,
+                                  which == AttentionPrefillKernel::kWgmma && pingpong_enabled() ? 1 : 0};
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(n_kv_heads), static_cast<unsigned>(n_chunks));
   cfg.blockDim = dim3(static_cast<unsigned>(threads));

@@ -45,6 +45,9 @@ struct PrefillArgs {
   // rotate_heads_bf16's scale for it.
   int unrotate_block;
   float unrotate_scale;
+  // wgmma kernel only: the two consumer warpgroups take turns issuing their wgmmas (FlashAttention-3's ping-pong:
+  // one issues while the other runs its softmax). 0: they issue freely.
+  int pingpong;
 };
 
 constexpr float kNegInf = -__builtin_huge_valf();

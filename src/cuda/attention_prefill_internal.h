@@ -22,6 +22,14 @@ const char* attention_prefill_kernel_name(AttentionPrefillKernel kernel);
 // The kernel attention_prefill runs: kWgmma unless FT_PREFILL_ATTENTION names another (read once per process).
 AttentionPrefillKernel attention_prefill_default_kernel();
 
+// The wgmma kernel's consumer ping-pong (FlashAttention-3's: the two consumer warpgroups take turns issuing their
+// wgmmas, so one's softmax overlaps the other's tensor-core work; same arithmetic, same bits). kDefault follows
+// FT_PREFILL_PINGPONG (off unless it is 1: built after the ninth session's last device call, not yet measured);
+// kOff / kOn force it. Process-wide, not thread-safe: set it before enqueueing.
+enum class PrefillPingPong { kDefault, kOff, kOn };
+void set_attention_prefill_pingpong(PrefillPingPong mode);
+bool pingpong_enabled();  // what the next wgmma launch will use
+
 // attention_prefill with `kernel` instead of the default; same checks, errors and contract.
 cudaError_t attention_prefill_with(AttentionPrefillKernel kernel, formats::KvFormat format, const __nv_bfloat16* q,
                                    const uint8_t* kv_pool, const int32_t* block_table, const int32_t* chunk_first_row,

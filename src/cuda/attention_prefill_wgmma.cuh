@@ -100,6 +100,7 @@ struct Mma16<true> {
 
 constexpr int kProducerBarrier = 1;  // named barrier of the producer warpgroup (0 is __syncthreads')
 constexpr int kConsumerBarrier = 2;  // named barriers of the consumer warpgroups: 2, 3
+constexpr int kTurnBarrier = 4;      // ping-pong: consumer c waits for its turn on 4 + c (both warpgroups take part)
 
 template <bool kInt4, int kD>
 struct Producer {
@@ -417,6 +418,32 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
     ptx::wgmma_commit_group();
   };
 
+  // Ping-pong (args.pingpong): every group of wgmma issues below is a turn. Consumer c waits on barrier 4 + c
+  // (its 128 threads sync, the other consumer's 128 arrive), issues, and hands the turn to the other consumer, so one
+  // consumer's wgmmas run while the other does its softmax. Both consumers take work.blocks + 1 turns (their own
+  // my_blocks + 1 issue groups, then empty turns while the other still has blocks); consumer 1 gives consumer 0 the
+  // first turn and skips the hand-over after its last, so every arrival is matched by a sync.
+  const bool pingpong = args.pingpong != 0;  // CTA-uniform
+  int turns_left = work.blocks + 1;
+  auto take_turn = [&] {
+    if (!pingpong) return;
+    if (cw == 0) {
+      asm volatile("bar.sync %0, %1;\n" ::"n"(kTurnBarrier), "n"(2 * kWarpgroupThreads) : "memory");
+    } else {
+      asm volatile("bar.sync %0, %1;\n" ::"n"(kTurnBarrier + 1), "n"(2 * kWarpgroupThreads) : "memory");
+    }
+  };
+  auto pass_turn = [&] {
+    if (!pingpong) return;
+    --turns_left;
+    if (cw == 0) {
+      asm volatile("bar.arrive %0, %1;\n" ::"n"(kTurnBarrier + 1), "n"(2 * kWarpgroupThreads) : "memory");
+    } else if (turns_left > 0) {
+      asm volatile("bar.arrive %0, %1;\n" ::"n"(kTurnBarrier), "n"(2 * kWarpgroupThreads) : "memory");
+    }
+  };
+  if (pingpong && cw == 1)  // consumer 0 goes first
+    asm volatile("bar.arrive %0, %1;\n" ::"n"(kTurnBarrier), "n"(2 * kWarpgroupThreads) : "memory");
   {
     // Software-pipelined: block j's S is issued together with block j − 1's P·V, and block j's softmax runs while
     // that P·V is still on the tensor cores; both are waited for inside the iteration (nothing in flight across
@@ -424,15 +451,19 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
     // paths it cannot prove warpgroup-uniform). A consumer holds two stages at a time (j − 1's values, j's keys):
     // three stages. my_blocks >= 1: every row sees key 0.
     wait_full(0);
+    take_turn();
     issue_s(0);
+    pass_turn();
     ptx::wgmma_wait_group<0>();
     fence_array(sacc);
     softmax(0);
     pack_p();  // O is still zero: no rescale
     for (int j = 1; j < my_blocks; ++j) {
       wait_full(j);
+      take_turn();
       issue_s(j);
       issue_pv(j - 1);
+      pass_turn();
       ptx::wgmma_wait_group<1>();  // S(j) (committed first) is done; P·V(j − 1) may still run
       fence_array(sacc);
       softmax(j);
@@ -442,14 +473,18 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
       rescale_o();
       pack_p();
     }
+    take_turn();
     issue_pv(my_blocks - 1);
+    pass_turn();
     ptx::wgmma_wait_group<0>();
     fence_array(o);
     release(my_blocks - 1);
     // Blocks only the other consumer's rows see: wait for each to be filled before handing it back, so that no
-    // thread arrives twice on one phase of a stage's barrier.
+    // thread arrives twice on one phase of a stage's barrier (and, ping-ponging, take the matching empty turns).
     for (int j = my_blocks; j < work.blocks; ++j) {
       wait_full(j);
+      take_turn();
+      pass_turn();
       release(j);
     }
   }

@@ -221,6 +221,41 @@ INSTANTIATE_TEST_SUITE_P(Kernels, AttentionPrefillGpu,
                            return n;
                          });
 
+// The wgmma kernel's consumer ping-pong (cuda::set_attention_prefill_pingpong): the same arithmetic in the same
+// order as the free-running consumers, so the same bits — every format, both head sizes, GQA 1, 4, 8 on the mixed
+// chunks (consumers of a tile seeing different block counts take empty turns), and the 2048-row chunk; then once
+// against the twin with it on.
+TEST(AttentionPrefillGpuCalls, PingPongEqualsFreeRunningBitForBit) {
+  FT_REQUIRE_HOPPER();
+  struct Restore {
+    ~Restore() { cuda::set_attention_prefill_pingpong(cuda::PrefillPingPong::kDefault); }
+  } restore;
+  g_kernel = cuda::AttentionPrefillKernel::kWgmma;
+  uint32_t seed = 900;
+  auto both = [&](const PrefillCase& c, const std::string& what) {
+    cuda::set_attention_prefill_pingpong(cuda::PrefillPingPong::kOff);
+    ASSERT_FALSE(cuda::pingpong_enabled());
+    const std::vector<uint16_t> free_running = run(c);
+    cuda::set_attention_prefill_pingpong(cuda::PrefillPingPong::kOn);
+    ASSERT_TRUE(cuda::pingpong_enabled());
+    const std::vector<uint16_t> pingpong = run(c);
+    ASSERT_EQ(pingpong.size(), free_running.size());
+    for (size_t i = 0; i < pingpong.size(); ++i)
+      ASSERT_EQ(pingpong[i], free_running[i]) << what << ": element " << i;
+  };
+  for (KvFormat f : {KvFormat::INT4, KvFormat::INT4_HADAMARD, KvFormat::BF16}) {
+    for (int head_dim : {128, 64}) {
+      for (int G : {1, 4, 8})
+        both(make_case(f, head_dim, 2 * G, 2, kMixedChunks, ++seed, 3),
+             std::string(formats::kv_format_name(f)) + " head_dim " + std::to_string(head_dim) + " G " +
+                 std::to_string(G));
+    }
+  }
+  both(make_case(KvFormat::INT4_HADAMARD, 128, 32, 8, {{0, 2048}}, ++seed), "8B shape, 2048 rows");
+  cuda::set_attention_prefill_pingpong(cuda::PrefillPingPong::kOn);
+  check_against_twin(KvFormat::INT4_HADAMARD, 128, 32, 8, {{0, 300}, {1000, 33}}, ++seed);
+}
+
 // attention_prefill_int4_unrotated: the same bits as attention_prefill followed by rotate_heads_bf16 (the engine's
 // unfused order), for head_dim 128 and 64, G 4 and 3, the format's block and a smaller one; and it reports that the
 // default kernel un-rotated.

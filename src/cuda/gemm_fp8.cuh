@@ -145,8 +145,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // Issue the four wgmmas of the next K block into `a` (after its stage has landed).
     auto issue = [&](float (&a)[kAccRegs]) {
-      issue_k_block<Mma>(a, pipe, bars, base + L.a_offset, L.a_stage_bytes, a_desc_addr(0u, cw, 0), base + L.b_offset,
-                         L.b_stage_bytes, 0u);
+      issue_k_block<Mma>(a, pipe, bars, base + L.a_offset, L.a_stage_bytes,
+                         static_cast<uint32_t>(cw * kWgmmaM * kSwizzleBytes), base + L.b_offset, L.b_stage_bytes, 0u);
     };
 
     if constexpr (kOverlapPromotion) {

@@ -107,6 +107,18 @@ std::unique_ptr<Engine> floor_twin(const quant::QuantizedModel& pre, const quant
   return make_prefill_decode_reference_engine(pre.model, p, dec.model, d);
 }
 
+// Two engines' logits bit for bit: the first differing logit, with both values (one failure, not one per logit).
+void expect_same_logit_bits(const std::vector<float>& got, const std::vector<float>& want, const std::string& what,
+                            const char* got_name, const char* want_name) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &got[i], 4);
+    std::memcpy(&b, &want[i], 4);
+    ASSERT_EQ(a, b) << what << "logit " << i << ": " << got_name << " " << got[i] << ", " << want_name << " " << want[i];
+  }
+}
+
 double bound_for(double floor) { return std::max(kMaxPromptLogitsRelL2, kFloorFactor * floor); }
 
 // One prompt (all positions' logits: every prompt row went through the FP8 GEMMs), then kGreedySteps decode steps,
@@ -343,13 +355,8 @@ TEST_P(CudaEngineFp8BlockSwiglu, FusedEqualsUnfusedAndMatchesTheBlockTwin) {
   const std::vector<float> lf = fused->forward(std::span(&prompt, 1), true)[0];
   const std::vector<float> lu = unfused->forward(std::span(&prompt, 1), true)[0];
   const std::vector<float> lp = per_token->forward(std::span(&prompt, 1), true)[0];
-  ASSERT_EQ(lf.size(), lu.size());
-  for (size_t i = 0; i < lf.size(); ++i) {
-    uint32_t a, b;
-    std::memcpy(&a, &lf[i], 4);
-    std::memcpy(&b, &lu[i], 4);
-    ASSERT_EQ(a, b) << "logit " << i << ": fused " << lf[i] << ", unfused " << lu[i];
-  }
+  expect_same_logit_bits(lf, lu, "", "fused", "unfused");
+  if (HasFatalFailure()) return;
   EXPECT_GT(rel_l2(lf, lp), 0.0) << "the block recipe must change the down projection's input";
   std::unique_ptr<CudaEngine> gpu = make_cuda_engine(f.dec, f.pre, co);
   std::unique_ptr<Engine> twin = reference_twin(f.pre, f.dec, kv, true), floor = floor_twin(f.pre, f.dec, kv);
@@ -384,13 +391,8 @@ TEST(CudaEngineFp8, UnrotateIntoFp8EqualsTheSeparateKernels) {
     const SequenceChunk chunk{0, test::random_token_ids(n, f.model.config.vocab_size, rng)};
     const std::vector<float> lf = fused->forward(std::span(&chunk, 1), true)[0];
     const std::vector<float> lp = plain->forward(std::span(&chunk, 1), true)[0];
-    ASSERT_EQ(lf.size(), lp.size());
-    for (size_t i = 0; i < lf.size(); ++i) {
-      uint32_t a, b;
-      std::memcpy(&a, &lf[i], 4);
-      std::memcpy(&b, &lp[i], 4);
-      ASSERT_EQ(a, b) << "chunk of " << n << " tokens, logit " << i << ": fused " << lf[i] << ", separate " << lp[i];
-    }
+    expect_same_logit_bits(lf, lp, "chunk of " + std::to_string(n) + " tokens, ", "fused", "separate");
+    if (HasFatalFailure()) return;
   }
   int64_t fused_calls = 0, separate_calls = 0;
   for (const CudaEngine::OpTime& t : fused->op_profile()) {
@@ -495,13 +497,8 @@ TEST(CudaEngineFp8, QkvEpilogueEqualsTheSeparateKernels) {
       const SequenceChunk chunk{0, test::random_token_ids(n, model.config.vocab_size, rng)};
       const std::vector<float> lf = fused->forward(std::span(&chunk, 1), true)[0];
       const std::vector<float> lp = plain->forward(std::span(&chunk, 1), true)[0];
-      ASSERT_EQ(lf.size(), lp.size());
-      for (size_t i = 0; i < lf.size(); ++i) {
-        uint32_t a, b;
-        std::memcpy(&a, &lf[i], 4);
-        std::memcpy(&b, &lp[i], 4);
-        ASSERT_EQ(a, b) << "chunk of " << n << " tokens, logit " << i << ": fused " << lf[i] << ", separate " << lp[i];
-      }
+      expect_same_logit_bits(lf, lp, "chunk of " + std::to_string(n) + " tokens, ", "fused", "separate");
+      if (HasFatalFailure()) return;
     }
     // Greedy steps after the prompt read the cache the epilogue wrote.
     int32_t token = 1;

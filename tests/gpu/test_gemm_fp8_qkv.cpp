@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,6 +29,7 @@
 #include "futransformer/formats/kv_cache.h"
 #include "futransformer/model.h"
 #include "gpu_test_util.h"
+#include "qkv_prologue_case.h"
 #include "ref/ops.h"
 
 namespace {
@@ -40,8 +40,6 @@ using test::DeviceBuffer;
 
 // Tolerance: none for the fused GEMM (every comparison is bit for bit, the contract of gemm_fp8_qkv.h).
 constexpr int kHeadDim = 128;
-constexpr int kPageTokens = static_cast<int>(formats::kKvPageTokens);
-constexpr int kAnchors = 3;              // anchor slots per KV head (slot 0 is computed by the anchor kernel)
 constexpr float kOutlierGain = 30.0f;    // one key channel per KV head, as real keys have
 constexpr double kRopeTheta = 500000.0;  // Llama 3
 constexpr int kMaxPosition = 131072;
@@ -49,21 +47,6 @@ constexpr int kNewSequenceRows = 5;      // rows 0..4 start a sequence whose anc
 // rope_cos_sin_table against the host's fp64 cos / sin rounded to fp32: the two libms may differ in the last bit of
 // the double, which can move the float rounding by one unit.
 constexpr int kTableMaxUlps = 1;
-
-template <typename T>
-int64_t first_mismatch(const std::vector<T>& a, const std::vector<T>& b) {
-  if (a.size() != b.size()) return 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return static_cast<int64_t>(i);
-  }
-  return -1;
-}
-
-#define EXPECT_SAME_BITS(got, want, what)                                                                  \
-  do {                                                                                                     \
-    const int64_t at_ = first_mismatch(got, want);                                                         \
-    EXPECT_EQ(at_, -1) << what << " differs first at element " << at_ << " (of " << (want).size() << ")"; \
-  } while (0)
 
 struct Case {
   KvFormat format;
@@ -74,12 +57,10 @@ struct Case {
 
 // Host operands and metadata of one case.
 struct Inputs {
-  int N = 0, n_pages = 0;
+  int N = 0;
   std::vector<uint8_t> a, b;
   std::vector<float> sa, sb;
-  std::vector<int32_t> positions, page, slot, anchor;
-  std::vector<float> inv_freq;
-  std::vector<uint16_t> anchors;  // fp16 [kAnchors][n_kv][128]
+  test::QkvCaseMeta meta;  // positions, pages, slots, anchor indices, fp16 anchors, RoPE frequencies
 };
 
 Inputs make_inputs(const Case& c, uint32_t seed) {
@@ -103,23 +84,12 @@ Inputs make_inputs(const Case& c, uint32_t seed) {
   in.b = std::move(qb.codes);
   in.sb = std::move(qb.scales);
 
-  std::uniform_int_distribution<int> pos(0, kMaxPosition - 1);
-  for (int r = 0; r < c.rows; ++r) in.positions.push_back(r == 0 ? 0 : pos(rng));
-  in.inv_freq = ref::rope_inv_freq(kHeadDim, kRopeTheta, RopeScaling{});
-  in.n_pages = (c.rows + kPageTokens - 1) / kPageTokens + 2;
-  std::vector<int32_t> cells(static_cast<size_t>(in.n_pages) * kPageTokens);
-  std::iota(cells.begin(), cells.end(), 0);
-  std::shuffle(cells.begin(), cells.end(), rng);
-  for (int r = 0; r < c.rows; ++r) {
-    const int32_t cell = cells[static_cast<size_t>(r)];
-    in.page.push_back(r % 9 == 4 ? -1 : cell / kPageTokens);  // every 9th row (from 4) is padding
-    in.slot.push_back(cell % kPageTokens);
-    // The new sequence's rows use anchor slot 0; later rows an older sequence's slot, or none for every 4th.
-    in.anchor.push_back(r < kNewSequenceRows ? 0 : r % 4 == 2 ? -1 : 1 + static_cast<int32_t>(rng() % (kAnchors - 1)));
-  }
-  std::normal_distribution<float> anchor_nd(0.0f, 3.0f);
-  in.anchors.resize(static_cast<size_t>(kAnchors) * c.n_kv * kHeadDim);
-  for (uint16_t& v : in.anchors) v = f32_to_f16(anchor_nd(rng));
+  // Metadata as the other qkv prologue tests draw it (padding rows, shuffled cells, anchors or none); the new
+  // sequence's rows use anchor slot 0 (the slot the anchor kernel fills in the keys-to-qkv mode).
+  test::QkvCaseMeta meta =
+      test::make_qkv_case_meta({c.n_heads, c.n_kv, kHeadDim}, c.rows, rng, kMaxPosition, kRopeTheta);
+  for (int r = 0; r < std::min(c.rows, kNewSequenceRows); ++r) meta.anchor[static_cast<size_t>(r)] = 0;
+  in.meta = std::move(meta);
   return in;
 }
 
@@ -133,16 +103,17 @@ void check(const Case& c, uint32_t seed) {
   const bool hadamard = c.format == KvFormat::INT4_HADAMARD;
   const int k_offset = c.n_heads * kHeadDim;
   const formats::KvPageLayout L = formats::kv_page_layout(c.format, kHeadDim);
-  const size_t pool_bytes = static_cast<size_t>(in.n_pages) * c.n_kv * static_cast<size_t>(L.page_bytes);
+  const test::QkvCaseMeta& meta = in.meta;
+  const size_t pool_bytes = static_cast<size_t>(meta.n_pages) * c.n_kv * static_cast<size_t>(L.page_bytes);
   const size_t q_elems = static_cast<size_t>(c.rows) * c.n_heads * kHeadDim;
   const size_t qkv_elems = static_cast<size_t>(c.rows) * in.N;
 
   DeviceBuffer<uint8_t> a(in.a), b(in.b);
-  DeviceBuffer<float> sa(in.sa), sb(in.sb), inv_freq(in.inv_freq);
-  DeviceBuffer<int32_t> positions(in.positions), page(in.page), slot(in.slot), row_anchor(in.anchor);
+  DeviceBuffer<float> sa(in.sa), sb(in.sb), inv_freq(meta.inv_freq);
+  DeviceBuffer<int32_t> positions(meta.positions), page(meta.page), slot(meta.slot), row_anchor(meta.anchor);
   const std::vector<int32_t> first = {0}, count = {std::min(c.rows, kNewSequenceRows)}, index = {0};
   DeviceBuffer<int32_t> d_first(first), d_count(count), d_index(index);
-  DeviceBuffer<uint16_t> anchors_ref(in.anchors), anchors_got(in.anchors);
+  DeviceBuffer<uint16_t> anchors_ref(meta.anchors), anchors_got(meta.anchors);
   DeviceBuffer<uint16_t> qkv_ref(qkv_elems), qkv_got(qkv_elems), q_ref(q_elems), q_got(q_elems);
   DeviceBuffer<uint8_t> pool_ref(pool_bytes), pool_got(pool_bytes);
   DeviceBuffer<float> table(static_cast<size_t>(c.rows) * kHeadDim);

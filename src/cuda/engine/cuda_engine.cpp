@@ -831,6 +831,14 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
         !fp8 && opt_.fused_epilogues && opt_.fused_qkv_prologue && prologue_one_kernel &&
         l.qkv.qkv_prologue_in_reduce(rows, g);
     const bool norm_in_qkv = attn_norm_in_qkv(li);
+    // The key anchors of the sequences this pass starts (int4-hadamard): a mean over their RoPE'd BF16 keys in qkv_,
+    // computed before any of those keys is stored.
+    auto compute_new_anchors = [&] {
+      check_op(cuda::kv_key_anchor_compute(bf(qkv_), static_cast<int>(qkv_width_), static_cast<int>(q_width_), nkv, hd,
+                                           static_cast<int>(n_new), m + ml.new_first, m + ml.new_count,
+                                           m + ml.new_anchor, anchors, stream_),
+               "KV key anchors", cuda::kv_append_last_error);
+    };
     // FP8 passes with the qkv epilogue: RoPE, the q rotation and the cache placement happen in the GEMM. Keys of a
     // pass that starts int4-hadamard sequences come out as RoPE'd BF16 in qkv_ (their anchors are a mean over the
     // chunk's keys), then the anchors and the keys-only append.
@@ -854,10 +862,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       l.qkv8.forward_fp8_qkv(codes, scales, rows, qa, g);
       if (keys_later) {
         mark("qkv GEMM (FP8) + RoPE + V append + q rotation");
-        check_op(cuda::kv_key_anchor_compute(bf(qkv_), static_cast<int>(qkv_width_), static_cast<int>(q_width_), nkv,
-                                             hd, static_cast<int>(n_new), m + ml.new_first, m + ml.new_count,
-                                             m + ml.new_anchor, anchors, stream_),
-                 "KV key anchors", cuda::kv_append_last_error);
+        compute_new_anchors();
         check_op(cuda::kv_append_keys(opt_.kv, bf(qkv_), r, nh, nkv, hd, m + ml.row_page, m + ml.row_slot, anchors,
                                       row_anchor, pool, stream_),
                  "K append", cuda::fused_ops_last_error);
@@ -907,12 +912,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     } else {
       check_op(cuda::rope_qk_bf16(bf(qkv_), m + ml.positions, inv_freq_.get(), r, nh, nkv, hd, stream_), "RoPE",
                decoder_ops_last_error);
-      // A new sequence's key anchor is a mean over its chunk's RoPE'd keys: computed before any of them is stored.
-      if (anchors && n_new > 0)
-        check_op(cuda::kv_key_anchor_compute(bf(qkv_), static_cast<int>(qkv_width_), static_cast<int>(q_width_), nkv,
-                                             hd, static_cast<int>(n_new), m + ml.new_first, m + ml.new_count,
-                                             m + ml.new_anchor, anchors, stream_),
-                 "KV key anchors", cuda::kv_append_last_error);
+      if (anchors && n_new > 0) compute_new_anchors();
       if (fused_qkv_) {
         check_op(cuda::kv_append_rotate_q(opt_.kv, bf(qkv_), r, nh, nkv, hd, m + ml.row_page, m + ml.row_slot, anchors,
                                           row_anchor, pool, hadamard_block_, bf(q_), stream_),

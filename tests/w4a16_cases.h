@@ -195,4 +195,38 @@ inline std::vector<TilingCase> v4_config_cases() {
   return out;
 }
 
+// The warpgroup path (wgmma, variant v4, M <= 32, default CTA shape, warps_n a multiple of 4): the explicit tilings
+// and swap32 cases above that have such a warps_n, plus cases for what is new there: one to four activation tiles
+// with rows past M never staged, a warpgroup on warps_k = 2 whose ranges start inside groups, a group ending after
+// the first block of a pair (group 32, odd ranges), a single last block, ring wrap-around and uneven split-K.
+inline std::vector<TilingCase> wgmma_cases() {
+  using formats::ScaleType;
+  std::vector<TilingCase> base;
+  for (const TilingCase& c : tiling_cases())
+    if (c.M <= w4::kWgMaxM && c.t.warps_n % w4::kWgWarps == 0) base.push_back(c);
+  for (const TilingCase& c : swap32_cases())
+    if (c.t.warps_n % w4::kWgWarps == 0) base.push_back(c);
+  auto c = [](int M, int N, int K, int group, ScaleType st, int warps_n, int splits, const char* why) {
+    return TilingCase{M, N, K, group, st, make_tiling(M, warps_n, splits, M <= 8), why};
+  };
+  const TilingCase extra[] = {
+      c(1, 128, 1408, 128, ScaleType::BF16, 4, 1, "M = 1: warps_k = 2, 22 blocks each, ranges start inside groups"),
+      c(2, 256, 608, 32, ScaleType::F16, 4, 1, "M = 2: 19 blocks over warps_k = 2 (9 / 10), a flush after every block"),
+      c(8, 512, 4096, 128, ScaleType::BF16, 8, 4, "M = 8: one full tile, split-K 4"),
+      c(11, 256, 640, 64, ScaleType::F16, 8, 3, "M = 11: two tiles, uneven split-K"),
+      c(16, 256, 2176, 64, ScaleType::BF16, 8, 1, "M = 16: 68 blocks per warp, ring wrap-around"),
+      c(19, 128, 1120, 32, ScaleType::BF16, 4, 1, "M = 19: three tiles, 35 blocks over warps_k = 2, group 32"),
+      c(29, 256, 576, 64, ScaleType::F16, 8, 2, "M = 29: four tiles, 9 groups in 2 slices"),
+      c(32, 128, 14336, 128, ScaleType::BF16, 4, 8, "M = 32: the 8B down projection's K, split-K 8"),
+  };
+  base.insert(base.end(), std::begin(extra), std::end(extra));
+  for (TilingCase& d : base) {
+    d.t.variant = w4::Variant::v4;
+    d.t.swap32 = false;
+    d.t.swap16 = false;
+    d.t.wgmma = true;
+  }
+  return base;
+}
+
 }  // namespace futransformer::test::w4a16

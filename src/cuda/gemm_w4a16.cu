@@ -302,6 +302,7 @@ Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits&
   const w4a16::Variant v = gemm_w4a16_variant_for(M);
   w4a16::V4Config base;
   base.swap32 = v == w4a16::Variant::v4 && env_v4_config().swap32;
+  base.wgmma = v == w4a16::Variant::v4 && env_v4_config().wgmma;
   Tiling t = cached_tiling(M, N, K, group, d, base);
   if (v == w4a16::Variant::v4 && M <= w4a16::kV4DefaultMaxM) {
     const w4a16::TunedV4Entry* tuned = nullptr;
@@ -336,9 +337,10 @@ cudaError_t check_norm(const NormPrologue& n, int M) {
 
 // The norm prologue has one instance per compiled v4 shape, for the swapped M <= 8 path only.
 cudaError_t check_norm_tiling(const NormPrologue& n, const Tiling& t) {
-  if (t.variant != w4a16::Variant::v4 || !t.rows8)
-    return reject(&g_last_error, std::string(n.op) + ": the tiling must be v4 with rows8 (M <= 8; FT_W4A16_VARIANT=" +
-                                     "v2 selects v2, which has no norm prologue)");
+  if (t.variant != w4a16::Variant::v4 || !t.rows8 || t.wgmma)
+    return reject(&g_last_error, std::string(n.op) + ": the tiling must be v4 with rows8 and without wgmma (M <= 8; " +
+                                     "FT_W4A16_VARIANT=v2 selects v2, FT_W4A16_WGMMA=1 the warpgroup path, neither " +
+                                     "has the norm prologue)");
   return cudaSuccess;
 }
 
@@ -427,7 +429,7 @@ w4a16::Variant gemm_w4a16_variant_for(int M) {
   switch (env_variant()) {
     case EnvVariant::v2: return w4a16::Variant::v2;
     case EnvVariant::v4: return w4a16::Variant::v4;
-    default: return w4a16::choose_variant(M, env_v4_config().swap32);
+    default: return w4a16::choose_variant(M, env_v4_config().swap32, env_v4_config().wgmma);
   }
 }
 

@@ -26,7 +26,8 @@ constexpr int64_t kSmemReservePerCta = 1024;  // the driver keeps 1 KB per resid
 
 // CTAs of this tiling that can share an SM: shared memory and the kernel's register cap (launch bounds).
 int64_t resident_per_sm(const Tiling& t, const DeviceLimits& d, int64_t smem) {
-  return std::min<int64_t>(d.smem_per_sm / (smem + kSmemReservePerCta), min_blocks_per_sm(t.m_tiles, t.warps, t.swap16));
+  const int cap = t.wgmma ? kWgMinBlocksPerSm : min_blocks_per_sm(t.m_tiles, t.warps, t.swap16);
+  return std::min<int64_t>(d.smem_per_sm / (smem + kSmemReservePerCta), cap);
 }
 
 double cost(const Tiling& t, int M, int N, int K, int group, const DeviceLimits& d, int64_t smem) {
@@ -66,6 +67,13 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, cons
   if (M > kV4DefaultMaxM) {
     cfg = V4Config{};
     cfg.swap32 = config.swap32;
+    cfg.wgmma = config.wgmma;
+  }
+  // The warpgroup path: M <= 32, the default CTA shape, four warps side by side (N a multiple of 4 blocks).
+  const bool wgmma = cfg.wgmma && M <= kWgMaxM && (N / kBlockN) % kWgWarps == 0;
+  if (wgmma) {
+    cfg.warps = kWarps;
+    cfg.stages = kStages;
   }
   Tiling base;
   base.m_tiles = (M + 15) / 16;
@@ -73,8 +81,9 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, cons
   base.rows = M;
   base.warps = cfg.warps;
   base.stages = cfg.stages;
-  base.swap16 = cfg.swap16 && M > 8;
-  base.swap32 = cfg.swap32 && M >= kSwap32MinM && M <= kSwap32MaxM;
+  base.swap16 = cfg.swap16 && M > 8 && !wgmma;
+  base.swap32 = cfg.swap32 && M >= kSwap32MinM && M <= kSwap32MaxM && !wgmma;
+  base.wgmma = wgmma;
   const int64_t groups = K / group;
   const int64_t max_splits = std::min<int64_t>(groups, kMaxSplits);
   // Phase 0 keeps tilings that meet both occupancy wishes of cfg.ctas_per_sm, phase 1 those whose shared memory
@@ -88,6 +97,7 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, cons
   const int64_t split_hi = cfg.splits > 0 ? split_lo : max_splits;
   for (int warps_n = cfg.warps; warps_n >= 1; warps_n /= 2) {  // 8: {8, 4, 2, 1}, as before the configs
     if ((N / kBlockN) % warps_n != 0) continue;
+    if (wgmma && warps_n % kWgWarps != 0) continue;
     for (int64_t splits = split_lo; splits <= split_hi; ++splits) {
       Tiling t = base;
       t.warps_n = warps_n;
@@ -124,7 +134,7 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, cons
   // activations fit (gemm_w4a16_can_implement rejects that case by checking the smem of this tiling).
   Tiling t = base;
   for (int warps_n = cfg.warps; warps_n >= 1; warps_n /= 2) {
-    if ((N / kBlockN) % warps_n == 0) {
+    if ((N / kBlockN) % warps_n == 0 && (!wgmma || warps_n % kWgWarps == 0)) {
       t.warps_n = warps_n;
       break;
     }
@@ -135,8 +145,10 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, cons
   return t;
 }
 
-Variant choose_variant(int M, bool swap32) {
-  return M <= kV4DefaultMaxM || (swap32 && M >= kSwap32MinM && M <= kSwap32MaxM) ? Variant::v4 : Variant::v2;
+Variant choose_variant(int M, bool swap32, bool wgmma) {
+  return M <= kV4DefaultMaxM || (swap32 && M >= kSwap32MinM && M <= kSwap32MaxM) || (wgmma && M <= kWgMaxM)
+             ? Variant::v4
+             : Variant::v2;
 }
 
 bool tiling_is_valid(const Tiling& t, int M, int N, int K, int group, const DeviceLimits& d, std::string* why) {
@@ -159,6 +171,11 @@ bool tiling_is_valid(const Tiling& t, int M, int N, int K, int group, const Devi
                 to_string(kSwap32MaxM) + ", M = " + to_string(M) + (t.variant != Variant::v4 ? " (variant v2)" : ""));
   if (t.swap16 && (t.variant != Variant::v4 || t.rows8 || M < 9 || M > 16))
     return fail("swap16 needs variant v4, rows8 off and M = 9..16, M = " + to_string(M));
+  if (t.wgmma && (t.variant != Variant::v4 || M > kWgMaxM || t.warps != kWarps || t.stages != kStages || t.swap16 ||
+                  t.swap32 || t.warps_n % kWgWarps != 0))
+    return fail("wgmma needs variant v4, M <= " + to_string(kWgMaxM) + ", the default CTA shape (8 warps, 16 stages), " +
+                "swap16 and swap32 off and warps_n a multiple of 4; M = " + to_string(M) + ", warps = " +
+                to_string(t.warps) + ", stages = " + to_string(t.stages) + ", warps_n = " + to_string(t.warps_n));
   if (t.warps_n != 1 && t.warps_n != 2 && t.warps_n != 4 && t.warps_n != 8 && t.warps_n != 16)
     return fail("warps_n = " + to_string(t.warps_n) + ", expected 1, 2, 4, 8 or 16");
   if (t.warps_n * t.warps_k != t.warps)
@@ -182,10 +199,10 @@ std::string describe_tiling(const Tiling& t, int M, int N, int K, int group, con
   const int64_t in_flight_kb = int64_t{t.warps} * (t.stages - 2) * kBlockN * kBlockK / 2 / 1024;
   char buf[400];
   std::snprintf(buf, sizeof(buf),
-                "gemm_w4a16 M=%d N=%d K=%d group=%d: %s%s%s m_tiles=%d rows8=%d warps=%d stages=%d warps_n=%d "
+                "gemm_w4a16 M=%d N=%d K=%d group=%d: %s%s%s%s m_tiles=%d rows8=%d warps=%d stages=%d warps_n=%d "
                 "warps_k=%d splits=%d grid=%dx%d smem=%lld B ctas/sm<=%lld in_flight/cta=%lld KB workspace=%lld B "
                 "(sm=%d)",
-                M, N, K, group, t.variant == Variant::v4 ? "v4" : "v2", t.swap16 ? " swap16" : "",
+                M, N, K, group, t.variant == Variant::v4 ? "v4" : "v2", t.wgmma ? " wgmma" : "", t.swap16 ? " swap16" : "",
                 t.swap32 ? (swap_tiles(t.rows8, t.swap16, t.swap32, t.rows) == 3 ? " swap32x3" : " swap32x4") : "",
                 t.m_tiles,
                 t.rows8 ? 1 : 0, t.warps, t.stages, t.warps_n, t.warps_k, t.splits, N / (kBlockN * t.warps_n),
@@ -196,20 +213,23 @@ std::string describe_tiling(const Tiling& t, int M, int N, int K, int group, con
 }
 
 std::string describe_config(const V4Config& c) {
-  char buf[160];
-  std::snprintf(buf, sizeof(buf), "v4 config: warps=%d stages=%d ctas_per_sm=%d splits=%d swap16=%d swap32=%d",
-                c.warps, c.stages, c.ctas_per_sm, c.splits, c.swap16 ? 1 : 0, c.swap32 ? 1 : 0);
+  char buf[180];
+  std::snprintf(buf, sizeof(buf),
+                "v4 config: warps=%d stages=%d ctas_per_sm=%d splits=%d swap16=%d swap32=%d wgmma=%d", c.warps,
+                c.stages, c.ctas_per_sm, c.splits, c.swap16 ? 1 : 0, c.swap32 ? 1 : 0, c.wgmma ? 1 : 0);
   return buf;
 }
 
 std::vector<NamedV4Config> v4_sweep_configs() {
-  auto make = [](const char* name, int warps, int stages, int ctas, bool swap16, bool swap32 = kSwap32ByDefault) {
+  auto make = [](const char* name, int warps, int stages, int ctas, bool swap16, bool swap32 = kSwap32ByDefault,
+                 bool wgmma = false) {
     V4Config c;
     c.warps = warps;
     c.stages = stages;
     c.ctas_per_sm = ctas;
     c.swap16 = swap16;
     c.swap32 = swap32;
+    c.wgmma = wgmma;
     return NamedV4Config{name, c};
   };
   // Bytes in flight per SM, as the default has them on the large layers (one or two CTAs of 56 KB): c2 / c3 ask
@@ -219,11 +239,13 @@ std::vector<NamedV4Config> v4_sweep_configs() {
   // quarters the ring (32 KB per CTA) so three 8-warp CTAs (24 warps) fit an SM where the default's shared memory
   // allows two (16 warps): the same bytes in flight, 1.5x the warps to hide the dequant -> MMA latency chains
   // (ncu, 8B gate_up at M = 1: 3.2 active and 0.97 eligible warps per scheduler, issue slots idle half the time).
+  // wgmma runs M <= 32 on the warpgroup path (one wgmma per four warps' blocks and k16 step, whatever M).
   return {make("w8s16", 8, 16, 0, false),  make("w8s16c2", 8, 16, 2, false), make("w8s16c3", 8, 16, 3, false),
           make("w8s32", 8, 32, 0, false),  make("w8s32c1", 8, 32, 1, false), make("w16s16", 16, 16, 0, false),
           make("w16s16c1", 16, 16, 1, false), make("swap16", 8, 16, 0, true),  make("swap16c2", 8, 16, 2, true),
           make(kSwap32ByDefault ? "no_swap32" : "swap32", 8, 16, 0, false, !kSwap32ByDefault),
-          make("w8s8", 8, 8, 0, false),    make("w8s8c3", 8, 8, 3, false)};
+          make("w8s8", 8, 8, 0, false),    make("w8s8c3", 8, 8, 3, false),
+          make("wgmma", 8, 16, 0, false, kSwap32ByDefault, true)};
 }
 
 V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings) {
@@ -259,6 +281,7 @@ V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings)
   read("FT_W4A16_SPLITK", 0, kMaxSplits, &c.splits);
   if (read("FT_W4A16_SWAP16", 0, 1, &flag)) c.swap16 = flag == 1;
   if (read("FT_W4A16_SWAP32", 0, 1, &flag)) c.swap32 = flag == 1;
+  if (read("FT_W4A16_WGMMA", 0, 1, &flag)) c.wgmma = flag == 1;
   return c;
 }
 

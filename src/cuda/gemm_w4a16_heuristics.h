@@ -35,6 +35,8 @@ struct V4Config {
   int splits = 0;        // 0: the cost model decides; s > 0: s K slices (clamped to what the shape allows)
   bool swap16 = false;   // M = 9..16 on the swapped two-tile path instead of the 16-row path
   bool swap32 = kSwap32ByDefault;  // M = 17..32 on v4's swapped three/four-tile path (variant v4 there)
+  bool wgmma = false;  // M <= 32 on the warpgroup path (gemm_w4a16_wg.cuh; variant v4, default CTA shape, warps_n a
+                       // multiple of 4, N a multiple of 128); overrides swap16 / swap32
 
   bool operator==(const V4Config&) const = default;
 };
@@ -49,7 +51,7 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& limits,
 
 // V4Config from environment strings (get(name) returns the value or nullptr): FT_W4A16_V4_WARPS,
 // FT_W4A16_V4_STAGES, FT_W4A16_V4_CTAS_PER_SM, FT_W4A16_SPLITK, FT_W4A16_SWAP16 (0/1), FT_W4A16_SWAP32 (0/1,
-// unset: kSwap32ByDefault). A value that is not
+// unset: kSwap32ByDefault), FT_W4A16_WGMMA (0/1). A value that is not
 // accepted (a (warps, stages) pair that is not compiled, ctas_per_sm outside 0..8, splits outside 0..64) is
 // left at its default and a sentence per problem is appended to *warnings.
 V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings);
@@ -68,7 +70,7 @@ std::vector<NamedV4Config> v4_sweep_configs();
 // for M = 17..32 when swap32 is on (the swapped path exists in v4 only). gemm_w4a16 passes the environment's swap32
 // (FT_W4A16_SWAP32) and lets FT_W4A16_VARIANT=v2|v4 override the result (see gemm_w4a16_internal.h).
 constexpr int kV4DefaultMaxM = 16;
-Variant choose_variant(int M, bool swap32 = kSwap32ByDefault);
+Variant choose_variant(int M, bool swap32 = kSwap32ByDefault, bool wgmma = false);
 
 // Whether a tiling (any variant) is launchable for this shape on a device with these limits: m_tiles, rows and
 // rows8 match M, (warps, stages) compiled for the variant and M (only the default for v2 and M > 16),

@@ -135,6 +135,7 @@ struct Tiling {
   int stages = kStages;  // cp.async ring slots per thread (a power of two); likewise
   bool swap16 = false;   // v4, 9 <= M <= 16: swapped path with two n = 8 activation tiles (rows 0-7, 8-15)
   bool swap32 = false;   // v4, 17 <= M <= 32: swapped path with three (M <= 24) or four n = 8 activation tiles
+  bool wgmma = false;    // v4, M <= 32: the warpgroup path (gemm_w4a16_wg.cuh), warps_n a multiple of 4
 
   bool operator==(const Tiling&) const = default;
 };
@@ -160,6 +161,42 @@ FT_HD constexpr int min_blocks_per_sm(int m_tiles, int warps, bool swap16 = fals
   return m_tiles != 1 ? min_blocks_per_sm(m_tiles) : ((swap16 ? 16 : 24) / warps > 0 ? (swap16 ? 16 : 24) / warps : 1);
 }
 
+// --- Warpgroup path (gemm_w4a16_wg.cuh, Tiling::wgmma, M <= 32) ------------------------------------------------
+// Four consecutive warps of a CTA (same wk, warps_n a multiple of 4) are one warpgroup. Each still streams its own
+// n block exactly as the swapped paths do, and its packed word (ks, np) is the A fragment of a 16 x 16 weight tile
+// (v4_slot): warp w of the warpgroup supplies rows 16 w .. 16 w + 15 of the A operand of
+// wgmma.m64nNk16 (A from registers, the mma.m16n8k16 A fragment per warp), so one wgmma multiplies the four warps'
+// tiles (ks, np) with the same activations, N = 8 * ceil(M / 8) token columns. The accumulator of warp w is then the
+// swapped paths' 16 (n) x 8 (m) tiles side by side (register 4 j + e = element e of token tile j), stored by
+// store_swapped. Weights are dequantised exactly (u - 8, lop3 + sub.bf16x2): no offset chain.
+// Activations are staged K-major with the 128-byte swizzle (gemm_fp8_layout.h's descriptors): panel p (slice
+// columns 64 p .. 64 p + 63) is N rows of 128 bytes, 1024-byte aligned; 16-byte chunk c of row r sits at chunk
+// c ^ (r & 7). Rows M .. N - 1 are never written: their columns of the product are never stored.
+constexpr int kWgWarps = 4;            // warps per warpgroup
+constexpr int kWgPanelK = 64;          // bf16 columns per 128-byte swizzled row
+constexpr int64_t kWgAlign = 1024;     // swizzle atom: the staged activations start 1024-byte aligned
+constexpr int kWgMaxM = 32;
+FT_HD constexpr int wg_tokens(int rows) { return (rows + 7) / 8 * 8; }
+FT_HD constexpr int wg_tiles(int rows) { return (rows + 7) / 8; }
+// Byte offset (from the aligned base) of 16-byte chunk c8 (slice columns 8 c8 .. 8 c8 + 7) of token row r.
+FT_HD int64_t wg_x_offset(int r, int c8, int n_tokens) {
+  const int p = c8 / (kWgPanelK / 8), c = c8 % (kWgPanelK / 8);
+  return int64_t{p} * n_tokens * 128 + r * 128 + ((c ^ (r & 7)) << 4);
+}
+// Byte offset of the start address of the B descriptor of the k16 step at slice column k (a multiple of 16): the
+// panel, then 32 bytes per k16 step inside the swizzled row (the XOR acts on address bits 4..6 from bits 7..9,
+// which the step leaves alone, as in the FP8 GEMM's k steps).
+FT_HD int64_t wg_b_desc_offset(int64_t k, int n_tokens) {
+  return (k / kWgPanelK) * n_tokens * 128 + (k % kWgPanelK) * 2;
+}
+// Bytes of staged activations for the longest slice (without the alignment slack).
+FT_HD int64_t wg_a_bytes(int64_t slice_cols, int rows) {
+  return (slice_cols + kWgPanelK - 1) / kWgPanelK * wg_tokens(rows) * 128;
+}
+// Register cap: two 8-warp CTAs per SM (the four-tile instance holds 32 partial sums, 32 sums and two sets of 16 A
+// registers, about 120 registers).
+constexpr int kWgMinBlocksPerSm = 2;
+
 // Only the M real rows are staged: zero rows up to the MMA's 8 or 16 would cost shared memory (occupancy) at
 // decode sizes and feed only outputs that are never stored.
 FT_HD int a_rows(const Tiling& t) { return t.rows; }
@@ -178,7 +215,8 @@ struct SmemLayout {
 FT_HD SmemLayout smem_layout(const Tiling& t, int64_t K, int group) {
   const int64_t groups = K / group;
   SmemLayout s{};
-  s.a_bytes = a_rows(t) * a_pitch(groups, group, t.splits) * 2;
+  s.a_bytes = t.wgmma ? kWgAlign + wg_a_bytes(slice_groups_max(groups, t.splits) * group, t.rows)
+                      : a_rows(t) * a_pitch(groups, group, t.splits) * 2;
   s.s_bytes = t.warps_n * slice_groups_max(groups, t.splits) * kScalesPerGroupBlock * 2;
   s.red_bytes = t.warps_k > 1 ? int64_t{t.warps} * t.m_tiles * 16 * kWarpSize * 4 : 0;
   const int64_t front = s.a_bytes + s.s_bytes > s.red_bytes ? s.a_bytes + s.s_bytes : s.red_bytes;

@@ -57,8 +57,13 @@ extern template NormKernelFn v4_norm_kernel<8, 8>(bool);
 static_assert(sizeof(kV4KernelShapes) / sizeof(kV4KernelShapes[0]) == 4,
               "every compiled shape needs its file and an extern declaration here");
 
+// The warpgroup path's instance for a tiling with wgmma set (gemm_w4a16_wg.cu): one per activation tile count and
+// scale type; nullptr for M > kWgMaxM or a CTA shape other than the default.
+KernelFn wg_kernel_any(const Tiling& t, bool f16_scales);
+
 // The instance for any v4 tiling, nullptr when its shape is not compiled.
 inline KernelFn v4_kernel_any(const Tiling& t, bool f16_scales) {
+  if (t.wgmma) return wg_kernel_any(t, f16_scales);
   if (t.warps == 8 && t.stages == 16) return v4_kernel<8, 16>(t, f16_scales);
   if (t.warps == 8 && t.stages == 32) return v4_kernel<8, 32>(t, f16_scales);
   if (t.warps == 16 && t.stages == 16) return v4_kernel<16, 16>(t, f16_scales);
@@ -68,7 +73,7 @@ inline KernelFn v4_kernel_any(const Tiling& t, bool f16_scales) {
 
 // The RMSNorm prologue instance for a v4 rows8 tiling, nullptr for any other tiling or an uncompiled shape.
 inline NormKernelFn v4_norm_kernel_any(const Tiling& t, bool f16_scales) {
-  if (t.variant != Variant::v4 || !t.rows8) return nullptr;
+  if (t.variant != Variant::v4 || !t.rows8 || t.wgmma) return nullptr;
   if (t.warps == 8 && t.stages == 16) return v4_norm_kernel<8, 16>(f16_scales);
   if (t.warps == 8 && t.stages == 32) return v4_norm_kernel<8, 32>(f16_scales);
   if (t.warps == 16 && t.stages == 16) return v4_norm_kernel<16, 16>(f16_scales);

@@ -156,7 +156,8 @@ void check_configs_against_twin(const UploadedWeight& uw, const std::vector<int>
       const w4::V4Config& c = configs[i].config;
       if (c.swap16 && (M < 9 || M > 16)) continue;
       const bool swap32_range = M >= w4::kSwap32MinM && M <= w4::kSwap32MaxM;
-      if (M > w4::kV4DefaultMaxM && (!swap32_range || c.swap32 == w4::kSwap32ByDefault)) continue;
+      const bool wgmma_range = c.wgmma && M <= w4::kWgMaxM;
+      if (M > w4::kV4DefaultMaxM && (!swap32_range || c.swap32 == w4::kSwap32ByDefault) && !wgmma_range) continue;
       w4::V4Config rest = c;
       rest.swap32 = w4::kSwap32ByDefault;
       if (M <= w4::kV4DefaultMaxM && c.swap32 != w4::kSwap32ByDefault && rest == w4::V4Config{}) continue;  // default
@@ -167,6 +168,7 @@ void check_configs_against_twin(const UploadedWeight& uw, const std::vector<int>
       ASSERT_EQ(t.warps, M <= 16 ? c.warps : w4::kWarps);
       ASSERT_EQ(t.swap16, c.swap16 && M >= 9 && M <= 16);
       ASSERT_EQ(t.swap32, c.swap32 && swap32_range);
+      ASSERT_EQ(t.wgmma, wgmma_range && (N / 32) % w4::kWgWarps == 0);
       check_output(run_gemm(uw, x, M, &t), ref, abs_dot, off, N, Variant::v4);
     }
   }
@@ -256,6 +258,22 @@ TEST(GemmW4A16Gpu, ExplicitTilingsV4Configs) {
                                     << " warps " << c.t.warps << " stages " << c.t.stages << " warps_n "
                                     << c.t.warps_n << " splits " << c.t.splits << " swap16 " << c.t.swap16
                                     << " swap32 " << c.t.swap32);
+    const UploadedWeight uw(random_weight(c.N, c.K, c.group, c.st, ++seed));
+    const std::vector<uint16_t> x = random_x(c.M, c.K, ++seed);
+    std::vector<float> abs_dot;
+    const std::vector<float> ref = formats::gemm_w4a16_reference(x, c.M, uw.w, &abs_dot);
+    const std::vector<double> off = offset_dot(x, c.M, uw.w);
+    check_output(run_gemm(uw, x, c.M, &c.t), ref, abs_dot, off, c.N, Variant::v4);
+  }
+}
+
+// The warpgroup path on explicit tilings (w4a16_cases.h wgmma_cases) against the twin with the v4 bound.
+TEST(GemmW4A16Gpu, ExplicitTilingsWgmma) {
+  FT_REQUIRE_CUDA_DEVICE();
+  uint32_t seed = 3900;
+  for (const test::w4a16::TilingCase& c : test::w4a16::wgmma_cases()) {
+    SCOPED_TRACE(testing::Message() << c.why << ": M " << c.M << " N " << c.N << " K " << c.K << " group " << c.group
+                                    << " warps_n " << c.t.warps_n << " splits " << c.t.splits);
     const UploadedWeight uw(random_weight(c.N, c.K, c.group, c.st, ++seed));
     const std::vector<uint16_t> x = random_x(c.M, c.K, ++seed);
     std::vector<float> abs_dot;
@@ -429,6 +447,14 @@ TEST(GemmW4A16Host, HeuristicTilingsAreLaunchable) {
     std::string why;
     EXPECT_TRUE(w4::tiling_is_valid(c.t, c.M, c.N, c.K, c.group, h200, &why)) << c.why << ": " << why;
   }
+  for (const test::w4a16::TilingCase& c : test::w4a16::wgmma_cases()) {
+    std::string why;
+    EXPECT_TRUE(w4::tiling_is_valid(c.t, c.M, c.N, c.K, c.group, h200, &why)) << c.why << ": " << why;
+    w4::Tiling bad = c.t;
+    bad.warps_n = 2, bad.warps_k = 4;
+    EXPECT_FALSE(w4::tiling_is_valid(bad, c.M, c.N, c.K, c.group, h200, &why)) << c.why;
+    EXPECT_NE(why.find("wgmma"), std::string::npos) << why;
+  }
   const w4::Tiling good = w4::choose_tiling(4, 4096, 4096, 128, h200);
   struct Broken {
     w4::Tiling t;
@@ -455,6 +481,7 @@ TEST(GemmW4A16Host, HeuristicTilingsAreLaunchable) {
     EXPECT_EQ(w4::choose_variant(M, false), M <= 16 ? Variant::v4 : Variant::v2) << M;
     EXPECT_EQ(w4::choose_variant(M, true), M <= 32 ? Variant::v4 : Variant::v2) << M;
     EXPECT_EQ(w4::choose_variant(M), w4::choose_variant(M, w4::kSwap32ByDefault)) << M;
+    EXPECT_EQ(w4::choose_variant(M, false, true), M <= 32 ? Variant::v4 : Variant::v2) << M;
     EXPECT_EQ(w4::choose_tiling(M, 4096, 4096, 128, h200).swap32, w4::kSwap32ByDefault && s32_range) << M;
   }
 
@@ -480,6 +507,16 @@ TEST(GemmW4A16Host, V4ConfigTilingsAreLaunchable) {
           w4::Tiling t = w4::choose_tiling(M, s.N, s.K, group, h200, c.config);
           t.variant = Variant::v4;
           SCOPED_TRACE(testing::Message() << c.name << ": " << w4::describe_tiling(t, M, s.N, s.K, group, h200));
+          const bool wgmma = c.config.wgmma && M <= w4::kWgMaxM && (s.N / 32) % w4::kWgWarps == 0;
+          ASSERT_EQ(t.wgmma, wgmma);
+          if (wgmma) {
+            std::string why;
+            ASSERT_TRUE(w4::tiling_is_valid(t, M, s.N, s.K, group, h200, &why)) << why;
+            ASSERT_EQ(t.warps, w4::kWarps);
+            ASSERT_EQ(t.warps_n % w4::kWgWarps, 0);
+            ASSERT_FALSE(t.swap16 || t.swap32);
+            continue;
+          }
           if (M > 16) {
             w4::Tiling d = w4::choose_tiling(M, s.N, s.K, group, h200);
             d.variant = Variant::v4;

@@ -27,6 +27,8 @@ __device__ __forceinline__ void wgmma_wait_group() {
 // Empty asm that claims to read and write r: keeps the compiler from moving accesses to an accumulator
 // register across wgmma_fence / commit / wait (it cannot see that wgmma writes them asynchronously).
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+__device__ __forceinline__ void fence_operand(uint64_t& r) { asm volatile("" : "+l"(r)::"memory"); }
 
 template <int N>
 struct WgmmaE4m3;  // specialised for the N tiles the FP8 GEMM instantiates

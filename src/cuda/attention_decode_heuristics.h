@@ -1,6 +1,16 @@
 // Launch plan of the paged decode attention (number of sequence splits) as a pure function of the problem
 // shape and the device's limits, kept apart from the kernel so it can be read, printed (FT_PRINT_HEURISTICS=1)
 // and tested on its own.
+//
+// Two process-wide knobs, for measurement (bench_attention_decode --sweep-splits) and A/B runs:
+//   - FT_ATTN_DECODE_SPLITS=N (or set_forced_splits(N)): every plan uses N splits, clamped to
+//     [1, min(tiles, kMaxSplits)]; 0 or unset: the model's choice.
+//   - FT_ATTN_DECODE_MODEL=dram (or set_plan_model): the previous DRAM-only model; latency (default): the model
+//     that also bounds the time by each warp's serial walk over its tiles (see the .cpp).
+// Both are read once, at the first plan. Every caller plans through choose_plan (the launchers,
+// attention_decode_workspace_bytes, the engine through that function), so a knob changes the launch and its
+// workspace together. Set them before the engine's first decode step: a captured CUDA graph keeps the plan of its
+// capture (its workspace only grows, so an older graph stays valid, it just keeps the older split count).
 #pragma once
 
 #include <cstdint>
@@ -14,14 +24,41 @@ struct DeviceLimits {
   int64_t smem_per_block = 227 * 1024;  // opt-in maximum for one CTA
 };
 
+enum class PlanModel {
+  kLatency,  // max(DRAM stream, per-warp tile walk, SM tile throughput) + combine, in microseconds
+  kDram,     // DRAM-byte equivalents of a memory-bound launch (the W4A16 GEMM's model; the choice before the above)
+};
+const char* plan_model_name(PlanModel model);
+
 struct Plan {
   int splits = 1;       // CTAs per (sequence, KV head); > 1 needs the workspace and the combine kernel
   int smem_bytes = 0;   // dynamic shared memory of one CTA
   int ctas_per_sm = 1;  // resident CTAs per SM the model assumed
+  bool forced = false;  // splits came from FT_ATTN_DECODE_SPLITS / set_forced_splits
+  PlanModel model = PlanModel::kLatency;  // the model that chose (when not forced)
+  double model_us = 0.0;  // the model's time for `splits` (the latency model's scale, whichever model chose)
 };
 
-// Plan for a shape attention_decode_can_implement accepts (int4: true for INT4 / INT4_HADAMARD, false for BF16).
+// The forced split count (0: none): set_forced_splits(n) (n <= 0: none) wins over FT_ATTN_DECODE_SPLITS (read
+// once).
+int forced_splits();
+void set_forced_splits(int n);
+// The model choose_plan uses: set_plan_model wins over FT_ATTN_DECODE_MODEL (dram | latency, read once).
+PlanModel plan_model();
+void set_plan_model(PlanModel model);
+// Back to the environment's values for both (undoes set_forced_splits and set_plan_model).
+void reset_plan_knobs();
+
+// Plan for a shape attention_decode_can_implement accepts (int4: true for INT4 / INT4_HADAMARD, false for BF16):
+// the forced split count when one is set, else the choice of plan_model().
 Plan choose_plan(bool int4, int head_dim, int batch, int n_kv_heads, int max_seq_len, const DeviceLimits& limits);
+// The choice of `model`, ignoring any forced split count (the bench prints both models' choices).
+Plan model_plan(PlanModel model, bool int4, int head_dim, int batch, int n_kv_heads, int max_seq_len,
+                const DeviceLimits& limits);
+// The latency model's time in microseconds of a launch with `splits` splits (the bench prints it next to the
+// measured time, which is what the model's constants are calibrated against).
+double modelled_us(int splits, bool int4, int head_dim, int batch, int n_kv_heads, int max_seq_len,
+                   const DeviceLimits& limits);
 
 // Workspace bytes of a plan: partial O [batch, n_heads, splits, head_dim] fp32, then the log2-sum-exp
 // [batch, n_heads, splits] fp32 at workspace_lse_offset (0 bytes when splits == 1).

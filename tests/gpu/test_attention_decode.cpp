@@ -145,6 +145,49 @@ TEST(AttentionDecodeGpu, DeterministicAcrossRuns) {
   }
 }
 
+// Restores the plan knobs (forced split count, model) to the environment's values when a test ends.
+struct PlanKnobs {
+  PlanKnobs() { attn::reset_plan_knobs(); }
+  ~PlanKnobs() { attn::reset_plan_knobs(); }
+  PlanKnobs(const PlanKnobs&) = delete;
+  PlanKnobs& operator=(const PlanKnobs&) = delete;
+};
+
+// Every split count bench_attention_decode --sweep-splits may force computes the same attention, in the workspace
+// attention_decode_workspace_bytes asks for under that count (check_against_twin sizes it so; a short one is
+// refused by the launcher and fails the case).
+TEST(AttentionDecodeGpu, ForcedSplitsMatchTheTwin) {
+  FT_REQUIRE_CUDA_DEVICE();
+  const PlanKnobs knobs;
+  uint32_t seed = 700;
+  for (int forced : {1, 2, 3, 5, 7, 16, attn::kMaxSplits}) {
+    attn::set_forced_splits(forced);
+    SCOPED_TRACE(testing::Message() << "forced splits " << forced);
+    check_against_twin(KvFormat::INT4, 128, 32, 8, {1000, 17, 4097}, ++seed);
+    check_against_twin(KvFormat::BF16, 64, 8, 2, {4097, 1}, ++seed);
+  }
+}
+
+// A forced count larger than the model's: the workspace query follows it, and the model-sized workspace is refused.
+TEST(AttentionDecodeGpu, ForcedSplitsWorkspaceAgreesWithTheLaunch) {
+  FT_REQUIRE_CUDA_DEVICE();
+  const PlanKnobs knobs;
+  const PagedKvCase c = test::make_paged_kv_case(KvFormat::INT4, 128, 32, 8, {32768}, 801);
+  const Uploaded u(c);
+  attn::set_forced_splits(0);
+  const size_t model_ws = cuda::attention_decode_workspace_bytes(KvFormat::INT4, 1, 32, 8, 128, c.max_pages, 32768);
+  attn::set_forced_splits(attn::kMaxSplits);
+  const size_t forced_ws = cuda::attention_decode_workspace_bytes(KvFormat::INT4, 1, 32, 8, 128, c.max_pages, 32768);
+  EXPECT_EQ(forced_ws, size_t{32} * attn::kMaxSplits * (128 + 1) * 4);
+  ASSERT_LT(model_ws, forced_ws) << "the model already picks " << attn::kMaxSplits << " splits here";
+  DeviceBuffer<uint16_t> out(static_cast<size_t>(c.n_heads) * c.head_dim);
+  DeviceBuffer<unsigned char> ws(forced_ws);
+  EXPECT_EQ(launch(c, u, out.p, ws.p, model_ws), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cuda::attention_decode_last_error()).find("workspace"), std::string::npos);
+  EXPECT_EQ(launch(c, u, out.p, ws.p, forced_ws), cudaSuccess) << cuda::attention_decode_last_error();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 TEST(AttentionDecodeGpu, RejectedCallsLeaveTheOutputUntouched) {
   FT_REQUIRE_CUDA_DEVICE();
   const PagedKvCase c = test::make_paged_kv_case(KvFormat::INT4, 128, 32, 8, {32768}, 601);
@@ -214,29 +257,121 @@ TEST(AttentionDecodeHost, CanImplementNamesTheProblem) {
 }
 
 TEST(AttentionDecodeHost, HeuristicPlansAreLaunchable) {
+  const PlanKnobs knobs;
+  attn::set_forced_splits(0);  // the models' own choices, whatever FT_ATTN_DECODE_SPLITS says
   const attn::DeviceLimits h200;
-  for (bool int4 : {true, false}) {
-    for (int hd : {64, 128}) {
-      ASSERT_LE(attn::smem_bytes_for(int4, hd), h200.smem_per_block);
-      for (int batch : {1, 2, 3, 8, 32, 256}) {
-        for (int n_kv : {1, 8}) {
-          for (int len : {1, 17, 64, 1000, 4097, 32768, 131072}) {
-            const attn::Plan p = attn::choose_plan(int4, hd, batch, n_kv, len, h200);
-            SCOPED_TRACE(attn::describe_plan(p, int4, hd, batch, 8 * n_kv, n_kv, len, h200));
-            ASSERT_GE(p.splits, 1);
-            ASSERT_LE(p.splits, attn::kMaxSplits);
-            ASSERT_LE(p.splits, attn::tiles_for(len));
-            ASSERT_EQ(p.smem_bytes, attn::smem_bytes_for(int4, hd));
+  for (attn::PlanModel model : {attn::PlanModel::kLatency, attn::PlanModel::kDram}) {
+    attn::set_plan_model(model);
+    for (bool int4 : {true, false}) {
+      for (int hd : {64, 128}) {
+        ASSERT_LE(attn::smem_bytes_for(int4, hd), h200.smem_per_block);
+        for (int batch : {1, 2, 3, 8, 32, 256}) {
+          for (int n_kv : {1, 8}) {
+            for (int len : {1, 17, 64, 1000, 4097, 32768, 131072}) {
+              const attn::Plan p = attn::choose_plan(int4, hd, batch, n_kv, len, h200);
+              SCOPED_TRACE(attn::describe_plan(p, int4, hd, batch, 8 * n_kv, n_kv, len, h200));
+              ASSERT_GE(p.splits, 1);
+              ASSERT_LE(p.splits, attn::kMaxSplits);
+              ASSERT_LE(p.splits, attn::tiles_for(len));
+              ASSERT_EQ(p.smem_bytes, attn::smem_bytes_for(int4, hd));
+              ASSERT_FALSE(p.forced);
+              ASSERT_EQ(p.model, model);
+              ASSERT_EQ(p.splits, attn::model_plan(model, int4, hd, batch, n_kv, len, h200).splits);
+            }
           }
         }
       }
     }
   }
-  // The decode target: one long Llama-3.1-8B sequence (8 KV heads) must fill the 132 SMs; a large batch of long
-  // sequences needs no split.
-  const attn::Plan one = attn::choose_plan(true, 128, 1, 8, 32768, h200);
-  EXPECT_GE(8 * one.splits, h200.sm_count) << attn::describe_plan(one, true, 128, 1, 32, 8, 32768, h200);
-  EXPECT_EQ(attn::choose_plan(true, 128, 32, 8, 32768, h200).splits, 1);
+  // The decode target: one long Llama-3.1-8B sequence (8 KV heads) must fill the 132 SMs under either model.
+  for (attn::PlanModel model : {attn::PlanModel::kLatency, attn::PlanModel::kDram}) {
+    const attn::Plan one = attn::model_plan(model, true, 128, 1, 8, 32768, h200);
+    EXPECT_GE(8 * one.splits, h200.sm_count) << attn::describe_plan(one, true, 128, 1, 32, 8, 32768, h200);
+  }
+  // The DRAM model (the earlier choice): a large batch of long sequences saturates the DRAM unsplit.
+  EXPECT_EQ(attn::model_plan(attn::PlanModel::kDram, true, 128, 32, 8, 32768, h200).splits, 1);
+}
+
+// The latency model's plan is the cheapest split count it knows, and its time is the one modelled_us reports.
+TEST(AttentionDecodeHost, LatencyPlanIsTheModelsMinimum) {
+  const attn::DeviceLimits h200;
+  for (bool int4 : {true, false}) {
+    for (int hd : {64, 128}) {
+      for (int batch : {1, 3, 8, 32, 256}) {
+        for (int len : {17, 1000, 8192, 32768}) {
+          const attn::Plan p = attn::model_plan(attn::PlanModel::kLatency, int4, hd, batch, 8, len, h200);
+          SCOPED_TRACE(attn::describe_plan(p, int4, hd, batch, 32, 8, len, h200));
+          EXPECT_DOUBLE_EQ(p.model_us, attn::modelled_us(p.splits, int4, hd, batch, 8, len, h200));
+          for (int s = 1; s <= std::min(attn::tiles_for(len), attn::kMaxSplits); ++s) {
+            const double us = attn::modelled_us(s, int4, hd, batch, 8, len, h200);
+            ASSERT_GT(us, 0.0);
+            // Ties keep the fewer splits.
+            if (s < p.splits) ASSERT_GT(us, p.model_us) << "splits " << s;
+            if (s > p.splits) ASSERT_GE(us, p.model_us) << "splits " << s;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The H200 measurements the latency model's constants were fitted to (bench_attention_decode, INT4, head_dim 128,
+// 32 / 8 heads, every sequence at the full context): the model must stay within 20% of each. Recalibrating the
+// constants from a --sweep-splits run means adding its points here.
+TEST(AttentionDecodeHost, LatencyModelMatchesH200Measurements) {
+  const attn::DeviceLimits h200;
+  struct Point {
+    int ctx, batch, splits;
+    double us;
+  };
+  for (const Point& m :
+       {Point{1024, 32, 1, 29.8}, Point{8192, 32, 1, 158.0}, Point{1024, 8, 4, 15.8}, Point{1024, 1, 16, 10.7}}) {
+    const double us = attn::modelled_us(m.splits, true, 128, m.batch, 8, m.ctx, h200);
+    EXPECT_NEAR(us, m.us, 0.2 * m.us) << "context " << m.ctx << " batch " << m.batch << " splits " << m.splits;
+  }
+}
+
+TEST(AttentionDecodeHost, ForcedSplitsAreClampedAndSizeTheWorkspace) {
+  const PlanKnobs knobs;
+  const attn::DeviceLimits h200;
+  struct Want {
+    int forced, len, splits;
+  };
+  // 1000 tokens = 63 tiles, 17 = 2, 1 = 1; 32768 tokens = 2048 tiles, capped at kMaxSplits.
+  for (const Want& w : {Want{5, 32768, 5}, Want{100, 1000, 63}, Want{100, 32768, attn::kMaxSplits}, Want{3, 17, 2},
+                        Want{7, 1, 1}, Want{1, 32768, 1}, Want{64, 1024, 64}}) {
+    attn::set_forced_splits(w.forced);
+    for (bool int4 : {true, false}) {
+      const attn::Plan p = attn::choose_plan(int4, 128, 3, 8, w.len, h200);
+      SCOPED_TRACE(attn::describe_plan(p, int4, 128, 3, 32, 8, w.len, h200));
+      EXPECT_TRUE(p.forced);
+      EXPECT_EQ(p.splits, w.splits) << "forced " << w.forced;
+      EXPECT_EQ(p.smem_bytes, attn::smem_bytes_for(int4, 128));
+      const int64_t want_ws = w.splits == 1 ? 0 : int64_t{3} * 32 * w.splits * (128 + 1) * 4;
+      EXPECT_EQ(attn::workspace_bytes_for(p, 3, 32, 128), want_ws);
+      EXPECT_EQ(attn::workspace_lse_offset(p, 3, 32, 128), w.splits == 1 ? 0 : int64_t{3} * 32 * w.splits * 128 * 4);
+    }
+  }
+  // One split even where the model splits: no workspace.
+  attn::set_forced_splits(1);
+  EXPECT_EQ(attn::workspace_bytes_for(attn::choose_plan(true, 128, 1, 8, 32768, h200), 1, 32, 128), 0);
+  // 0 and negative counts give the model's choice back.
+  for (int n : {0, -4}) {
+    attn::set_forced_splits(n);
+    EXPECT_EQ(attn::forced_splits(), 0);
+    const attn::Plan p = attn::choose_plan(true, 128, 1, 8, 32768, h200);
+    EXPECT_FALSE(p.forced);
+    EXPECT_EQ(p.splits, attn::model_plan(attn::plan_model(), true, 128, 1, 8, 32768, h200).splits);
+    EXPECT_GT(p.splits, 1);
+  }
+  // The model knob: choose_plan follows it (on a shape where the two models disagree).
+  const int dram = attn::model_plan(attn::PlanModel::kDram, true, 128, 8, 8, 8192, h200).splits;
+  const int latency = attn::model_plan(attn::PlanModel::kLatency, true, 128, 8, 8, 8192, h200).splits;
+  ASSERT_NE(dram, latency);
+  attn::set_plan_model(attn::PlanModel::kDram);
+  EXPECT_EQ(attn::choose_plan(true, 128, 8, 8, 8192, h200).splits, dram);
+  attn::set_plan_model(attn::PlanModel::kLatency);
+  EXPECT_EQ(attn::choose_plan(true, 128, 8, 8, 8192, h200).splits, latency);
 }
 
 }  // namespace

@@ -63,14 +63,17 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d) {
 
 Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, const V4Config& config) {
   // Above kV4DefaultMaxM only swap32 comes from the config (the tiling is otherwise the default one).
+  // The warpgroup path: M <= 32, the default CTA shape, four warps side by side (N a multiple of 4 blocks).
+  const bool wgmma = config.wgmma && M <= kWgMaxM && (N / kBlockN) % kWgWarps == 0;
   V4Config cfg = config;
   if (M > kV4DefaultMaxM) {
     cfg = V4Config{};
     cfg.swap32 = config.swap32;
-    cfg.wgmma = config.wgmma;
+    if (wgmma) {  // the warpgroup path keeps its occupancy and split wishes up to M = 32
+      cfg.ctas_per_sm = config.ctas_per_sm;
+      cfg.splits = config.splits;
+    }
   }
-  // The warpgroup path: M <= 32, the default CTA shape, four warps side by side (N a multiple of 4 blocks).
-  const bool wgmma = cfg.wgmma && M <= kWgMaxM && (N / kBlockN) % kWgWarps == 0;
   if (wgmma) {
     cfg.warps = kWarps;
     cfg.stages = kStages;
@@ -239,13 +242,16 @@ std::vector<NamedV4Config> v4_sweep_configs() {
   // quarters the ring (32 KB per CTA) so three 8-warp CTAs (24 warps) fit an SM where the default's shared memory
   // allows two (16 warps): the same bytes in flight, 1.5x the warps to hide the dequant -> MMA latency chains
   // (ncu, 8B gate_up at M = 1: 3.2 active and 0.97 eligible warps per scheduler, issue slots idle half the time).
-  // wgmma runs M <= 32 on the warpgroup path (one wgmma per four warps' blocks and k16 step, whatever M).
+  // wgmma runs M <= 32 on the warpgroup path (one wgmma per four warps' blocks and k16 step, whatever M); wgmma_c2
+  // asks for two CTAs per SM also at M = 17..32, where the staged activations of a long K slice otherwise leave one
+  // (more K slices, so less staging per CTA, against the split-K reduce's traffic).
   return {make("w8s16", 8, 16, 0, false),  make("w8s16c2", 8, 16, 2, false), make("w8s16c3", 8, 16, 3, false),
           make("w8s32", 8, 32, 0, false),  make("w8s32c1", 8, 32, 1, false), make("w16s16", 16, 16, 0, false),
           make("w16s16c1", 16, 16, 1, false), make("swap16", 8, 16, 0, true),  make("swap16c2", 8, 16, 2, true),
           make(kSwap32ByDefault ? "no_swap32" : "swap32", 8, 16, 0, false, !kSwap32ByDefault),
           make("w8s8", 8, 8, 0, false),    make("w8s8c3", 8, 8, 3, false),
-          make("wgmma", 8, 16, 0, false, kSwap32ByDefault, true)};
+          make("wgmma", 8, 16, 0, false, kSwap32ByDefault, true),
+          make("wgmma_c2", 8, 16, 2, false, kSwap32ByDefault, true)};
 }
 
 V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings) {

@@ -1,5 +1,5 @@
 // Benchmark of the W4A16 decode GEMM against a cuBLASLt BF16 GEMM on Llama-3.1-8B / 70B projection shapes.
-//   bench_gemm_w4a16 [--json PATH] [--iters N] [--probe | --sweep]
+//   bench_gemm_w4a16 [--json PATH] [--iters N] [--probe | --sweep [--shapes 8B.o,70B.down] [--ms 1,32]]
 // --sweep: every v4 launch configuration of w4a16::v4_sweep_configs (CTA size, ring depth, CTAs per SM, swapped
 // two- and three/four-tile paths) on the same shapes at M = 1, 4, 8, 16, 32, graph-timed in one process; prints a
 // table (us per candidate, the best with TB/s and % of 4.2 TB/s) and writes the JSON. See run_sweep.
@@ -216,6 +216,19 @@ void run_probe(cudaStream_t stream, int iters) {
 // differences are expected). Cost: 8 shapes x 5 M x <= 10 candidates x iters x 20 GEMMs (about a minute at
 // iters = 100).
 const int kSweepMs[] = {1, 4, 8, 16, 32};
+// --shapes A,B / --ms 1,32 (sweep only): run only these shapes (names as in kShapes) and M values, e.g. to profile
+// one GEMM under ncu. Empty: all.
+std::string g_sweep_shapes, g_sweep_ms;
+bool listed(const std::string& list, const std::string& item) {
+  if (list.empty()) return true;
+  size_t b = 0;
+  while (b <= list.size()) {
+    const size_t e = std::min(list.find(',', b), list.size());
+    if (list.compare(b, e - b, item) == 0) return true;
+    b = e + 1;
+  }
+  return false;
+}
 constexpr double kSweepDiffTol = 1.0 / 64;
 
 struct SweepCandidate {
@@ -258,6 +271,7 @@ std::vector<SweepRow> run_sweep(cudaStream_t stream, int iters, size_t rotate_by
   for (const auto& c : configs) std::printf(" %9s", c.name);
   std::printf(" | %-9s %8s %6s %6s %7s\n", "best", "us", "TB/s", "of4.2T", "speedup");
   for (const Shape& s : kShapes) {
+    if (!listed(g_sweep_shapes, s.name)) continue;
     const size_t w4_bytes = static_cast<size_t>(s.N) * s.K / 2;
     const size_t sc_bytes = static_cast<size_t>(s.N) * (s.K / kGroup) * 2;
     const int r4 = static_cast<int>(std::clamp<size_t>((rotate_bytes + w4_bytes - 1) / w4_bytes, 2, 64));
@@ -285,6 +299,7 @@ std::vector<SweepRow> run_sweep(cudaStream_t stream, int iters, size_t rotate_by
       CHECK_CUDA(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
     }
     for (int M : kSweepMs) {
+      if (!listed(g_sweep_ms, std::to_string(M))) continue;
       SweepRow row{s.name, M, s.K, s.N, {}, 0};
       std::vector<w4k::Tiling> tiles;
       size_t ws_bytes = 16;
@@ -410,6 +425,10 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) {
     if (i > 0 && std::strcmp(argv[i], "--sweep") == 0) {
       sweep = true;
+    } else if (i > 0 && i + 1 < argc && std::strcmp(argv[i], "--shapes") == 0) {
+      g_sweep_shapes = argv[++i];
+    } else if (i > 0 && i + 1 < argc && std::strcmp(argv[i], "--ms") == 0) {
+      g_sweep_ms = argv[++i];
     } else {
       rest.push_back(argv[i]);
     }

@@ -11,9 +11,9 @@
 // the FT_GIT_COMMIT environment variable.
 //
 // --sweep-splits: INT4 cache only; for each (context, batch) the launch is timed at each forced split count
-// (attn::set_forced_splits, the FT_ATTN_DECODE_SPLITS knob) and at the latency and DRAM models' own choices, on
-// one pool, and printed with the latency model's time for each count: the data that calibrates the constants of
-// src/cuda/attention_decode_heuristics.cpp (docs/kernels.md, "Split choice").
+// (attn::set_forced_splits, the FT_ATTN_DECODE_SPLITS knob) and at the occupancy rule's and the DRAM model's own
+// choices, on one pool, with the best count and each choice's loss to it: the data the constants of
+// src/cuda/attention_decode_heuristics.cpp come from (docs/kernels.md, "Split choice").
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -158,9 +158,9 @@ Result bench_format(KvFormat f, int ctx, int batch, size_t rotate_bytes, int ite
 
 // --sweep-splits: one (context, batch) of the INT4 cache at every forced split count and at both models' choices.
 struct SweepRow {
-  int ctx, batch, latency_splits, dram_splits;
+  int ctx, batch, occupancy_splits, dram_splits;
   std::vector<int> splits;  // the effective (clamped) count of each requested value, in request order
-  std::vector<double> us, model_us;
+  std::vector<double> us;
   std::map<int, double> timed;  // effective splits -> measured us
   int best_splits = 0;
   double best_us = 0.0;
@@ -172,15 +172,14 @@ SweepRow sweep(int ctx, int batch, const std::vector<int>& requested, size_t rot
   const attn::DeviceLimits d = device_limits();
   SweepRow r{ctx,
              batch,
-             attn::model_plan(attn::PlanModel::kLatency, true, kHeadDim, batch, kKvHeads, ctx, d).splits,
+             attn::model_plan(attn::PlanModel::kOccupancy, true, kHeadDim, batch, kKvHeads, ctx, d).splits,
              attn::model_plan(attn::PlanModel::kDram, true, kHeadDim, batch, kKvHeads, ctx, d).splits,
-             {},
              {},
              {},
              {}};
   Case c(KvFormat::INT4, ctx, batch, rotate_bytes, stream);
   std::vector<int> all = requested;
-  all.push_back(r.latency_splits);
+  all.push_back(r.occupancy_splits);
   all.push_back(r.dram_splits);
   // One workspace for the largest plan, so every count runs on the same buffers.
   size_t ws = 0;
@@ -196,7 +195,6 @@ SweepRow sweep(int ctx, int batch, const std::vector<int>& requested, size_t rot
     if (i < requested.size()) {
       r.splits.push_back(eff);
       r.us.push_back(r.timed[eff]);
-      r.model_us.push_back(attn::modelled_us(eff, true, kHeadDim, batch, kKvHeads, ctx, d));
     }
   }
   attn::reset_plan_knobs();
@@ -284,23 +282,20 @@ int main(int argc, char** argv) {
   if (!opt.sweep_splits.empty()) {
     const attn::PlanModel model = attn::plan_model();
     std::printf(
-        "INT4 cache, forced split counts: measured us, then the latency model's us ('model'); lat / dram: "
-        "each model's choice (the default plan uses %s)\n",
+        "INT4 cache, measured us at each forced split count; occ / dram: the occupancy rule's and the DRAM "
+        "model's choices (the default plan uses %s)\n",
         attn::plan_model_name(model));
-    std::printf("%6s %5s | %4s %4s |", "ctx", "batch", "lat", "dram");
+    std::printf("%6s %5s | %4s %4s |", "ctx", "batch", "occ", "dram");
     for (int s : opt.sweep_splits) std::printf(" %7d", s);
-    std::printf(" | %4s %8s | %8s %9s\n", "best", "best us", "lat/best", "dram/best");
+    std::printf(" | %4s %8s | %8s %9s\n", "best", "best us", "occ/best", "dram/best");
     std::vector<SweepRow> rows;
     for (int ctx : opt.contexts) {
       for (int batch : opt.batches) {
         const SweepRow r = sweep(ctx, batch, opt.sweep_splits, rotate_bytes, iters, q, out, stream);
-        std::printf("%6d %5d | %4d %4d |", ctx, batch, r.latency_splits, r.dram_splits);
+        std::printf("%6d %5d | %4d %4d |", ctx, batch, r.occupancy_splits, r.dram_splits);
         for (double us : r.us) std::printf(" %7.2f", us);
-        std::printf(" | %4d %8.2f | %7.2fx %8.2fx\n", r.best_splits, r.best_us, r.at(r.latency_splits) / r.best_us,
+        std::printf(" | %4d %8.2f | %7.2fx %8.2fx\n", r.best_splits, r.best_us, r.at(r.occupancy_splits) / r.best_us,
                     r.at(r.dram_splits) / r.best_us);
-        std::printf("%6s %5s | %9s |", "", "", "model");
-        for (double us : r.model_us) std::printf(" %7.2f", us);
-        std::printf(" |\n");
         rows.push_back(r);
       }
     }
@@ -324,19 +319,20 @@ int main(int argc, char** argv) {
       };
       const auto row = [&](FILE* f, size_t i) {
         const SweepRow& r = rows[i];
-        const int heuristic = model == attn::PlanModel::kDram ? r.dram_splits : r.latency_splits;
+        const int heuristic = model == attn::PlanModel::kDram ? r.dram_splits : r.occupancy_splits;
         std::fprintf(f,
-                     "    {\"context\": %d, \"batch\": %d, \"heuristic_splits\": %d, \"latency_splits\": %d, "
+                     "    {\"context\": %d, \"batch\": %d, \"heuristic_splits\": %d, \"occupancy_splits\": %d, "
                      "\"dram_splits\": %d, ",
-                     r.ctx, r.batch, heuristic, r.latency_splits, r.dram_splits);
+                     r.ctx, r.batch, heuristic, r.occupancy_splits, r.dram_splits);
         list(f, "splits", r.splits, "%d");
         list(f, "us", r.us, "%.3f");
-        list(f, "model_us", r.model_us, "%.3f");
         std::fprintf(f,
-                     "\"best_splits\": %d, \"best_us\": %.3f, \"heuristic_us\": %.3f, \"latency_us\": %.3f, "
-                     "\"dram_us\": %.3f, \"heuristic_over_best\": %.4f, \"dram_over_best\": %.4f}",
-                     r.best_splits, r.best_us, r.at(heuristic), r.at(r.latency_splits), r.at(r.dram_splits),
-                     r.at(heuristic) / r.best_us, r.at(r.dram_splits) / r.best_us);
+                     "\"best_splits\": %d, \"best_us\": %.3f, \"heuristic_us\": %.3f, \"occupancy_us\": %.3f, "
+                     "\"dram_us\": %.3f, \"heuristic_over_best\": %.4f, \"occupancy_over_best\": %.4f, "
+                     "\"dram_over_best\": %.4f}",
+                     r.best_splits, r.best_us, r.at(heuristic), r.at(r.occupancy_splits), r.at(r.dram_splits),
+                     r.at(heuristic) / r.best_us, r.at(r.occupancy_splits) / r.best_us,
+                     r.at(r.dram_splits) / r.best_us);
       };
       if (!write_json(opt.json_path, "attention_decode_splits", d, sm_mhz_now, copy_tbps, sweep_extra, rows.size(),
                       row))

@@ -1,35 +1,32 @@
-// Split choice for the paged decode attention. Two models of a launch with `splits` CTAs per (sequence, KV head):
+// Split choice for the paged decode attention: how many CTAs share one (sequence, KV head).
 //
-// DRAM model (PlanModel::kDram, the choice before the latency model; FT_ATTN_DECODE_MODEL=dram), counted in
-// DRAM-byte equivalents like the W4A16 GEMM's:
+// Occupancy rule (PlanModel::kOccupancy, the default):
+//   splits = clamp(min(round(kTargetCtasPerSm * SMs / (batch * KV heads)), kMaxPlanSplits,
+//                      tiles / (kWarps * kMinTilesPerWarp)),
+//                  1, min(tiles, kMaxSplits))
+// Measured on the H200 by
+//   bench_attention_decode --sweep-splits 1,2,3,4,6,8,12,16   (docs/results/bench_attention_decode-v10-splits.json)
+// over the 8B attention (32 / 8 heads, head_dim 128, INT4 cache) at contexts 1k / 8k / 32k x batch 1 / 8 / 32: the
+// best count follows the grid's occupancy, not the bytes in flight nor the per-warp walk. Batch 32 (256 CTAs
+// unsplit) gains at most 2% from splitting: the SM's own throughput inside the kernel (~6.5 tiles of 16 tokens per
+// us per SM) is the limit, and more warps only add the combine. The rule picks 8 / 4 / 1, 16 / 4 / 1, 16 / 4 / 1
+// (batch 1 / 8 / 32 at 1k, 8k, 32k), within 1.02x of the best measured count in all nine rows (docs/kernels.md,
+// "Split choice", has the table).
+//
+// DRAM model (PlanModel::kDram, the choice before; FT_ATTN_DECODE_MODEL=dram, kept for A/B runs), counted in
+// DRAM-byte equivalents like the W4A16 GEMM's; the cheapest split count wins (ties: fewer):
 //   - a CTA streams its split's tiles; while c CTAs are resident the DRAM delivers its full rate once c reaches
 //     the saturating count (enough bytes in flight: kBytesInFlightPerSm per SM), proportionally less below;
 //     so a wave of c CTAs costs bytes_per_cta * max(c, saturation);
 //   - each wave adds a fixed ramp (pipeline fill: one DRAM latency);
 //   - splitting adds the combine kernel (launch mostly hidden by programmatic dependent launch) and the fp32
 //     partial outputs written and read back through L2.
-//
-// Latency model (PlanModel::kLatency, the default), in microseconds: the slowest of three limits plus the combine.
-//   - DRAM stream: the DRAM model's stream and ramp terms above, at kDramBytesPerUs;
-//   - per-warp walk: a warp consumes its tiles one after another (wait for the stage, dequantise, two mma chains,
-//     online softmax with shuffles), a dependent chain of ~kTileUs per tile that more resident warps overlap but
-//     do not shorten. The H200 at batch 32, context 1024 and one split (256 CTAs, 16 tiles per warp, a third of
-//     the CTA slots idle) ran at 1.34 of its 4.25 TB/s: this term, not the DRAM, set the time. So a launch costs
-//     waves * (kWaveFixedUs + tiles_per_warp * t_tile), waves = ceil(CTAs / resident CTA slots);
-//   - SM throughput: all warp-tiles of the launch over the SMs at kSmTilesPerUs each (the issue / tensor-pipe
-//     roof once enough warps hide the chain's latency);
-//   - combine (splits > 1): kCombineUs (launch and drain of the combine kernel, partly hidden by programmatic
-//     dependent launch) plus its fp32 partials through L2.
 // Sequences of one batch may differ in length; the plan is made for the longest (max_seq_len).
-//
-// The constants are estimates for the H200 (H100 is close), to be calibrated with
-//   bench_attention_decode --sweep-splits 1,2,3,4,6,8,12,16
-// which prints the measured and modelled microseconds of every forced split count side by side (docs/kernels.md,
-// "Split choice", says which measurement fixes which constant).
 #include "cuda/attention_decode_heuristics.h"
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,31 +44,18 @@ constexpr double kCombineFixedBytes = 3.0e6;  // ~0.7 us: the combine kernel's s
 constexpr double kL2Weight = 0.5;             // L2 traffic costs about half of DRAM traffic
 constexpr int64_t kSmemReservePerCta = 1024;  // the driver keeps 1 KB per resident CTA
 
-// --- Latency model: first estimates, to be calibrated from bench_attention_decode --sweep-splits on the H200 ---
-// DRAM rate the byte terms above convert at (H200: 4.25 TB/s copy roof, ~4 TB/s reached by streaming kernels).
-constexpr double kDramBytesPerUs = 4.0e6;
-// Fitted to the four H200 points known before the sweep (INT4, head_dim 128, 8 KV heads, single-wave launches):
-// batch 32 at contexts 1024 / 8192, one split: 29.8 / 158 us, so 1.15 us a tile (16 -> 128 tiles per warp) and
-// ~10 us of intercept; batch 8 (4 splits, 4 tiles per warp) 15.8 us and batch 1 (16 splits, 1 tile) 10.7 us agree
-// with that intercept. How it divides between kLaunchUs and kWaveFixedUs is a guess (no multi-wave point yet), and
-// that division decides whether more waves of shorter walks pay: the sweep's batch 32 rows settle it.
-//
-// One 16-token tile of one warp, INT4 cache at head_dim 128, latency-bound.
-constexpr double kTileUs = 1.15;
-// BF16 tiles relative to INT4 ones at the same head_dim: no dequantisation, 3.4x the bytes through cp.async and
-// ldmatrix. head_dim 64 halves every per-tile step (scaled by head_dim / 128).
-constexpr double kBf16TileScale = 0.7;
-// Per wave of CTAs: the ring's fill (every warp of the wave issues kStages - 1 tiles at once and waits for the
-// first under that burst) and the cross-warp merge and store at the end.
-constexpr double kWaveFixedUs = 6.0;
-// Per launch, whatever the split: the launch gap and grid start seen by the bench's per-launch event pair. It
-// never changes the choice; it makes the modelled time comparable with the measured one.
-constexpr double kLaunchUs = 4.0;
-// Warp-tiles one SM retires per microsecond once latency is hidden: ~370 instructions a tile (the 1.5 us a tile
-// first estimated at ~1 IPC with 8 warps per SM) at ~2 IPC of 1.98 GHz.
-constexpr double kSmTilesPerUs = 10.0;
-// The combine kernel: ~2 us launch and drain, about half of it hidden behind the attention kernel by PDL.
-constexpr double kCombineUs = 1.0;
+// --- Occupancy rule (the default); each constant measured on the H200 by the sweep above ---
+// CTAs per SM over the whole grid: batch 8 (64 CTAs a split) is best at 4 splits at 8k and 32k (256 CTAs, ~2 per
+// SM) and 1.01-1.12x slower at 6 (a third CTA per SM); batch 32 (256 CTAs unsplit, ~2 per SM) is best unsplit at
+// 1k and 8k and within 2% of the best at 32k.
+constexpr int kTargetCtasPerSm = 2;
+// Splits at most: batch 1 (8 CTAs a split) gains 13% / 22% from 12 to 16 splits at 8k / 32k, while 18 / 19 (the
+// DRAM model's choices in the same run) put a second CTA on some SMs and were 1.22-1.26x slower than 16.
+constexpr int kMaxPlanSplits = 16;
+// 16-token tiles each warp walks at least (a CTA's tiles go to its kWarps warps round-robin): batch 1 at 1k (64
+// tiles) is best at 8 splits, 2 tiles a warp, and 1.07-1.08x slower at 12 and 16 (1-2 and 1 tile a warp): below
+// two the ring's fill and the warps' merge are not amortised.
+constexpr int kMinTilesPerWarp = 2;
 
 struct KernelShape {
   int stage_bytes, stages, smem, max_ctas_per_sm;  // the last: the register cap of __launch_bounds__
@@ -86,10 +70,9 @@ KernelShape kernel_shape(bool int4, int head_dim) {
   return head_dim == 128 ? make(Geometry<false, 128>{}) : make(Geometry<false, 64>{});
 }
 
-// What both models need about one problem.
+// What the models need about one problem.
 struct Problem {
   KernelShape k;
-  bool int4;
   int head_dim, batch, n_kv_heads, tiles;
   int ctas_per_sm;    // resident CTAs per SM (shared memory, then the register cap)
   int64_t cap;        // resident CTAs on the device
@@ -100,7 +83,6 @@ struct Problem {
 Problem make_problem(bool int4, int head_dim, int batch, int n_kv_heads, int max_seq_len, const DeviceLimits& d) {
   Problem p{};
   p.k = kernel_shape(int4, head_dim);
-  p.int4 = int4;
   p.head_dim = head_dim;
   p.batch = batch;
   p.n_kv_heads = n_kv_heads;
@@ -137,20 +119,6 @@ double dram_cost_bytes(int splits, const Problem& p) {
   return stream_bytes(splits, p) + (splits > 1 ? kCombineFixedBytes + partials_bytes(splits, p) : 0.0);
 }
 
-double latency_cost_us(int splits, const Problem& p) {
-  const int64_t ctas = int64_t{p.batch} * p.n_kv_heads * splits;
-  const int64_t waves = (ctas + p.cap - 1) / p.cap;
-  const int tiles_per_cta = (p.tiles + splits - 1) / splits;
-  const int tiles_per_warp = (tiles_per_cta + kWarps - 1) / kWarps;
-  const double t_tile = kTileUs * p.head_dim / 128.0 * (p.int4 ? 1.0 : kBf16TileScale);
-  const double walk = static_cast<double>(waves) * (kWaveFixedUs + tiles_per_warp * t_tile);
-  // Every tile of every split is one warp-tile (split_range covers the sequence exactly).
-  const double sm = static_cast<double>(p.batch) * p.n_kv_heads * p.tiles / (p.sm_count * kSmTilesPerUs);
-  const double stream = stream_bytes(splits, p) / kDramBytesPerUs;
-  const double combine = splits > 1 ? kCombineUs + partials_bytes(splits, p) / kDramBytesPerUs : 0.0;
-  return kLaunchUs + std::max({stream, walk, sm}) + combine;
-}
-
 Plan base_plan(const Problem& p) {
   Plan plan;
   plan.smem_bytes = p.k.smem;
@@ -158,19 +126,35 @@ Plan base_plan(const Problem& p) {
   return plan;
 }
 
-Plan best_plan(PlanModel model, const Problem& p) {
+// The DRAM model's choice: the cheapest split count.
+Plan dram_plan(const Problem& p) {
   Plan best = base_plan(p);
   double best_cost = std::numeric_limits<double>::infinity();
   for (int splits = 1; splits <= max_splits(p); ++splits) {
-    const double c = model == PlanModel::kDram ? dram_cost_bytes(splits, p) : latency_cost_us(splits, p);
+    const double c = dram_cost_bytes(splits, p);
     if (c < best_cost) {  // strict: ties keep the fewer splits
       best_cost = c;
       best.splits = splits;
     }
   }
-  best.model = model;
-  best.model_us = latency_cost_us(best.splits, p);
+  best.model = PlanModel::kDram;
   return best;
+}
+
+// The occupancy rule's choice.
+Plan occupancy_plan(const Problem& p) {
+  Plan plan = base_plan(p);
+  const double groups = static_cast<double>(p.batch) * p.n_kv_heads;  // CTAs of one split
+  const auto fill = static_cast<int64_t>(std::lround(kTargetCtasPerSm * static_cast<double>(p.sm_count) / groups));
+  const int64_t walk = p.tiles / (kWarps * kMinTilesPerWarp);
+  const int64_t s = std::min<int64_t>({fill, kMaxPlanSplits, walk});
+  plan.splits = static_cast<int>(std::clamp<int64_t>(s, 1, max_splits(p)));
+  plan.model = PlanModel::kOccupancy;
+  return plan;
+}
+
+Plan best_plan(PlanModel model, const Problem& p) {
+  return model == PlanModel::kDram ? dram_plan(p) : occupancy_plan(p);
 }
 
 // Process-wide knobs: an explicit set_* wins; otherwise the environment, read once.
@@ -196,17 +180,17 @@ int env_forced_splits() {
 PlanModel env_model() {
   static const PlanModel m = [] {
     const char* e = std::getenv("FT_ATTN_DECODE_MODEL");
-    if (e == nullptr || e[0] == '\0' || std::strcmp(e, "latency") == 0) return PlanModel::kLatency;
+    if (e == nullptr || e[0] == '\0' || std::strcmp(e, "occupancy") == 0) return PlanModel::kOccupancy;
     if (std::strcmp(e, "dram") == 0) return PlanModel::kDram;
-    std::fprintf(stderr, "FT_ATTN_DECODE_MODEL='%s' is not 'latency' or 'dram'; using latency\n", e);
-    return PlanModel::kLatency;
+    std::fprintf(stderr, "FT_ATTN_DECODE_MODEL='%s' is not 'occupancy' or 'dram'; using occupancy\n", e);
+    return PlanModel::kOccupancy;
   }();
   return m;
 }
 
 }  // namespace
 
-const char* plan_model_name(PlanModel model) { return model == PlanModel::kDram ? "dram" : "latency"; }
+const char* plan_model_name(PlanModel model) { return model == PlanModel::kDram ? "dram" : "occupancy"; }
 
 int forced_splits() {
   const int v = g_forced_splits.load(std::memory_order_relaxed);
@@ -241,16 +225,9 @@ Plan choose_plan(bool int4, int head_dim, int batch, int n_kv_heads, int max_seq
     plan.splits = std::min(forced, max_splits(p));
     plan.forced = true;
     plan.model = plan_model();
-    plan.model_us = latency_cost_us(plan.splits, p);
     return plan;
   }
   return best_plan(plan_model(), p);
-}
-
-double modelled_us(int splits, bool int4, int head_dim, int batch, int n_kv_heads, int max_seq_len,
-                   const DeviceLimits& d) {
-  const Problem p = make_problem(int4, head_dim, batch, n_kv_heads, max_seq_len, d);
-  return latency_cost_us(std::clamp(splits, 1, max_splits(p)), p);
 }
 
 int64_t workspace_lse_offset(const Plan& p, int batch, int n_heads, int head_dim) {
@@ -267,11 +244,10 @@ std::string describe_plan(const Plan& p, bool int4, int head_dim, int batch, int
   char buf[384];
   std::snprintf(buf, sizeof(buf),
                 "attention_decode %s B=%d heads=%d kv_heads=%d head_dim=%d max_seq_len=%d: splits=%d (%s) "
-                "grid=%dx%dx%d smem=%d B ctas/sm=%d workspace=%lld B model=%.1f us (sm=%d)",
+                "grid=%dx%dx%d smem=%d B ctas/sm=%d workspace=%lld B (sm=%d)",
                 int4 ? "int4" : "bf16", batch, n_heads, n_kv_heads, head_dim, max_seq_len, p.splits,
                 p.forced ? "forced" : plan_model_name(p.model), p.splits, n_kv_heads, batch, p.smem_bytes,
-                p.ctas_per_sm, static_cast<long long>(workspace_bytes_for(p, batch, n_heads, head_dim)), p.model_us,
-                d.sm_count);
+                p.ctas_per_sm, static_cast<long long>(workspace_bytes_for(p, batch, n_heads, head_dim)), d.sm_count);
   return buf;
 }
 

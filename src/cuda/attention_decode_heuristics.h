@@ -5,8 +5,8 @@
 // Two process-wide knobs, for measurement (bench_attention_decode --sweep-splits) and A/B runs:
 //   - FT_ATTN_DECODE_SPLITS=N (or set_forced_splits(N)): every plan uses N splits, clamped to
 //     [1, min(tiles, kMaxSplits)]; 0 or unset: the model's choice.
-//   - FT_ATTN_DECODE_MODEL=dram (or set_plan_model): the previous DRAM-only model; latency (default): the model
-//     that also bounds the time by each warp's serial walk over its tiles (see the .cpp).
+//   - FT_ATTN_DECODE_MODEL=dram (or set_plan_model): the earlier DRAM-byte cost model; occupancy (default): the
+//     rule fitted to the H200 split sweep, about two CTAs per SM (see the .cpp).
 // Both are read once, at the first plan. Every caller plans through choose_plan (the launchers,
 // attention_decode_workspace_bytes, the engine through that function), so a knob changes the launch and its
 // workspace together. Set them before the engine's first decode step: a captured CUDA graph keeps the plan of its
@@ -25,25 +25,24 @@ struct DeviceLimits {
 };
 
 enum class PlanModel {
-  kLatency,  // max(DRAM stream, per-warp tile walk, SM tile throughput) + combine, in microseconds
-  kDram,     // DRAM-byte equivalents of a memory-bound launch (the W4A16 GEMM's model; the choice before the above)
+  kOccupancy,  // enough splits for ~2 CTAs per SM, at most 16, at least 2 tiles per warp (measured on the H200)
+  kDram,       // DRAM-byte equivalents of a memory-bound launch (the W4A16 GEMM's model; the choice before the above)
 };
 const char* plan_model_name(PlanModel model);
 
 struct Plan {
   int splits = 1;       // CTAs per (sequence, KV head); > 1 needs the workspace and the combine kernel
   int smem_bytes = 0;   // dynamic shared memory of one CTA
-  int ctas_per_sm = 1;  // resident CTAs per SM the model assumed
+  int ctas_per_sm = 1;  // resident CTAs per SM (shared memory, then the register cap)
   bool forced = false;  // splits came from FT_ATTN_DECODE_SPLITS / set_forced_splits
-  PlanModel model = PlanModel::kLatency;  // the model that chose (when not forced)
-  double model_us = 0.0;  // the model's time for `splits` (the latency model's scale, whichever model chose)
+  PlanModel model = PlanModel::kOccupancy;  // the model that chose (when not forced)
 };
 
 // The forced split count (0: none): set_forced_splits(n) (n <= 0: none) wins over FT_ATTN_DECODE_SPLITS (read
 // once).
 int forced_splits();
 void set_forced_splits(int n);
-// The model choose_plan uses: set_plan_model wins over FT_ATTN_DECODE_MODEL (dram | latency, read once).
+// The model choose_plan uses: set_plan_model wins over FT_ATTN_DECODE_MODEL (occupancy | dram, read once).
 PlanModel plan_model();
 void set_plan_model(PlanModel model);
 // Back to the environment's values for both (undoes set_forced_splits and set_plan_model).
@@ -55,10 +54,6 @@ Plan choose_plan(bool int4, int head_dim, int batch, int n_kv_heads, int max_seq
 // The choice of `model`, ignoring any forced split count (the bench prints both models' choices).
 Plan model_plan(PlanModel model, bool int4, int head_dim, int batch, int n_kv_heads, int max_seq_len,
                 const DeviceLimits& limits);
-// The latency model's time in microseconds of a launch with `splits` splits (the bench prints it next to the
-// measured time, which is what the model's constants are calibrated against).
-double modelled_us(int splits, bool int4, int head_dim, int batch, int n_kv_heads, int max_seq_len,
-                   const DeviceLimits& limits);
 
 // Workspace bytes of a plan: partial O [batch, n_heads, splits, head_dim] fp32, then the log2-sum-exp
 // [batch, n_heads, splits] fp32 at workspace_lse_offset (0 bytes when splits == 1).

@@ -292,8 +292,8 @@ TEST(CudaEngineEpiloguesUnrotation, SplitDecodeAttentionUnrotatesInItsCombine) {
   // The premise, from the split heuristic on this device: batch 2 at 1100+ tokens splits (graph replays plan for the
   // power-of-two bucket, capped at the engine's 1536), at 30-odd tokens it does not. The op counts come from the
   // profiled engine, which runs without graphs and plans the real length; the graph-replayed engines plan short
-  // steps for the 256 bucket, which the latency split model splits (4 splits of 4 tiles: shorter per-warp walks), so
-  // there fused and unfused compare the combine's un-rotation with the separate kernel: same bits either way.
+  // steps for the 256 bucket, which the occupancy split rule splits in 2 (16 tiles, 2 a warp), so there fused and
+  // unfused compare the combine's un-rotation with the separate kernel: same bits either way.
   const int nh = static_cast<int>(s.heads), nkv = static_cast<int>(s.kv_heads), hd = static_cast<int>(s.head_dim);
   for (int len : {1101, 1110, 1536})
     ASSERT_GT(cuda::attention_decode_workspace_bytes(co.kv, 2, nh, nkv, hd, pages, len), 0u) << len;

@@ -220,6 +220,27 @@ inline std::vector<TilingCase> wgmma_cases() {
       c(32, 128, 14336, 128, ScaleType::BF16, 4, 8, "M = 32: the 8B down projection's K, split-K 8"),
   };
   base.insert(base.end(), std::begin(extra), std::end(extra));
+  // Streamed activations (stream_x: warps_k = 1, 8 weight slots): every case with 8 warps side by side again.
+  std::vector<TilingCase> streamed;
+  for (const TilingCase& d : base) {
+    if (d.t.warps_n != w4::kWarps) continue;
+    TilingCase s = d;
+    s.t.stages = w4::kWgStreamStages;
+    s.t.stream_x = true;
+    streamed.push_back(s);
+  }
+  const TilingCase extra_streamed[] = {
+      c(32, 256, 4096, 128, ScaleType::BF16, 8, 1, "streamed M = 32: 128 blocks, 64 panels through 5 slots"),
+      c(1, 256, 1088, 32, ScaleType::F16, 8, 1, "streamed M = 1: 34 blocks, group 32"),
+      c(24, 512, 1120, 32, ScaleType::BF16, 8, 3, "streamed M = 24: 35 groups of 32 in 3 slices (odd block counts)"),
+      c(13, 256, 14336, 128, ScaleType::BF16, 8, 2, "streamed M = 13: the down projection's K in 2 slices"),
+  };
+  for (TilingCase s : extra_streamed) {
+    s.t.stages = w4::kWgStreamStages;
+    s.t.stream_x = true;
+    streamed.push_back(s);
+  }
+  base.insert(base.end(), streamed.begin(), streamed.end());
   for (TilingCase& d : base) {
     d.t.variant = w4::Variant::v4;
     d.t.swap32 = false;

@@ -69,14 +69,16 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, cons
   if (M > kV4DefaultMaxM) {
     cfg = V4Config{};
     cfg.swap32 = config.swap32;
-    if (wgmma) {  // the warpgroup path keeps its occupancy and split wishes up to M = 32
+    if (wgmma) {  // the warpgroup path keeps its occupancy, split and streaming wishes up to M = 32
       cfg.ctas_per_sm = config.ctas_per_sm;
       cfg.splits = config.splits;
+      cfg.stream_x = config.stream_x;
     }
   }
+  const bool stream_x = wgmma && cfg.stream_x && (N / kBlockN) % kWarps == 0;  // warps_n = 8, warps_k = 1
   if (wgmma) {
     cfg.warps = kWarps;
-    cfg.stages = kStages;
+    cfg.stages = stream_x ? kWgStreamStages : kStages;
   }
   Tiling base;
   base.m_tiles = (M + 15) / 16;
@@ -87,6 +89,7 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, cons
   base.swap16 = cfg.swap16 && M > 8 && !wgmma;
   base.swap32 = cfg.swap32 && M >= kSwap32MinM && M <= kSwap32MaxM && !wgmma;
   base.wgmma = wgmma;
+  base.stream_x = stream_x;
   const int64_t groups = K / group;
   const int64_t max_splits = std::min<int64_t>(groups, kMaxSplits);
   // Phase 0 keeps tilings that meet both occupancy wishes of cfg.ctas_per_sm, phase 1 those whose shared memory
@@ -101,6 +104,7 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, cons
   for (int warps_n = cfg.warps; warps_n >= 1; warps_n /= 2) {  // 8: {8, 4, 2, 1}, as before the configs
     if ((N / kBlockN) % warps_n != 0) continue;
     if (wgmma && warps_n % kWgWarps != 0) continue;
+    if (stream_x && warps_n != cfg.warps) continue;  // warps_k = 1
     for (int64_t splits = split_lo; splits <= split_hi; ++splits) {
       Tiling t = base;
       t.warps_n = warps_n;
@@ -137,7 +141,7 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, cons
   // activations fit (gemm_w4a16_can_implement rejects that case by checking the smem of this tiling).
   Tiling t = base;
   for (int warps_n = cfg.warps; warps_n >= 1; warps_n /= 2) {
-    if ((N / kBlockN) % warps_n == 0 && (!wgmma || warps_n % kWgWarps == 0)) {
+    if ((N / kBlockN) % warps_n == 0 && (!wgmma || warps_n % kWgWarps == 0) && (!stream_x || warps_n == cfg.warps)) {
       t.warps_n = warps_n;
       break;
     }
@@ -166,7 +170,8 @@ bool tiling_is_valid(const Tiling& t, int M, int N, int K, int group, const Devi
   if (!v4_kernel_compiled(t.warps, t.stages))
     return fail("warps = " + to_string(t.warps) + " with stages = " + to_string(t.stages) +
                 " is not a compiled kernel shape (warps x stages: 8 x 16, 8 x 32, 16 x 16)");
-  if ((t.warps != kWarps || t.stages != kStages) && (t.variant != Variant::v4 || M > kV4DefaultMaxM))
+  if ((t.warps != kWarps || t.stages != kStages) && (t.variant != Variant::v4 || M > kV4DefaultMaxM) &&
+      !(t.stream_x && t.variant == Variant::v4 && M <= kWgMaxM))
     return fail("warps = " + to_string(t.warps) + ", stages = " + to_string(t.stages) +
                 " need variant v4 and M <= " + to_string(kV4DefaultMaxM) + " (v2 and larger M run 8 x 16 only)");
   if (t.swap32 && (t.variant != Variant::v4 || t.rows8 || t.swap16 || M < kSwap32MinM || M > kSwap32MaxM))
@@ -174,11 +179,14 @@ bool tiling_is_valid(const Tiling& t, int M, int N, int K, int group, const Devi
                 to_string(kSwap32MaxM) + ", M = " + to_string(M) + (t.variant != Variant::v4 ? " (variant v2)" : ""));
   if (t.swap16 && (t.variant != Variant::v4 || t.rows8 || M < 9 || M > 16))
     return fail("swap16 needs variant v4, rows8 off and M = 9..16, M = " + to_string(M));
-  if (t.wgmma && (t.variant != Variant::v4 || M > kWgMaxM || t.warps != kWarps || t.stages != kStages || t.swap16 ||
-                  t.swap32 || t.warps_n % kWgWarps != 0))
-    return fail("wgmma needs variant v4, M <= " + to_string(kWgMaxM) + ", the default CTA shape (8 warps, 16 stages), " +
-                "swap16 and swap32 off and warps_n a multiple of 4; M = " + to_string(M) + ", warps = " +
-                to_string(t.warps) + ", stages = " + to_string(t.stages) + ", warps_n = " + to_string(t.warps_n));
+  if (t.wgmma && (t.variant != Variant::v4 || M > kWgMaxM || t.warps != kWarps ||
+                  t.stages != (t.stream_x ? kWgStreamStages : kStages) || t.swap16 || t.swap32 ||
+                  t.warps_n % kWgWarps != 0 || (t.stream_x && t.warps_k != 1)))
+    return fail("wgmma needs variant v4, M <= " + to_string(kWgMaxM) + ", 8 warps with 16 stages (8 and warps_k = 1 " +
+                "with stream_x), swap16 and swap32 off and warps_n a multiple of 4; M = " + to_string(M) +
+                ", warps = " + to_string(t.warps) + ", stages = " + to_string(t.stages) + ", warps_n = " +
+                to_string(t.warps_n) + ", stream_x = " + to_string(t.stream_x ? 1 : 0));
+  if (t.stream_x && !t.wgmma) return fail("stream_x needs wgmma");
   if (t.warps_n != 1 && t.warps_n != 2 && t.warps_n != 4 && t.warps_n != 8 && t.warps_n != 16)
     return fail("warps_n = " + to_string(t.warps_n) + ", expected 1, 2, 4, 8 or 16");
   if (t.warps_n * t.warps_k != t.warps)
@@ -202,10 +210,10 @@ std::string describe_tiling(const Tiling& t, int M, int N, int K, int group, con
   const int64_t in_flight_kb = int64_t{t.warps} * (t.stages - 2) * kBlockN * kBlockK / 2 / 1024;
   char buf[400];
   std::snprintf(buf, sizeof(buf),
-                "gemm_w4a16 M=%d N=%d K=%d group=%d: %s%s%s%s m_tiles=%d rows8=%d warps=%d stages=%d warps_n=%d "
+                "gemm_w4a16 M=%d N=%d K=%d group=%d: %s%s%s%s%s m_tiles=%d rows8=%d warps=%d stages=%d warps_n=%d "
                 "warps_k=%d splits=%d grid=%dx%d smem=%lld B ctas/sm<=%lld in_flight/cta=%lld KB workspace=%lld B "
                 "(sm=%d)",
-                M, N, K, group, t.variant == Variant::v4 ? "v4" : "v2", t.wgmma ? " wgmma" : "", t.swap16 ? " swap16" : "",
+                M, N, K, group, t.variant == Variant::v4 ? "v4" : "v2", t.wgmma ? " wgmma" : "", t.stream_x ? " stream_x" : "", t.swap16 ? " swap16" : "",
                 t.swap32 ? (swap_tiles(t.rows8, t.swap16, t.swap32, t.rows) == 3 ? " swap32x3" : " swap32x4") : "",
                 t.m_tiles,
                 t.rows8 ? 1 : 0, t.warps, t.stages, t.warps_n, t.warps_k, t.splits, N / (kBlockN * t.warps_n),
@@ -218,8 +226,9 @@ std::string describe_tiling(const Tiling& t, int M, int N, int K, int group, con
 std::string describe_config(const V4Config& c) {
   char buf[180];
   std::snprintf(buf, sizeof(buf),
-                "v4 config: warps=%d stages=%d ctas_per_sm=%d splits=%d swap16=%d swap32=%d wgmma=%d", c.warps,
-                c.stages, c.ctas_per_sm, c.splits, c.swap16 ? 1 : 0, c.swap32 ? 1 : 0, c.wgmma ? 1 : 0);
+                "v4 config: warps=%d stages=%d ctas_per_sm=%d splits=%d swap16=%d swap32=%d wgmma=%d stream_x=%d",
+                c.warps, c.stages, c.ctas_per_sm, c.splits, c.swap16 ? 1 : 0, c.swap32 ? 1 : 0, c.wgmma ? 1 : 0,
+                c.stream_x ? 1 : 0);
   return buf;
 }
 
@@ -233,6 +242,13 @@ std::vector<NamedV4Config> v4_sweep_configs() {
     c.swap16 = swap16;
     c.swap32 = swap32;
     c.wgmma = wgmma;
+    return NamedV4Config{name, c};
+  };
+  auto stream = [](const char* name) {
+    V4Config c;
+    c.stages = kWgStreamStages;
+    c.wgmma = true;
+    c.stream_x = true;
     return NamedV4Config{name, c};
   };
   // Bytes in flight per SM, as the default has them on the large layers (one or two CTAs of 56 KB): c2 / c3 ask
@@ -251,7 +267,7 @@ std::vector<NamedV4Config> v4_sweep_configs() {
           make(kSwap32ByDefault ? "no_swap32" : "swap32", 8, 16, 0, false, !kSwap32ByDefault),
           make("w8s8", 8, 8, 0, false),    make("w8s8c3", 8, 8, 3, false),
           make("wgmma", 8, 16, 0, false, kSwap32ByDefault, true),
-          make("wgmma_c2", 8, 16, 2, false, kSwap32ByDefault, true)};
+          make("wgmma_c2", 8, 16, 2, false, kSwap32ByDefault, true), stream("wgmma_sx")};
 }
 
 V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings) {
@@ -288,6 +304,7 @@ V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings)
   if (read("FT_W4A16_SWAP16", 0, 1, &flag)) c.swap16 = flag == 1;
   if (read("FT_W4A16_SWAP32", 0, 1, &flag)) c.swap32 = flag == 1;
   if (read("FT_W4A16_WGMMA", 0, 1, &flag)) c.wgmma = flag == 1;
+  if (read("FT_W4A16_STREAM_X", 0, 1, &flag)) c.stream_x = flag == 1;
   return c;
 }
 

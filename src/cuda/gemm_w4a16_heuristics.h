@@ -37,6 +37,7 @@ struct V4Config {
   bool swap32 = kSwap32ByDefault;  // M = 17..32 on v4's swapped three/four-tile path (variant v4 there)
   bool wgmma = false;  // M <= 32 on the warpgroup path (gemm_w4a16_wg.cuh; variant v4, default CTA shape, warps_n a
                        // multiple of 4, N a multiple of 128); overrides swap16 / swap32
+  bool stream_x = false;  // with wgmma: activations streamed through a panel ring (warps_k = 1, 8 weight slots)
 
   bool operator==(const V4Config&) const = default;
 };
@@ -51,7 +52,7 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& limits,
 
 // V4Config from environment strings (get(name) returns the value or nullptr): FT_W4A16_V4_WARPS,
 // FT_W4A16_V4_STAGES, FT_W4A16_V4_CTAS_PER_SM, FT_W4A16_SPLITK, FT_W4A16_SWAP16 (0/1), FT_W4A16_SWAP32 (0/1,
-// unset: kSwap32ByDefault), FT_W4A16_WGMMA (0/1). A value that is not
+// unset: kSwap32ByDefault), FT_W4A16_WGMMA (0/1), FT_W4A16_STREAM_X (0/1, with WGMMA). A value that is not
 // accepted (a (warps, stages) pair that is not compiled, ctas_per_sm outside 0..8, splits outside 0..64) is
 // left at its default and a sentence per problem is appended to *warnings.
 V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings);

@@ -136,6 +136,7 @@ struct Tiling {
   bool swap16 = false;   // v4, 9 <= M <= 16: swapped path with two n = 8 activation tiles (rows 0-7, 8-15)
   bool swap32 = false;   // v4, 17 <= M <= 32: swapped path with three (M <= 24) or four n = 8 activation tiles
   bool wgmma = false;    // v4, M <= 32: the warpgroup path (gemm_w4a16_wg.cuh), warps_n a multiple of 4
+  bool stream_x = false;  // wgmma with warps_k = 1 and 8 stages: activations streamed through a ring of panels
 
   bool operator==(const Tiling&) const = default;
 };
@@ -193,6 +194,16 @@ FT_HD int64_t wg_b_desc_offset(int64_t k, int n_tokens) {
 FT_HD int64_t wg_a_bytes(int64_t slice_cols, int rows) {
   return (slice_cols + kWgPanelK - 1) / kWgPanelK * wg_tokens(rows) * 128;
 }
+// Streamed activations (Tiling::stream_x): instead of the whole slice, a ring of kWgStreamPanels panels (one per
+// pair of blocks: panel j holds slice columns 64 j .. 64 j + 63), refilled kStreamPairs - 1 pairs ahead like the
+// weights; the extra slot lets a panel be overwritten only after the CTA barrier that follows every warp's wait
+// for the wgmmas that read it. Needs warps_k = 1 (every warp on the same pairs) and the 8-slot weight ring, so that
+// with the smaller staging two or three CTAs share an SM where the staged slice allowed one.
+constexpr int kWgStreamStages = 8;
+constexpr int kWgStreamPairs = kWgStreamStages / 2;
+constexpr int kWgStreamPanels = kWgStreamPairs + 1;
+FT_HD int64_t wg_stream_panel_bytes(int rows) { return int64_t{wg_tokens(rows)} * 128; }
+
 // Register cap: two 8-warp CTAs per SM (the four-tile instance holds 32 partial sums, 32 sums and two sets of 16 A
 // registers, about 120 registers).
 constexpr int kWgMinBlocksPerSm = 2;
@@ -215,7 +226,8 @@ struct SmemLayout {
 FT_HD SmemLayout smem_layout(const Tiling& t, int64_t K, int group) {
   const int64_t groups = K / group;
   SmemLayout s{};
-  s.a_bytes = t.wgmma ? kWgAlign + wg_a_bytes(slice_groups_max(groups, t.splits) * group, t.rows)
+  s.a_bytes = t.wgmma ? kWgAlign + (t.stream_x ? kWgStreamPanels * wg_stream_panel_bytes(t.rows)
+                                                : wg_a_bytes(slice_groups_max(groups, t.splits) * group, t.rows))
                       : a_rows(t) * a_pitch(groups, group, t.splits) * 2;
   s.s_bytes = t.warps_n * slice_groups_max(groups, t.splits) * kScalesPerGroupBlock * 2;
   s.red_bytes = t.warps_k > 1 ? int64_t{t.warps} * t.m_tiles * 16 * kWarpSize * 4 : 0;

@@ -16,6 +16,7 @@
 
 #include "cuda/gemm_fp8_layout.h"
 #include "cuda/gemm_w4a16_v4.cuh"
+#include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/ptx/wgmma_16bit.cuh"
 
@@ -62,21 +63,53 @@ __device__ __forceinline__ void wg_wait_then_stage_rows(const KernelArgs& args, 
   }
   ptx::cp_async_commit_group();
   ptx::cp_async_wait_group<0>();
+  ptx::fence_proxy_async_shared();  // cp.async wrote through the generic proxy; wgmma reads through the async one
   __syncthreads();
 }
 
-template <int kTiles, bool kF16Scales>
+// Streamed activations: a panel (64 columns of M <= 32 rows) is at most 256 chunks of 16 bytes, one per thread of
+// the CTA. Thread tid copies chunk tid (row tid / 8, chunk tid % 8) of every panel: its source advances 64 columns
+// per panel, its place in a panel is fixed. Precomputed once, so the main loop keeps three registers for it.
+struct WgPanelCopy {
+  const __nv_bfloat16* src;  // this thread's chunk of panel 0
+  uint32_t dst;              // its byte offset in a panel (wg_x_offset)
+  int limit;                 // panel j's chunk exists while 64 j < limit (slice_k - 8 (tid % 8); -1: no chunk)
+};
+template <int kNTokens>
+__device__ __forceinline__ WgPanelCopy wg_panel_copy(const KernelArgs& args, int rows, int64_t k0, int slice_k,
+                                                     int tid) {
+  constexpr int kChunks = kWgPanelK / 8;
+  static_assert(kNTokens * kChunks <= kThreads, "one chunk per thread");
+  const int r = tid / kChunks, cc = tid % kChunks;
+  if (r >= rows) return WgPanelCopy{args.x, 0u, -1};
+  return WgPanelCopy{args.x + static_cast<int64_t>(r) * args.K + k0 + cc * 8,
+                     static_cast<uint32_t>(wg_x_offset(r, cc, kNTokens)), slice_k - cc * 8};
+}
+// Panel j (slice columns 64 j .. 64 j + 63, those below slice_k) into ring slot j % kWgStreamPanels of the panels at
+// a_addr; a cp.async copy the caller commits.
+template <int kNTokens>
+__device__ __forceinline__ void wg_stage_panel(const WgPanelCopy& pc, int j, uint32_t a_addr) {
+  if (j * kWgPanelK < pc.limit)
+    ptx::cp_async_16(a_addr + static_cast<uint32_t>(j % kWgStreamPanels) * (kNTokens * 128) + pc.dst,
+                     pc.src + j * kWgPanelK);
+}
+
+// kStream: activations streamed through the panel ring (Tiling::stream_x: warps_k = 1, kWgStreamStages weight slots)
+// instead of staged for the whole slice.
+template <int kTiles, bool kF16Scales, bool kStream = false>
 __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_kernel(const KernelArgs args) {
   static_assert(kTiles >= 1 && kTiles <= kWgMaxM / 8, "one to four n = 8 activation tiles");
   constexpr int kAccRegs = 4 * kTiles;  // fp32 registers of one m64n(8 kTiles) accumulator per thread
-  constexpr int kPairs = kStages / 2;
+  constexpr int kRing = kStream ? kWgStreamStages : kStages;
+  constexpr int kPairs = kRing / 2;
   constexpr int kNTokens = 8 * kTiles;
+  constexpr uint32_t kPanelBytes = kNTokens * 128;
   ptx::griddepcontrol_launch_dependents();
 
   extern __shared__ __align__(16) unsigned char smem[];
   Tiling t = args.tiling;
-  t.warps = kWarps;  // the warpgroup path runs the default CTA shape only (tiling_is_valid)
-  t.stages = kStages;
+  t.warps = kWarps;  // the warpgroup path runs 8-warp CTAs only (tiling_is_valid)
+  t.stages = kRing;
   const int K = args.K, group = args.group;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wn = warp % t.warps_n, wk = warp / t.warps_n;
@@ -115,7 +148,18 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
     ptx::cp_async_commit_group();
   }
 
-  wg_wait_then_stage_rows(args, t.rows, k0, slice_k, a_s, tid, kThreads);
+  const WgPanelCopy panel_copy = kStream ? wg_panel_copy<kNTokens>(args, t.rows, k0, slice_k, tid) : WgPanelCopy{};
+  if constexpr (kStream) {
+    // The panels of the pairs whose weights are already in flight; later ones ride with their pair's weights.
+    ptx::griddepcontrol_wait();
+    for (int j = 0; j < kPairs - 1; ++j) wg_stage_panel<kNTokens>(panel_copy, j, a_addr);
+    ptx::cp_async_commit_group();
+    ptx::cp_async_wait_group<0>();
+    ptx::fence_proxy_async_shared();
+    __syncthreads();
+  } else {
+    wg_wait_then_stage_rows(args, t.rows, k0, slice_k, a_s, tid, kThreads);
+  }
 
   float acc[2][kAccRegs] = {};  // [np][4 j + e]: element e of token tile j of 16-row tile np
   float part[2][kAccRegs] = {};  // this group's sums since the last flush (restarted by the first wgmma of a group)
@@ -133,8 +177,13 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
     const int col = slice_col0 + i * kBlockK;
     uint64_t db[2];
 #pragma unroll
-    for (int ks = 0; ks < 2; ++ks)
-      db[ks] = fp8::advance_smem_desc(desc0, static_cast<uint32_t>(wg_b_desc_offset(col + 16 * ks, kNTokens)));
+    for (int ks = 0; ks < 2; ++ks) {
+      // Streamed: block i is half i & 1 of panel i / 2 (warps_k = 1, so i counts from the slice start).
+      const uint32_t off = kStream ? static_cast<uint32_t>((i >> 1) % kWgStreamPanels) * kPanelBytes +
+                                         static_cast<uint32_t>((i & 1) * 64 + ks * 32)
+                                   : static_cast<uint32_t>(wg_b_desc_offset(col + 16 * ks, kNTokens));
+      db[ks] = fp8::advance_smem_desc(desc0, off);
+    }
     uint32_t accumulate[2] = {fresh ? 0u : 1u, 1u};  // scale-d of k16 steps 0 and 1
     // Every input register of the batch is defined before the fence (ptxas serialises the wgmmas otherwise).
 #pragma unroll
@@ -180,15 +229,20 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
   int fetch = 2 * (kPairs - 1);
   const uint4* wnext = wsrc + fetch * kWarpSize;
   for (int i0 = 0; i0 < n_steps; i0 += 2) {
-    const uint32_t fetch_slot = ring_lane + (static_cast<uint32_t>(fetch) & (kStages - 1)) * (kThreads * 16);
+    const uint32_t fetch_slot = ring_lane + (static_cast<uint32_t>(fetch) & (kRing - 1)) * (kThreads * 16);
     if (fetch < n_steps) ptx::cp_async_16(fetch_slot, wnext);
     if (fetch + 1 < n_steps) ptx::cp_async_16(fetch_slot + kThreads * 16, wnext + kWarpSize);
+    // Streamed: the panel of the fetched pair, into the slot of pair i0 / 2 - 2, which every warp finished with
+    // before the previous iteration's barrier.
+    if constexpr (kStream) {
+      wg_stage_panel<kNTokens>(panel_copy, fetch / 2, a_addr);
+    }
     ptx::cp_async_commit_group();
     fetch += 2;
     wnext += 2 * kWarpSize;
     ptx::cp_async_wait_group<kPairs - 1>();
     const bool has1 = i0 + 1 < n_steps;  // uniform over the warpgroup: only the last pair can be a single block
-    const unsigned char* slot0 = ring + ((static_cast<uint32_t>(i0) & (kStages - 1)) * kThreads + tid) * 16;
+    const unsigned char* slot0 = ring + ((static_cast<uint32_t>(i0) & (kRing - 1)) * kThreads + tid) * 16;
     // Both blocks' A registers are built before either block's wgmmas start: ptxas serialises wgmmas whose input
     // registers are defined while an earlier wgmma group is pending, so the pair's eight wgmmas run while the ring
     // is refilled and the next pair is loaded, and the wait for them is the first thing of the next iteration.
@@ -197,6 +251,12 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
     const uint4 q1 = *reinterpret_cast<const uint4*>(slot0 + kThreads * 16);
     uint32_t f0[16], f1[16];
     ptx::wgmma_wait_group<0>();
+    if constexpr (kStream) {
+      // Every thread's copies of panel i0 / 2 have landed (the wait above) and every warp is done with the wgmmas
+      // of the pair before (its wait): the panel may be read, and the next iteration may overwrite pair i0 / 2 - 1's.
+      ptx::fence_proxy_async_shared();
+      __syncthreads();
+    }
     wg_dequant_block(q0, f0);
     wg_dequant_block(q1, f1);
     run_block(f0, i0);

@@ -169,6 +169,7 @@ void check_configs_against_twin(const UploadedWeight& uw, const std::vector<int>
       ASSERT_EQ(t.swap16, c.swap16 && M >= 9 && M <= 16);
       ASSERT_EQ(t.swap32, c.swap32 && swap32_range);
       ASSERT_EQ(t.wgmma, wgmma_range && (N / 32) % w4::kWgWarps == 0);
+      ASSERT_EQ(t.stream_x, t.wgmma && c.stream_x && (N / 32) % w4::kWarps == 0);
       check_output(run_gemm(uw, x, M, &t), ref, abs_dot, off, N, Variant::v4);
     }
   }
@@ -515,6 +516,8 @@ TEST(GemmW4A16Host, V4ConfigTilingsAreLaunchable) {
             ASSERT_EQ(t.warps, w4::kWarps);
             ASSERT_EQ(t.warps_n % w4::kWgWarps, 0);
             ASSERT_FALSE(t.swap16 || t.swap32);
+            ASSERT_EQ(t.stream_x, c.config.stream_x && s.N % 256 == 0);
+            if (t.stream_x) ASSERT_EQ(t.warps_k, 1);
             continue;
           }
           if (M > 16) {

@@ -158,6 +158,20 @@ EnvVariant env_variant() {
   return v;
 }
 
+// FT_W4A16_WG32=0/1, read once per process: M = 17..32 on the streamed warpgroup path (wgmma + stream_x), default
+// w4a16::kWg32ByDefault. An explicit FT_W4A16_VARIANT=v2 still wins.
+bool wg32_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("FT_W4A16_WG32");
+    if (v == nullptr || v[0] == '\0') return w4a16::kWg32ByDefault;
+    if ((v[0] == '0' || v[0] == '1') && v[1] == '\0') return v[0] == '1';
+    std::fprintf(stderr, "FT_W4A16_WG32=%s ignored (expected 0 or 1)\n", v);
+    return w4a16::kWg32ByDefault;
+  }();
+  return on;
+}
+bool wg32_range(int M) { return M >= w4a16::kSwap32MinM && M <= w4a16::kWgMaxM && wg32_on(); }
+
 // Pointer checks shared by every entry point. The output's alignment follows its widest access: BF16 pairs for y,
 // float4 in the split-K reduce for the residual, four BF16 (8 bytes) there for the SwiGLU output.
 cudaError_t check_pointers(const void* x, const void* w_packed, const void* scales, const void* out,
@@ -297,13 +311,21 @@ bool tuned_table_on() {
 // The tiling gemm_w4a16 runs, with the variant set. For v4 decode sizes: the environment's v4 config when one is
 // set, else the measured table's entry for the shape (gemm_w4a16_tuned.h) if any — either only when its tiling
 // fits the device; otherwise, and for v2 or M > 16, the default configuration. For M = 17..32 swap32 is the
-// environment's (FT_W4A16_SWAP32, else kSwap32ByDefault) when the variant is v4, and off for v2.
+// environment's (FT_W4A16_SWAP32, else kSwap32ByDefault) when the variant is v4, and off for v2; the streamed
+// warpgroup path runs there when wg32_on() (FT_W4A16_WG32, else kWg32ByDefault) and the shape allows it, v2 where it
+// does not.
 Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits& d) {
   const w4a16::Variant v = gemm_w4a16_variant_for(M);
+  const bool wg32 = v == w4a16::Variant::v4 && wg32_range(M);
   w4a16::V4Config base;
   base.swap32 = v == w4a16::Variant::v4 && env_v4_config().swap32;
-  base.wgmma = v == w4a16::Variant::v4 && env_v4_config().wgmma;
+  base.wgmma = v == w4a16::Variant::v4 && (env_v4_config().wgmma || wg32);
+  base.stream_x = v == w4a16::Variant::v4 && (env_v4_config().stream_x || wg32);
   Tiling t = cached_tiling(M, N, K, group, d, base);
+  if (wg32 && !t.wgmma && !t.swap32 && env_variant() == EnvVariant::unset) {
+    t.variant = w4a16::Variant::v2;  // the shape has no warpgroup tiling: v2, the default of M > 16 without it
+    return t;
+  }
   if (v == w4a16::Variant::v4 && M <= w4a16::kV4DefaultMaxM) {
     const w4a16::TunedV4Entry* tuned = nullptr;
     if (env_v4_config() == w4a16::V4Config{} && tuned_table_on()) tuned = w4a16::find_tuned_v4(M, N, K, group, d);
@@ -373,7 +395,13 @@ cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x
     return launch(*tiling, d, dev, ep, x, w_packed, scales, out, M, N, K, group, scale_type, workspace,
                   workspace_bytes, stream, qkv, norm);
   }
-  const Tiling t = library_tiling(M, N, K, group, d);
+  Tiling t = library_tiling(M, N, K, group, d);
+  if (norm && t.wgmma) {
+    // The norm prologue exists on the swapped mma.sync path only: a table entry on the warpgroup path gives way to
+    // the default tiling (gemm_w4a16_workspace_bytes covers both).
+    t = cached_tiling(M, N, K, group, d, w4a16::V4Config{});
+    t.variant = w4a16::Variant::v4;
+  }
   if (norm) {
     if (const cudaError_t e = check_norm_tiling(*norm, t); e != cudaSuccess) return e;
   }
@@ -429,7 +457,7 @@ w4a16::Variant gemm_w4a16_variant_for(int M) {
   switch (env_variant()) {
     case EnvVariant::v2: return w4a16::Variant::v2;
     case EnvVariant::v4: return w4a16::Variant::v4;
-    default: return w4a16::choose_variant(M, env_v4_config().swap32, env_v4_config().wgmma);
+    default: return w4a16::choose_variant(M, env_v4_config().swap32, env_v4_config().wgmma || wg32_range(M));
   }
 }
 
@@ -468,6 +496,9 @@ size_t gemm_w4a16_workspace_bytes(int M, int N, int K) {
     if (gemm_w4a16_can_implement(M, N, K, group, formats::ScaleType::BF16, nullptr) != cudaSuccess) continue;
     const Tiling t = library_tiling(M, N, K, group, d);
     bytes = std::max(bytes, static_cast<size_t>(w4a16::workspace_bytes_for(t, M, N)));
+    // The default tiling too: the norm prologue falls back to it where the library's is on the warpgroup path.
+    const Tiling def = cached_tiling(M, N, K, group, d, w4a16::V4Config{});
+    bytes = std::max(bytes, static_cast<size_t>(w4a16::workspace_bytes_for(def, M, N)));
   }
   return bytes;
 }

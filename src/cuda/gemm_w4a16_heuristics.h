@@ -23,6 +23,12 @@ struct DeviceLimits {
 // until a measurement says otherwise.
 constexpr bool kSwap32ByDefault = false;
 
+// Whether gemm_w4a16 runs M = 17..32 on the warpgroup path with streamed activations (wgmma + stream_x) where the
+// shape allows it (N a multiple of 256), instead of v2's 16-row path. On: in the H200 sweep
+// (docs/results/bench_gemm_w4a16-v10-sweep-stream.json) it was 1.03-1.45x faster at M = 32 on seven of the eight
+// Llama-3.1 shapes (0.92x on 8B o). FT_W4A16_WG32=0 turns it off (gemm_w4a16.cu).
+constexpr bool kWg32ByDefault = true;
+
 // The tunable part of the v4 decode launch (M <= kV4DefaultMaxM), swept by `bench_gemm_w4a16 --sweep`. The default
 // value is the configuration the library has always run; gemm_w4a16 reads overrides from the environment
 // (v4_config_from_env). A config applies to v4 launches with M <= 16 only (v2 and M > 16 use the default), except

@@ -17,6 +17,7 @@ struct TunedV4Entry {
   int m_lo, m_hi;
   const char* name;  // the sweep's name for it (v4_sweep_configs)
   int warps, stages, ctas_per_sm;
+  bool wgmma = false, stream_x = false;  // the warpgroup path, with streamed activations
 };
 
 // The table, in the order it is searched (docs/results.md, fifth session, has the sweep it came from).

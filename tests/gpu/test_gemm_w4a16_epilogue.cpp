@@ -83,6 +83,19 @@ std::vector<w4::Tiling> tilings_for(int M, int N, int K, int group, ScaleType st
     EXPECT_TRUE(t.swap16);
     bases.push_back(t);
   }
+  // The warpgroup path (M <= 32, N a multiple of 128), staged and streamed (N a multiple of 256), where the shape
+  // allows it: its accumulators go through the same stores.
+  for (bool stream : {false, true}) {
+    w4::V4Config c;
+    c.wgmma = true;
+    c.stream_x = stream;
+    if (stream) c.stages = w4::kWgStreamStages;
+    if (M > w4::kWgMaxM || N % (stream ? 256 : 128) != 0) continue;
+    EXPECT_EQ(cuda::gemm_w4a16_plan_config(M, N, K, group, st, c, &t), cudaSuccess);
+    EXPECT_TRUE(t.wgmma);
+    EXPECT_EQ(t.stream_x, stream);
+    bases.push_back(t);
+  }
   std::vector<w4::Tiling> out;
   for (w4::Tiling b : bases) {
     for (int splits : {1, kSplitK}) {

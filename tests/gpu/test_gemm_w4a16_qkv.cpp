@@ -159,6 +159,18 @@ std::vector<w4::Tiling> tilings_for(int M, int N, int K, int group, ScaleType st
     t.swap32 = !w4::kSwap32ByDefault;
     bases.push_back(t);
   }
+  // The warpgroup path, staged and streamed, where the shape allows it (M <= 32; N a multiple of 128 / 256).
+  for (bool stream : {false, true}) {
+    w4::V4Config c;
+    c.wgmma = true;
+    c.stream_x = stream;
+    if (stream) c.stages = w4::kWgStreamStages;
+    if (M > w4::kWgMaxM || N % (stream ? 256 : 128) != 0) continue;
+    w4::Tiling t;
+    EXPECT_EQ(cuda::gemm_w4a16_plan_config(M, N, K, group, st, c, &t), cudaSuccess);
+    EXPECT_TRUE(t.wgmma);
+    bases.push_back(t);
+  }
   std::vector<w4::Tiling> out;
   for (const w4::Tiling& b : bases) {
     for (int splits : {1, 2, 3}) {

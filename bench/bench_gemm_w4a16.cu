@@ -464,7 +464,8 @@ int main(int argc, char** argv) {
   std::printf("graph-timed (%d GEMMs per graph); 'launch' = one event pair per launch; lib = variant the library "
               "runs; TB/s and speedup (vs cuBLASLt BF16) for lib\n",
               kGraphLaunches);
-  std::printf("(v4 = v4 16-row path for M > 16; s32 = v4 swapped three/four-tile path, M = 17..32)\n");
+  std::printf("(v4 = the library's v4 tiling where the library runs v4 (M = 17..32: the streamed warpgroup path by "
+              "default), else the default tiling's v4 path; s32 = v4 swapped three/four-tile path, M = 17..32)\n");
   std::printf("%-12s %3s %6s %6s | %8s %8s %6s | %8s %7s | %8s %8s | %5s %7s %6s | %9s %9s | %7s\n", "shape", "M", "K",
               "N", "v2 us", "v4 us", "v2/v4", "s32 us", "v2/s32", "v2 lnch", "v4 lnch", "lib", "TB/s", "of4.2T",
               "bf16 us", "bf16 lnch", "speedup");

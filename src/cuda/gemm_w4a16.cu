@@ -171,6 +171,10 @@ bool wg32_on() {
   return on;
 }
 bool wg32_range(int M) { return M >= w4a16::kSwap32MinM && M <= w4a16::kWgMaxM && wg32_on(); }
+// ... and for this weight: w4a16::kWg32MinWeightBytes of INT4 codes or more.
+bool wg32_for(int M, int N, int K) {
+  return wg32_range(M) && int64_t{N} * K / 2 >= w4a16::kWg32MinWeightBytes;
+}
 
 // Pointer checks shared by every entry point. The output's alignment follows its widest access: BF16 pairs for y,
 // float4 in the split-K reduce for the residual, four BF16 (8 bytes) there for the SwiGLU output.
@@ -312,18 +316,19 @@ bool tuned_table_on() {
 // set, else the measured table's entry for the shape (gemm_w4a16_tuned.h) if any — either only when its tiling
 // fits the device; otherwise, and for v2 or M > 16, the default configuration. For M = 17..32 swap32 is the
 // environment's (FT_W4A16_SWAP32, else kSwap32ByDefault) when the variant is v4, and off for v2; the streamed
-// warpgroup path runs there when wg32_on() (FT_W4A16_WG32, else kWg32ByDefault) and the shape allows it, v2 where it
-// does not.
+// warpgroup path runs there when wg32_on() (FT_W4A16_WG32, else kWg32ByDefault), the weight has kWg32MinWeightBytes
+// and the shape has such a tiling, v2 where not.
 Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits& d) {
   const w4a16::Variant v = gemm_w4a16_variant_for(M);
-  const bool wg32 = v == w4a16::Variant::v4 && wg32_range(M);
+  const bool wg32 = v == w4a16::Variant::v4 && wg32_for(M, N, K);
   w4a16::V4Config base;
   base.swap32 = v == w4a16::Variant::v4 && env_v4_config().swap32;
   base.wgmma = v == w4a16::Variant::v4 && (env_v4_config().wgmma || wg32);
   base.stream_x = v == w4a16::Variant::v4 && (env_v4_config().stream_x || wg32);
   Tiling t = cached_tiling(M, N, K, group, d, base);
-  if (wg32 && !t.wgmma && !t.swap32 && env_variant() == EnvVariant::unset) {
-    t.variant = w4a16::Variant::v2;  // the shape has no warpgroup tiling: v2, the default of M > 16 without it
+  if (v == w4a16::Variant::v4 && wg32_range(M) && !t.wgmma && !t.swap32 && env_variant() == EnvVariant::unset) {
+    // The weight is too small for the warpgroup path or the shape has no such tiling: v2, the default of M > 16.
+    t.variant = w4a16::Variant::v2;
     return t;
   }
   if (v == w4a16::Variant::v4 && M <= w4a16::kV4DefaultMaxM) {

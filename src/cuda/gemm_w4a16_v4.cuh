@@ -62,6 +62,29 @@ __device__ __forceinline__ float scale_from_half(uint32_t pair, uint32_t sel) {
   }
 }
 
+// The warp's first kPairs - 1 pairs of packed blocks (from wsrc, this lane's 16 bytes of its first block) into ring
+// slots 0 .. 2 kPairs - 3 at ring_lane (this thread's slot 0), one cp.async group per pair; blocks past n_steps are
+// not copied, their groups stay empty so the wait counts in the loop are uniform.
+template <int kPairs, int kThreadsCta>
+__device__ __forceinline__ void prefetch_ring_pairs(uint32_t ring_lane, const uint4* wsrc, int n_steps) {
+#pragma unroll
+  for (int p = 0; p < kPairs - 1; ++p) {
+    if (2 * p < n_steps) ptx::cp_async_16(ring_lane + 2 * p * kThreadsCta * 16, wsrc + 2 * p * kWarpSize);
+    if (2 * p + 1 < n_steps)
+      ptx::cp_async_16(ring_lane + (2 * p + 1) * kThreadsCta * 16, wsrc + (2 * p + 1) * kWarpSize);
+    ptx::cp_async_commit_group();
+  }
+}
+
+// Blocks fetch (even) and fetch + 1 of the warp (wnext: this lane's 16 bytes of block fetch) into their ring slots
+// fetch % kRing and the next one, those below n_steps; the caller commits.
+template <int kRing, int kThreadsCta>
+__device__ __forceinline__ void issue_ring_pair(uint32_t ring_lane, int fetch, const uint4* wnext, int n_steps) {
+  const uint32_t fetch_slot = ring_lane + (static_cast<uint32_t>(fetch) & (kRing - 1)) * (kThreadsCta * 16);
+  if (fetch < n_steps) ptx::cp_async_16(fetch_slot, wnext);
+  if (fetch + 1 < n_steps) ptx::cp_async_16(fetch_slot + kThreadsCta * 16, wnext + kWarpSize);
+}
+
 // kSwapTiles: 0 = 16-row path (activations as A, kMT m tiles), 1 = swapped with one n = 8 activation tile
 // (M <= 8), 2 = swapped with two (M = 9..16), 3 / 4 = swapped with three / four (M = 17..24 / 25..32; kMT = 2, the
 // m tiles those rows span, which sizes the register cap and the cross-warp reduction buffer). kCtaWarps warps per
@@ -124,13 +147,7 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   const int64_t kb0 = k0 / kBlockK + steps.begin;
   const uint4* wsrc = args.w + (nb * (K / kBlockK) + kb0) * kWarpSize + lane;
   const uint32_t ring_lane = ptx::smem_addr(ring + tid * 16);
-#pragma unroll
-  for (int p = 0; p < kPairs - 1; ++p) {
-    if (2 * p < n_steps) ptx::cp_async_16(ring_lane + 2 * p * kThreadsCta * 16, wsrc + 2 * p * kWarpSize);
-    if (2 * p + 1 < n_steps)
-      ptx::cp_async_16(ring_lane + (2 * p + 1) * kThreadsCta * 16, wsrc + (2 * p + 1) * kWarpSize);
-    ptx::cp_async_commit_group();  // empty groups keep the wait count in the loop uniform
-  }
+  prefetch_ring_pairs<kPairs, kThreadsCta>(ring_lane, wsrc, n_steps);
 
   const int rows = t.rows;
   if constexpr (kNormRows) {
@@ -325,9 +342,7 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   int fetch = 2 * (kPairs - 1);
   const uint4* wnext = wsrc + fetch * kWarpSize;
   for (int i0 = 0; i0 < n_steps; i0 += 2) {
-    const uint32_t fetch_slot = ring_lane + (static_cast<uint32_t>(fetch) & (kRing - 1)) * (kThreadsCta * 16);
-    if (fetch < n_steps) ptx::cp_async_16(fetch_slot, wnext);
-    if (fetch + 1 < n_steps) ptx::cp_async_16(fetch_slot + kThreadsCta * 16, wnext + kWarpSize);
+    issue_ring_pair<kRing, kThreadsCta>(ring_lane, fetch, wnext, n_steps);
     ptx::cp_async_commit_group();
     fetch += 2;
     wnext += 2 * kWarpSize;

@@ -141,12 +141,7 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
   const int64_t kb0 = k0 / kBlockK + steps.begin;
   const uint4* wsrc = args.w + (nb * (K / kBlockK) + kb0) * kWarpSize + lane;
   const uint32_t ring_lane = ptx::smem_addr(ring + tid * 16);
-#pragma unroll
-  for (int p = 0; p < kPairs - 1; ++p) {
-    if (2 * p < n_steps) ptx::cp_async_16(ring_lane + 2 * p * kThreads * 16, wsrc + 2 * p * kWarpSize);
-    if (2 * p + 1 < n_steps) ptx::cp_async_16(ring_lane + (2 * p + 1) * kThreads * 16, wsrc + (2 * p + 1) * kWarpSize);
-    ptx::cp_async_commit_group();
-  }
+  prefetch_ring_pairs<kPairs, kThreads>(ring_lane, wsrc, n_steps);
 
   const WgPanelCopy panel_copy = kStream ? wg_panel_copy<kNTokens>(args, t.rows, k0, slice_k, tid) : WgPanelCopy{};
   if constexpr (kStream) {
@@ -229,9 +224,7 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
   int fetch = 2 * (kPairs - 1);
   const uint4* wnext = wsrc + fetch * kWarpSize;
   for (int i0 = 0; i0 < n_steps; i0 += 2) {
-    const uint32_t fetch_slot = ring_lane + (static_cast<uint32_t>(fetch) & (kRing - 1)) * (kThreads * 16);
-    if (fetch < n_steps) ptx::cp_async_16(fetch_slot, wnext);
-    if (fetch + 1 < n_steps) ptx::cp_async_16(fetch_slot + kThreads * 16, wnext + kWarpSize);
+    issue_ring_pair<kRing, kThreads>(ring_lane, fetch, wnext, n_steps);
     // Streamed: the panel of the fetched pair, into the slot of pair i0 / 2 - 2, which every warp finished with
     // before the previous iteration's barrier.
     if constexpr (kStream) {

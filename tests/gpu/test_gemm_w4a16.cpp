@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -227,20 +228,26 @@ TEST(GemmW4A16Gpu, SmallModelShapesOddGroupCounts) {
   }
 }
 
-// The explicit tilings of the CPU emulation (w4a16_cases.h), both variants: warp ranges that start inside a group,
-// single-block last pairs, idle warps, ring wrap-around, split-K, M <= 8 through the 16-row path.
-TEST(GemmW4A16Gpu, ExplicitTilingsBothVariants) {
-  FT_REQUIRE_CUDA_DEVICE();
-  uint32_t seed = 3000;
-  for (const test::w4a16::TilingCase& c : test::w4a16::tiling_cases()) {
+// Each explicit tiling case (w4a16_cases.h) against the twin on fresh weights and activations drawn from seed: on the
+// listed variants, or as the case states it (variant v4) when none are listed.
+void check_explicit_cases(const std::vector<test::w4a16::TilingCase>& cases, uint32_t seed,
+                          std::initializer_list<Variant> variants = {}) {
+  for (const test::w4a16::TilingCase& c : cases) {
     SCOPED_TRACE(testing::Message() << c.why << ": M " << c.M << " N " << c.N << " K " << c.K << " group " << c.group
-                                    << " warps_n " << c.t.warps_n << " splits " << c.t.splits);
+                                    << " warps " << c.t.warps << " stages " << c.t.stages << " warps_n "
+                                    << c.t.warps_n << " splits " << c.t.splits << " swap16 " << c.t.swap16
+                                    << " swap32 " << c.t.swap32 << " wgmma " << c.t.wgmma << " stream_x "
+                                    << c.t.stream_x);
     const UploadedWeight uw(random_weight(c.N, c.K, c.group, c.st, ++seed));
     const std::vector<uint16_t> x = random_x(c.M, c.K, ++seed);
     std::vector<float> abs_dot;
     const std::vector<float> ref = formats::gemm_w4a16_reference(x, c.M, uw.w, &abs_dot);
     const std::vector<double> off = offset_dot(x, c.M, uw.w);
-    for (Variant v : {Variant::v2, Variant::v4}) {
+    if (variants.size() == 0) {
+      check_output(run_gemm(uw, x, c.M, &c.t), ref, abs_dot, off, c.N, Variant::v4);
+      continue;
+    }
+    for (Variant v : variants) {
       w4::Tiling t = c.t;
       t.variant = v;
       check_output(run_gemm(uw, x, c.M, &t), ref, abs_dot, off, c.N, v);
@@ -248,40 +255,25 @@ TEST(GemmW4A16Gpu, ExplicitTilingsBothVariants) {
   }
 }
 
+// The explicit tilings of the CPU emulation (w4a16_cases.h), both variants: warp ranges that start inside a group,
+// single-block last pairs, idle warps, ring wrap-around, split-K, M <= 8 through the 16-row path.
+TEST(GemmW4A16Gpu, ExplicitTilingsBothVariants) {
+  FT_REQUIRE_CUDA_DEVICE();
+  check_explicit_cases(test::w4a16::tiling_cases(), 3000, {Variant::v2, Variant::v4});
+}
+
 // The explicit tilings on the other compiled (warps, stages) shapes and the swapped two-tile path (v4, M <= 16), and
 // the swap32 cases (M = 17..32): idle warps in 16-warp CTAs, ring wrap-around at 32 slots, warp ranges inside
 // groups, uneven split-K, clamped rows of a third or fourth activation tile.
 TEST(GemmW4A16Gpu, ExplicitTilingsV4Configs) {
   FT_REQUIRE_CUDA_DEVICE();
-  uint32_t seed = 3500;
-  for (const test::w4a16::TilingCase& c : test::w4a16::v4_config_cases()) {
-    SCOPED_TRACE(testing::Message() << c.why << ": M " << c.M << " N " << c.N << " K " << c.K << " group " << c.group
-                                    << " warps " << c.t.warps << " stages " << c.t.stages << " warps_n "
-                                    << c.t.warps_n << " splits " << c.t.splits << " swap16 " << c.t.swap16
-                                    << " swap32 " << c.t.swap32);
-    const UploadedWeight uw(random_weight(c.N, c.K, c.group, c.st, ++seed));
-    const std::vector<uint16_t> x = random_x(c.M, c.K, ++seed);
-    std::vector<float> abs_dot;
-    const std::vector<float> ref = formats::gemm_w4a16_reference(x, c.M, uw.w, &abs_dot);
-    const std::vector<double> off = offset_dot(x, c.M, uw.w);
-    check_output(run_gemm(uw, x, c.M, &c.t), ref, abs_dot, off, c.N, Variant::v4);
-  }
+  check_explicit_cases(test::w4a16::v4_config_cases(), 3500);
 }
 
-// The warpgroup path on explicit tilings (w4a16_cases.h wgmma_cases) against the twin with the v4 bound.
+// The warpgroup path, staged and streamed, on explicit tilings (w4a16_cases.h wgmma_cases) with the v4 bound.
 TEST(GemmW4A16Gpu, ExplicitTilingsWgmma) {
   FT_REQUIRE_CUDA_DEVICE();
-  uint32_t seed = 3900;
-  for (const test::w4a16::TilingCase& c : test::w4a16::wgmma_cases()) {
-    SCOPED_TRACE(testing::Message() << c.why << ": M " << c.M << " N " << c.N << " K " << c.K << " group " << c.group
-                                    << " warps_n " << c.t.warps_n << " splits " << c.t.splits);
-    const UploadedWeight uw(random_weight(c.N, c.K, c.group, c.st, ++seed));
-    const std::vector<uint16_t> x = random_x(c.M, c.K, ++seed);
-    std::vector<float> abs_dot;
-    const std::vector<float> ref = formats::gemm_w4a16_reference(x, c.M, uw.w, &abs_dot);
-    const std::vector<double> off = offset_dot(x, c.M, uw.w);
-    check_output(run_gemm(uw, x, c.M, &c.t), ref, abs_dot, off, c.N, Variant::v4);
-  }
+  check_explicit_cases(test::w4a16::wgmma_cases(), 3900);
 }
 
 // The sweep configurations as the heuristic tiles them: decode M = 1..16 (9..16 also swapped) and swap32 at

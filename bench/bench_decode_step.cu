@@ -15,18 +15,27 @@
 // (CudaEngineOptions::fused_norm_prologue, off by default: measured slower); FT_UNROTATE_IN_COMBINE=0 keeps the
 // separate un-rotation kernel after a split int4-hadamard attention on fused rows
 // (CudaEngineOptions::fused_attention_unrotation, on by default).
+// --trace PATH: after each row's timing, the in-graph kernel timeline (bench/kernel_trace.h, CUPTI): kTraceReplays
+// more replays of the row's step graph (plus benchmark_decode_step's two forward_greedy steps, also replays) are
+// traced, split into replays by graph node, and the median replay by span is printed — block rows kernel by kernel
+// (grid, block, start offset, duration, gap to the previous kernel's end: negative where programmatic dependent
+// launch overlaps it), step rows as a per-kernel-name and per-layer-position summary — and written to PATH as JSON.
+// CUPTI adds a little to every kernel, so a traced span runs slightly longer than the untraced graph time beside it.
+// Needs a build with CUPTI (FT_HAVE_CUPTI); without it --trace fails before any GPU work.
 //   bench_decode_step [--json PATH] [--iters N] [--context C] [--kv bf16|int4|int4-hadamard] [--configs a,b]
-//                     [--batches 1,8,32] [--heads bf16,int4] [--epilogues fused,unfused] [--profile]
+//                     [--batches 1,8,32] [--heads bf16,int4] [--epilogues fused,unfused] [--profile] [--trace PATH]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "bench_common.h"
 #include "bench_op_profile.h"
+#include "kernel_trace.h"
 #include "futransformer/cuda_engine.h"
 #include "futransformer/formats/kv_cache.h"
 #include "futransformer/io/synthetic.h"
@@ -42,6 +51,22 @@ struct Row {
   bool fused = true;  // CudaEngineOptions::fused_epilogues
   int batch = 0, context = 0, layers = 0;
   double graph_us = 0, graph_p90_us = 0, host_us = 0, bytes = 0, roofline_us = 0;
+};
+
+// --trace: the median graph replay of one row (bench/kernel_trace.h).
+struct TraceRow {
+  std::string shape, head;
+  bool fused = true;
+  int batch = 0, context = 0, layers = 0;
+  double graph_us = 0;              // the untraced median of the same row
+  size_t records = 0, dropped = 0, incomplete = 0;  // kernel records; records CUPTI dropped / gave no timestamps
+  bool fresh_engine = false;        // traced on a new engine whose graph was captured under tracing
+  bench::ReplaySplit split;         // replays of the window (kernels kept only for the median one)
+  std::vector<double> spans_us;     // every complete replay's span, in launch order
+  size_t median = 0;                // index into spans_us
+  bench::Timeline timeline;         // the median replay
+  std::optional<bench::LayerPattern> layer_pattern;
+  std::string error;                // why there is no timeline
 };
 
 // Bytes one decode step must read: every projection's INT4 codes + F16 group scales, the LM head (vocab × hidden,
@@ -69,7 +94,8 @@ double step_bytes(const ModelConfig& c, int group, int batch, int context, forma
 
 int main(int argc, char** argv) {
   bool profile = false;  // --profile: per-op GPU times of the one-layer blocks (no graphs; bench_op_profile.h)
-  std::string json_path, kv_name = "int4-hadamard", configs = "llama-3.1-8b,llama-3.1-70b", batches = "1,8,32";
+  std::string json_path, trace_path, kv_name = "int4-hadamard", configs = "llama-3.1-8b,llama-3.1-70b";
+  std::string batches = "1,8,32";
   std::string heads = "bf16,int4", epilogues = "fused,unfused";
   int iters = 50, context = 1024;
   for (int i = 1; i < argc; ++i) {
@@ -83,12 +109,17 @@ int main(int argc, char** argv) {
     else if (a == "--heads" && i + 1 < argc) heads = argv[++i];
     else if (a == "--epilogues" && i + 1 < argc) epilogues = argv[++i];
     else if (a == "--profile") profile = true;
+    else if (a == "--trace" && i + 1 < argc) trace_path = argv[++i];
     else {
       std::fprintf(stderr, "usage: %s [--json PATH] [--iters N] [--context C] [--kv bf16|int4|int4-hadamard] "
                            "[--configs llama-3.1-8b,llama-3.1-70b] [--batches 1,8,32] [--heads bf16,int4] "
-                           "[--epilogues fused,unfused] [--profile]\n", argv[0]);
+                           "[--epilogues fused,unfused] [--profile] [--trace PATH]\n", argv[0]);
       return 2;
     }
+  }
+  if (!trace_path.empty() && !bench::KernelTrace::available()) {
+    std::fprintf(stderr, "bench_decode_step: --trace: %s\n", bench::kNoCuptiReason);
+    return 2;
   }
   std::vector<bool> int4_heads;
   for (const std::string& hd : bench::split_list(heads)) {
@@ -107,6 +138,7 @@ int main(int argc, char** argv) {
     fused_modes.push_back(m == "fused");
   }
   constexpr int kGroup = 128;
+  constexpr int kTraceReplays = 5;  // --trace: graph replays per traced row (benchmark_decode_step adds its two steps)
   try {
     const formats::KvFormat kv = formats::parse_kv_format(kv_name);
     const bench::DeviceInfo d = bench::query_device();
@@ -119,6 +151,7 @@ int main(int argc, char** argv) {
     const int max_batch = *std::max_element(bs.begin(), bs.end());
 
     std::vector<Row> rows;
+    std::vector<TraceRow> trace_rows;
     // (block, INT4 head, fused epilogues): the step once per head; the block (256-token vocabulary) with the BF16
     // head only; each once per epilogue mode.
     struct Variant {
@@ -175,6 +208,82 @@ int main(int argc, char** argv) {
             }
           }
           for (const SequenceChunk& sc : batch) e->reset(sc.seq_id);
+          if (!trace_path.empty()) {
+            TraceRow tr;
+            tr.shape = name + (block ? " block" : " step");
+            tr.head = int4_head ? "int4" : "bf16";
+            tr.fused = fused;
+            tr.batch = b;
+            tr.context = context;
+            tr.layers = static_cast<int>(c.num_hidden_layers);
+            tr.graph_us = t.median_us;
+            // One tracing window around benchmark_decode_step on `eng` (the sequences placed as for the timed
+            // step, reset after). A CUPTI failure becomes tr.error and the run goes on; engine errors end it.
+            auto traced_step = [&](CudaEngine& eng) {
+              for (int i = 0; i < b; ++i) eng.append_synthetic_context(i, context - 3);
+              std::vector<bench::KernelRecord> records;
+              bench::KernelTrace trace;
+              try {
+                trace.start();
+              } catch (const std::exception& ex) {
+                tr.error = ex.what();
+              }
+              if (tr.error.empty()) {
+                eng.benchmark_decode_step(batch, kTraceReplays);
+                try {
+                  records = trace.stop();
+                  tr.dropped = trace.dropped();
+                  tr.incomplete = trace.incomplete();
+                } catch (const std::exception& ex) {
+                  tr.error = ex.what();
+                }
+              }
+              for (const SequenceChunk& sc : batch) eng.reset(sc.seq_id);
+              tr.records = records.size();
+              if (tr.error.empty()) tr.split = bench::split_graph_replays(records);
+            };
+            traced_step(*e);
+            if (tr.error.empty() && tr.split.replays.empty()) {
+              // The step graph was instantiated before the window opened. CUPTI on CUDA >= 12 records such graphs'
+              // kernels (PyTorch's capture-after-CUPTI workaround is for older toolkits); should this one not, a
+              // new engine (same options and shapes; for a 70B step row a second copy of the weights, which the
+              // H200 holds) captures its graph inside the window.
+              std::printf("trace: %zu kernel records, no complete replay of a graph captured before tracing; "
+                          "tracing a new engine whose graph is captured inside the window\n",
+                          tr.records);
+              std::unique_ptr<CudaEngine> fresh = make_synthetic_cuda_engine(c, kGroup, o);
+              tr.fresh_engine = true;
+              traced_step(*fresh);
+            }
+            if (tr.error.empty() && tr.split.replays.empty())
+              tr.error = "no complete graph replay among " + std::to_string(tr.records) + " kernel records (" +
+                         std::to_string(tr.split.outside_graphs) + " launched outside graphs)";
+            char title[256];
+            std::snprintf(title, sizeof title, "%s, %s head, %s epilogues, batch %d, context %d", tr.shape.c_str(),
+                          tr.head.c_str(), fused ? "fused" : "unfused", b, context);
+            if (!tr.error.empty()) {
+              std::printf("\nkernel timeline: %s: %s\n", title, tr.error.c_str());
+            } else {
+              for (const std::vector<bench::KernelRecord>& rp : tr.split.replays)
+                tr.spans_us.push_back(bench::replay_span_us(rp));
+              tr.median = bench::median_replay(tr.split.replays);
+              tr.timeline = bench::make_timeline(std::move(tr.split.replays[tr.median]));
+              tr.split.replays.clear();  // only the median replay's kernels are kept
+              if (!block)
+                tr.layer_pattern = bench::find_layer_pattern(tr.timeline, static_cast<size_t>(c.num_hidden_layers));
+              const auto [lo, hi] = std::minmax_element(tr.spans_us.begin(), tr.spans_us.end());
+              bench::print_timeline(tr.timeline, title, block);
+              std::printf("median of %zu replays by span (spans %.2f .. %.2f µs; untraced graph median %.2f µs); "
+                          "%zu kernels each, cut by %s%s; left out: %zu kernels outside graphs, %zu of other graphs, "
+                          "%zu of partial replays; CUPTI dropped %zu records, %zu came without timestamps\n",
+                          tr.spans_us.size(), *lo, *hi, tr.graph_us, tr.split.kernels_per_replay,
+                          tr.split.method.c_str(), tr.fresh_engine ? " (new engine, graph captured under tracing)" : "",
+                          tr.split.outside_graphs, tr.split.other_graphs, tr.split.partial, tr.dropped,
+                          tr.incomplete);
+              if (tr.layer_pattern) bench::print_layer_positions(tr.timeline, *tr.layer_pattern);
+            }
+            trace_rows.push_back(std::move(tr));
+          }
           if (profile && block) {
             CudaEngineOptions po = o;
             po.profile_ops = true;
@@ -245,6 +354,50 @@ int main(int argc, char** argv) {
       };
       if (!bench::write_json(json_path, "decode_step", d, sm_now, copy_tbps, extra, rows.size(), row)) return 1;
     }
+    if (!trace_path.empty()) {
+      auto extra = [&](FILE* f) {
+        std::fprintf(f, "  \"kv\": \"%s\",\n  \"int4_group\": %d,\n  \"trace_replays\": %d,\n", kv_name.c_str(), kGroup,
+                     kTraceReplays);
+      };
+      auto row = [&](FILE* f, size_t i) {
+        const TraceRow& r = trace_rows[i];
+        std::fprintf(f,
+                     "    {\"shape\": \"%s\", \"lm_head\": \"%s\", \"fused_epilogues\": %s, \"layers\": %d, "
+                     "\"batch\": %d, \"context\": %d, \"graph_us\": %.2f, \"kernel_records\": %zu, "
+                     "\"dropped_records\": %zu, \"records_without_timestamps\": %zu, \"fresh_engine\": %s,\n     ",
+                     r.shape.c_str(), r.head.c_str(), r.fused ? "true" : "false", r.layers, r.batch, r.context,
+                     r.graph_us, r.records, r.dropped, r.incomplete, r.fresh_engine ? "true" : "false");
+        if (!r.error.empty()) {
+          std::fprintf(f, "\"error\": ");
+          bench::json_string(f, r.error);
+          std::fprintf(f, "}");
+          return;
+        }
+        std::fprintf(f,
+                     "\"split_method\": \"%s\", \"graph_id\": %u, \"kernels_per_replay\": %zu, "
+                     "\"left_out\": {\"outside_graphs\": %zu, \"other_graphs\": %zu, \"partial\": %zu}, "
+                     "\"replay_spans_us\": [",
+                     r.split.method.c_str(), r.split.graph_id, r.split.kernels_per_replay, r.split.outside_graphs,
+                     r.split.other_graphs, r.split.partial);
+        for (size_t k = 0; k < r.spans_us.size(); ++k) std::fprintf(f, "%s%.3f", k ? ", " : "", r.spans_us[k]);
+        std::fprintf(f, "], \"median_replay\": %zu,\n     ", r.median);
+        if (r.layer_pattern)
+          std::fprintf(f, "\"layer_pattern\": {\"first\": %zu, \"period\": %zu, \"repeats\": %zu},\n     ",
+                       r.layer_pattern->first, r.layer_pattern->period, r.layer_pattern->repeats);
+        bench::write_timeline_json(f, r.timeline);
+        std::fprintf(f, "}");
+      };
+      if (!bench::write_json(trace_path, "decode_step_trace", d, sm_now, copy_tbps, extra, trace_rows.size(), row))
+        return 1;
+    }
+    bool trace_failed = false;
+    for (const TraceRow& r : trace_rows)
+      if (!r.error.empty()) {
+        std::fprintf(stderr, "bench_decode_step: no kernel timeline for %s, %s head, %s epilogues, batch %d: %s\n",
+                     r.shape.c_str(), r.head.c_str(), r.fused ? "fused" : "unfused", r.batch, r.error.c_str());
+        trace_failed = true;
+      }
+    if (trace_failed) return 1;
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "bench_decode_step: %s\n", ex.what());
     return 1;

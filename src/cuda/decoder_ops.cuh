@@ -31,14 +31,18 @@ static_assert(kEltThreads % kWarp == 0 && kArgmaxThreads % kWarp == 0 && kRopeTh
 static_assert(kArgmaxThreads <= kWarp * kWarp && kMaxBlockThreads <= kWarp * kWarp,
               "the per-warp partials of a block reduction must fit in one warp's lanes");
 
-// First statement of every kernel here and in fused_ops.cuh. Under FT_PDL=1 the launchers start a kernel as a
-// programmatic dependent of the previous one on the stream: it must wait until that grid has completed and its
-// writes are visible before reading anything. Then it lets its own dependent launch, so that kernel's launch
-// latency overlaps this one's work (the dependent waits for this grid's completion in turn). Without the launch
-// attribute both instructions do nothing.
+// First statement of every kernel here and in fused_ops.cuh. Under programmatic launch (FT_PDL, on by default) the
+// launchers start a kernel as a programmatic dependent of the previous one on the stream. It first lets its own
+// dependent launch, then waits until the previous grid has completed and its writes are visible before reading
+// anything. Releasing first is safe: the dependent waits for this grid's completion in turn (which follows this
+// wait), and a dependent grid only launches once every CTA of this one is resident, so no CTA of this grid waits for
+// a slot held by a later kernel. It lets the next kernel start (a W4A16 GEMM: prefetch its constant weights) while
+// this one still waits for its predecessor, instead of only once that predecessor is done: in the batch-1 decode step
+// each GEMM behind an RMSNorm otherwise launched only when the GEMM before the norm had finished (CUPTI trace,
+// docs/results.md, eleventh session). Without the launch attribute both instructions do nothing.
 __device__ __forceinline__ void pdl_prologue() {
-  ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
+  ptx::griddepcontrol_wait();
 }
 
 __device__ __forceinline__ float nan_f32() { return __int_as_float(0x7fc00000); }

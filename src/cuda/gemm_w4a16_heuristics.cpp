@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <vector>
 
 namespace futransformer::cuda::w4a16 {
 namespace {
@@ -49,6 +50,15 @@ double cost(const Tiling& t, int M, int N, int K, int group, const DeviceLimits&
   us += static_cast<double>(n_blocks) * M * K * 2 / kL2BytesPerUs;
   if (t.splits > 1) us += kReduceUs + 2.0 * static_cast<double>(workspace_bytes_for(t, M, N)) / kL2BytesPerUs;
   return us;
+}
+
+// The warps_n values a CTA of `warps` warps can have, widest first: the divisors of warps that tiling_is_valid
+// accepts (1, 2, 4, 8, 16).
+std::vector<int> candidate_warps_n(int warps) {
+  std::vector<int> out;
+  for (int n : {16, 8, 4, 2, 1})
+    if (n <= warps && warps % n == 0) out.push_back(n);
+  return out;
 }
 
 }  // namespace
@@ -101,8 +111,13 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, cons
   for (double& c : best_cost) c = std::numeric_limits<double>::infinity();
   const int64_t split_lo = cfg.splits > 0 ? std::min<int64_t>(cfg.splits, max_splits) : 1;
   const int64_t split_hi = cfg.splits > 0 ? split_lo : max_splits;
-  for (int warps_n = cfg.warps; warps_n >= 1; warps_n /= 2) {  // 8: {8, 4, 2, 1}, as before the configs
+  // A forced warps_n is honoured where the shape and the CTA allow it; otherwise the model chooses.
+  const bool forced_n = cfg.warps_n > 0 && cfg.warps % cfg.warps_n == 0 && (N / kBlockN) % cfg.warps_n == 0 &&
+                        !(wgmma && cfg.warps_n % kWgWarps != 0) && !(stream_x && cfg.warps_n != cfg.warps);
+  // 8: {8, 4, 2, 1}, as before the configs; 16: {16, 8, 4, 2, 1}; 24: {8, 4, 2, 1} (warps_k 3, 6, 12, 24).
+  for (int warps_n : candidate_warps_n(cfg.warps)) {
     if ((N / kBlockN) % warps_n != 0) continue;
+    if (forced_n && warps_n != cfg.warps_n) continue;
     if (wgmma && warps_n % kWgWarps != 0) continue;
     if (stream_x && warps_n != cfg.warps) continue;  // warps_k = 1
     for (int64_t splits = split_lo; splits <= split_hi; ++splits) {
@@ -132,6 +147,11 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, cons
   }
   for (int p = 0; p < kPhases; ++p)
     if (found[p]) return best[p];
+  if (forced_n) {  // no tiling with the forced warps_n fits: let the model choose it
+    V4Config free_n = cfg;
+    free_n.warps_n = 0;
+    return choose_tiling(M, N, K, group, d, free_n);
+  }
   if (cfg.splits > 0) {  // the forced split leaves some warp without a block: let the model choose it
     V4Config free_splits = cfg;
     free_splits.splits = 0;
@@ -140,7 +160,7 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, cons
   // Either K has fewer blocks than a CTA has K warps (some warps idle), or no split makes the staged
   // activations fit (gemm_w4a16_can_implement rejects that case by checking the smem of this tiling).
   Tiling t = base;
-  for (int warps_n = cfg.warps; warps_n >= 1; warps_n /= 2) {
+  for (int warps_n : candidate_warps_n(cfg.warps)) {
     if ((N / kBlockN) % warps_n == 0 && (!wgmma || warps_n % kWgWarps == 0) && (!stream_x || warps_n == cfg.warps)) {
       t.warps_n = warps_n;
       break;
@@ -169,7 +189,7 @@ bool tiling_is_valid(const Tiling& t, int M, int N, int K, int group, const Devi
   if (t.rows8 && M > 8) return fail("rows8 needs M <= 8, M = " + to_string(M));
   if (!v4_kernel_compiled(t.warps, t.stages))
     return fail("warps = " + to_string(t.warps) + " with stages = " + to_string(t.stages) +
-                " is not a compiled kernel shape (warps x stages: 8 x 16, 8 x 32, 16 x 16)");
+                " is not a compiled kernel shape (warps x stages: 8 x 16, 8 x 32, 16 x 16, 8 x 8, 24 x 8)");
   if ((t.warps != kWarps || t.stages != kStages) && (t.variant != Variant::v4 || M > kV4DefaultMaxM) &&
       !(t.stream_x && t.variant == Variant::v4 && M <= kWgMaxM))
     return fail("warps = " + to_string(t.warps) + ", stages = " + to_string(t.stages) +
@@ -226,9 +246,10 @@ std::string describe_tiling(const Tiling& t, int M, int N, int K, int group, con
 std::string describe_config(const V4Config& c) {
   char buf[180];
   std::snprintf(buf, sizeof(buf),
-                "v4 config: warps=%d stages=%d ctas_per_sm=%d splits=%d swap16=%d swap32=%d wgmma=%d stream_x=%d",
+                "v4 config: warps=%d stages=%d ctas_per_sm=%d splits=%d swap16=%d swap32=%d wgmma=%d stream_x=%d "
+                "warps_n=%d",
                 c.warps, c.stages, c.ctas_per_sm, c.splits, c.swap16 ? 1 : 0, c.swap32 ? 1 : 0, c.wgmma ? 1 : 0,
-                c.stream_x ? 1 : 0);
+                c.stream_x ? 1 : 0, c.warps_n);
   return buf;
 }
 
@@ -251,6 +272,11 @@ std::vector<NamedV4Config> v4_sweep_configs() {
     c.stream_x = true;
     return NamedV4Config{name, c};
   };
+  auto n_forced = [&make](const char* name, int warps, int stages, int warps_n) {
+    NamedV4Config c = make(name, warps, stages, 0, false);
+    c.config.warps_n = warps_n;
+    return c;
+  };
   // Bytes in flight per SM, as the default has them on the large layers (one or two CTAs of 56 KB): c2 / c3 ask
   // for 2 or 3 such CTAs on every SM (more K slices, less staging each); w8s32 and w16s16 double the bytes per
   // CTA (120 / 112 KB), c1 with them keeps all SMs busy where the model would leave some idle. The last entry flips
@@ -261,13 +287,18 @@ std::vector<NamedV4Config> v4_sweep_configs() {
   // wgmma runs M <= 32 on the warpgroup path (one wgmma per four warps' blocks and k16 step, whatever M); wgmma_c2
   // asks for two CTAs per SM also at M = 17..32, where the staged activations of a long K slice otherwise leave one
   // (more K slices, so less staging per CTA, against the split-K reduce's traffic).
+  // w16s16n1 / w24s8n1 put all 16 / 24 warps of a CTA on one 32-column block (warps_k = 16 / 24): on N = 4096 layers
+  // the 128 CTAs then run 16 / 24 warps per SM with 1/16 / 1/24 of K each, where the default's 8 warps per SM each
+  // work through 1/8 of K one block after another (M = 1 looked bound by that per-warp chain: 0.3-0.45 µs per block
+  // and warp on every shape of the v5 sweep). w24s8 lets the model lay out the 24-warp CTA.
   return {make("w8s16", 8, 16, 0, false),  make("w8s16c2", 8, 16, 2, false), make("w8s16c3", 8, 16, 3, false),
           make("w8s32", 8, 32, 0, false),  make("w8s32c1", 8, 32, 1, false), make("w16s16", 16, 16, 0, false),
           make("w16s16c1", 16, 16, 1, false), make("swap16", 8, 16, 0, true),  make("swap16c2", 8, 16, 2, true),
           make(kSwap32ByDefault ? "no_swap32" : "swap32", 8, 16, 0, false, !kSwap32ByDefault),
           make("w8s8", 8, 8, 0, false),    make("w8s8c3", 8, 8, 3, false),
           make("wgmma", 8, 16, 0, false, kSwap32ByDefault, true),
-          make("wgmma_c2", 8, 16, 2, false, kSwap32ByDefault, true), stream("wgmma_sx")};
+          make("wgmma_c2", 8, 16, 2, false, kSwap32ByDefault, true), stream("wgmma_sx"),
+          n_forced("w16s16n1", 16, 16, 1), make("w24s8", 24, 8, 0, false), n_forced("w24s8n1", 24, 8, 1)};
 }
 
 V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings) {
@@ -294,12 +325,13 @@ V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings)
   const bool set_s = read("FT_W4A16_V4_STAGES", 2, 64, &stages);
   if ((set_w || set_s) && !v4_kernel_compiled(warps, stages)) {
     warn("FT_W4A16_V4_WARPS / FT_W4A16_V4_STAGES = " + std::to_string(warps) + " / " + std::to_string(stages) +
-         " ignored (compiled: 8 / 16, 8 / 32, 16 / 16, 8 / 8).");
+         " ignored (compiled: 8 / 16, 8 / 32, 16 / 16, 8 / 8, 24 / 8).");
   } else {
     c.warps = warps;
     c.stages = stages;
   }
   read("FT_W4A16_V4_CTAS_PER_SM", 0, 8, &c.ctas_per_sm);
+  read("FT_W4A16_V4_WARPS_N", 0, 16, &c.warps_n);
   read("FT_W4A16_SPLITK", 0, kMaxSplits, &c.splits);
   if (read("FT_W4A16_SWAP16", 0, 1, &flag)) c.swap16 = flag == 1;
   if (read("FT_W4A16_SWAP32", 0, 1, &flag)) c.swap32 = flag == 1;

@@ -48,6 +48,10 @@ struct V4Config {
   bool wgmma = false;  // M <= 32 on the warpgroup path (gemm_w4a16_wg.cuh; variant v4, default CTA shape, warps_n a
                        // multiple of 4, N a multiple of 128); overrides swap16 / swap32
   bool stream_x = false;  // with wgmma: activations streamed through a panel ring (warps_k = 1, 8 weight slots)
+  int warps_n = 0;        // 0: the cost model decides; n > 0: only tilings with n warps side by side along N (warps_k
+                          // = warps / n), e.g. 1 on N = 4096 layers so every one of the N / 32 CTAs has all its warps
+                          // on one column block (more warps per SM than the model's wider CTAs); ignored (the model
+                          // decides) where N / 32 is not a multiple of n or warps is not
 
   bool operator==(const V4Config&) const = default;
 };
@@ -61,7 +65,7 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& limits)
 Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& limits, const V4Config& config);
 
 // V4Config from environment strings (get(name) returns the value or nullptr): FT_W4A16_V4_WARPS,
-// FT_W4A16_V4_STAGES, FT_W4A16_V4_CTAS_PER_SM, FT_W4A16_SPLITK, FT_W4A16_SWAP16 (0/1), FT_W4A16_SWAP32 (0/1,
+// FT_W4A16_V4_STAGES, FT_W4A16_V4_CTAS_PER_SM, FT_W4A16_V4_WARPS_N, FT_W4A16_SPLITK, FT_W4A16_SWAP16 (0/1), FT_W4A16_SWAP32 (0/1,
 // unset: kSwap32ByDefault), FT_W4A16_WGMMA (0/1), FT_W4A16_STREAM_X (0/1, with WGMMA). A value that is not
 // accepted (a (warps, stages) pair that is not compiled, ctas_per_sm outside 0..8, splits outside 0..64) is
 // left at its default and a sentence per problem is appended to *warnings.

@@ -109,11 +109,13 @@ enum class Variant : uint8_t { v2, v4 };
 // The (warps per CTA, ring slots per thread) pairs the v4 kernel is compiled for (gemm_w4a16_v4_*.cu); the first
 // is the default and the only one for v2 and for M > 16. More slots or more warps put more weight bytes in flight
 // per CTA: 8 warps x 16 slots keep 14 blocks (56 KB) per CTA in flight, 8 x 32 keep 30 (120 KB), 16 x 16 keep
-// 14 per warp (112 KB) and give the SM twice the warps to hide the dependent LDS -> lop3 -> mma chains.
+// 14 per warp (112 KB) and give the SM twice the warps to hide the dependent LDS -> lop3 -> mma chains; 24 x 8 keep
+// 6 per warp (72 KB) with three times the default's warps in one CTA (the register file's limit at ~72 registers),
+// for layers whose N / 32 column blocks give one CTA per SM (N = 4096: 128 CTAs).
 struct KernelShape {
   int warps, stages;
 };
-constexpr KernelShape kV4KernelShapes[] = {{8, 16}, {8, 32}, {16, 16}, {8, 8}};
+constexpr KernelShape kV4KernelShapes[] = {{8, 16}, {8, 32}, {16, 16}, {8, 8}, {24, 8}};
 constexpr bool v4_kernel_compiled(int warps, int stages) {
   for (const KernelShape& k : kV4KernelShapes)
     if (k.warps == warps && k.stages == stages) return true;

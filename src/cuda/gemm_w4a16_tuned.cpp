@@ -16,23 +16,26 @@ constexpr TunedV4Entry kEntries[] = {
     // guess, not measured: a one-CTA-per-SM w16s16 ring has less room to start in the previous kernel's tail under
     // programmatic launch). They are left out.
     // The wgmma_sx entries (warpgroup path, streamed activations) come from the tenth session's sweep
-    // (docs/results/bench_gemm_w4a16-v10-sweep-stream.json, graph-timed µs, default -> entry).
+    // (docs/results/bench_gemm_w4a16-v10-sweep-stream.json, graph-timed µs, default -> entry); the w24s8 ones (24
+    // warps, 8 slots) from the eleventh session's (docs/results/bench_gemm_w4a16-v11-sweep.json, M = 1 and 8 only).
     {6144, 4096, 9, 16, "wgmma_sx", 8, 8, 0, true, true},   // qkv M=16: 13.30 -> 12.23 (w16s16c1 12.93)
-    {28672, 4096, 6, 8, "w16s16", 16, 16, 0},               // gate_up M=8: 27.55 -> 24.43
+    {28672, 4096, 1, 2, "w24s8", 24, 8, 0},                 // gate_up M=1: 22.28 -> 21.30 (v11)
+    {28672, 4096, 6, 8, "w24s8", 24, 8, 0},                 // gate_up M=8: 27.10 -> 22.50 (v11; w16s16 23.97)
     {28672, 4096, 9, 16, "w16s16", 16, 16, 0},              // gate_up M=16: 33.23 -> 30.38
+    {4096, 14336, 1, 2, "w24s8", 24, 8, 0},                 // down M=1: 18.52 -> 13.07 (v11; w16s16n1 14.85)
     {4096, 14336, 6, 8, "wgmma_sx", 8, 8, 0, true, true},   // down M=8: 21.97 -> 17.39 (w8s8 19.37)
     {4096, 14336, 9, 16, "wgmma_sx", 8, 8, 0, true, true},  // down M=16: 19.54 -> 18.87
     // Llama-3.1-70B
     {10240, 8192, 1, 2, "w8s8", 8, 8, 0},                   // qkv M=1: 21.72 -> 17.14
     {10240, 8192, 3, 5, "w16s16", 16, 16, 0},               // qkv M=4: 25.87 -> 23.41
-    {10240, 8192, 6, 8, "wgmma_sx", 8, 8, 0, true, true},   // qkv M=8: 26.32 -> 22.45 (w8s8 24.38)
+    {10240, 8192, 6, 8, "w24s8", 24, 8, 0},                 // qkv M=8: 26.38 -> 20.29 (v11; wgmma_sx 22.44)
     {10240, 8192, 9, 16, "wgmma_sx", 8, 8, 0, true, true},  // qkv M=16: 26.06 -> 24.62
-    {8192, 8192, 1, 2, "w16s16", 16, 16, 0},                // o M=1: 20.25 -> 14.48
+    {8192, 8192, 1, 2, "w24s8", 24, 8, 0},                  // o M=1: 20.33 -> 13.68 (v11; w16s16 14.47)
     {8192, 8192, 9, 16, "wgmma_sx", 8, 8, 0, true, true},   // o M=16: 21.03 -> 20.06
     {57344, 8192, 3, 5, "w16s16", 16, 16, 0},               // gate_up M=4: 90.64 -> 84.70
     {57344, 8192, 6, 8, "w8s8", 8, 8, 0},                   // gate_up M=8: 90.43 -> 85.49
     {57344, 8192, 9, 16, "wgmma_sx", 8, 8, 0, true, true},  // gate_up M=16: 114.66 -> 105.46 (w8s8 108.49)
-    {8192, 28672, 1, 2, "w16s16", 16, 16, 0},               // down M=1: 45.18 -> 41.22
+    {8192, 28672, 1, 2, "w24s8", 24, 8, 0},                 // down M=1: 43.95 -> 36.51 (v11; w16s16 38.10)
     {8192, 28672, 6, 8, "w8s8", 8, 8, 0},                   // down M=8: 49.09 -> 41.38
     {8192, 28672, 9, 16, "wgmma_sx", 8, 8, 0, true, true},  // down M=16: 62.05 -> 52.35 (w8s8 54.27)
 };
@@ -63,6 +66,7 @@ V4Config tuned_config(const TunedV4Entry& e) {
   c.ctas_per_sm = e.ctas_per_sm;
   c.wgmma = e.wgmma;
   c.stream_x = e.stream_x;
+  c.warps_n = e.warps_n;
   return c;
 }
 

@@ -18,6 +18,7 @@ struct TunedV4Entry {
   const char* name;  // the sweep's name for it (v4_sweep_configs)
   int warps, stages, ctas_per_sm;
   bool wgmma = false, stream_x = false;  // the warpgroup path, with streamed activations
+  int warps_n = 0;                       // V4Config::warps_n (0: the cost model's)
 };
 
 // The table, in the order it is searched (docs/results.md, fifth session, has the sweep it came from).

@@ -252,13 +252,11 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
   // seq_lens is an input no kernel of the pass writes (uploaded before it, like the block table): read before the
   // wait, so its latency overlaps the previous kernel under programmatic launch.
   const int len = max(0, min(args.seq_lens[b], args.max_pages * kPageTokens));
-  // The next kernel (the combine, or the o GEMM, which prefetches its weights) waits for this grid's completion
-  // itself; letting it launch now, before this grid's own wait, hides its launch latency (ops::pdl_prologue says why
-  // releasing first is safe).
-  ptx::griddepcontrol_launch_dependents();
   // q and the cache come from the kernels before: wait for them before reading either (a no-op without the
   // programmatic launch attribute).
   ptx::griddepcontrol_wait();
+  // The combine kernel waits for this grid's completion itself; letting it launch now hides its launch latency.
+  ptx::griddepcontrol_launch_dependents();
   const Range tiles = split_range(tiles_for(len), args.splits, split);
   const int first = tiles.begin + warp;  // this warp's tiles: first, first + kWarps, ...
   const int n_mine = first < tiles.end ? (tiles.end - first + kWarps - 1) / kWarps : 0;
@@ -420,8 +418,8 @@ __global__ void __launch_bounds__(kD)
                                     float unrotate_scale) {
   static_assert(kMaxSplits <= kD, "one thread per split weight");
   static_assert(kD % kWarpSize == 0, "whole warps: the un-rotation's shuffles are full-warp");
-  // The o GEMM behind it may launch now and prefetch its weights while this grid waits and runs (it waits for this
-  // grid's completion itself; ops::pdl_prologue).
+  // The o GEMM behind it may launch now and prefetch its weights while this grid waits for the decode kernel (it
+  // waits for this grid's completion itself; ops::pdl_release_then_wait says why releasing first is safe).
   ptx::griddepcontrol_launch_dependents();
   // Launched as a programmatic dependent of the decode kernel: wait until its partials are complete and visible.
   ptx::griddepcontrol_wait();

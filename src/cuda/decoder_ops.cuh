@@ -31,16 +31,24 @@ static_assert(kEltThreads % kWarp == 0 && kArgmaxThreads % kWarp == 0 && kRopeTh
 static_assert(kArgmaxThreads <= kWarp * kWarp && kMaxBlockThreads <= kWarp * kWarp,
               "the per-warp partials of a block reduction must fit in one warp's lanes");
 
-// First statement of every kernel here and in fused_ops.cuh. Under programmatic launch (FT_PDL, on by default) the
-// launchers start a kernel as a programmatic dependent of the previous one on the stream. It first lets its own
-// dependent launch, then waits until the previous grid has completed and its writes are visible before reading
-// anything. Releasing first is safe: the dependent waits for this grid's completion in turn (which follows this
-// wait), and a dependent grid only launches once every CTA of this one is resident, so no CTA of this grid waits for
-// a slot held by a later kernel. It lets the next kernel start (a W4A16 GEMM: prefetch its constant weights) while
-// this one still waits for its predecessor, instead of only once that predecessor is done: in the batch-1 decode step
-// each GEMM behind an RMSNorm otherwise launched only when the GEMM before the norm had finished (CUPTI trace,
-// docs/results.md, eleventh session). Without the launch attribute both instructions do nothing.
+// First statement of every kernel here and in fused_ops.cuh. Under FT_PDL=1 the launchers start a kernel as a
+// programmatic dependent of the previous one on the stream: it must wait until that grid has completed and its
+// writes are visible before reading anything. Then it lets its own dependent launch, so that kernel's launch
+// latency overlaps this one's work (the dependent waits for this grid's completion in turn). Without the launch
+// attribute both instructions do nothing.
 __device__ __forceinline__ void pdl_prologue() {
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
+}
+
+// pdl_prologue with the two instructions swapped, for rmsnorm_kernel only: its dependent (in the decode step a W4A16
+// GEMM) launches while this kernel still waits for the GEMM before it, so its CTAs fetch their constant weights
+// during that GEMM instead of after it. Safe: the dependent waits for this grid's completion (which follows this
+// wait), and it only launches once every CTA of this grid is resident. Not the default for every kernel: releasing
+// first everywhere let the weights of the o and gate|up GEMMs be prefetched during decode attention, whose
+// latency-bound cache reads then queued behind them (attention 4.9 -> 11.0 µs in the batch-1 step; step +1.4 % at
+// batch 1, +1.6 % at batch 32, -2.3 % at batch 8; CUPTI trace, docs/results.md, eleventh session).
+__device__ __forceinline__ void pdl_release_then_wait() {
   ptx::griddepcontrol_launch_dependents();
   ptx::griddepcontrol_wait();
 }
@@ -141,7 +149,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
     if (static_cast<int>(threadIdx.x) < hidden / 4)
       w_first = __ldg(reinterpret_cast<const float4*>(weight) + threadIdx.x);
   }
-  pdl_prologue();
+  pdl_release_then_wait();
   __shared__ float red[kWarp];
   const int64_t row = static_cast<int64_t>(blockIdx.x) * hidden;
   const float* xr = x + row;

@@ -33,9 +33,7 @@ __device__ __forceinline__ float4 sum_slices(const float4* __restrict__ partial,
 __global__ void __launch_bounds__(256) gemm_w4a16_reduce_kernel(const float4* __restrict__ partial,
                                                                  __nv_bfloat16* __restrict__ y, int64_t count4,
                                                                  int splits) {
-  // Launched as a programmatic dependent of the GEMM: let the next kernel launch (it waits for this grid itself;
-  // ops::pdl_prologue), then wait until the GEMM's partial sums are complete and visible.
-  ptx::griddepcontrol_launch_dependents();
+  // Launched as a programmatic dependent of the GEMM: wait until its partial sums are complete and visible.
   ptx::griddepcontrol_wait();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count4; i += stride) {
@@ -51,7 +49,6 @@ __global__ void __launch_bounds__(256) gemm_w4a16_reduce_kernel(const float4* __
 __global__ void __launch_bounds__(256) gemm_w4a16_reduce_residual_kernel(const float4* __restrict__ partial,
                                                                           float4* __restrict__ residual,
                                                                           int64_t count4, int splits) {
-  ptx::griddepcontrol_launch_dependents();  // as gemm_w4a16_reduce_kernel
   ptx::griddepcontrol_wait();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count4; i += stride) {
@@ -73,7 +70,6 @@ __global__ void __launch_bounds__(256) gemm_w4a16_reduce_swiglu_kernel(const flo
                                                                         __nv_bfloat16* __restrict__ h,
                                                                         int64_t count4, int inter4, int splits) {
   static_assert(kSwiGluRun % 4 == 0, "a float4 of partial sums must lie inside one gate or up run");
-  ptx::griddepcontrol_launch_dependents();  // as gemm_w4a16_reduce_kernel
   ptx::griddepcontrol_wait();
   const int64_t outputs4 = count4 / 2;  // M * inter / 4
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;

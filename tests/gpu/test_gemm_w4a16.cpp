@@ -612,6 +612,43 @@ TEST(GemmW4A16Host, V4ConfigOccupancyAndSplits) {
   EXPECT_LE(w4::choose_tiling(1, 256, 512, 128, h200, c).splits, 4);
 }
 
+// V4Config::warps_n: honoured where N / 32 and the CTA's warps allow it (every warp of the CTA on that many column
+// blocks, the rest of them along K), the model's choice otherwise; the 24-warp shape lays out as 8 / 4 / 2 / 1 x K.
+TEST(GemmW4A16Host, V4ConfigForcedWarpsN) {
+  const w4::DeviceLimits h200;
+  w4::V4Config c;
+  c.warps = 24;
+  c.stages = 8;
+  c.warps_n = 1;
+  w4::Tiling t = w4::choose_tiling(1, 4096, 14336, 128, h200, c);  // 8B down: 128 CTAs of 24 K warps
+  EXPECT_EQ(t.warps, 24);
+  EXPECT_EQ(t.warps_n, 1);
+  EXPECT_EQ(t.warps_k, 24);
+  EXPECT_EQ(t.splits, 1);
+  t.variant = Variant::v4;
+  std::string why;
+  EXPECT_TRUE(w4::tiling_is_valid(t, 1, 4096, 14336, 128, h200, &why)) << why;
+  for (int n : {1, 2, 4, 8}) {  // the 24-warp CTA with each warps_n it can have, on a shape where all fit
+    c.warps_n = n;
+    t = w4::choose_tiling(1, 28672, 4096, 128, h200, c);
+    EXPECT_EQ(t.warps_n, n);
+    EXPECT_EQ(t.warps_n * t.warps_k, 24);
+  }
+  // 16 does not divide 24, and N = 96 has three column blocks: both ignored, the model's tiling instead.
+  c.warps_n = 16;
+  w4::V4Config free = c;
+  free.warps_n = 0;
+  EXPECT_EQ(w4::choose_tiling(1, 28672, 4096, 128, h200, c), w4::choose_tiling(1, 28672, 4096, 128, h200, free));
+  c.warps = 8;
+  c.stages = 16;
+  c.warps_n = 2;
+  free = c;
+  free.warps_n = 0;
+  EXPECT_EQ(w4::choose_tiling(1, 96, 4096, 128, h200, c), w4::choose_tiling(1, 96, 4096, 128, h200, free));
+  // The default config still gives the tilings it always gave (warps_n = 0 is the model's choice).
+  EXPECT_EQ(w4::choose_tiling(1, 4096, 14336, 128, h200, w4::V4Config{}), w4::choose_tiling(1, 4096, 14336, 128, h200));
+}
+
 TEST(GemmW4A16Host, V4ConfigRejections) {
   const w4::DeviceLimits h200;
   w4::Tiling t = w4::choose_tiling(12, 4096, 4096, 128, h200);
@@ -736,13 +773,20 @@ TEST(GemmW4A16Host, V4ConfigFromEnvironment) {
     EXPECT_EQ(c, want);
   }
 
+  g_fake_env = {{"FT_W4A16_V4_WARPS", "24"}, {"FT_W4A16_V4_STAGES", "8"}, {"FT_W4A16_V4_WARPS_N", "1"}};
+  c = w4::parse_v4_config(fake_getenv, &warnings);
+  EXPECT_TRUE(warnings.empty()) << warnings;
+  EXPECT_EQ(c.warps, 24);
+  EXPECT_EQ(c.stages, 8);
+  EXPECT_EQ(c.warps_n, 1);
+
   // Not compiled, out of range, not a number: each ignored with a sentence naming the variable.
   g_fake_env = {{"FT_W4A16_V4_WARPS", "12"}, {"FT_W4A16_SPLITK", "65"}, {"FT_W4A16_V4_CTAS_PER_SM", "two"},
-                {"FT_W4A16_SWAP16", "yes"}, {"FT_W4A16_SWAP32", "2"}};
+                {"FT_W4A16_SWAP16", "yes"}, {"FT_W4A16_SWAP32", "2"}, {"FT_W4A16_V4_WARPS_N", "17"}};
   c = w4::parse_v4_config(fake_getenv, &warnings);
   EXPECT_EQ(c, w4::V4Config{});
   for (const char* needle : {"FT_W4A16_V4_WARPS", "FT_W4A16_SPLITK=65", "FT_W4A16_V4_CTAS_PER_SM=two",
-                             "FT_W4A16_SWAP16=yes", "FT_W4A16_SWAP32=2"})
+                             "FT_W4A16_SWAP16=yes", "FT_W4A16_SWAP32=2", "FT_W4A16_V4_WARPS_N=17"})
     EXPECT_NE(warnings.find(needle), std::string::npos) << "'" << warnings << "' lacks '" << needle << "'";
   g_fake_env = {};
 }

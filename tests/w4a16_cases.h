@@ -181,6 +181,7 @@ inline std::vector<TilingCase> v4_config_cases() {
       for (bool swap16 : {false, true}) {
         const bool is_default = k.warps == w4::kWarps && k.stages == w4::kStages && !swap16;
         if ((swap16 && base[i].M < 9) || (is_default && i < n_explicit)) continue;
+        if (k.warps % base[i].t.warps_n != 0) continue;  // 28 warps: a case's warps_n of 8 cannot be laid out
         TilingCase d = base[i];
         d.t.variant = w4::Variant::v4;
         d.t.warps = k.warps;

@@ -52,11 +52,11 @@ double cost(const Tiling& t, int M, int N, int K, int group, const DeviceLimits&
   return us;
 }
 
-// The warps_n values a CTA of `warps` warps can have, widest first: the divisors of warps that tiling_is_valid
-// accepts (1, 2, 4, 8, 16).
+// The warps_n values a CTA of `warps` warps can have, widest first: the divisors of warps up to kMaxWarpsN
+// (8: 8, 4, 2, 1 and 16: 16, 8, 4, 2, 1 as before the other shapes; 24: 12, 8, 6, 4, 3, 2, 1; 28: 14, 7, 4, 2, 1).
 std::vector<int> candidate_warps_n(int warps) {
   std::vector<int> out;
-  for (int n : {16, 8, 4, 2, 1})
+  for (int n = kMaxWarpsN; n >= 1; --n)
     if (n <= warps && warps % n == 0) out.push_back(n);
   return out;
 }
@@ -114,7 +114,6 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, cons
   // A forced warps_n is honoured where the shape and the CTA allow it; otherwise the model chooses.
   const bool forced_n = cfg.warps_n > 0 && cfg.warps % cfg.warps_n == 0 && (N / kBlockN) % cfg.warps_n == 0 &&
                         !(wgmma && cfg.warps_n % kWgWarps != 0) && !(stream_x && cfg.warps_n != cfg.warps);
-  // 8: {8, 4, 2, 1}, as before the configs; 16: {16, 8, 4, 2, 1}; 24: {8, 4, 2, 1} (warps_k 3, 6, 12, 24).
   for (int warps_n : candidate_warps_n(cfg.warps)) {
     if ((N / kBlockN) % warps_n != 0) continue;
     if (forced_n && warps_n != cfg.warps_n) continue;
@@ -189,7 +188,7 @@ bool tiling_is_valid(const Tiling& t, int M, int N, int K, int group, const Devi
   if (t.rows8 && M > 8) return fail("rows8 needs M <= 8, M = " + to_string(M));
   if (!v4_kernel_compiled(t.warps, t.stages))
     return fail("warps = " + to_string(t.warps) + " with stages = " + to_string(t.stages) +
-                " is not a compiled kernel shape (warps x stages: 8 x 16, 8 x 32, 16 x 16, 8 x 8, 24 x 8)");
+                " is not a compiled kernel shape (warps x stages: 8 x 16, 8 x 32, 16 x 16, 8 x 8, 24 x 8, 28 x 8)");
   if ((t.warps != kWarps || t.stages != kStages) && (t.variant != Variant::v4 || M > kV4DefaultMaxM) &&
       !(t.stream_x && t.variant == Variant::v4 && M <= kWgMaxM))
     return fail("warps = " + to_string(t.warps) + ", stages = " + to_string(t.stages) +
@@ -207,8 +206,8 @@ bool tiling_is_valid(const Tiling& t, int M, int N, int K, int group, const Devi
                 ", warps = " + to_string(t.warps) + ", stages = " + to_string(t.stages) + ", warps_n = " +
                 to_string(t.warps_n) + ", stream_x = " + to_string(t.stream_x ? 1 : 0));
   if (t.stream_x && !t.wgmma) return fail("stream_x needs wgmma");
-  if (t.warps_n != 1 && t.warps_n != 2 && t.warps_n != 4 && t.warps_n != 8 && t.warps_n != 16)
-    return fail("warps_n = " + to_string(t.warps_n) + ", expected 1, 2, 4, 8 or 16");
+  if (t.warps_n < 1 || t.warps_n > kMaxWarpsN)
+    return fail("warps_n = " + to_string(t.warps_n) + ", expected 1.." + to_string(kMaxWarpsN));
   if (t.warps_n * t.warps_k != t.warps)
     return fail("warps_n * warps_k must be warps = " + to_string(t.warps) + " (warps_n = " + to_string(t.warps_n) +
                 ", warps_k = " + to_string(t.warps_k) + ")");
@@ -290,7 +289,9 @@ std::vector<NamedV4Config> v4_sweep_configs() {
   // w16s16n1 / w24s8n1 put all 16 / 24 warps of a CTA on one 32-column block (warps_k = 16 / 24): on N = 4096 layers
   // the 128 CTAs then run 16 / 24 warps per SM with 1/16 / 1/24 of K each, where the default's 8 warps per SM each
   // work through 1/8 of K one block after another (M = 1 looked bound by that per-warp chain: 0.3-0.45 µs per block
-  // and warp on every shape of the v5 sweep). w24s8 lets the model lay out the 24-warp CTA.
+  // and warp on every shape of the v5 sweep). w24s8 lets the model lay out the 24-warp CTA. w28s8n7 / n14: 28 warps
+  // (the register file's limit at 72 registers) on 7 / 14 column blocks, so gate|up's N / 32 = 896 (8B) or 1792
+  // (70B) column blocks make 128 CTAs: every SM but four busy, where w24s8's 8 column blocks left 20 idle.
   return {make("w8s16", 8, 16, 0, false),  make("w8s16c2", 8, 16, 2, false), make("w8s16c3", 8, 16, 3, false),
           make("w8s32", 8, 32, 0, false),  make("w8s32c1", 8, 32, 1, false), make("w16s16", 16, 16, 0, false),
           make("w16s16c1", 16, 16, 1, false), make("swap16", 8, 16, 0, true),  make("swap16c2", 8, 16, 2, true),
@@ -298,7 +299,8 @@ std::vector<NamedV4Config> v4_sweep_configs() {
           make("w8s8", 8, 8, 0, false),    make("w8s8c3", 8, 8, 3, false),
           make("wgmma", 8, 16, 0, false, kSwap32ByDefault, true),
           make("wgmma_c2", 8, 16, 2, false, kSwap32ByDefault, true), stream("wgmma_sx"),
-          n_forced("w16s16n1", 16, 16, 1), make("w24s8", 24, 8, 0, false), n_forced("w24s8n1", 24, 8, 1)};
+          n_forced("w16s16n1", 16, 16, 1), make("w24s8", 24, 8, 0, false), n_forced("w24s8n1", 24, 8, 1),
+          make("w28s8", 28, 8, 0, false), n_forced("w28s8n7", 28, 8, 7), n_forced("w28s8n14", 28, 8, 14)};
 }
 
 V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings) {
@@ -325,13 +327,13 @@ V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings)
   const bool set_s = read("FT_W4A16_V4_STAGES", 2, 64, &stages);
   if ((set_w || set_s) && !v4_kernel_compiled(warps, stages)) {
     warn("FT_W4A16_V4_WARPS / FT_W4A16_V4_STAGES = " + std::to_string(warps) + " / " + std::to_string(stages) +
-         " ignored (compiled: 8 / 16, 8 / 32, 16 / 16, 8 / 8, 24 / 8).");
+         " ignored (compiled: 8 / 16, 8 / 32, 16 / 16, 8 / 8, 24 / 8, 28 / 8).");
   } else {
     c.warps = warps;
     c.stages = stages;
   }
   read("FT_W4A16_V4_CTAS_PER_SM", 0, 8, &c.ctas_per_sm);
-  read("FT_W4A16_V4_WARPS_N", 0, 16, &c.warps_n);
+  read("FT_W4A16_V4_WARPS_N", 0, kMaxWarpsN, &c.warps_n);
   read("FT_W4A16_SPLITK", 0, kMaxSplits, &c.splits);
   if (read("FT_W4A16_SWAP16", 0, 1, &flag)) c.swap16 = flag == 1;
   if (read("FT_W4A16_SWAP32", 0, 1, &flag)) c.swap32 = flag == 1;

@@ -111,11 +111,14 @@ enum class Variant : uint8_t { v2, v4 };
 // per CTA: 8 warps x 16 slots keep 14 blocks (56 KB) per CTA in flight, 8 x 32 keep 30 (120 KB), 16 x 16 keep
 // 14 per warp (112 KB) and give the SM twice the warps to hide the dependent LDS -> lop3 -> mma chains; 24 x 8 keep
 // 6 per warp (72 KB) with three times the default's warps in one CTA (the register file's limit at ~72 registers),
-// for layers whose N / 32 column blocks give one CTA per SM (N = 4096: 128 CTAs).
+// for layers whose N / 32 column blocks give one CTA per SM (N = 4096: 128 CTAs); 28 x 8 (28 warps: 896 threads at 72
+// registers fill the register file) for N / 32 = 7 · 128 (gate|up: warps_n 7 or 14 give 128 CTAs).
 struct KernelShape {
   int warps, stages;
 };
-constexpr KernelShape kV4KernelShapes[] = {{8, 16}, {8, 32}, {16, 16}, {8, 8}, {24, 8}};
+constexpr KernelShape kV4KernelShapes[] = {{8, 16}, {8, 32}, {16, 16}, {8, 8}, {24, 8}, {28, 8}};
+// Widest warps_n a tiling may have (any divisor of its warps up to this; the warpgroup path wants multiples of 4).
+constexpr int kMaxWarpsN = 16;
 constexpr bool v4_kernel_compiled(int warps, int stages) {
   for (const KernelShape& k : kV4KernelShapes)
     if (k.warps == warps && k.stages == stages) return true;

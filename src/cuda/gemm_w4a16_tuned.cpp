@@ -17,10 +17,11 @@ constexpr TunedV4Entry kEntries[] = {
     // programmatic launch). They are left out.
     // The wgmma_sx entries (warpgroup path, streamed activations) come from the tenth session's sweep
     // (docs/results/bench_gemm_w4a16-v10-sweep-stream.json, graph-timed µs, default -> entry); the w24s8 ones (24
-    // warps, 8 slots) from the eleventh session's (docs/results/bench_gemm_w4a16-v11-sweep.json, M = 1 and 8 only).
+    // warps, 8 slots) from the eleventh session's (docs/results/bench_gemm_w4a16-v11-sweep.json, M = 1 and 8 only), the
+    // w28s8 ones (28 warps; n7: 7 column blocks per CTA) from its second gate|up sweep (bench_gemm_w4a16-v11b-sweep.json).
     {6144, 4096, 9, 16, "wgmma_sx", 8, 8, 0, true, true},   // qkv M=16: 13.30 -> 12.23 (w16s16c1 12.93)
-    {28672, 4096, 1, 2, "w24s8", 24, 8, 0},                 // gate_up M=1: 22.28 -> 21.30 (v11)
-    {28672, 4096, 6, 8, "w24s8", 24, 8, 0},                 // gate_up M=8: 27.10 -> 22.50 (v11; w16s16 23.97)
+    {28672, 4096, 1, 2, "w28s8n7", 28, 8, 0, false, false, 7},  // gate_up M=1: 22.28 -> 19.87 (v11b; w24s8 21.27)
+    {28672, 4096, 6, 8, "w28s8", 28, 8, 0},                 // gate_up M=8: 26.98 -> 20.97 (v11b; w24s8 22.52)
     {28672, 4096, 9, 16, "w16s16", 16, 16, 0},              // gate_up M=16: 33.23 -> 30.38
     {4096, 14336, 1, 2, "w24s8", 24, 8, 0},                 // down M=1: 18.52 -> 13.07 (v11; w16s16n1 14.85)
     {4096, 14336, 6, 8, "wgmma_sx", 8, 8, 0, true, true},   // down M=8: 21.97 -> 17.39 (w8s8 19.37)
@@ -32,8 +33,9 @@ constexpr TunedV4Entry kEntries[] = {
     {10240, 8192, 9, 16, "wgmma_sx", 8, 8, 0, true, true},  // qkv M=16: 26.06 -> 24.62
     {8192, 8192, 1, 2, "w24s8", 24, 8, 0},                  // o M=1: 20.33 -> 13.68 (v11; w16s16 14.47)
     {8192, 8192, 9, 16, "wgmma_sx", 8, 8, 0, true, true},   // o M=16: 21.03 -> 20.06
+    {57344, 8192, 1, 2, "w28s8n7", 28, 8, 0, false, false, 7},  // gate_up M=1: 78.36 -> 73.97 (v11b; w28s8 75.44)
     {57344, 8192, 3, 5, "w16s16", 16, 16, 0},               // gate_up M=4: 90.64 -> 84.70
-    {57344, 8192, 6, 8, "w8s8", 8, 8, 0},                   // gate_up M=8: 90.43 -> 85.49
+    {57344, 8192, 6, 8, "w28s8", 28, 8, 0},                 // gate_up M=8: 89.24 -> 80.72 (v11b; w8s8 86.65)
     {57344, 8192, 9, 16, "wgmma_sx", 8, 8, 0, true, true},  // gate_up M=16: 114.66 -> 105.46 (w8s8 108.49)
     {8192, 28672, 1, 2, "w24s8", 24, 8, 0},                 // down M=1: 43.95 -> 36.51 (v11; w16s16 38.10)
     {8192, 28672, 6, 8, "w8s8", 8, 8, 0},                   // down M=8: 49.09 -> 41.38

@@ -1,6 +1,6 @@
 // Kernel instances of the W4A16 GEMM's v4 variant, one translation unit per compiled (warps, stages) shape
 // (gemm_w4a16_v4_w8s16.cu, gemm_w4a16_v4_w8s32.cu, gemm_w4a16_v4_w16s16.cu, gemm_w4a16_v4_w8s8.cu,
-// gemm_w4a16_v4_w24s8.cu): every instance is a fully unrolled
+// gemm_w4a16_v4_w24s8.cu, gemm_w4a16_v4_w28s8.cu): every instance is a fully unrolled
 // kernel, so spreading them over files lets them compile in parallel and keeps a rebuild to the files that change.
 #pragma once
 
@@ -52,12 +52,14 @@ extern template KernelFn v4_kernel<8, 32>(const Tiling&, bool);
 extern template KernelFn v4_kernel<16, 16>(const Tiling&, bool);
 extern template KernelFn v4_kernel<8, 8>(const Tiling&, bool);
 extern template KernelFn v4_kernel<24, 8>(const Tiling&, bool);
+extern template KernelFn v4_kernel<28, 8>(const Tiling&, bool);
 extern template NormKernelFn v4_norm_kernel<8, 16>(bool);
 extern template NormKernelFn v4_norm_kernel<8, 32>(bool);
 extern template NormKernelFn v4_norm_kernel<16, 16>(bool);
 extern template NormKernelFn v4_norm_kernel<8, 8>(bool);
 extern template NormKernelFn v4_norm_kernel<24, 8>(bool);
-static_assert(sizeof(kV4KernelShapes) / sizeof(kV4KernelShapes[0]) == 5,
+extern template NormKernelFn v4_norm_kernel<28, 8>(bool);
+static_assert(sizeof(kV4KernelShapes) / sizeof(kV4KernelShapes[0]) == 6,
               "every compiled shape needs its file and an extern declaration here");
 
 // The warpgroup path's instance for a tiling with wgmma set (gemm_w4a16_wg.cu): one per activation tile count and
@@ -72,6 +74,7 @@ inline KernelFn v4_kernel_any(const Tiling& t, bool f16_scales) {
   if (t.warps == 16 && t.stages == 16) return v4_kernel<16, 16>(t, f16_scales);
   if (t.warps == 8 && t.stages == 8) return v4_kernel<8, 8>(t, f16_scales);
   if (t.warps == 24 && t.stages == 8) return v4_kernel<24, 8>(t, f16_scales);
+  if (t.warps == 28 && t.stages == 8) return v4_kernel<28, 8>(t, f16_scales);
   return nullptr;
 }
 
@@ -83,6 +86,7 @@ inline NormKernelFn v4_norm_kernel_any(const Tiling& t, bool f16_scales) {
   if (t.warps == 16 && t.stages == 16) return v4_norm_kernel<16, 16>(f16_scales);
   if (t.warps == 8 && t.stages == 8) return v4_norm_kernel<8, 8>(f16_scales);
   if (t.warps == 24 && t.stages == 8) return v4_norm_kernel<24, 8>(f16_scales);
+  if (t.warps == 28 && t.stages == 8) return v4_norm_kernel<28, 8>(f16_scales);
   return nullptr;
 }
 

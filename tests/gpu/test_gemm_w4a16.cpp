@@ -613,7 +613,7 @@ TEST(GemmW4A16Host, V4ConfigOccupancyAndSplits) {
 }
 
 // V4Config::warps_n: honoured where N / 32 and the CTA's warps allow it (every warp of the CTA on that many column
-// blocks, the rest of them along K), the model's choice otherwise; the 24-warp shape lays out as 8 / 4 / 2 / 1 x K.
+// blocks, the rest of them along K), the model's choice otherwise.
 TEST(GemmW4A16Host, V4ConfigForcedWarpsN) {
   const w4::DeviceLimits h200;
   w4::V4Config c;

@@ -353,6 +353,10 @@ struct Timeline {
   };
   std::vector<KernelRecord> kernels;  // start order
   std::vector<double> offset_us, gap_us;
+  // How far each kernel's end moves the replay's end past every earlier kernel's (0 when it ends inside them): under
+  // programmatic launch a kernel starts early and waits, so its duration over-counts; this is what it costs the
+  // step, and the values add up to span_us.
+  std::vector<double> extends_us;
   double span_us = 0;              // first start -> last end
   double sum_duration_us = 0;      // over-counts overlap
   double sum_positive_gap_us = 0;  // time between consecutive kernels
@@ -379,6 +383,7 @@ inline Timeline make_timeline(std::vector<KernelRecord> kernels) {
     t.sum_duration_us += k.duration_us();
     const uint64_t from = std::max(frontier, k.start_ns);
     if (k.end_ns > from) t.busy_us += static_cast<double>(k.end_ns - from) * 1e-3;
+    t.extends_us.push_back(k.end_ns > frontier ? static_cast<double>(k.end_ns - frontier) * 1e-3 : 0.0);
     frontier = std::max(frontier, k.end_ns);
     const std::string key = short_kernel_name(k.name, std::string::npos);
     auto [it, fresh] = name_index.emplace(key, t.by_name.size());
@@ -425,13 +430,14 @@ inline std::string dims_text(const int32_t (&d)[3]) {
 inline void print_timeline(const Timeline& t, const std::string& title, bool per_kernel) {
   std::printf("\nkernel timeline: %s (%zu kernels)\n", title.c_str(), t.kernels.size());
   if (per_kernel) {
-    std::printf("| # | kernel | grid | block | regs | smem B | start µs | µs | gap µs |\n"
-                "|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| # | kernel | grid | block | regs | smem B | start µs | µs | gap µs | extends µs |\n"
+                "|---|---|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < t.kernels.size(); ++i) {
       const KernelRecord& k = t.kernels[i];
-      std::printf("| %zu | %s | %s | %s | %d | %d | %.2f | %.2f | %.2f |\n", i, short_kernel_name(k.name).c_str(),
-                  dims_text(k.grid).c_str(), dims_text(k.block).c_str(), k.registers, k.static_smem + k.dynamic_smem,
-                  t.offset_us[i], k.duration_us(), t.gap_us[i]);
+      std::printf("| %zu | %s | %s | %s | %d | %d | %.2f | %.2f | %.2f | %.2f |\n", i,
+                  short_kernel_name(k.name).c_str(), dims_text(k.grid).c_str(), dims_text(k.block).c_str(),
+                  k.registers, k.static_smem + k.dynamic_smem, t.offset_us[i], k.duration_us(), t.gap_us[i],
+                  t.extends_us[i]);
     }
   }
   std::printf("span %.2f µs (first start -> last end) | sum of durations %.2f µs | sum of positive gaps %.2f µs | "
@@ -443,25 +449,26 @@ inline void print_timeline(const Timeline& t, const std::string& title, bool per
                 t.span_us > 0 ? 100.0 * nm.total_us / t.span_us : 0.0);
 }
 
-// Per position of the repeated layer: the kernel, and its duration and gap averaged (and duration's min / max)
-// over the layers.
+// Per position of the repeated layer: the kernel, and its duration, gap and extension of the step's end averaged (and
+// duration's min / max) over the layers.
 inline void print_layer_positions(const Timeline& t, const LayerPattern& lp) {
   std::printf("per layer position (%zu layers of %zu kernels from kernel %zu; mean over layers)\n"
-              "| pos | kernel | grid | mean µs | min µs | max µs | mean gap µs |\n|---|---|---|---|---|---|---|\n",
+              "| pos | kernel | grid | mean µs | min µs | max µs | mean gap µs | mean extends µs |\n"
+              "|---|---|---|---|---|---|---|---|\n",
               lp.repeats, lp.period, lp.first);
   double layer_total = 0;
   for (size_t j = 0; j < lp.period; ++j) {
-    double sum = 0, gap = 0, lo = 1e30, hi = 0;
+    double sum = 0, gap = 0, ext = 0, lo = 1e30, hi = 0;
     for (size_t l = 0; l < lp.repeats; ++l) {
       const size_t i = lp.first + l * lp.period + j;
       const double us = t.kernels[i].duration_us();
-      sum += us, gap += t.gap_us[i], lo = std::min(lo, us), hi = std::max(hi, us);
+      sum += us, gap += t.gap_us[i], ext += t.extends_us[i], lo = std::min(lo, us), hi = std::max(hi, us);
     }
     const double n = static_cast<double>(lp.repeats);
     layer_total += (sum + gap) / n;
     const KernelRecord& k = t.kernels[lp.first + j];
-    std::printf("| %zu | %s | %s | %.2f | %.2f | %.2f | %.2f |\n", j, short_kernel_name(k.name).c_str(),
-                dims_text(k.grid).c_str(), sum / n, lo, hi, gap / n);
+    std::printf("| %zu | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n", j, short_kernel_name(k.name).c_str(),
+                dims_text(k.grid).c_str(), sum / n, lo, hi, gap / n, ext / n);
   }
   std::printf("mean layer: %.2f µs (durations + gaps)\n", layer_total);
 }
@@ -489,9 +496,10 @@ inline void write_timeline_json(FILE* f, const Timeline& t) {
     std::fprintf(f,
                  ", \"grid\": [%d, %d, %d], \"block\": [%d, %d, %d], \"registers\": %d, \"static_smem\": %d, "
                  "\"dynamic_smem\": %d, \"start_us\": %.3f, \"duration_us\": %.3f, \"gap_us\": %.3f, "
-                 "\"graph_id\": %u, \"graph_node_id\": %llu, \"correlation_id\": %u, \"stream_id\": %u}",
+                 "\"extends_us\": %.3f, \"graph_id\": %u, \"graph_node_id\": %llu, \"correlation_id\": %u, "
+                 "\"stream_id\": %u}",
                  k.grid[0], k.grid[1], k.grid[2], k.block[0], k.block[1], k.block[2], k.registers, k.static_smem,
-                 k.dynamic_smem, t.offset_us[i], k.duration_us(), t.gap_us[i], k.graph_id,
+                 k.dynamic_smem, t.offset_us[i], k.duration_us(), t.gap_us[i], t.extends_us[i], k.graph_id,
                  static_cast<unsigned long long>(k.graph_node_id), k.correlation_id, k.stream_id);
   }
   std::fprintf(f, "],\n     \"by_name\": [");

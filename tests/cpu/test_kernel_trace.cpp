@@ -117,6 +117,16 @@ TEST(KernelTraceAnalysis, TimelineGapsOverlapAndBusyTime) {
   EXPECT_DOUBLE_EQ(t.span_us, 0.3);
   EXPECT_DOUBLE_EQ(t.sum_duration_us, 0.1 + 0.14 + 0.05);
   EXPECT_DOUBLE_EQ(t.busy_us, 0.25);  // the union 0..200 and 250..300
+  // What each kernel adds to the end: a its 100 ns, b the 100 ns past a's end, c 100 ns past b's (hole included).
+  ASSERT_EQ(t.extends_us.size(), 3u);
+  EXPECT_DOUBLE_EQ(t.extends_us[0], 0.1);
+  EXPECT_DOUBLE_EQ(t.extends_us[1], 0.1);
+  EXPECT_DOUBLE_EQ(t.extends_us[2], 0.1);
+  // A kernel that ends inside an earlier one extends nothing; the extensions always add up to the span.
+  const kt::Timeline inner = kt::make_timeline({rec("long", 0, 500), rec("short", 100, 200), rec("tail", 150, 650)});
+  EXPECT_DOUBLE_EQ(inner.extends_us[1], 0.0);
+  EXPECT_DOUBLE_EQ(inner.extends_us[2], 0.15);
+  EXPECT_DOUBLE_EQ(inner.extends_us[0] + inner.extends_us[1] + inner.extends_us[2], inner.span_us);
   ASSERT_EQ(t.by_name.size(), 3u);
   EXPECT_EQ(t.by_name[0].name, "b");  // by descending total time
 }

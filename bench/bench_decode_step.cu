@@ -55,10 +55,7 @@ struct Row {
 
 // --trace: the median graph replay of one row (bench/kernel_trace.h).
 struct TraceRow {
-  std::string shape, head;
-  bool fused = true;
-  int batch = 0, context = 0, layers = 0;
-  double graph_us = 0;              // the untraced median of the same row
+  Row row;                          // the timed row it belongs to (its graph_us: the untraced median)
   size_t records = 0, dropped = 0, incomplete = 0;  // kernel records; records CUPTI dropped / gave no timestamps
   bool fresh_engine = false;        // traced on a new engine whose graph was captured under tracing
   bench::ReplaySplit split;         // replays of the window (kernels kept only for the median one)
@@ -208,15 +205,19 @@ int main(int argc, char** argv) {
             }
           }
           for (const SequenceChunk& sc : batch) e->reset(sc.seq_id);
+          Row r;
+          r.shape = name + (block ? " block" : " step");
+          r.head = int4_head ? "int4" : "bf16";
+          r.fused = fused;
+          r.batch = b;
+          r.context = context;
+          r.layers = static_cast<int>(c.num_hidden_layers);
+          r.graph_us = t.median_us;
+          r.graph_p90_us = t.p90_us;
+          r.host_us = bench::median(host);
           if (!trace_path.empty()) {
             TraceRow tr;
-            tr.shape = name + (block ? " block" : " step");
-            tr.head = int4_head ? "int4" : "bf16";
-            tr.fused = fused;
-            tr.batch = b;
-            tr.context = context;
-            tr.layers = static_cast<int>(c.num_hidden_layers);
-            tr.graph_us = t.median_us;
+            tr.row = r;
             // One tracing window around benchmark_decode_step on `eng` (the sequences placed as for the timed
             // step, reset after). A CUPTI failure becomes tr.error and the run goes on; engine errors end it.
             auto traced_step = [&](CudaEngine& eng) {
@@ -259,8 +260,8 @@ int main(int argc, char** argv) {
               tr.error = "no complete graph replay among " + std::to_string(tr.records) + " kernel records (" +
                          std::to_string(tr.split.outside_graphs) + " launched outside graphs)";
             char title[256];
-            std::snprintf(title, sizeof title, "%s, %s head, %s epilogues, batch %d, context %d", tr.shape.c_str(),
-                          tr.head.c_str(), fused ? "fused" : "unfused", b, context);
+            std::snprintf(title, sizeof title, "%s, %s head, %s epilogues, batch %d, context %d", r.shape.c_str(),
+                          r.head.c_str(), fused ? "fused" : "unfused", b, context);
             if (!tr.error.empty()) {
               std::printf("\nkernel timeline: %s: %s\n", title, tr.error.c_str());
             } else {
@@ -276,7 +277,7 @@ int main(int argc, char** argv) {
               std::printf("median of %zu replays by span (spans %.2f .. %.2f µs; untraced graph median %.2f µs); "
                           "%zu kernels each, cut by %s%s; left out: %zu kernels outside graphs, %zu of other graphs, "
                           "%zu of partial replays; CUPTI dropped %zu records, %zu came without timestamps\n",
-                          tr.spans_us.size(), *lo, *hi, tr.graph_us, tr.split.kernels_per_replay,
+                          tr.spans_us.size(), *lo, *hi, r.graph_us, tr.split.kernels_per_replay,
                           tr.split.method.c_str(), tr.fresh_engine ? " (new engine, graph captured under tracing)" : "",
                           tr.split.outside_graphs, tr.split.other_graphs, tr.split.partial, tr.dropped,
                           tr.incomplete);
@@ -298,16 +299,6 @@ int main(int argc, char** argv) {
                                                           (fused ? ", fused epilogues" : ", unfused epilogues"),
                                     kRuns);
           }
-          Row r;
-          r.shape = name + (block ? " block" : " step");
-          r.head = int4_head ? "int4" : "bf16";
-          r.fused = fused;
-          r.batch = b;
-          r.context = context;
-          r.layers = static_cast<int>(c.num_hidden_layers);
-          r.graph_us = t.median_us;
-          r.graph_p90_us = t.p90_us;
-          r.host_us = bench::median(host);
           r.bytes = step_bytes(c, kGroup, b, context, kv, int4_head);
           r.roofline_us = r.bytes / (copy_tbps * 1e12) * 1e6;
           rows.push_back(r);
@@ -365,8 +356,9 @@ int main(int argc, char** argv) {
                      "    {\"shape\": \"%s\", \"lm_head\": \"%s\", \"fused_epilogues\": %s, \"layers\": %d, "
                      "\"batch\": %d, \"context\": %d, \"graph_us\": %.2f, \"kernel_records\": %zu, "
                      "\"dropped_records\": %zu, \"records_without_timestamps\": %zu, \"fresh_engine\": %s,\n     ",
-                     r.shape.c_str(), r.head.c_str(), r.fused ? "true" : "false", r.layers, r.batch, r.context,
-                     r.graph_us, r.records, r.dropped, r.incomplete, r.fresh_engine ? "true" : "false");
+                     r.row.shape.c_str(), r.row.head.c_str(), r.row.fused ? "true" : "false", r.row.layers,
+                     r.row.batch, r.row.context, r.row.graph_us, r.records, r.dropped, r.incomplete,
+                     r.fresh_engine ? "true" : "false");
         if (!r.error.empty()) {
           std::fprintf(f, "\"error\": ");
           bench::json_string(f, r.error);
@@ -394,7 +386,8 @@ int main(int argc, char** argv) {
     for (const TraceRow& r : trace_rows)
       if (!r.error.empty()) {
         std::fprintf(stderr, "bench_decode_step: no kernel timeline for %s, %s head, %s epilogues, batch %d: %s\n",
-                     r.shape.c_str(), r.head.c_str(), r.fused ? "fused" : "unfused", r.batch, r.error.c_str());
+                     r.row.shape.c_str(), r.row.head.c_str(), r.row.fused ? "fused" : "unfused", r.row.batch,
+                     r.error.c_str());
         trace_failed = true;
       }
     if (trace_failed) return 1;

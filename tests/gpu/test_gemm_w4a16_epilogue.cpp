@@ -26,6 +26,7 @@
 #include "futransformer/formats/int4_mma.h"
 #include "gpu_test_util.h"
 #include "w4a16_cases.h"
+#include "w4a16_wg_tilings.h"
 
 namespace {
 
@@ -85,17 +86,7 @@ std::vector<w4::Tiling> tilings_for(int M, int N, int K, int group, ScaleType st
   }
   // The warpgroup path (M <= 32, N a multiple of 128), staged and streamed (N a multiple of 256), where the shape
   // allows it: its accumulators go through the same stores.
-  for (bool stream : {false, true}) {
-    w4::V4Config c;
-    c.wgmma = true;
-    c.stream_x = stream;
-    if (stream) c.stages = w4::kWgStreamStages;
-    if (M > w4::kWgMaxM || N % (stream ? 256 : 128) != 0) continue;
-    EXPECT_EQ(cuda::gemm_w4a16_plan_config(M, N, K, group, st, c, &t), cudaSuccess);
-    EXPECT_TRUE(t.wgmma);
-    EXPECT_EQ(t.stream_x, stream);
-    bases.push_back(t);
-  }
+  for (const w4::Tiling& wg : test::wg_planned_tilings(M, N, K, group, st)) bases.push_back(wg);
   std::vector<w4::Tiling> out;
   for (w4::Tiling b : bases) {
     for (int splits : {1, kSplitK}) {

@@ -32,6 +32,7 @@
 #include "qkv_prologue_case.h"
 #include "ref/ops.h"
 #include "w4a16_cases.h"
+#include "w4a16_wg_tilings.h"
 
 namespace {
 
@@ -160,17 +161,7 @@ std::vector<w4::Tiling> tilings_for(int M, int N, int K, int group, ScaleType st
     bases.push_back(t);
   }
   // The warpgroup path, staged and streamed, where the shape allows it (M <= 32; N a multiple of 128 / 256).
-  for (bool stream : {false, true}) {
-    w4::V4Config c;
-    c.wgmma = true;
-    c.stream_x = stream;
-    if (stream) c.stages = w4::kWgStreamStages;
-    if (M > w4::kWgMaxM || N % (stream ? 256 : 128) != 0) continue;
-    w4::Tiling t;
-    EXPECT_EQ(cuda::gemm_w4a16_plan_config(M, N, K, group, st, c, &t), cudaSuccess);
-    EXPECT_TRUE(t.wgmma);
-    bases.push_back(t);
-  }
+  for (const w4::Tiling& wg : test::wg_planned_tilings(M, N, K, group, st)) bases.push_back(wg);
   std::vector<w4::Tiling> out;
   for (const w4::Tiling& b : bases) {
     for (int splits : {1, 2, 3}) {

@@ -14,7 +14,8 @@
 // attention and MLP RMSNorms inside the qkv and gate|up GEMMs on fused rows of batch <= 8
 // (CudaEngineOptions::fused_norm_prologue, off by default: measured slower); FT_UNROTATE_IN_COMBINE=0 keeps the
 // separate un-rotation kernel after a split int4-hadamard attention on fused rows
-// (CudaEngineOptions::fused_attention_unrotation, on by default).
+// (CudaEngineOptions::fused_attention_unrotation, on by default); FT_ATTN_PROLOGUE=0 keeps the attention prologue's own
+// kernel where the qkv GEMM does not split K (CudaEngineOptions::fused_attention_prologue, on by default).
 // --trace PATH: after each row's timing, the in-graph kernel timeline (bench/kernel_trace.h, CUPTI): kTraceReplays
 // more replays of the row's step graph (plus benchmark_decode_step's two forward_greedy steps, also replays) are
 // traced, split into replays by graph node, and the median replay by span is printed — block rows kernel by kernel
@@ -181,6 +182,9 @@ int main(int argc, char** argv) {
         // FT_UNROTATE_IN_COMBINE=0: CudaEngineOptions::fused_attention_unrotation off on the fused rows.
         const char* uc = std::getenv("FT_UNROTATE_IN_COMBINE");
         o.fused_attention_unrotation = fused && !(uc != nullptr && uc[0] == '0');
+        // FT_ATTN_PROLOGUE=0: CudaEngineOptions::fused_attention_prologue off on the fused rows.
+        const char* ap = std::getenv("FT_ATTN_PROLOGUE");
+        o.fused_attention_prologue = fused && !(ap != nullptr && ap[0] == '0');
         // FT_NORM_PROLOGUE=1: CudaEngineOptions::fused_norm_prologue on the fused rows (batches of at most 8).
         const char* np = std::getenv("FT_NORM_PROLOGUE");
         o.fused_norm_prologue = fused && np != nullptr && np[0] == '1';

@@ -58,6 +58,12 @@ struct CudaEngineOptions {
   // rotate_heads_bf16 (bit-identical by construction; GPU-tested, one kernel fewer per layer: 8B step at context
   // 1024 1.5 % faster at batch 1 and 8 on the H200, docs/results.md). false: the separate kernel (kept to compare).
   bool fused_attention_unrotation = true;
+  // With fused_epilogues, decode steps (one new token per sequence) on an INT4 or int4-hadamard cache at head_dim
+  // 128 whose qkv GEMM does not split K (so the prologue is not in its reduce, fused_qkv_prologue): the decode
+  // attention kernel runs the attention prologue itself (cuda::attention_decode_int4_with_prologue: RoPE, the q
+  // rotation, and the new token's cache append by the CTA that reads it; bit-identical to qkv_rope_kv_append + the
+  // attention by construction), one kernel fewer per layer. false: the two kernels (kept to compare and measure).
+  bool fused_attention_prologue = true;
   // With fused_epilogues and an int4-hadamard cache: prompt passes that attend with attention_prefill un-rotate its
   // output in the kernel's store (cuda::attention_prefill_int4_unrotated; bit-identical to the separate
   // rotate_heads_bf16 by construction). Built after the seventh session's last device call and not yet run on a GPU,

@@ -10,6 +10,7 @@
 
 #include "cuda/attention_decode.cuh"
 #include "cuda/attention_decode_heuristics.h"
+#include "cuda/fused_ops.cuh"
 #include "cuda/launch_status.h"
 #include "futransformer/cuda/attention_decode.h"
 #include "futransformer/formats/hadamard.h"
@@ -36,10 +37,15 @@ cudaError_t device_limits(attn::DeviceLimits* d) {
   return cudaSuccess;
 }
 
-using DecodeFn = void (*)(attn::DecodeArgs);
+using DecodeFn = void (*)(attn::DecodeArgs, fused::QkvArgs);
 using CombineFn = void (*)(const float*, const float*, __nv_bfloat16*, int, int, float);
 
-DecodeFn pick_decode(bool int4, int head_dim) {
+DecodeFn pick_decode(bool int4, int head_dim, const fused::QkvArgs* pro, KvFormat pro_format) {
+  if (pro) {  // the launcher checked: INT4 formats, head_dim 128
+    return pro_format == KvFormat::INT4_HADAMARD
+               ? attn::attention_decode_kernel<true, 128, attn::Prologue::kInt4Hadamard>
+               : attn::attention_decode_kernel<true, 128, attn::Prologue::kInt4>;
+  }
   if (int4) return head_dim == 128 ? attn::attention_decode_kernel<true, 128> : attn::attention_decode_kernel<true, 64>;
   return head_dim == 128 ? attn::attention_decode_kernel<false, 128> : attn::attention_decode_kernel<false, 64>;
 }
@@ -54,12 +60,13 @@ CombineFn pick_combine(int head_dim, bool unrotate) {
 bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 // unrotated non-null: attention_decode_int4_unrotated (unrotate_block checked here, *unrotated set on success);
-// null: the plain launchers (unrotate_block ignored).
+// null: the plain launchers (unrotate_block ignored). pro non-null: the fused prologue (checked arguments, q unused).
 cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
                    const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads, int head_dim,
                    int max_pages, int max_seq_len, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                   int unrotate_block = 0, bool* unrotated = nullptr) {
-  g_last_error.clear();
+                   int unrotate_block = 0, bool* unrotated = nullptr, const fused::QkvArgs* pro = nullptr,
+                   KvFormat pro_format = KvFormat::INT4) {
+  if (!pro) g_last_error.clear();
   if (unrotated) *unrotated = false;
   if (attention_decode_can_implement(format, batch, n_heads, n_kv_heads, head_dim, max_pages, max_seq_len,
                                      &g_last_error) != cudaSuccess)
@@ -70,7 +77,7 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
                                      ", expected 0 or 1 (no un-rotation) or a power of two dividing head_dim = " +
                                      std::to_string(head_dim));
   }
-  if (!q || !kv_pool || !block_table || !seq_lens || !out || !aligned(q, 16) || !aligned(kv_pool, 16) ||
+  if ((!q && !pro) || !kv_pool || !block_table || !seq_lens || !out || !aligned(q, 16) || !aligned(kv_pool, 16) ||
       !aligned(out, 2)) {
     return reject(&g_last_error,
                   "attention_decode: q, kv_pool, block_table, seq_lens and out must be non-null; q and kv_pool "
@@ -109,7 +116,7 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
                               max_pages,
                               plan.splits,
                               static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim)))};
-  const DecodeFn kernel = pick_decode(int4, head_dim);
+  const DecodeFn kernel = pick_decode(int4, head_dim, pro, pro_format);
   if (plan.smem_bytes > 48 * 1024) {
     // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
     if (const cudaError_t e =
@@ -127,7 +134,8 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
   // waits before reading anything, see the kernel): its launch overlaps that kernel's tail.
   cudaLaunchAttribute decode_attr;
   add_programmatic_attribute(&cfg, &decode_attr);
-  if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args); e != cudaSuccess) return e;
+  const fused::QkvArgs pro_args = pro ? *pro : fused::QkvArgs{};
+  if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args, pro_args); e != cudaSuccess) return e;
   if (plan.splits == 1) return cudaSuccess;
 
   // The un-rotation needs the whole BF16 head, which only the combine kernel holds in one CTA (a split plan's
@@ -215,6 +223,36 @@ cudaError_t attention_decode_int4_unrotated(const __nv_bfloat16* q, const uint8_
   }
   return launch(KvFormat::INT4, q, kv_pool, block_table, seq_lens, out, batch, n_heads, n_kv_heads, head_dim,
                 max_pages_per_seq, max_seq_len, workspace, workspace_bytes, stream, unrotate_block, unrotated);
+}
+
+cudaError_t attention_decode_int4_with_prologue(const AttentionDecodePrologue& p, uint8_t* kv_pool,
+                                               const int32_t* block_table, const int32_t* seq_lens, __nv_bfloat16* out,
+                                               int batch, int n_heads, int n_kv_heads, int head_dim,
+                                               int max_pages_per_seq, int max_seq_len, int unrotate_block,
+                                               void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                                               bool* unrotated) {
+  constexpr const char* op = "attention_decode_int4_with_prologue";
+  g_last_error.clear();
+  if (unrotated) *unrotated = false;
+  if (unrotated == nullptr) return reject(&g_last_error, std::string(op) + ": unrotated must be non-null");
+  if (!is_int4(p.format))
+    return reject(&g_last_error, std::string(op) + ": KV format " + formats::kv_format_name(p.format) +
+                                     " is not supported (expected int4 or int4-hadamard)");
+  if (head_dim != 128)
+    return reject(&g_last_error, std::string(op) + ": head_dim = " + std::to_string(head_dim) +
+                                     " is not supported (expected 128)");
+  if (!p.qkv || !aligned(p.qkv, 16))
+    return reject(&g_last_error, std::string(op) + ": qkv must be a non-null, 16-byte aligned device pointer");
+  fused::QkvArgs a{};
+  if (const cudaError_t e = fused::make_qkv_args(op, /*rope=*/true, p.format, const_cast<__nv_bfloat16*>(p.qkv), batch,
+                                                 n_heads, n_kv_heads, head_dim, p.positions, p.inv_freq, p.row_page,
+                                                 p.row_slot, p.key_anchors, p.row_anchor, kv_pool, p.hadamard_block,
+                                                 nullptr, &a, &g_last_error, /*needs_q_out=*/false);
+      e != cudaSuccess)
+    return e;
+  return launch(KvFormat::INT4, nullptr, kv_pool, block_table, seq_lens, out, batch, n_heads, n_kv_heads, head_dim,
+                max_pages_per_seq, max_seq_len, workspace, workspace_bytes, stream, unrotate_block, unrotated, &a,
+                p.format);
 }
 
 cudaError_t attention_decode_bf16(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,

@@ -23,6 +23,7 @@
 #include <cstring>
 
 #include "cuda/attention_decode_layout.h"
+#include "cuda/fused_ops.cuh"
 #include "cuda/ptx/bits.cuh"
 #include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/griddep.cuh"
@@ -240,30 +241,48 @@ struct Tile {
   }
 };
 
-template <bool kInt4, int kD>
+// The attention prologue the decode kernel can run itself (attention_decode_int4_with_prologue): none, or RoPE, the
+// cache append of each sequence's new token and the query rotation for an INT4 / INT4_HADAMARD cache.
+enum class Prologue { kNone, kInt4, kInt4Hadamard };
+
+// Shared memory of the prologue: the row's RoPE (cos, sin) pairs and the CTA's G rotated query heads (BF16).
+struct PrologueSmem {
+  float2 cs[fused::kQuadHeadDim / 2];
+  __nv_bfloat16 q[kMaxGqa][fused::kQuadHeadDim];
+};
+
+// One CTA per (split, KV head, sequence b): grid (splits, n_kv_heads, batch).
+// kP != kNone (the fused prologue; INT4 cache, head_dim 128): q is not read from args.q. Instead the CTA reads row b of
+// pro.qkv (the QKV projection of sequence b's new token, BF16) and, quad by quad with fused_ops.cuh's functions (so
+// the same bits as kv_append_rotate_q_quad_kernel<F, true>):
+//  - RoPEs and rotates its G query heads into shared memory (every split does this: it is 4 heads);
+//  - in the one split whose tiles hold the sequence's last token (seq_lens[b] - 1, the token this step appends), RoPEs
+//    the KV head's key and encodes key and value into their cache slot (pro.row_page[b], pro.row_slot[b]), before any
+//    lane copies that tile.
+// The RoPE'd q and k are not written back into qkv and no q_out is written. Cache tiles that do not hold the new token
+// are copied before griddepcontrol.wait (in a decode step no kernel writes them), so their latency overlaps the
+// kernel before (the QKV GEMM).
+template <bool kInt4, int kD, Prologue kP = Prologue::kNone>
 __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm))
-    attention_decode_kernel(const DecodeArgs args) {
+    attention_decode_kernel(const DecodeArgs args, const fused::QkvArgs pro) {
   using Geo = Geometry<kInt4, kD>;
   using T = Tile<kInt4, kD>;
+  constexpr bool kPro = kP != Prologue::kNone;
+  constexpr formats::KvFormat kFormat =
+      kP == Prologue::kInt4Hadamard ? formats::KvFormat::INT4_HADAMARD : formats::KvFormat::INT4;
+  static_assert(!kPro || (kInt4 && kD == fused::kQuadHeadDim), "the fused prologue is the quad path's: INT4, hd 128");
+  static_assert(kMaxGqa + 2 <= kThreads / 4, "one quad per query head, key and value");
   extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ __align__(16) unsigned char pro_smem[kPro ? sizeof(PrologueSmem) : 16];
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int G = args.gqa;
   // seq_lens is an input no kernel of the pass writes (uploaded before it, like the block table): read before the
   // wait, so its latency overlaps the previous kernel under programmatic launch.
   const int len = max(0, min(args.seq_lens[b], args.max_pages * kPageTokens));
-  // q and the cache come from the kernels before: wait for them before reading either (a no-op without the
-  // programmatic launch attribute).
-  ptx::griddepcontrol_wait();
-  // The combine kernel waits for this grid's completion itself; letting it launch now hides its launch latency.
-  ptx::griddepcontrol_launch_dependents();
   const Range tiles = split_range(tiles_for(len), args.splits, split);
   const int first = tiles.begin + warp;  // this warp's tiles: first, first + kWarps, ...
   const int n_mine = first < tiles.end ? (tiles.end - first + kWarps - 1) / kWarps : 0;
-
-  const int64_t head0 = int64_t{b} * args.n_heads + int64_t{kvh} * G;
-  uint32_t qa[T::kKSteps][2];
-  T::load_q(args.q + (head0 + g) * kD, g < G, t, qa);
 
   unsigned char* ring = smem + warp * Geo::kStages * Geo::kStageBytes;
   const uint32_t ring_s = ptx::smem_addr(ring);
@@ -287,20 +306,80 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
     }
   };
 
+  const int64_t head0 = int64_t{b} * args.n_heads + int64_t{kvh} * G;  // the CTA's first query head
+  uint32_t qa[T::kKSteps][2];
+  int deferred = -1;  // kPro: this warp's k whose tile holds the new token, when it is among the first stages
+  if constexpr (kPro) {
+    PrologueSmem& ps = *reinterpret_cast<PrologueSmem*>(pro_smem);
+    const int new_tile = tiles_for(len) - 1;  // -1 for an empty (padding) sequence: nothing to append
+    const bool owner = new_tile >= tiles.begin && new_tile < tiles.end;
+    // Before the wait: the position's RoPE table and the append's destination (pass inputs no kernel writes), and
+    // the first stages of every tile but the new token's.
+    if (static_cast<int>(threadIdx.x) < fused::kQuadHeadDim / 2)
+      ps.cs[threadIdx.x] = ops::rope_cos_sin(static_cast<double>(pro.positions[b]), pro.inv_freq[threadIdx.x]);
+    fused::QkvRowMeta meta{-1, -1, -1};
+    if (owner) meta = fused::qkv_row_meta<kFormat>(pro, b);
+#pragma unroll
+    for (int k = 0; k < Geo::kStages - 1; ++k) {
+      if (k < n_mine) {
+        if (first + k * kWarps == new_tile) {
+          deferred = k;
+        } else {
+          issue(k);
+        }
+      }
+      ptx::cp_async_commit_group();
+    }
+    ptx::griddepcontrol_wait();
+    ptx::griddepcontrol_launch_dependents();
+    __syncthreads();  // the RoPE table
+    const int quad = static_cast<int>(threadIdx.x) >> 2;
+    const unsigned quad_mask = 0xFu << (threadIdx.x & 28u);
+    if (quad < G + (owner ? 2 : 0)) {  // quad-uniform
+      const int item = quad < G ? kvh * G + quad : args.n_heads + (quad - G) * args.n_kv_heads + kvh;
+      float x[fused::kQuadPerLane];
+      fused::load_quad_head(pro.qkv + int64_t{b} * pro.row_width + int64_t{item} * fused::kQuadHeadDim, t, x);
+      if (quad <= G) {  // q and k heads
+        uint32_t bits[fused::kQuadPerLane / 2];
+        fused::rope_quad(x, ps.cs, t, quad_mask, bits);
+      }
+      if (quad < G) {
+        fused::rotate_store_q_quad(pro, x, t, quad_mask, ps.q[quad]);
+      } else {
+        fused::finish_quad_item<kFormat>(pro, x, b, item, meta, t, quad_mask);
+      }
+    }
+    __syncthreads();  // the rotated q heads; the new token's cache slot, before its tile is copied
+    if (deferred >= 0) issue(deferred);
+    ptx::cp_async_commit_group();  // every thread: the main loop's wait count stays uniform
+    T::load_q(ps.q[g], g < G, t, qa);
+  } else {
+    // q and the cache come from the kernels before: wait for them before reading either (a no-op without the
+    // programmatic launch attribute).
+    ptx::griddepcontrol_wait();
+    // The combine kernel waits for this grid's completion itself; letting it launch now hides its launch latency.
+    ptx::griddepcontrol_launch_dependents();
+    T::load_q(args.q + (head0 + g) * kD, g < G, t, qa);
+#pragma unroll
+    for (int k = 0; k < Geo::kStages - 1; ++k) {
+      if (k < n_mine) issue(k);
+      ptx::cp_async_commit_group();  // empty groups keep the wait count below uniform
+    }
+  }
+
   float m = kNegInf, l = 0.0f;
   float o[T::kNTiles][2];  // row g, columns 2t, 2t + 1 of each n-tile
 #pragma unroll
   for (int nt = 0; nt < T::kNTiles; ++nt) o[nt][0] = o[nt][1] = 0.0f;
 
-#pragma unroll
-  for (int k = 0; k < Geo::kStages - 1; ++k) {
-    if (k < n_mine) issue(k);
-    ptx::cp_async_commit_group();  // empty groups keep the wait count below uniform
-  }
   for (int k = 0; k < n_mine; ++k) {
     if (k + Geo::kStages - 1 < n_mine) issue(k + Geo::kStages - 1);
     ptx::cp_async_commit_group();
-    ptx::cp_async_wait_group<Geo::kStages - 1>();  // this lane's chunks of tile k have landed
+    if (kPro && k == deferred) {
+      ptx::cp_async_wait_group<0>();  // the deferred tile went into a later group (it is the warp's last tile)
+    } else {
+      ptx::cp_async_wait_group<Geo::kStages - 1>();  // this lane's chunks of tile k have landed
+    }
     __syncwarp();                                  // ... and every other lane's
     const int stage = k % Geo::kStages;
     const unsigned char* st = ring + stage * Geo::kStageBytes;

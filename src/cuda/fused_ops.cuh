@@ -315,6 +315,21 @@ __device__ __forceinline__ void store_quad_head(__nv_bfloat16* head, int t, cons
   for (int v = 0; v < kQuadPerLane / 8; ++v) dst[v] = make_uint4(out[4 * v], out[4 * v + 1], out[4 * v + 2], out[4 * v + 3]);
 }
 
+// A q head held by a quad (RoPE'd values in x): rotated with the caller's block (a.q_hadamard_block; <= 1: none) and
+// stored as BF16 at head (global or shared memory, 16-byte aligned; lane t writes channels 32 t .. 32 t + 31).
+// finish_quad_item's q step, also used by the decode attention's own prologue (attention_decode.cuh), so the
+// rotated query it attends with has the bits kv_append_rotate_q would store. The whole quad must call it.
+__device__ __forceinline__ void rotate_store_q_quad(const QkvArgs& a, float (&x)[kQuadPerLane], int t,
+                                                    unsigned quad_mask, __nv_bfloat16* head) {
+  if (a.q_hadamard_block > 1) hadamard_quad(x, a.q_hadamard_block, a.q_hadamard_scale, t, quad_mask);
+  uint4* dst = reinterpret_cast<uint4*>(head + kQuadPerLane * t);
+#pragma unroll
+  for (int v = 0; v < kQuadPerLane / 8; ++v) {
+    dst[v] = make_uint4(pack_bf16_pair(x[8 * v], x[8 * v + 1]), pack_bf16_pair(x[8 * v + 2], x[8 * v + 3]),
+                        pack_bf16_pair(x[8 * v + 4], x[8 * v + 5]), pack_bf16_pair(x[8 * v + 6], x[8 * v + 7]));
+  }
+}
+
 // Everything after the (RoPE'd) values of head item `item` of row r are in the quad's registers: q heads are
 // rotated with the caller's block and stored as BF16 into q_out; k and v heads (not on padding rows) are rotated
 // with the format's block (INT4_HADAMARD), the key anchor subtracted (keys of rows with one), and encoded by the
@@ -328,14 +343,7 @@ __device__ __forceinline__ void finish_quad_item(const QkvArgs& a, float (&x)[kQ
   if (!is_q && (meta.page < 0 || meta.slot < 0 || meta.slot >= kv::kPageTokens)) return;  // padding row
 
   if (is_q) {
-    if (a.q_hadamard_block > 1) hadamard_quad(x, a.q_hadamard_block, a.q_hadamard_scale, t, quad_mask);
-    uint4* dst = reinterpret_cast<uint4*>(a.q_out + (static_cast<int64_t>(r) * a.n_heads + item) * kQuadHeadDim +
-                                          kQuadPerLane * t);
-#pragma unroll
-    for (int v = 0; v < kQuadPerLane / 8; ++v) {
-      dst[v] = make_uint4(pack_bf16_pair(x[8 * v], x[8 * v + 1]), pack_bf16_pair(x[8 * v + 2], x[8 * v + 3]),
-                          pack_bf16_pair(x[8 * v + 4], x[8 * v + 5]), pack_bf16_pair(x[8 * v + 6], x[8 * v + 7]));
-    }
+    rotate_store_q_quad(a, x, t, quad_mask, a.q_out + (static_cast<int64_t>(r) * a.n_heads + item) * kQuadHeadDim);
     return;
   }
 

@@ -351,6 +351,85 @@ TEST(CudaEngineEpiloguesUnrotation, SplitDecodeAttentionUnrotatesInItsCombine) {
   EXPECT_EQ(c["attention output un-rotation"], s.layers * steps);
 }
 
+// Decode steps whose qkv GEMM does not run the attention prologue (fused_qkv_prologue off here, so every step
+// qualifies) run it inside the decode attention kernel (CudaEngineOptions::fused_attention_prologue, the default):
+// RoPE, the q rotation and the new token's cache append by the CTA that reads it. An engine with the option off runs
+// qkv_rope_kv_append and the attention as before; logits identical bit for bit over prompts and decode steps (graph
+// replays against graph replays, profiled against unprofiled engines without graphs), for an int4-hadamard cache at
+// a long context (split attention: the combine un-rotates) and a short one (unsplit: the separate un-rotation), and
+// for a plain INT4 cache. The model has head_dim 128 and 8 query heads on 2 KV heads (the quad path's shape: 12 head
+// items per row). The profile shows which kernels ran.
+TEST(CudaEngineEpiloguesAttentionPrologue, DecodeAttentionRunsThePrologue) {
+  FT_REQUIRE_HOPPER();
+  test::TinyLlama s = test::tiny_llama_w4a16_shape();
+  s.heads = 8;
+  s.kv_heads = 2;
+  s.head_dim = 128;
+  Model m = bf16_model(test::make_tiny_llama(s, 61));
+  m.config.max_position_embeddings = 2048;
+  for (const char* recipe : {"int4-rtn-g64-bf16+kv-int4-hadamard", "int4-rtn-g64-bf16+kv-int4"}) {
+    SCOPED_TRACE(recipe);
+    const quant::QuantizedModel q = quantise(m, recipe);
+    const bool hadamard = q.recipe.kv == formats::KvFormat::INT4_HADAMARD;
+    CudaEngineOptions co = cuda_engine_options(q.recipe);
+    co.max_sequences = 4;
+    co.max_sequence_length = 1536;
+    co.int4_dequant_min_rows = 0;
+    co.fused_qkv_prologue = false;       // the decode steps' prologue is then the attention's or its own kernel's
+    co.fused_attention_prologue = true;  // the default, set so the premise holds whatever the default becomes
+    std::unique_ptr<CudaEngine> fused = make_cuda_engine(q, co);
+    EXPECT_NE(fused->description().find("else in decode attention"), std::string::npos) << fused->description();
+    co.profile_ops = true;
+    std::unique_ptr<CudaEngine> profiled = make_cuda_engine(q, co);
+    co.profile_ops = false;
+    co.fused_attention_prologue = false;
+    std::unique_ptr<CudaEngine> separate = make_cuda_engine(q, co);
+    co.cuda_graphs = false;
+    std::unique_ptr<CudaEngine> separate_plain = make_cuda_engine(q, co);
+
+    std::mt19937 rng(29);
+    auto run_phase = [&](std::vector<SequenceChunk> prompt, int steps, const char* what) {
+      SCOPED_TRACE(what);
+      const auto pf = fused->forward(prompt), pp = profiled->forward(prompt);
+      const auto ps = separate->forward(prompt), psp = separate_plain->forward(prompt);
+      for (size_t i = 0; i < prompt.size(); ++i) {
+        EXPECT_EQ(pf[i], ps[i]) << "prompt, sequence " << prompt[i].seq_id;
+        EXPECT_EQ(pp[i], psp[i]) << "prompt (no graphs), sequence " << prompt[i].seq_id;
+      }
+      profiled->clear_op_profile();
+      std::vector<SequenceChunk> step;
+      for (size_t i = 0; i < prompt.size(); ++i) step.push_back({prompt[i].seq_id, {argmax(pf[i])}});
+      for (int k = 0; k < steps; ++k) {
+        const auto lf = fused->forward(step), lp = profiled->forward(step);
+        const auto ls = separate->forward(step), lsp = separate_plain->forward(step);
+        for (size_t i = 0; i < step.size(); ++i) {
+          EXPECT_EQ(lf[i], ls[i]) << "decode step " << k << ", sequence " << step[i].seq_id;
+          EXPECT_EQ(lp[i], lsp[i]) << "decode step " << k << " (no graphs), sequence " << step[i].seq_id;
+          step[i].tokens = {argmax(lf[i])};
+        }
+      }
+      std::map<std::string, int64_t> calls;
+      for (const CudaEngine::OpTime& t : profiled->op_profile()) calls[t.op] += t.calls;
+      return calls;
+    };
+    const int steps = 5;
+    const std::string in_attention = "RoPE + KV append + q rotation + decode attention";
+    std::map<std::string, int64_t> c;
+    if (hadamard) {
+      c = run_phase({{0, test::random_token_ids(1100, s.vocab, rng)}, {1, test::random_token_ids(30, s.vocab, rng)}},
+                    steps, "long context: split attention");
+      EXPECT_EQ(c[in_attention + " + un-rotation"], s.layers * steps);
+      EXPECT_EQ(c["RoPE + KV append + q rotation"], 0);
+      EXPECT_EQ(c["attention output un-rotation"], 0);
+    }
+    c = run_phase({{2, test::random_token_ids(30, s.vocab, rng)}, {3, test::random_token_ids(20, s.vocab, rng)}},
+                  steps, "short context: unsplit attention");
+    EXPECT_EQ(c[in_attention], s.layers * steps);
+    EXPECT_EQ(c["RoPE + KV append + q rotation"], 0);
+    EXPECT_EQ(c["attention output un-rotation"], hadamard ? s.layers * steps : 0);
+  }
+}
+
 // FP8 prefill passes keep their own FP8 weights and unfused ops; the INT4 decode passes around them use the fused
 // epilogues (gate|up packed interleaved). Same values either way.
 TEST(CudaEngineEpiloguesModels, Fp8PrefillFusedEqualsUnfused) {

@@ -79,6 +79,41 @@ cudaError_t attention_decode_int4_unrotated(const __nv_bfloat16* q, const uint8_
                                             void* workspace, size_t workspace_bytes, cudaStream_t stream,
                                             bool* unrotated);
 
+// The decode step's attention prologue and attention_decode_int4_unrotated in one kernel (an INT4 or INT4_HADAMARD
+// cache at head_dim 128, one new token per sequence). The fields are qkv_rope_kv_append's (fused_ops.h), for
+// rows = batch: row b of qkv is the QKV projection of sequence b's new token, whose cache slot (row_page[b],
+// row_slot[b]) must be the entry of token seq_lens[b] − 1 in the block table (padding rows: row_page[b] < 0 and
+// seq_lens[b] = 0, or any length whose last token is not appended). hadamard_block is the query rotation's block.
+struct AttentionDecodePrologue {
+  formats::KvFormat format;
+  const __nv_bfloat16* qkv;  // [batch, (n_heads + 2 n_kv_heads) * head_dim], 16-byte aligned; not written
+  const int32_t* positions;
+  const float* inv_freq;
+  const int32_t* row_page;
+  const int32_t* row_slot;
+  const uint16_t* key_anchors;  // int4-hadamard only
+  const int32_t* row_anchor;    // int4-hadamard only
+  int hadamard_block;
+};
+
+// Bit for bit: qkv_rope_kv_append(p.format, qkv, batch, n_heads, n_kv_heads, head_dim, p.positions, p.inv_freq,
+// p.row_page, p.row_slot, p.key_anchors, p.row_anchor, kv_pool, p.hadamard_block, q) followed by
+// attention_decode_int4_unrotated(q, kv_pool, ...) with the other arguments given here: the same cache bytes, the
+// same out and the same *unrotated — except that the RoPE'd q and k are not written back into qkv and no q buffer is
+// written. Each CTA RoPEs and rotates its own query heads; the CTA whose split holds a sequence's last token encodes
+// that token's key and value into the cache before reading it. Programmatic launch: positions, inv_freq, row_page,
+// row_slot, row_anchor, seq_lens, the block table AND every cache entry except each sequence's new token are read
+// before griddepcontrol.wait (in a decode step no kernel of the pass writes them); qkv and key_anchors after. The
+// workspace is attention_decode_workspace_bytes(p.format, ...)'s. Rejected arguments (qkv_rope_kv_append's and
+// attention_decode's checks, another format or head dim, qkv not 16-byte aligned, unrotated null) return
+// cudaErrorInvalidValue with the reason in attention_decode_last_error().
+cudaError_t attention_decode_int4_with_prologue(const AttentionDecodePrologue& p, uint8_t* kv_pool,
+                                               const int32_t* block_table, const int32_t* seq_lens, __nv_bfloat16* out,
+                                               int batch, int n_heads, int n_kv_heads, int head_dim,
+                                               int max_pages_per_seq, int max_seq_len, int unrotate_block,
+                                               void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                                               bool* unrotated);
+
 // Why the last attention_decode_* launch on this thread returned cudaErrorInvalidValue ("" after a success).
 const char* attention_decode_last_error();
 

@@ -227,9 +227,11 @@ class CudaEngineImpl final : public CudaEngine {
   int hadamard_block_ = 0;
   bool synthetic_ = false;
   bool fused_qkv_ = false;  // qkv_rope_kv_append takes this head shape
+  bool attention_prologue_ok_ = false;  // attention_decode_int4_with_prologue takes this model (fast attention)
   bool prefill_attention_ok_ = false;  // attention_prefill takes this model and cache format
   // The pass being enqueued, as attention_prefill sees it: its chunks (0: attend row by row) and longest chunk.
   int pass_chunks_ = 0, pass_max_chunk_rows_ = 0;
+  bool pass_decode_only_ = false;  // every row of the pass is its sequence's one new token
   bool fp8_prefill_ = false;  // prompt passes run the FP8 GEMMs
   // INT4 layer projections of passes with at least this many rows dequantise into dequant_ws_ and run cuBLAS; 0: never
   // (the option says so, no projection is INT4, or no pass can be that large).
@@ -337,6 +339,10 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
                               static_cast<int>(c.head_dim), static_cast<int>(pages_per_seq_), &why_generic) ==
                           cudaSuccess;
   check(fast_ok || generic_ok, "CUDA engine: no attention kernel runs this model: ", why_fast, "; ", why_generic);
+  // The decode attention's own prologue: INT4 caches at head_dim 128 (the quad path's shape).
+  attention_prologue_ok_ = fast_ok && fused_qkv_ &&
+                           (opt_.kv == formats::KvFormat::INT4 || opt_.kv == formats::KvFormat::INT4_HADAMARD) &&
+                           c.head_dim == 128;
   prefill_attention_ok_ =
       opt_.prefill_attention && !opt_.generic_attention &&
       cuda::attention_prefill_can_implement(opt_.kv, static_cast<int>(opt_.max_batch_tokens),
@@ -383,7 +389,11 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
     << ") | CUDA graphs " << (opt_.cuda_graphs ? "on" : "off");
   if (!layers_.empty() && layers_[0].o.kind() == DeviceLinear::Kind::Int4) {
     d << " | GEMM epilogues "
-      << (opt_.fused_epilogues ? "fused (residual, SwiGLU, qkv prologue when K is split)" : "separate kernels");
+      << (opt_.fused_epilogues
+              ? (opt_.fused_attention_prologue && attention_prologue_ok_
+                     ? "fused (residual, SwiGLU, qkv prologue in the GEMM when K is split, else in decode attention)"
+                     : "fused (residual, SwiGLU, qkv prologue when K is split)")
+              : "separate kernels");
     if (opt_.fused_epilogues && opt_.fused_norm_prologue) d << " | RMSNorm in the qkv / gate|up GEMMs at <= 8 rows";
     if (dequant_min_rows_ > 0)
       d << " | INT4 passes of >= " << dequant_min_rows_ << " rows: dequantise to BF16 + cuBLAS";
@@ -831,6 +841,10 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
         !fp8 && opt_.fused_epilogues && opt_.fused_qkv_prologue && prologue_one_kernel &&
         l.qkv.qkv_prologue_in_reduce(rows, g);
     const bool norm_in_qkv = attn_norm_in_qkv(li);
+    // Decode steps whose prologue is not in the GEMM: the attention kernel runs it (INT4 caches, head_dim 128).
+    const bool prologue_in_attention = !fp8 && !prologue_in_gemm && prologue_one_kernel && pass_decode_only_ &&
+                                       pass_chunks_ == 0 && fast && opt_.fused_epilogues &&
+                                       opt_.fused_attention_prologue && attention_prologue_ok_;
     // The key anchors of the sequences this pass starts (int4-hadamard): a mean over their RoPE'd BF16 keys in qkv_,
     // computed before any of those keys is stored.
     auto compute_new_anchors = [&] {
@@ -901,8 +915,8 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       l.qkv.forward(bf(xn_), rows, qkv_.get(), false, g);
       mark(l.qkv.dequant_path(rows, g) ? "qkv GEMM (dequant + cuBLAS)" : "qkv GEMM");
     }
-    if (prologue_in_gemm || qkv_epilogue) {
-      // Nothing left: the qkv GEMM's split-K reduce or FP8 epilogue ran the prologue.
+    if (prologue_in_gemm || qkv_epilogue || prologue_in_attention) {
+      // Nothing here: the qkv GEMM's split-K reduce or FP8 epilogue ran the prologue, or the attention will.
     } else if (prologue_one_kernel) {
       // Decode steps and passes without new int4-hadamard sequences: RoPE, cache append and the query gather in one.
       check_op(cuda::qkv_rope_kv_append(opt_.kv, bf(qkv_), r, nh, nkv, hd, m + ml.positions, inv_freq_.get(),
@@ -943,6 +957,26 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                                        m + ml.chunk_start, bf(att_), r, pass_chunks_, nh, nkv, hd,
                                        static_cast<int>(pages_per_seq_), pass_max_chunk_rows_, stream_),
                "prefill attention", cuda::attention_prefill_last_error);
+    } else if (prologue_in_attention) {
+      cuda::AttentionDecodePrologue ap;
+      ap.format = opt_.kv;
+      ap.qkv = bf(qkv_);
+      ap.positions = m + ml.positions;
+      ap.inv_freq = inv_freq_.get();
+      ap.row_page = m + ml.row_page;
+      ap.row_slot = m + ml.row_slot;
+      ap.key_anchors = anchors;
+      ap.row_anchor = row_anchor;
+      ap.hadamard_block = hadamard_block_;
+      // The output is un-rotated in the combine kernel when the launch splits and fused_attention_unrotation allows.
+      const int unrotate = hadamard_block_ > 1 && opt_.fused_attention_unrotation ? hadamard_block_ : 0;
+      const cudaError_t e = cuda::attention_decode_int4_with_prologue(
+          ap, pool, m + ml.block_table, m + ml.seq_lens, bf(att_), r, nh, nkv, hd, static_cast<int>(pages_per_seq_),
+          static_cast<int>(max_len), unrotate, attn_ws_.get(), attn_ws_.bytes(), stream_, &attention_unrotated);
+      check_op(e,
+               attention_unrotated ? "RoPE + KV append + q rotation + decode attention + un-rotation"
+                                   : "RoPE + KV append + q rotation + decode attention",
+               cuda::attention_decode_last_error);
     } else if (fast && hadamard_block_ > 1 && opt_.fused_epilogues && opt_.fused_attention_unrotation) {
       // An int4-hadamard output is un-rotated in the attention's combine kernel when the launch splits the
       // sequences (same bits as the separate kernel below, one launch fewer); an unsplit launch leaves it to that
@@ -1203,6 +1237,7 @@ std::vector<std::vector<float>> CudaEngineImpl::run(std::span<const SequenceChun
       // short attend row by row (the decode kernels split long contexts across CTAs, the prefill kernel does not).
       pass_chunks_ = 0;
       pass_max_chunk_rows_ = 0;
+      pass_decode_only_ = decode_only;
       if (prefill_attention_ok_ && !decode_only) {
         int n_chunks = 0, longest = 0;
         for (int64_t r = 0; r < rows;) {

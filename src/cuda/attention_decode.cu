@@ -91,8 +91,10 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
     std::fprintf(stderr, "%s\n",
                  attn::describe_plan(plan, int4, head_dim, batch, n_heads, n_kv_heads, max_seq_len, d).c_str());
   }
-  if (plan.smem_bytes > d.smem_per_block) {
-    return reject(&g_last_error, "attention_decode: the kernel needs " + std::to_string(plan.smem_bytes) +
+  // The prologue instances add static shared memory (attn::PrologueSmem), which counts toward the 48 KB default.
+  const int static_smem = pro ? static_cast<int>(sizeof(attn::PrologueSmem)) : 0;
+  if (plan.smem_bytes + static_smem > d.smem_per_block) {
+    return reject(&g_last_error, "attention_decode: the kernel needs " + std::to_string(plan.smem_bytes + static_smem) +
                                      " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block));
   }
   const int64_t need = attn::workspace_bytes_for(plan, batch, n_heads, head_dim);
@@ -117,7 +119,7 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
                               plan.splits,
                               static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim)))};
   const DecodeFn kernel = pick_decode(int4, head_dim, pro, pro_format);
-  if (plan.smem_bytes > 48 * 1024) {
+  if (plan.smem_bytes + static_smem > 48 * 1024) {
     // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
     if (const cudaError_t e =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem_bytes);

@@ -57,6 +57,16 @@ CombineFn pick_combine(int head_dim, bool unrotate) {
                          : attn::attention_decode_combine_kernel<64, false>;
 }
 
+// FT_ATTN_RELEASE=late: the decode kernel lets its dependent launch after its main loop instead of right after its
+// wait (DecodeArgs::release_late; read once).
+int release_late() {
+  static const int late = [] {
+    const char* v = std::getenv("FT_ATTN_RELEASE");
+    return v != nullptr && std::string(v) == "late" ? 1 : 0;
+  }();
+  return late;
+}
+
 bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 // unrotated non-null: attention_decode_int4_unrotated (unrotate_block checked here, *unrotated set on success);
@@ -117,7 +127,8 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
                               n_heads / n_kv_heads,
                               max_pages,
                               plan.splits,
-                              static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim)))};
+                              static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim))),
+                              release_late()};
   const DecodeFn kernel = pick_decode(int4, head_dim, pro, pro_format);
   if (plan.smem_bytes + static_smem > 48 * 1024) {
     // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.

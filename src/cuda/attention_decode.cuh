@@ -43,6 +43,10 @@ struct DecodeArgs {
   float* partial_lse;          // [batch, n_heads, splits], log2 domain (splits > 1)
   int n_heads, n_kv_heads, gqa, max_pages, splits;
   float score_scale;  // log2(e) / sqrt(D): scores go straight to the exp2 domain
+  // Where the grid lets its dependent (the combine kernel, or the next GEMM) launch: 0 right after
+  // griddepcontrol.wait, 1 after the main loop, so that the next GEMM's weight prefetch (which the combine lets in
+  // early) does not queue ahead of this kernel's latency-bound reads. A measurement knob (FT_ATTN_RELEASE).
+  int release_late;
 };
 
 constexpr float kNegInf = -__builtin_huge_valf();
@@ -271,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
   constexpr formats::KvFormat kFormat =
       kP == Prologue::kInt4Hadamard ? formats::KvFormat::INT4_HADAMARD : formats::KvFormat::INT4;
   static_assert(!kPro || (kInt4 && kD == fused::kQuadHeadDim), "the fused prologue is the quad path's: INT4, hd 128");
-  static_assert(kMaxGqa + 2 <= kThreads / 4, "one quad per query head, key and value");
+  static_assert(kMaxGqa <= kWarpSize / 4 && kWarps >= 3, "warp 0's quads hold the query heads; warps 1, 2 k and v");
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(16) unsigned char pro_smem[kPro ? sizeof(PrologueSmem) : 16];
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
@@ -331,19 +335,22 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
       ptx::cp_async_commit_group();
     }
     ptx::griddepcontrol_wait();
-    ptx::griddepcontrol_launch_dependents();
+    if (!args.release_late) ptx::griddepcontrol_launch_dependents();
     __syncthreads();  // the RoPE table
-    const int quad = static_cast<int>(threadIdx.x) >> 2;
-    const unsigned quad_mask = 0xFu << (threadIdx.x & 28u);
-    if (quad < G + (owner ? 2 : 0)) {  // quad-uniform
-      const int item = quad < G ? kvh * G + quad : args.n_heads + (quad - G) * args.n_kv_heads + kvh;
+    // Warp 0's quads take the G query heads, warp 1's first quad the key, warp 2's the value (owner only): the three
+    // kinds of work run side by side instead of one after another in one diverged warp.
+    const int quad = lane >> 2;
+    const unsigned quad_mask = 0xFu << (lane & 28);
+    const bool is_q = warp == 0 && quad < G;
+    if (is_q || (owner && (warp == 1 || warp == 2) && quad == 0)) {  // quad-uniform
+      const int item = is_q ? kvh * G + quad : args.n_heads + (warp - 1) * args.n_kv_heads + kvh;
       float x[fused::kQuadPerLane];
       fused::load_quad_head(pro.qkv + int64_t{b} * pro.row_width + int64_t{item} * fused::kQuadHeadDim, t, x);
-      if (quad <= G) {  // q and k heads
+      if (warp <= 1) {  // q and k heads
         uint32_t bits[fused::kQuadPerLane / 2];
         fused::rope_quad(x, ps.cs, t, quad_mask, bits);
       }
-      if (quad < G) {
+      if (is_q) {
         fused::rotate_store_q_quad(pro, x, t, quad_mask, ps.q[quad]);
       } else {
         fused::finish_quad_item<kFormat>(pro, x, b, item, meta, t, quad_mask);
@@ -358,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
     // programmatic launch attribute).
     ptx::griddepcontrol_wait();
     // The combine kernel waits for this grid's completion itself; letting it launch now hides its launch latency.
-    ptx::griddepcontrol_launch_dependents();
+    if (!args.release_late) ptx::griddepcontrol_launch_dependents();
     T::load_q(args.q + (head0 + g) * kD, g < G, t, qa);
 #pragma unroll
     for (int k = 0; k < Geo::kStages - 1; ++k) {
@@ -421,6 +428,7 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
     __syncwarp();  // every lane is done with this stage before a later issue overwrites it
   }
   ptx::cp_async_wait_group<0>();  // only empty groups can be left; leave none behind
+  if (args.release_late) ptx::griddepcontrol_launch_dependents();
 
   // Merge the warps: O [warp][head][channel], m and l per (warp, head), overlaying the rings.
   l += __shfl_xor_sync(0xffffffffu, l, 1);

@@ -264,8 +264,8 @@ struct PrologueSmem {
 //    the KV head's key and encodes key and value into their cache slot (pro.row_page[b], pro.row_slot[b]), before any
 //    lane copies that tile.
 // The RoPE'd q and k are not written back into qkv and no q_out is written. Cache tiles that do not hold the new token
-// are copied before griddepcontrol.wait (in a decode step no kernel writes them), so their latency overlaps the
-// kernel before (the QKV GEMM).
+// are copied before griddepcontrol.wait, and the key anchor prefetched into L1 (in a decode step no kernel writes
+// either), so their latency overlaps the kernel before (the QKV GEMM).
 template <bool kInt4, int kD, Prologue kP = Prologue::kNone>
 __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm))
     attention_decode_kernel(const DecodeArgs args, const fused::QkvArgs pro) {
@@ -323,6 +323,12 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
       ps.cs[threadIdx.x] = ops::rope_cos_sin(static_cast<double>(pro.positions[b]), pro.inv_freq[threadIdx.x]);
     fused::QkvRowMeta meta{-1, -1, -1};
     if (owner) meta = fused::qkv_row_meta<kFormat>(pro, b);
+    if constexpr (kFormat == formats::KvFormat::INT4_HADAMARD) {
+      // The key's anchor row (fp16, 256 bytes; finish_quad_item reads lane t's 64 after the wait) into L1.
+      if (owner && warp == 1 && lane < 4 && meta.anchor >= 0)
+        ptx::prefetch_l1(pro.key_anchors + (int64_t{meta.anchor} * pro.n_kv_heads + kvh) * fused::kQuadHeadDim +
+                         fused::kQuadPerLane * lane);
+    }
 #pragma unroll
     for (int k = 0; k < Geo::kStages - 1; ++k) {
       if (k < n_mine) {

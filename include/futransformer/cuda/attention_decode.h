@@ -102,8 +102,9 @@ struct AttentionDecodePrologue {
 // same out and the same *unrotated — except that the RoPE'd q and k are not written back into qkv and no q buffer is
 // written. Each CTA RoPEs and rotates its own query heads; the CTA whose split holds a sequence's last token encodes
 // that token's key and value into the cache before reading it. Programmatic launch: positions, inv_freq, row_page,
-// row_slot, row_anchor, seq_lens, the block table AND every cache entry except each sequence's new token are read
-// before griddepcontrol.wait (in a decode step no kernel of the pass writes them); qkv and key_anchors after. The
+// row_slot, row_anchor, seq_lens, the block table, key_anchors (prefetched into L1) AND every cache entry except each
+// sequence's new token are read before griddepcontrol.wait (in a decode step no kernel of the pass writes them); qkv
+// after. The
 // workspace is attention_decode_workspace_bytes(p.format, ...)'s. Rejected arguments (qkv_rope_kv_append's and
 // attention_decode's checks, another format or head dim, qkv not 16-byte aligned, unrotated null) return
 // cudaErrorInvalidValue with the reason in attention_decode_last_error().

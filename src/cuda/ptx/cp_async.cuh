@@ -17,6 +17,12 @@ __device__ __forceinline__ void cp_async_16_zfill(uint32_t smem, const void* gme
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes) : "memory");
 }
 
+// prefetch.global.L1: pulls the line holding gmem into this SM's L1 (a hint; a later ordinary load of it hits L1).
+// L1 is not coherent with other SMs' writes: only for data no kernel that may still run will write.
+__device__ __forceinline__ void prefetch_l1(const void* gmem) {
+  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(gmem) : "memory");
+}
+
 // cp.async.commit_group: closes the group of this thread's copies issued since the last commit.
 __device__ __forceinline__ void cp_async_commit_group() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 

@@ -67,6 +67,26 @@ int release_late() {
   return late;
 }
 
+// FT_ATTN_PREFETCH=1: the plain decode kernel copies the cache tiles before its wait (DecodeArgs::prefetch_early; read
+// once). Only valid for decode steps (the engine's use); a measurement knob.
+int prefetch_early() {
+  static const int on = [] {
+    const char* v = std::getenv("FT_ATTN_PREFETCH");
+    return v != nullptr && v[0] == '1' ? 1 : 0;
+  }();
+  return on;
+}
+
+// FT_ATTN_NO_PDL=1: the decode kernel is launched without the programmatic attribute (after the kernel before it
+// completes). A measurement knob.
+bool no_pdl() {
+  static const bool on = [] {
+    const char* v = std::getenv("FT_ATTN_NO_PDL");
+    return v != nullptr && v[0] == '1';
+  }();
+  return on;
+}
+
 bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 // unrotated non-null: attention_decode_int4_unrotated (unrotate_block checked here, *unrotated set on success);
@@ -128,7 +148,8 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
                               max_pages,
                               plan.splits,
                               static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim))),
-                              release_late()};
+                              release_late(),
+                              pro != nullptr || prefetch_early()};
   const DecodeFn kernel = pick_decode(int4, head_dim, pro, pro_format);
   if (plan.smem_bytes + static_smem > 48 * 1024) {
     // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
@@ -146,7 +167,7 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
   // Under programmatic_launch() the attention kernel is a programmatic dependent of the kernel before it (it
   // waits before reading anything, see the kernel): its launch overlaps that kernel's tail.
   cudaLaunchAttribute decode_attr;
-  add_programmatic_attribute(&cfg, &decode_attr);
+  if (!no_pdl()) add_programmatic_attribute(&cfg, &decode_attr);
   const fused::QkvArgs pro_args = pro ? *pro : fused::QkvArgs{};
   if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args, pro_args); e != cudaSuccess) return e;
   if (plan.splits == 1) return cudaSuccess;

@@ -47,6 +47,11 @@ struct DecodeArgs {
   // griddepcontrol.wait, 1 after the main loop, so that the next GEMM's weight prefetch (which the combine lets in
   // early) does not queue ahead of this kernel's latency-bound reads. A measurement knob (FT_ATTN_RELEASE).
   int release_late;
+  // The plain instances: copy the cache tiles before griddepcontrol.wait, all but the one holding each sequence's last
+  // token (seq_lens[b] - 1), which the kernel before may be writing. Only for decode steps where that token is the
+  // only cache entry any kernel of the pass writes. A measurement knob (FT_ATTN_PREFETCH=1); the prologue instances
+  // always do it.
+  int prefetch_early;
 };
 
 constexpr float kNegInf = -__builtin_huge_valf();
@@ -312,23 +317,13 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
 
   const int64_t head0 = int64_t{b} * args.n_heads + int64_t{kvh} * G;  // the CTA's first query head
   uint32_t qa[T::kKSteps][2];
-  int deferred = -1;  // kPro: this warp's k whose tile holds the new token, when it is among the first stages
-  if constexpr (kPro) {
-    PrologueSmem& ps = *reinterpret_cast<PrologueSmem*>(pro_smem);
-    const int new_tile = tiles_for(len) - 1;  // -1 for an empty (padding) sequence: nothing to append
-    const bool owner = new_tile >= tiles.begin && new_tile < tiles.end;
-    // Before the wait: the position's RoPE table and the append's destination (pass inputs no kernel writes), and
-    // the first stages of every tile but the new token's.
-    if (static_cast<int>(threadIdx.x) < fused::kQuadHeadDim / 2)
-      ps.cs[threadIdx.x] = ops::rope_cos_sin(static_cast<double>(pro.positions[b]), pro.inv_freq[threadIdx.x]);
-    fused::QkvRowMeta meta{-1, -1, -1};
-    if (owner) meta = fused::qkv_row_meta<kFormat>(pro, b);
-    if constexpr (kFormat == formats::KvFormat::INT4_HADAMARD) {
-      // The key's anchor row (fp16, 256 bytes; finish_quad_item reads lane t's 64 after the wait) into L1.
-      if (owner && warp == 1 && lane < 4 && meta.anchor >= 0)
-        ptx::prefetch_l1(pro.key_anchors + (int64_t{meta.anchor} * pro.n_kv_heads + kvh) * fused::kQuadHeadDim +
-                         fused::kQuadPerLane * lane);
-    }
+  // Early copies (the prologue instances, or args.prefetch_early): every cache tile but the one holding the sequence's
+  // new token (seq_lens[b] - 1) is copied before the wait; deferred is this warp's k of that tile when it is among
+  // the first stages (issued after the wait, or after the prologue appended it).
+  const bool early = kPro || args.prefetch_early;
+  const int new_tile = tiles_for(len) - 1;  // -1 for an empty (padding) sequence
+  int deferred = -1;
+  if (early) {
 #pragma unroll
     for (int k = 0; k < Geo::kStages - 1; ++k) {
       if (k < n_mine) {
@@ -339,6 +334,21 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
         }
       }
       ptx::cp_async_commit_group();
+    }
+  }
+  if constexpr (kPro) {
+    PrologueSmem& ps = *reinterpret_cast<PrologueSmem*>(pro_smem);
+    const bool owner = new_tile >= tiles.begin && new_tile < tiles.end;
+    // Before the wait: the position's RoPE table and the append's destination (pass inputs no kernel writes).
+    if (static_cast<int>(threadIdx.x) < fused::kQuadHeadDim / 2)
+      ps.cs[threadIdx.x] = ops::rope_cos_sin(static_cast<double>(pro.positions[b]), pro.inv_freq[threadIdx.x]);
+    fused::QkvRowMeta meta{-1, -1, -1};
+    if (owner) meta = fused::qkv_row_meta<kFormat>(pro, b);
+    if constexpr (kFormat == formats::KvFormat::INT4_HADAMARD) {
+      // The key's anchor row (fp16, 256 bytes; finish_quad_item reads lane t's 64 after the wait) into L1.
+      if (owner && warp == 1 && lane < 4 && meta.anchor >= 0)
+        ptx::prefetch_l1(pro.key_anchors + (int64_t{meta.anchor} * pro.n_kv_heads + kvh) * fused::kQuadHeadDim +
+                         fused::kQuadPerLane * lane);
     }
     ptx::griddepcontrol_wait();
     if (!args.release_late) ptx::griddepcontrol_launch_dependents();
@@ -363,8 +373,6 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
       }
     }
     __syncthreads();  // the rotated q heads; the new token's cache slot, before its tile is copied
-    if (deferred >= 0) issue(deferred);
-    ptx::cp_async_commit_group();  // every thread: the main loop's wait count stays uniform
     T::load_q(ps.q[g], g < G, t, qa);
   } else {
     // q and the cache come from the kernels before: wait for them before reading either (a no-op without the
@@ -373,6 +381,11 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
     // The combine kernel waits for this grid's completion itself; letting it launch now hides its launch latency.
     if (!args.release_late) ptx::griddepcontrol_launch_dependents();
     T::load_q(args.q + (head0 + g) * kD, g < G, t, qa);
+  }
+  if (early) {
+    if (deferred >= 0) issue(deferred);
+    ptx::cp_async_commit_group();  // every thread: the main loop's wait count stays uniform
+  } else {
 #pragma unroll
     for (int k = 0; k < Geo::kStages - 1; ++k) {
       if (k < n_mine) issue(k);
@@ -388,7 +401,7 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
   for (int k = 0; k < n_mine; ++k) {
     if (k + Geo::kStages - 1 < n_mine) issue(k + Geo::kStages - 1);
     ptx::cp_async_commit_group();
-    if (kPro && k == deferred) {
+    if (k == deferred) {
       ptx::cp_async_wait_group<0>();  // the deferred tile went into a later group (it is the warp's last tile)
     } else {
       ptx::cp_async_wait_group<Geo::kStages - 1>();  // this lane's chunks of tile k have landed

@@ -133,7 +133,7 @@ class Case {
         int4 ? futransformer::cuda::attention_decode_int4 : futransformer::cuda::attention_decode_bf16;
     const double us = time_median_us(iters, stream_, [&](int i) {
       CHECK_CUDA(launcher(q, pool_, tables_ + static_cast<size_t>(i % copies_) * cache_pages_, lens_, out, batch_,
-                          kHeads, kKvHeads, kHeadDim, pages_per_seq_, ctx_, ws_, ws_bytes_, stream_));
+                          kHeads, kKvHeads, kHeadDim, pages_per_seq_, ctx_, ws_, ws_bytes_, stream_, false));
     });
     const attn::Plan plan = attn::choose_plan(int4, kHeadDim, batch_, kKvHeads, ctx_, device_limits());
     return Result{us, bytes_ / (us * 1e-6) / 1e12, plan.splits};

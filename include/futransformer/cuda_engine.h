@@ -58,12 +58,21 @@ struct CudaEngineOptions {
   // rotate_heads_bf16 (bit-identical by construction; GPU-tested, one kernel fewer per layer: 8B step at context
   // 1024 1.5 % faster at batch 1 and 8 on the H200, docs/results.md). false: the separate kernel (kept to compare).
   bool fused_attention_unrotation = true;
-  // With fused_epilogues, decode steps (one new token per sequence) on an INT4 or int4-hadamard cache at head_dim
-  // 128 whose qkv GEMM does not split K (so the prologue is not in its reduce, fused_qkv_prologue): the decode
-  // attention kernel runs the attention prologue itself (cuda::attention_decode_int4_with_prologue: RoPE, the q
-  // rotation, and the new token's cache append by the CTA that reads it; bit-identical to qkv_rope_kv_append + the
-  // attention by construction), one kernel fewer per layer. false: the two kernels (kept to compare and measure).
-  bool fused_attention_prologue = true;
+  // Decode steps (one new token per sequence): the decode attention copies every cache tile but the one holding each
+  // sequence's new token before its griddepcontrol.wait (cuda::attention_decode_*'s early_copies), so the copies
+  // overlap the attention prologue kernel before it. Same bits. Measured on the H200 (8B step, context 1024): batch 1
+  // 2153 -> 2121 µs, batch 8 2832 -> 2760 µs with the release-late knob, docs/results.md twelfth session. false:
+  // everything read after the wait (kept to compare).
+  bool decode_attention_early_copies = true;
+  // With fused_epilogues, decode steps on an INT4 or int4-hadamard cache at head_dim 128 whose qkv GEMM does not split
+  // K (so the prologue is not in its reduce, fused_qkv_prologue): the decode attention kernel runs the attention
+  // prologue itself (cuda::attention_decode_int4_with_prologue: RoPE, the q rotation, and the new token's cache
+  // append by the CTA that reads it; bit-identical to qkv_rope_kv_append + the attention by construction,
+  // GPU-tested), one kernel fewer per layer. Off by default because it is slower: every attention CTA then waits
+  // for the prologue's dependent chain before its first tile, which costs more than the separate two-CTA kernel and
+  // its launch (8B step on the H200: batch 1 +3.5 %, batch 8 +1 % against the separate kernel with early copies;
+  // docs/results.md, twelfth session).
+  bool fused_attention_prologue = false;
   // With fused_epilogues and an int4-hadamard cache: prompt passes that attend with attention_prefill un-rotate its
   // output in the kernel's store (cuda::attention_prefill_int4_unrotated; bit-identical to the separate
   // rotate_heads_bf16 by construction). Built after the seventh session's last device call and not yet run on a GPU,

@@ -67,16 +67,6 @@ int release_late() {
   return late;
 }
 
-// FT_ATTN_PREFETCH=1: the plain decode kernel copies the cache tiles before its wait (DecodeArgs::prefetch_early; read
-// once). Only valid for decode steps (the engine's use); a measurement knob.
-int prefetch_early() {
-  static const int on = [] {
-    const char* v = std::getenv("FT_ATTN_PREFETCH");
-    return v != nullptr && v[0] == '1' ? 1 : 0;
-  }();
-  return on;
-}
-
 // FT_ATTN_NO_PDL=1: the decode kernel is launched without the programmatic attribute (after the kernel before it
 // completes). A measurement knob.
 bool no_pdl() {
@@ -95,7 +85,7 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
                    const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads, int head_dim,
                    int max_pages, int max_seq_len, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                    int unrotate_block = 0, bool* unrotated = nullptr, const fused::QkvArgs* pro = nullptr,
-                   KvFormat pro_format = KvFormat::INT4) {
+                   KvFormat pro_format = KvFormat::INT4, bool early_copies = false) {
   if (!pro) g_last_error.clear();
   if (unrotated) *unrotated = false;
   if (attention_decode_can_implement(format, batch, n_heads, n_kv_heads, head_dim, max_pages, max_seq_len,
@@ -149,7 +139,7 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
                               plan.splits,
                               static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim))),
                               release_late(),
-                              pro != nullptr || prefetch_early()};
+                              pro != nullptr || early_copies ? 1 : 0};
   const DecodeFn kernel = pick_decode(int4, head_dim, pro, pro_format);
   if (plan.smem_bytes + static_smem > 48 * 1024) {
     // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
@@ -240,9 +230,10 @@ const char* attention_decode_last_error() { return g_last_error.c_str(); }
 cudaError_t attention_decode_int4(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
                                   const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads,
                                   int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,
-                                  size_t workspace_bytes, cudaStream_t stream) {
+                                  size_t workspace_bytes, cudaStream_t stream, bool early_copies) {
   return launch(KvFormat::INT4, q, kv_pool, block_table, seq_lens, out, batch, n_heads, n_kv_heads, head_dim,
-                max_pages_per_seq, max_seq_len, workspace, workspace_bytes, stream);
+                max_pages_per_seq, max_seq_len, workspace, workspace_bytes, stream, 0, nullptr, nullptr, KvFormat::INT4,
+                early_copies);
 }
 
 cudaError_t attention_decode_int4_unrotated(const __nv_bfloat16* q, const uint8_t* kv_pool,
@@ -250,13 +241,14 @@ cudaError_t attention_decode_int4_unrotated(const __nv_bfloat16* q, const uint8_
                                             int batch, int n_heads, int n_kv_heads, int head_dim,
                                             int max_pages_per_seq, int max_seq_len, int unrotate_block,
                                             void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                                            bool* unrotated) {
+                                            bool* unrotated, bool early_copies) {
   if (unrotated == nullptr) {
     g_last_error.clear();
     return reject(&g_last_error, "attention_decode_int4_unrotated: unrotated must be non-null");
   }
   return launch(KvFormat::INT4, q, kv_pool, block_table, seq_lens, out, batch, n_heads, n_kv_heads, head_dim,
-                max_pages_per_seq, max_seq_len, workspace, workspace_bytes, stream, unrotate_block, unrotated);
+                max_pages_per_seq, max_seq_len, workspace, workspace_bytes, stream, unrotate_block, unrotated, nullptr,
+                KvFormat::INT4, early_copies);
 }
 
 cudaError_t attention_decode_int4_with_prologue(const AttentionDecodePrologue& p, uint8_t* kv_pool,
@@ -292,9 +284,10 @@ cudaError_t attention_decode_int4_with_prologue(const AttentionDecodePrologue& p
 cudaError_t attention_decode_bf16(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
                                   const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads,
                                   int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,
-                                  size_t workspace_bytes, cudaStream_t stream) {
+                                  size_t workspace_bytes, cudaStream_t stream, bool early_copies) {
   return launch(KvFormat::BF16, q, kv_pool, block_table, seq_lens, out, batch, n_heads, n_kv_heads, head_dim,
-                max_pages_per_seq, max_seq_len, workspace, workspace_bytes, stream);
+                max_pages_per_seq, max_seq_len, workspace, workspace_bytes, stream, 0, nullptr, nullptr, KvFormat::INT4,
+                early_copies);
 }
 
 }  // namespace futransformer::cuda

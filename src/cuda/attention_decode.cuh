@@ -47,10 +47,9 @@ struct DecodeArgs {
   // griddepcontrol.wait, 1 after the main loop, so that the next GEMM's weight prefetch (which the combine lets in
   // early) does not queue ahead of this kernel's latency-bound reads. A measurement knob (FT_ATTN_RELEASE).
   int release_late;
-  // The plain instances: copy the cache tiles before griddepcontrol.wait, all but the one holding each sequence's last
-  // token (seq_lens[b] - 1), which the kernel before may be writing. Only for decode steps where that token is the
-  // only cache entry any kernel of the pass writes. A measurement knob (FT_ATTN_PREFETCH=1); the prologue instances
-  // always do it.
+  // Copy the cache tiles before griddepcontrol.wait, all but the one holding each sequence's last token
+  // (seq_lens[b] - 1), which the kernel before may be writing: the launchers' early_copies (decode steps only); the
+  // prologue instances always do it.
   int prefetch_early;
 };
 

@@ -1,6 +1,7 @@
 // attention_decode_int4_with_prologue (include/futransformer/cuda/attention_decode.h): the decode attention running
-// the attention prologue itself (RoPE, q rotation, the new token's INT4 cache append). Bit for bit against the two
-// launches it replaces on the same inputs: qkv_rope_kv_append (tested against its CPU twins in test_fused_ops.cpp and
+// the attention prologue itself (RoPE, q rotation, the new token's INT4 cache append); and the plain decode attention
+// with early_copies behind the prologue kernel. Bit for bit against the two launches without early copies on the
+// same inputs: qkv_rope_kv_append (tested against its CPU twins in test_fused_ops.cpp and
 // test_kv_append.cpp) into a q buffer and the cache, then attention_decode_int4_unrotated (tested against the CPU
 // attention twin in test_attention_decode.cpp and the un-rotation's twin in test_attention_decode_unrotate.cpp).
 // Compared: every output element, every byte of the page pool, the *unrotated answer; qkv must be left as it was.
@@ -96,8 +97,14 @@ struct Result {
   bool unrotated = false;
 };
 
-// fused: attention_decode_int4_with_prologue; else qkv_rope_kv_append + attention_decode_int4_unrotated.
-Result run(const Case& c, bool fused, int unrotate_block) {
+enum class Mode {
+  kSeparate,       // qkv_rope_kv_append, then attention_decode_int4_unrotated
+  kSeparateEarly,  // the same with early_copies: the attention copies all but the new tokens' tiles before its wait
+  kFused,          // attention_decode_int4_with_prologue
+};
+
+Result run(const Case& c, Mode mode, int unrotate_block) {
+  const bool fused = mode == Mode::kFused;
   const PagedKvCase& k = c.kv;
   const int hb = static_cast<int>(formats::kv_hadamard_block(k.format, kHeadDim));
   DeviceBuffer<uint16_t> qkv(c.qkv), anchors(c.anchors), q(static_cast<size_t>(k.batch) * k.n_heads * kHeadDim),
@@ -138,7 +145,7 @@ Result run(const Case& c, bool fused, int unrotate_block) {
     EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::fused_ops_last_error();
     e = cuda::attention_decode_int4_unrotated(bf(q.p), pool.p, bt.p, lens.p, bf(out.p), k.batch, k.n_heads,
                                               k.n_kv_heads, kHeadDim, k.max_pages, k.max_seq_len, unrotate_block,
-                                              ws.p, ws_bytes, nullptr, &r.unrotated);
+                                              ws.p, ws_bytes, nullptr, &r.unrotated, mode == Mode::kSeparateEarly);
     EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::attention_decode_last_error();
   }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -154,11 +161,17 @@ void check_case(KvFormat format, int n_heads, int n_kv, const std::vector<int32_
   for (const int unrotate : {0, hb}) {
     SCOPED_TRACE(testing::Message() << formats::kv_format_name(format) << " heads " << n_heads << "/" << n_kv
                                     << " batch " << lens.size() << " seed " << seed << " unrotate " << unrotate);
-    const Result want = run(c, false, unrotate), got = run(c, true, unrotate);
+    const Result want = run(c, Mode::kSeparate, unrotate), got = run(c, Mode::kFused, unrotate);
     EXPECT_EQ(got.unrotated, want.unrotated);
     EXPECT_SAME_BITS(got.out, want.out, "attention output");
     EXPECT_SAME_BITS(got.pool, want.pool, "page pool byte");
     EXPECT_SAME_BITS(got.qkv, c.qkv, "qkv (must not be written)");
+    // Early copies behind the append kernel (programmatic launch: the attention's CTAs start while it runs): a tile
+    // copied too early would hold the poisoned slot (NaN scales) or the old token.
+    const Result early = run(c, Mode::kSeparateEarly, unrotate);
+    EXPECT_EQ(early.unrotated, want.unrotated);
+    EXPECT_SAME_BITS(early.out, want.out, "attention output with early copies");
+    EXPECT_SAME_BITS(early.pool, want.pool, "page pool byte with early copies");
     // Not vacuous: every output written, and the appended slots rewritten (the reference changed the pool).
     for (size_t i = 0; i < got.out.size(); ++i) ASSERT_FALSE(std::isnan(bf16_to_f32(got.out[i]))) << "output " << i;
     bool any_live = false;

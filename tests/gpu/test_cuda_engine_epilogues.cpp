@@ -352,7 +352,7 @@ TEST(CudaEngineEpiloguesUnrotation, SplitDecodeAttentionUnrotatesInItsCombine) {
 }
 
 // Decode steps whose qkv GEMM does not run the attention prologue (fused_qkv_prologue off here, so every step
-// qualifies) run it inside the decode attention kernel (CudaEngineOptions::fused_attention_prologue, the default):
+// qualifies) run it inside the decode attention kernel with CudaEngineOptions::fused_attention_prologue (off by default):
 // RoPE, the q rotation and the new token's cache append by the CTA that reads it. An engine with the option off runs
 // qkv_rope_kv_append and the attention as before; logits identical bit for bit over prompts and decode steps (graph
 // replays against graph replays, profiled against unprofiled engines without graphs), for an int4-hadamard cache at
@@ -376,7 +376,7 @@ TEST(CudaEngineEpiloguesAttentionPrologue, DecodeAttentionRunsThePrologue) {
     co.max_sequence_length = 1536;
     co.int4_dequant_min_rows = 0;
     co.fused_qkv_prologue = false;       // the decode steps' prologue is then the attention's or its own kernel's
-    co.fused_attention_prologue = true;  // the default, set so the premise holds whatever the default becomes
+    co.fused_attention_prologue = true;  // off by default (measured slower)
     std::unique_ptr<CudaEngine> fused = make_cuda_engine(q, co);
     EXPECT_NE(fused->description().find("else in decode attention"), std::string::npos) << fused->description();
     co.profile_ops = true;

@@ -53,14 +53,20 @@ size_t attention_decode_workspace_bytes(formats::KvFormat format, int batch, int
 // attention_decode_workspace_bytes; otherwise the launch's error, if any. Deterministic. Under programmatic launch
 // (on by default, FT_PDL=0 off) seq_lens is read before the kernel's griddepcontrol.wait, possibly while kernels
 // enqueued before it still run: none of those may write it (q, the cache and the block table are read after).
+//
+// early_copies (decode steps): the caller promises that, of the cache entries this call reads, kernels enqueued before
+// it that may still run write only each sequence's last token (seq_lens[b] − 1) — as in a decode step, where the
+// attention prologue appends that token and nothing else. The kernel then copies every other cache tile (and reads
+// the block table) before its griddepcontrol.wait, so those copies overlap the kernel before it; the tile holding the
+// last token is copied after the wait. Same output bits either way. false: everything is read after the wait.
 cudaError_t attention_decode_int4(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
                                   const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads,
                                   int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,
-                                  size_t workspace_bytes, cudaStream_t stream);
+                                  size_t workspace_bytes, cudaStream_t stream, bool early_copies = false);
 cudaError_t attention_decode_bf16(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
                                   const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads,
                                   int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,
-                                  size_t workspace_bytes, cudaStream_t stream);
+                                  size_t workspace_bytes, cudaStream_t stream, bool early_copies = false);
 
 // attention_decode_int4, fused with the un-rotation of an INT4_HADAMARD output where the launch allows it: with
 // unrotate_block > 1 and a plan that splits the sequences across CTAs (attention_decode_workspace_bytes > 0 for the
@@ -77,7 +83,7 @@ cudaError_t attention_decode_int4_unrotated(const __nv_bfloat16* q, const uint8_
                                             int batch, int n_heads, int n_kv_heads, int head_dim,
                                             int max_pages_per_seq, int max_seq_len, int unrotate_block,
                                             void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                                            bool* unrotated);
+                                            bool* unrotated, bool early_copies = false);
 
 // The decode step's attention prologue and attention_decode_int4_unrotated in one kernel (an INT4 or INT4_HADAMARD
 // cache at head_dim 128, one new token per sequence). The fields are qkv_rope_kv_append's (fused_ops.h), for

@@ -943,6 +943,8 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       }
     }
     bool attention_unrotated = false;  // the attention kernel un-rotated its int4-hadamard output itself
+    // Decode steps: the only cache entries the kernels before the attention write are the new tokens.
+    const bool early_copies = pass_decode_only_ && pass_chunks_ == 0 && opt_.decode_attention_early_copies;
     if (pass_chunks_ > 0 && hadamard_block_ > 1 && opt_.fused_epilogues && opt_.fused_prefill_unrotation) {
       // The prefill kernel un-rotates its int4-hadamard output in its store when its shape has the instance (same
       // bits as the separate kernel below); the answer is known on the host, so a captured graph holds what ran.
@@ -984,7 +986,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       const cudaError_t e = cuda::attention_decode_int4_unrotated(
           bf(q_), pool, m + ml.block_table, m + ml.seq_lens, bf(att_), r, nh, nkv, hd,
           static_cast<int>(pages_per_seq_), static_cast<int>(max_len), hadamard_block_, attn_ws_.get(),
-          attn_ws_.bytes(), stream_, &attention_unrotated);
+          attn_ws_.bytes(), stream_, &attention_unrotated, early_copies);
       check_op(e, attention_unrotated ? "decode attention + un-rotation" : "decode attention",
                cuda::attention_decode_last_error);
     } else if (fast) {
@@ -992,7 +994,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                                                                 : cuda::attention_decode_int4;
       check_op(fn(bf(q_), pool, m + ml.block_table, m + ml.seq_lens, bf(att_), r, nh, nkv, hd,
                   static_cast<int>(pages_per_seq_), static_cast<int>(max_len), attn_ws_.get(), attn_ws_.bytes(),
-                  stream_),
+                  stream_, early_copies),
                "decode attention", cuda::attention_decode_last_error);
     } else {
       check_op(cuda::attention_decode_generic(opt_.kv, bf(q_), pool, m + ml.block_table, m + ml.seq_lens, bf(att_), r,

@@ -20,6 +20,9 @@ constexpr TunedV4Entry kEntries[] = {
     // warps, 8 slots) from the eleventh session's (docs/results/bench_gemm_w4a16-v11-sweep.json, M = 1 and 8 only), the
     // w28s8 ones (28 warps; n7: 7 column blocks per CTA) from its second gate|up sweep (bench_gemm_w4a16-v11b-sweep.json).
     {6144, 4096, 9, 16, "wgmma_sx", 8, 8, 0, true, true},   // qkv M=16: 13.30 -> 12.23 (w16s16c1 12.93)
+    // o M=1: the sweep's w16s16 (7.04 -> 6.65), taken in the twelfth session when the whole 8B step at batch 1 (with
+    // the decode attention's early copies) measured 2115, 2122 -> 2099, 2101 µs with it, same call; w24s8 was level.
+    {4096, 4096, 1, 2, "w16s16", 16, 16, 0},
     {28672, 4096, 1, 2, "w28s8n7", 28, 8, 0, false, false, 7},  // gate_up M=1: 22.28 -> 19.87 (v11b; w24s8 21.27)
     {28672, 4096, 6, 8, "w28s8", 28, 8, 0},                 // gate_up M=8: 26.98 -> 20.97 (v11b; w24s8 22.52)
     {28672, 4096, 9, 16, "w16s16", 16, 16, 0},              // gate_up M=16: 33.23 -> 30.38

@@ -64,15 +64,18 @@ struct CudaEngineOptions {
   // 2153 -> 2121 µs, batch 8 2832 -> 2760 µs with the release-late knob, docs/results.md twelfth session. false:
   // everything read after the wait (kept to compare).
   bool decode_attention_early_copies = true;
-  // With fused_epilogues, decode steps on an INT4 or int4-hadamard cache at head_dim 128 whose qkv GEMM does not split
-  // K (so the prologue is not in its reduce, fused_qkv_prologue): the decode attention kernel runs the attention
-  // prologue itself (cuda::attention_decode_int4_with_prologue: RoPE, the q rotation, and the new token's cache
-  // append by the CTA that reads it; bit-identical to qkv_rope_kv_append + the attention by construction,
-  // GPU-tested), one kernel fewer per layer. Off by default because it is slower: every attention CTA then waits
-  // for the prologue's dependent chain before its first tile, which costs more than the separate two-CTA kernel and
-  // its launch (8B step on the H200: batch 1 +3.5 %, batch 8 +1 % against the separate kernel with early copies;
-  // docs/results.md, twelfth session).
-  bool fused_attention_prologue = false;
+  // With fused_epilogues, decode steps on an INT4 or int4-hadamard cache at head_dim 128 whose qkv GEMM splits K: the
+  // decode attention kernel runs the attention prologue (cuda::attention_decode_int4_with_prologue: RoPE, the q
+  // rotation, and the new token's cache append by the CTA that reads it; bit-identical to qkv_rope_kv_append + the
+  // attention by construction, GPU-tested) instead of the GEMM's split-K reduce (fused_qkv_prologue), whose reduce is
+  // then the plain one. 8B step on the H200, batch 32: 4457-4460 -> 4432-4433 µs (same call; docs/results.md,
+  // twelfth session). false: the reduce runs it, as before.
+  bool fused_attention_prologue = true;
+  // With fused_attention_prologue: also decode steps whose qkv GEMM does not split K (instead of the separate prologue
+  // kernel). Off by default because it is slower there: every attention CTA waits for the prologue's dependent chain
+  // before its first tile, which costs more than the separate two-CTA kernel whose launch the attention's early
+  // copies overlap (8B step, batch 1: 2120 -> ~2200 µs). Kept to compare and test.
+  bool attention_prologue_unsplit = false;
   // With fused_epilogues and an int4-hadamard cache: prompt passes that attend with attention_prefill un-rotate its
   // output in the kernel's store (cuda::attention_prefill_int4_unrotated; bit-identical to the separate
   // rotate_heads_bf16 by construction). Built after the seventh session's last device call and not yet run on a GPU,

@@ -351,8 +351,8 @@ TEST(CudaEngineEpiloguesUnrotation, SplitDecodeAttentionUnrotatesInItsCombine) {
   EXPECT_EQ(c["attention output un-rotation"], s.layers * steps);
 }
 
-// Decode steps whose qkv GEMM does not run the attention prologue (fused_qkv_prologue off here, so every step
-// qualifies) run it inside the decode attention kernel with CudaEngineOptions::fused_attention_prologue (off by default):
+// Decode steps run the attention prologue inside the decode attention kernel with CudaEngineOptions::
+// fused_attention_prologue and attention_prologue_unsplit (every step then qualifies, split K or not):
 // RoPE, the q rotation and the new token's cache append by the CTA that reads it. An engine with the option off runs
 // qkv_rope_kv_append and the attention as before; logits identical bit for bit over prompts and decode steps (graph
 // replays against graph replays, profiled against unprofiled engines without graphs), for an int4-hadamard cache at
@@ -375,14 +375,15 @@ TEST(CudaEngineEpiloguesAttentionPrologue, DecodeAttentionRunsThePrologue) {
     co.max_sequences = 4;
     co.max_sequence_length = 1536;
     co.int4_dequant_min_rows = 0;
-    co.fused_qkv_prologue = false;       // the decode steps' prologue is then the attention's or its own kernel's
-    co.fused_attention_prologue = true;  // off by default (measured slower)
+    co.fused_attention_prologue = true;    // the default
+    co.attention_prologue_unsplit = true;  // also the steps whose qkv GEMM does not split K (all of them here)
     std::unique_ptr<CudaEngine> fused = make_cuda_engine(q, co);
-    EXPECT_NE(fused->description().find("else in decode attention"), std::string::npos) << fused->description();
+    EXPECT_NE(fused->description().find("qkv prologue in decode attention)"), std::string::npos) << fused->description();
     co.profile_ops = true;
     std::unique_ptr<CudaEngine> profiled = make_cuda_engine(q, co);
     co.profile_ops = false;
     co.fused_attention_prologue = false;
+    co.fused_qkv_prologue = false;  // the separate kernel on every step, whatever the GEMM does
     std::unique_ptr<CudaEngine> separate = make_cuda_engine(q, co);
     co.cuda_graphs = false;
     std::unique_ptr<CudaEngine> separate_plain = make_cuda_engine(q, co);

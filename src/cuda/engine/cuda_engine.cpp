@@ -391,7 +391,8 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
     d << " | GEMM epilogues "
       << (opt_.fused_epilogues
               ? (opt_.fused_attention_prologue && attention_prologue_ok_
-                     ? "fused (residual, SwiGLU, qkv prologue in the GEMM when K is split, else in decode attention)"
+                     ? (opt_.attention_prologue_unsplit ? "fused (residual, SwiGLU, decode steps' qkv prologue in decode attention)"
+                                                        : "fused (residual, SwiGLU, decode steps' qkv prologue in decode attention when K is split)")
                      : "fused (residual, SwiGLU, qkv prologue when K is split)")
               : "separate kernels");
     if (opt_.fused_epilogues && opt_.fused_norm_prologue) d << " | RMSNorm in the qkv / gate|up GEMMs at <= 8 rows";
@@ -837,14 +838,17 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     // int4-hadamard sequences. With fused epilogues it runs inside the qkv GEMM's split-K reduce when every W4A16
     // launch of the pass splits K (same bits: gemm_w4a16_qkv_rope_append); unsplit launches keep the two kernels.
     const bool prologue_one_kernel = fused_qkv_ && !(anchors && n_new > 0);
-    const bool prologue_in_gemm =
-        !fp8 && opt_.fused_epilogues && opt_.fused_qkv_prologue && prologue_one_kernel &&
-        l.qkv.qkv_prologue_in_reduce(rows, g);
+    // Decode steps on INT4 caches at head_dim 128: the decode attention runs the prologue where the qkv GEMM splits K
+    // (instead of the GEMM's reduce: measured faster at batch 32), and where it does not only with
+    // attention_prologue_unsplit (there the separate kernel, whose launch the attention's early copies overlap, is
+    // faster at batch 1). CudaEngineOptions has the measurements.
+    const bool qkv_splits_k = !fp8 && l.qkv.qkv_prologue_in_reduce(rows, g);
+    const bool prologue_in_attention =
+        !fp8 && prologue_one_kernel && pass_decode_only_ && pass_chunks_ == 0 && fast && opt_.fused_epilogues &&
+        opt_.fused_attention_prologue && attention_prologue_ok_ && (qkv_splits_k || opt_.attention_prologue_unsplit);
+    const bool prologue_in_gemm = !fp8 && opt_.fused_epilogues && opt_.fused_qkv_prologue && prologue_one_kernel &&
+                                  qkv_splits_k && !prologue_in_attention;
     const bool norm_in_qkv = attn_norm_in_qkv(li);
-    // Decode steps whose prologue is not in the GEMM: the attention kernel runs it (INT4 caches, head_dim 128).
-    const bool prologue_in_attention = !fp8 && !prologue_in_gemm && prologue_one_kernel && pass_decode_only_ &&
-                                       pass_chunks_ == 0 && fast && opt_.fused_epilogues &&
-                                       opt_.fused_attention_prologue && attention_prologue_ok_;
     // The key anchors of the sequences this pass starts (int4-hadamard): a mean over their RoPE'd BF16 keys in qkv_,
     // computed before any of those keys is stored.
     auto compute_new_anchors = [&] {

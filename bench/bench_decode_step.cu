@@ -14,9 +14,9 @@
 // attention and MLP RMSNorms inside the qkv and gate|up GEMMs on fused rows of batch <= 8
 // (CudaEngineOptions::fused_norm_prologue, off by default: measured slower); FT_UNROTATE_IN_COMBINE=0 keeps the
 // separate un-rotation kernel after a split int4-hadamard attention on fused rows
-// (CudaEngineOptions::fused_attention_unrotation, on by default); FT_ATTN_PROLOGUE=0 keeps the attention prologue out of
-// the decode attention where the qkv GEMM splits K (CudaEngineOptions::fused_attention_prologue), =all puts it there
-// also where it does not (attention_prologue_unsplit, measured slower); FT_ATTN_EARLY_COPIES=0 turns CudaEngineOptions::decode_attention_early_copies off;
+// (CudaEngineOptions::fused_attention_unrotation, on by default); FT_ATTN_PROLOGUE=1 runs the attention prologue in the
+// decode attention where the qkv GEMM splits K (CudaEngineOptions::fused_attention_prologue, off by default), =all
+// also where it does not (attention_prologue_unsplit); both measured slower on some points; FT_ATTN_EARLY_COPIES=0 turns CudaEngineOptions::decode_attention_early_copies off;
 // FT_ATTN_RELEASE=late and FT_ATTN_NO_PDL=1 are the decode attention launcher's own measurement knobs.
 // --trace PATH: after each row's timing, the in-graph kernel timeline (bench/kernel_trace.h, CUPTI): kTraceReplays
 // more replays of the row's step graph (plus benchmark_decode_step's two forward_greedy steps, also replays) are
@@ -184,10 +184,10 @@ int main(int argc, char** argv) {
         // FT_UNROTATE_IN_COMBINE=0: CudaEngineOptions::fused_attention_unrotation off on the fused rows.
         const char* uc = std::getenv("FT_UNROTATE_IN_COMBINE");
         o.fused_attention_unrotation = fused && !(uc != nullptr && uc[0] == '0');
-        // FT_ATTN_PROLOGUE=0: CudaEngineOptions::fused_attention_prologue off on the fused rows; =all: also where the
-        // qkv GEMM does not split K (attention_prologue_unsplit).
+        // FT_ATTN_PROLOGUE=1: CudaEngineOptions::fused_attention_prologue on the fused rows (off by default); =all:
+        // also where the qkv GEMM does not split K (attention_prologue_unsplit).
         const char* ap = std::getenv("FT_ATTN_PROLOGUE");
-        o.fused_attention_prologue = fused && !(ap != nullptr && ap[0] == '0');
+        o.fused_attention_prologue = fused && ap != nullptr && (ap[0] == '1' || std::string(ap) == "all");
         o.attention_prologue_unsplit = ap != nullptr && std::string(ap) == "all";
         // FT_ATTN_EARLY_COPIES=0: CudaEngineOptions::decode_attention_early_copies off (every row).
         const char* ec = std::getenv("FT_ATTN_EARLY_COPIES");

@@ -68,9 +68,10 @@ struct CudaEngineOptions {
   // decode attention kernel runs the attention prologue (cuda::attention_decode_int4_with_prologue: RoPE, the q
   // rotation, and the new token's cache append by the CTA that reads it; bit-identical to qkv_rope_kv_append + the
   // attention by construction, GPU-tested) instead of the GEMM's split-K reduce (fused_qkv_prologue), whose reduce is
-  // then the plain one. 8B step on the H200, batch 32: 4457-4460 -> 4432-4433 µs (same call; docs/results.md,
-  // twelfth session). false: the reduce runs it, as before.
-  bool fused_attention_prologue = true;
+  // then the plain one. Off by default: on the H200 (same call, docs/results.md twelfth session) it made the 8B step
+  // at batch 32 0.4-0.6 % faster but the 70B step at batch 8 2.1 % slower (each attention CTA rotates its G query
+  // heads, 8 for 70B, before its first tile); batch 1 and the other points level.
+  bool fused_attention_prologue = false;
   // With fused_attention_prologue: also decode steps whose qkv GEMM does not split K (instead of the separate prologue
   // kernel). Off by default because it is slower there: every attention CTA waits for the prologue's dependent chain
   // before its first tile, which costs more than the separate two-CTA kernel whose launch the attention's early

@@ -375,7 +375,7 @@ TEST(CudaEngineEpiloguesAttentionPrologue, DecodeAttentionRunsThePrologue) {
     co.max_sequences = 4;
     co.max_sequence_length = 1536;
     co.int4_dequant_min_rows = 0;
-    co.fused_attention_prologue = true;    // the default
+    co.fused_attention_prologue = true;    // off by default
     co.attention_prologue_unsplit = true;  // also the steps whose qkv GEMM does not split K (all of them here)
     std::unique_ptr<CudaEngine> fused = make_cuda_engine(q, co);
     EXPECT_NE(fused->description().find("qkv prologue in decode attention)"), std::string::npos) << fused->description();

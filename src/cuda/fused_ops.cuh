@@ -12,7 +12,6 @@
 
 #include "cuda/decoder_ops.cuh"
 #include "cuda/kv_append.cuh"
-#include "cuda/ptx/cp_async.cuh"
 #include "futransformer/formats/kv_cache.h"
 
 namespace futransformer::cuda::fused {
@@ -426,16 +425,6 @@ __global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(c
   const bool is_v = item >= a.n_heads + a.n_kv_heads;
   QkvRowMeta meta{-1, -1, -1};
   if (live && !is_q) meta = qkv_row_meta<F>(a, r);  // inputs of the pass no kernel writes (read before the wait)
-  if constexpr (kRope && F == formats::KvFormat::INT4_HADAMARD) {
-    // qkv_rope_kv_append runs only in passes that start no int4-hadamard sequence, so no kernel of the pass writes
-    // the key anchors: the lane's 64 bytes of its key's anchor go into L1 now, and finish_quad_item's loads after the
-    // wait hit there instead of waiting on L2.
-    const bool is_k = live && !is_q && !is_v;
-    if (is_k && meta.anchor >= 0 && meta.page >= 0)
-      ptx::prefetch_l1(a.key_anchors +
-                       (static_cast<int64_t>(meta.anchor) * a.n_kv_heads + (item - a.n_heads)) * kQuadHeadDim +
-                       kQuadPerLane * t);
-  }
   if (a.release_first) {
     ops::pdl_release_then_wait();
   } else {

@@ -16,8 +16,8 @@
 // separate un-rotation kernel after a split int4-hadamard attention on fused rows
 // (CudaEngineOptions::fused_attention_unrotation, on by default); FT_ATTN_PROLOGUE=1 runs the attention prologue in the
 // decode attention where the qkv GEMM splits K (CudaEngineOptions::fused_attention_prologue, off by default), =all
-// also where it does not (attention_prologue_unsplit); both measured slower on some points; FT_ATTN_EARLY_COPIES=0 turns CudaEngineOptions::decode_attention_early_copies off;
-// FT_ATTN_RELEASE=late and FT_ATTN_NO_PDL=1 are the decode attention launcher's own measurement knobs.
+// also where it does not (attention_prologue_unsplit); both measured slower on some points; FT_ATTN_EARLY_COPIES=0
+// turns CudaEngineOptions::decode_attention_early_copies off.
 // --trace PATH: after each row's timing, the in-graph kernel timeline (bench/kernel_trace.h, CUPTI): kTraceReplays
 // more replays of the row's step graph (plus benchmark_decode_step's two forward_greedy steps, also replays) are
 // traced, split into replays by graph node, and the median replay by span is printed — block rows kernel by kernel

@@ -57,26 +57,6 @@ CombineFn pick_combine(int head_dim, bool unrotate) {
                          : attn::attention_decode_combine_kernel<64, false>;
 }
 
-// FT_ATTN_RELEASE=late: the decode kernel lets its dependent launch after its main loop instead of right after its
-// wait (DecodeArgs::release_late; read once).
-int release_late() {
-  static const int late = [] {
-    const char* v = std::getenv("FT_ATTN_RELEASE");
-    return v != nullptr && std::string(v) == "late" ? 1 : 0;
-  }();
-  return late;
-}
-
-// FT_ATTN_NO_PDL=1: the decode kernel is launched without the programmatic attribute (after the kernel before it
-// completes). A measurement knob.
-bool no_pdl() {
-  static const bool on = [] {
-    const char* v = std::getenv("FT_ATTN_NO_PDL");
-    return v != nullptr && v[0] == '1';
-  }();
-  return on;
-}
-
 bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 // unrotated non-null: attention_decode_int4_unrotated (unrotate_block checked here, *unrotated set on success);
@@ -138,8 +118,7 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
                               max_pages,
                               plan.splits,
                               static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim))),
-                              release_late(),
-                              pro != nullptr || early_copies ? 1 : 0};
+                              (pro != nullptr || early_copies) ? 1 : 0};
   const DecodeFn kernel = pick_decode(int4, head_dim, pro, pro_format);
   if (plan.smem_bytes + static_smem > 48 * 1024) {
     // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
@@ -157,7 +136,7 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
   // Under programmatic_launch() the attention kernel is a programmatic dependent of the kernel before it (it
   // waits before reading anything, see the kernel): its launch overlaps that kernel's tail.
   cudaLaunchAttribute decode_attr;
-  if (!no_pdl()) add_programmatic_attribute(&cfg, &decode_attr);
+  add_programmatic_attribute(&cfg, &decode_attr);
   const fused::QkvArgs pro_args = pro ? *pro : fused::QkvArgs{};
   if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args, pro_args); e != cudaSuccess) return e;
   if (plan.splits == 1) return cudaSuccess;

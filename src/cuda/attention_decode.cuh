@@ -43,10 +43,6 @@ struct DecodeArgs {
   float* partial_lse;          // [batch, n_heads, splits], log2 domain (splits > 1)
   int n_heads, n_kv_heads, gqa, max_pages, splits;
   float score_scale;  // log2(e) / sqrt(D): scores go straight to the exp2 domain
-  // Where the grid lets its dependent (the combine kernel, or the next GEMM) launch: 0 right after
-  // griddepcontrol.wait, 1 after the main loop, so that the next GEMM's weight prefetch (which the combine lets in
-  // early) does not queue ahead of this kernel's latency-bound reads. A measurement knob (FT_ATTN_RELEASE).
-  int release_late;
   // Copy the cache tiles before griddepcontrol.wait, all but the one holding each sequence's last token
   // (seq_lens[b] - 1), which the kernel before may be writing: the launchers' early_copies (decode steps only); the
   // prologue instances always do it.
@@ -350,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
                          fused::kQuadPerLane * lane);
     }
     ptx::griddepcontrol_wait();
-    if (!args.release_late) ptx::griddepcontrol_launch_dependents();
+    ptx::griddepcontrol_launch_dependents();
     __syncthreads();  // the RoPE table
     // Warp 0's quads take the G query heads, warp 1's first quad the key, warp 2's the value (owner only): the three
     // kinds of work run side by side instead of one after another in one diverged warp.
@@ -378,7 +374,7 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
     // programmatic launch attribute).
     ptx::griddepcontrol_wait();
     // The combine kernel waits for this grid's completion itself; letting it launch now hides its launch latency.
-    if (!args.release_late) ptx::griddepcontrol_launch_dependents();
+    ptx::griddepcontrol_launch_dependents();
     T::load_q(args.q + (head0 + g) * kD, g < G, t, qa);
   }
   if (early) {
@@ -446,7 +442,6 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
     __syncwarp();  // every lane is done with this stage before a later issue overwrites it
   }
   ptx::cp_async_wait_group<0>();  // only empty groups can be left; leave none behind
-  if (args.release_late) ptx::griddepcontrol_launch_dependents();
 
   // Merge the warps: O [warp][head][channel], m and l per (warp, head), overlaying the rings.
   l += __shfl_xor_sync(0xffffffffu, l, 1);

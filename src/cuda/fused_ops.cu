@@ -160,11 +160,6 @@ cudaError_t make_qkv_args(const char* op, bool rope, KvFormat format, __nv_bfloa
   a.q_hadamard_block = hadamard_block > 1 ? hadamard_block : 1;
   a.q_hadamard_scale = hadamard_block > 1 ? formats::hadamard_scale(hadamard_block) : 1.0f;
   a.q_out = q_out;
-  static const int32_t release_first = [] {
-    const char* v = std::getenv("FT_KV_APPEND_RELEASE");
-    return v != nullptr && std::string(v) == "first" ? 1 : 0;
-  }();
-  a.release_first = release_first;
   *args = a;
   if (why) why->clear();
   return cudaSuccess;

@@ -91,9 +91,6 @@ struct QkvArgs {
   int32_t q_hadamard_block;  // the caller's hadamard_block; <= 1: q_out is a copy
   float q_hadamard_scale;
   __nv_bfloat16* q_out;  // [rows, n_heads, head_dim]
-  // kv_append_rotate_q_quad_kernel only: let the dependent grid launch before griddepcontrol.wait instead of after
-  // (ops::pdl_release_then_wait). A measurement knob (FT_KV_APPEND_RELEASE=first), off by default.
-  int32_t release_first;
 };
 
 // The RoPE cos/sin pairs of row r's position into cs[0 .. head_dim / 2), by the CTA's threads (nthreads of them);
@@ -425,11 +422,7 @@ __global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(c
   const bool is_v = item >= a.n_heads + a.n_kv_heads;
   QkvRowMeta meta{-1, -1, -1};
   if (live && !is_q) meta = qkv_row_meta<F>(a, r);  // inputs of the pass no kernel writes (read before the wait)
-  if (a.release_first) {
-    ops::pdl_release_then_wait();
-  } else {
-    ops::pdl_prologue();
-  }
+  ops::pdl_prologue();
   if constexpr (kRope) __syncthreads();  // the only barrier: every return below is after it
   if (!live) return;
 

@@ -231,7 +231,7 @@ class CudaEngineImpl final : public CudaEngine {
   bool prefill_attention_ok_ = false;  // attention_prefill takes this model and cache format
   // The pass being enqueued, as attention_prefill sees it: its chunks (0: attend row by row) and longest chunk.
   int pass_chunks_ = 0, pass_max_chunk_rows_ = 0;
-  bool pass_decode_only_ = false;  // every row of the pass is its sequence's one new token
+  bool pass_decode_only_ = false;  // every row of the pass is its sequence's one new token (then pass_chunks_ is 0)
   bool fp8_prefill_ = false;  // prompt passes run the FP8 GEMMs
   // INT4 layer projections of passes with at least this many rows dequantise into dequant_ws_ and run cuBLAS; 0: never
   // (the option says so, no projection is INT4, or no pass can be that large).
@@ -844,7 +844,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     // faster at batch 1). CudaEngineOptions has the measurements.
     const bool qkv_splits_k = !fp8 && l.qkv.qkv_prologue_in_reduce(rows, g);
     const bool prologue_in_attention =
-        !fp8 && prologue_one_kernel && pass_decode_only_ && pass_chunks_ == 0 && fast && opt_.fused_epilogues &&
+        !fp8 && prologue_one_kernel && pass_decode_only_ && fast && opt_.fused_epilogues &&
         opt_.fused_attention_prologue && attention_prologue_ok_ && (qkv_splits_k || opt_.attention_prologue_unsplit);
     const bool prologue_in_gemm = !fp8 && opt_.fused_epilogues && opt_.fused_qkv_prologue && prologue_one_kernel &&
                                   qkv_splits_k && !prologue_in_attention;
@@ -948,7 +948,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     }
     bool attention_unrotated = false;  // the attention kernel un-rotated its int4-hadamard output itself
     // Decode steps: the only cache entries the kernels before the attention write are the new tokens.
-    const bool early_copies = pass_decode_only_ && pass_chunks_ == 0 && opt_.decode_attention_early_copies;
+    const bool early_copies = pass_decode_only_ && opt_.decode_attention_early_copies;
     if (pass_chunks_ > 0 && hadamard_block_ > 1 && opt_.fused_epilogues && opt_.fused_prefill_unrotation) {
       // The prefill kernel un-rotates its int4-hadamard output in its store when its shape has the instance (same
       // bits as the separate kernel below); the answer is known on the host, so a captured graph holds what ran.

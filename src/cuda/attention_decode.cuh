@@ -96,120 +96,34 @@ struct Tile {
   static constexpr int kNTiles = kD / 8;   // n-tiles of O
   static constexpr int kG = Geo::kGroups;
 
-  // S (row g, tokens 8 nt + 2t + j of the tile) for the stage at st / st_s; qa from load_q.
-  static __device__ __forceinline__ void scores(const unsigned char* st, uint32_t st_s, int lane,
-                                                const uint32_t (&qa)[kKSteps][2], float (&s)[2][2]) {
-    const int g = lane >> 2, t = lane & 3;
-    if constexpr (kInt4) {
-      uint32_t zk[2], sk[2][kG];  // zero bytes of token 8 nt + g; scales of tokens 8 nt + 2t, + 1 (2G halves)
+  // BF16 cache. S (row g, tokens 8 nt + 2t + j of the tile) for the stage at st / st_s; qa from load_q.
+  static __device__ __forceinline__ void scores(uint32_t st_s, int lane, const uint32_t (&qa)[kKSteps][2],
+                                                float (&s)[2][2]) {
+    static_assert(!kInt4, "the INT4 cache runs Int4Tile");
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        if constexpr (kG == 4) {
-          zk[nt] = *reinterpret_cast<const uint32_t*>(st + Geo::kStageZeros + (8 * nt + g) * kG);
-        } else {
-          zk[nt] = *reinterpret_cast<const uint16_t*>(st + Geo::kStageZeros + (8 * nt + g) * kG);
-        }
-        load_words<kG>(st + Geo::kStageScales + (8 * nt + 2 * t) * kG * 2, sk[nt]);
-        s[nt][0] = s[nt][1] = 0.0f;
-      }
+    for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = 0.0f;
 #pragma unroll
-      for (int cp = 0; cp < kG; cp += 2) {
-        uint32_t w[4];  // chunk cp tokens 0-7, 8-15, chunk cp + 1 tokens 0-7, 8-15
-        ptx::ldmatrix_x4(w, st_s + ldmatrix_pair_offset(lane, cp));
-#pragma unroll
-        for (int d = 0; d < 2; ++d) {
-          const int gi = cp + d;
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            const uint32_t word = w[2 * d + nt];
-            const uint32_t bias = ptx::prmt(zk[nt], 0x43u, gi | (4 << 4) | (gi << 8) | (4 << 12));  // 128 + z
-            float acc[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int ks = 0; ks < 2; ++ks) {
-              const uint32_t b[2] = {sub_bf16x2(nibbles_plus_128(word, key_shift_int4(ks, 0)), bias),
-                                     sub_bf16x2(nibbles_plus_128(word, key_shift_int4(ks, 1)), bias)};
-              ptx::mma_m16n8k16_bf16_rows8(acc, qa[2 * gi + ks][0], qa[2 * gi + ks][1], b);
-            }
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              const int hi = j * kG + gi;  // half index of (token 8 nt + 2t + j, group gi)
-              s[nt][j] = fmaf(acc[j], half_to_float(sk[nt][hi >> 1], hi & 1), s[nt][j]);
-            }
-          }
-        }
-      }
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        uint32_t w[4];  // chunk 2ks tokens 0-7, 8-15 (reg 0), chunk 2ks + 1 tokens 0-7, 8-15 (reg 1)
-        ptx::ldmatrix_x4(w, st_s + ldmatrix_pair_offset(lane, 2 * ks));
-        const uint32_t b0[2] = {w[0], w[2]}, b1[2] = {w[1], w[3]};
-        ptx::mma_m16n8k16_bf16_rows8(s[0], qa[ks][0], qa[ks][1], b0);
-        ptx::mma_m16n8k16_bf16_rows8(s[1], qa[ks][0], qa[ks][1], b1);
-      }
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t w[4];  // chunk 2ks tokens 0-7, 8-15 (reg 0), chunk 2ks + 1 tokens 0-7, 8-15 (reg 1)
+      ptx::ldmatrix_x4(w, st_s + ldmatrix_pair_offset(lane, 2 * ks));
+      const uint32_t b0[2] = {w[0], w[2]}, b1[2] = {w[1], w[3]};
+      ptx::mma_m16n8k16_bf16_rows8(s[0], qa[ks][0], qa[ks][1], b0);
+      ptx::mma_m16n8k16_bf16_rows8(s[1], qa[ks][0], qa[ks][1], b1);
     }
   }
 
-  // o += P'·V for the stage; p[r][h] is the probability of token 2t + 8r + h, valid[r][h] whether it exists.
-  static __device__ __forceinline__ void accumulate(const unsigned char* st, uint32_t st_s, int lane,
-                                                    const float (&p)[2][2], const bool (&valid)[2][2],
+  // BF16 cache: o += P·V for the stage; p[r][h] is the probability of token 2t + 8r + h (0 for rows past the
+  // sequence, which the copy zero-filled, so p = 0 meets finite values).
+  static __device__ __forceinline__ void accumulate(uint32_t st_s, int lane, const float (&p)[2][2],
                                                     float (&o)[kNTiles][2]) {
-    const int t = lane & 3;
-    if constexpr (kInt4) {
-      uint32_t sv[2][kG], zv[2][2];  // tokens 2t + 8r, + 1: 2G scale halves, 2G zero bytes
+    const uint32_t a0 = pack_bf16x2(p[0][0], p[0][1]), a2 = pack_bf16x2(p[1][0], p[1][1]);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        load_words<kG>(st + Geo::kStageScales + Geo::kStageScaleBytes + (2 * t + 8 * r) * kG * 2, sv[r]);
-        const unsigned char* zp = st + Geo::kStageZeros + Geo::kStageZeroBytes + (2 * t + 8 * r) * kG;
-        if constexpr (kG == 4) {
-          const uint2 z = *reinterpret_cast<const uint2*>(zp);
-          zv[r][0] = z.x, zv[r][1] = z.y;
-        } else {
-          zv[r][0] = zv[r][1] = *reinterpret_cast<const uint32_t*>(zp);
-        }
-      }
-#pragma unroll
-      for (int cp = 0; cp < kG; cp += 2) {
-        uint32_t w[4];  // chunk cp tokens (2t, 2t+1), (2t+8, 2t+9), chunk cp + 1 likewise
-        ptx::ldmatrix_x4_trans(w, st_s + Geo::kStageCodeBytes + ldmatrix_pair_offset(lane, cp));
-#pragma unroll
-        for (int d = 0; d < 2; ++d) {
-          const int grp = cp + d;
-          uint32_t a[2], bias[2];
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            float ps[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int hi = h * kG + grp;  // half / byte index of (token 2t + 8r + h, group grp)
-              // A missing token's scale may be anything (inf, NaN): its weight is an exact 0, not 0 * s.
-              ps[h] = valid[r][h] ? p[r][h] * half_to_float(sv[r][hi >> 1], hi & 1) : 0.0f;
-            }
-            a[r] = pack_bf16x2(ps[0], ps[1]);
-            const uint32_t zsel = static_cast<uint32_t>(grp | ((kG + grp) << 8));
-            bias[r] = ptx::lop3<0xea>(ptx::prmt(zv[r][0], zv[r][1], zsel), 0x00ff00ffu, kBf16Magic);
-          }
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const uint32_t b[2] = {sub_bf16x2(nibbles_plus_128(w[2 * d], value_shift_int4(i)), bias[0]),
-                                   sub_bf16x2(nibbles_plus_128(w[2 * d + 1], value_shift_int4(i)), bias[1])};
-            ptx::mma_m16n8k16_bf16_rows8(o[4 * grp + i], a[0], a[1], b);
-          }
-        }
-      }
-    } else {
-      // Rows past the sequence were zero-filled by the copy, so p = 0 meets finite values.
-      const uint32_t a0 = pack_bf16x2(p[0][0], p[0][1]), a2 = pack_bf16x2(p[1][0], p[1][1]);
-#pragma unroll
-      for (int cp = 0; cp < Geo::kRowChunks; cp += 2) {
-        uint32_t w[4];
-        ptx::ldmatrix_x4_trans(w, st_s + Geo::kStageCodeBytes + ldmatrix_pair_offset(lane, cp));
-        const uint32_t b0[2] = {w[0], w[1]}, b1[2] = {w[2], w[3]};
-        ptx::mma_m16n8k16_bf16_rows8(o[cp], a0, a2, b0);
-        ptx::mma_m16n8k16_bf16_rows8(o[cp + 1], a0, a2, b1);
-      }
+    for (int cp = 0; cp < Geo::kRowChunks; cp += 2) {
+      uint32_t w[4];
+      ptx::ldmatrix_x4_trans(w, st_s + Geo::kStageCodeBytes + ldmatrix_pair_offset(lane, cp));
+      const uint32_t b0[2] = {w[0], w[1]}, b1[2] = {w[2], w[3]};
+      ptx::mma_m16n8k16_bf16_rows8(o[cp], a0, a2, b0);
+      ptx::mma_m16n8k16_bf16_rows8(o[cp + 1], a0, a2, b1);
     }
   }
 
@@ -240,8 +154,113 @@ struct Tile {
     }
   }
 
-  static __device__ __forceinline__ int out_channel(int nt, int col) {
-    return kInt4 ? value_channel_int4(nt, col) : value_channel_bf16(nt, col);
+};
+
+// INT4 cache, transposed products (attention_decode_layout.h): Sᵀ = K·Qᵀ (A = the tile's keys, 16 token rows;
+// B = Q, head g in column g) and Oᵀ = Vᵀ·P'ᵀ (A = the values, 16 channel rows per m-tile; B = P', head g in column
+// g). Lane (g, t) holds Sᵀ elements (token g + 8 (i >> 1), head 2t + (i & 1)) and Oᵀ elements (channel
+// value_channel_t(mt, g, i >> 1), head 2t + (i & 1)).
+template <int kD>
+struct Int4Tile {
+  using Geo = Geometry<true, kD>;
+  static constexpr int kKSteps = kD / 16;
+  static constexpr int kMTiles = kD / 16;  // m-tiles of Oᵀ: two per group
+  static constexpr int kG = Geo::kGroups;
+
+  // Sᵀ for the stage (unscaled: per-group partial products times the key scales, summed in fp32); qb from load_q.
+  static __device__ __forceinline__ void scores(const unsigned char* st, uint32_t st_s, int lane,
+                                                const uint32_t (&qb)[kKSteps][2], float (&s)[4]) {
+    const int g = lane >> 2;
+    uint32_t zk[2], sk[2][kG / 2];  // tokens g and g + 8: zero bytes (one per group), scale halves
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int tok = g + 8 * r;
+      if constexpr (kG == 4) {
+        zk[r] = *reinterpret_cast<const uint32_t*>(st + Geo::kStageZeros + tok * kG);
+      } else {
+        zk[r] = *reinterpret_cast<const uint16_t*>(st + Geo::kStageZeros + tok * kG);
+      }
+      load_words<kG / 2>(st + Geo::kStageScales + tok * kG * 2, sk[r]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[i] = 0.0f;
+#pragma unroll
+    for (int cp = 0; cp < kG; cp += 2) {
+      uint32_t w[4];  // chunk cp tokens 0-7, 8-15, chunk cp + 1 tokens 0-7, 8-15: lane (g, t) word t of token g (+8)
+      ptx::ldmatrix_x4(w, st_s + ldmatrix_pair_offset(lane, cp));
+#pragma unroll
+      for (int d = 0; d < 2; ++d) {
+        const int gi = cp + d;
+        const uint32_t zsel = static_cast<uint32_t>(gi | (4 << 4) | (gi << 8) | (4 << 12));
+        const uint32_t bias[2] = {ptx::prmt(zk[0], 0x43u, zsel), ptx::prmt(zk[1], 0x43u, zsel)};  // 128 + z
+        float acc[4];
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+          const uint32_t a[4] = {sub_bf16x2(nibbles_plus_128(w[2 * d], key_shift_int4(ks, 0)), bias[0]),
+                                 sub_bf16x2(nibbles_plus_128(w[2 * d + 1], key_shift_int4(ks, 0)), bias[1]),
+                                 sub_bf16x2(nibbles_plus_128(w[2 * d], key_shift_int4(ks, 1)), bias[0]),
+                                 sub_bf16x2(nibbles_plus_128(w[2 * d + 1], key_shift_int4(ks, 1)), bias[1])};
+          if (ks == 0) {
+            ptx::mma_m16n8k16_bf16_zero_c(acc, a, qb[2 * gi]);
+          } else {
+            ptx::mma_m16n8k16_bf16(acc, a, qb[2 * gi + 1]);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float scale = half_to_float(sk[i >> 1][gi >> 1], gi & 1);  // token g + 8 (i >> 1), group gi
+          s[i] = fmaf(acc[i], scale, s[i]);
+        }
+      }
+    }
+  }
+
+  // o += Vᵀ·P'ᵀ for the stage; p[i] is the probability of (token g + 8 (i >> 1), head 2t + (i & 1)), valid[r]
+  // whether token g + 8 r exists.
+  static __device__ __forceinline__ void accumulate(const unsigned char* st, uint32_t st_s, int lane,
+                                                    const float (&p)[4], const bool (&valid)[2],
+                                                    float (&o)[kMTiles][4]) {
+    const int g = lane >> 2, t = lane & 3;
+    uint32_t sv[2][kG / 2], zv[2][2];  // value scale halves of tokens g, g + 8; zero bytes of tokens 2t + 8r, + 1
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      load_words<kG / 2>(st + Geo::kStageScales + Geo::kStageScaleBytes + (g + 8 * r) * kG * 2, sv[r]);
+      const unsigned char* zp = st + Geo::kStageZeros + Geo::kStageZeroBytes + (2 * t + 8 * r) * kG;
+      if constexpr (kG == 4) {
+        const uint2 z = *reinterpret_cast<const uint2*>(zp);
+        zv[r][0] = z.x, zv[r][1] = z.y;
+      } else {
+        zv[r][0] = zv[r][1] = *reinterpret_cast<const uint32_t*>(zp);
+      }
+    }
+#pragma unroll
+    for (int cp = 0; cp < kG; cp += 2) {
+      uint32_t w[4];  // chunk cp tokens (2t, 2t+1), (2t+8, 2t+9), chunk cp + 1 likewise
+      ptx::ldmatrix_x4_trans(w, st_s + Geo::kStageCodeBytes + ldmatrix_pair_offset(lane, cp));
+#pragma unroll
+      for (int d = 0; d < 2; ++d) {
+        const int grp = cp + d;
+        uint32_t b[2], bias[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          // A missing token's scale may be anything (inf, NaN): its weight is an exact 0, not 0 * s.
+          const float sc = half_to_float(sv[r][grp >> 1], grp & 1);
+          const float p0 = valid[r] ? p[2 * r] * sc : 0.0f, p1 = valid[r] ? p[2 * r + 1] * sc : 0.0f;
+          b[r] = ptx::movmatrix_trans(pack_bf16x2(p0, p1));  // (token g + 8r, heads 2t, 2t+1) -> (head g, tokens)
+          const uint32_t zsel = static_cast<uint32_t>(grp | ((kG + grp) << 8));
+          bias[r] = ptx::lop3<0xea>(ptx::prmt(zv[r][0], zv[r][1], zsel), 0x00ff00ffu, kBf16Magic);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int mt = 2 * grp + j;
+          const uint32_t a[4] = {sub_bf16x2(nibbles_plus_128(w[2 * d], value_shift_t(mt, 0)), bias[0]),
+                                 sub_bf16x2(nibbles_plus_128(w[2 * d], value_shift_t(mt, 1)), bias[0]),
+                                 sub_bf16x2(nibbles_plus_128(w[2 * d + 1], value_shift_t(mt, 0)), bias[1]),
+                                 sub_bf16x2(nibbles_plus_128(w[2 * d + 1], value_shift_t(mt, 1)), bias[1])};
+          ptx::mma_m16n8k16_bf16(o[mt], a, b);
+        }
+      }
+    }
   }
 };
 
@@ -291,21 +310,39 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
   unsigned char* ring = smem + warp * Geo::kStages * Geo::kStageBytes;
   const uint32_t ring_s = ptx::smem_addr(ring);
   const int32_t* bt = args.block_table + int64_t{b} * args.max_pages;
-  auto issue = [&](int k) {
-    const int tile = first + k * kWarps;
+  // INT4: the lane's copy offsets are computed once (Int4Copies): per tile only the page, the slot and the stage move.
+  using Copies = Int4Copies<kInt4 ? kD : 128>;
+  const int meta_chunk = 2 * Geo::kCodeChunksPerPart + lane;
+  const bool has_meta = kInt4 && lane < Copies::kMetaChunks;
+  int meta_src = 0, meta_dst = 0, meta_slot_mul = 0;
+  if constexpr (kInt4) {
+    if (has_meta) {
+      const ChunkCopy c0 = stage_chunk<kInt4, kD>(meta_chunk, 0), c1 = stage_chunk<kInt4, kD>(meta_chunk, 1);
+      meta_src = c0.src, meta_dst = c0.dst, meta_slot_mul = c1.src - c0.src;
+    }
+  }
+  // Tile k of this warp into ring stage `stage` (= k % kStages).
+  auto issue = [&](int k, int stage) {
+    const unsigned tile = static_cast<unsigned>(first + k * kWarps);
     const int page_id = __ldg(bt + tile / kTilesPerPage);
     const uint8_t* page = args.pool + (int64_t{page_id} * args.n_kv_heads + kvh) * Geo::kPageBytes;
-    const int slot0 = (tile % kTilesPerPage) * kTile;
-    const uint32_t dst = ring_s + (k % Geo::kStages) * Geo::kStageBytes;
+    const int slot0 = static_cast<int>(tile % kTilesPerPage) * kTile;
+    const uint32_t dst = ring_s + static_cast<uint32_t>(stage * Geo::kStageBytes);
+    if constexpr (kInt4) {
+      const uint8_t* src = page + Copies::code_src(lane, 0, slot0);
+      const uint32_t cdst = dst + static_cast<uint32_t>(Copies::code_dst(lane, 0));
 #pragma unroll
-    for (int i = 0; i < (Geo::kStageChunks + kWarpSize - 1) / kWarpSize; ++i) {
-      const int c = lane + i * kWarpSize;
-      if (Geo::kStageChunks % kWarpSize != 0 && c >= Geo::kStageChunks) break;
-      const ChunkCopy cc = stage_chunk<kInt4, kD>(c, slot0);
-      if constexpr (kInt4) {
-        ptx::cp_async_16(dst + cc.dst, page + cc.src);
-      } else {
-        ptx::cp_async_16_zfill(dst + cc.dst, page + cc.src, tile * kTile + cc.row < len);
+      for (int i = 0; i < Copies::kCodeCopies; ++i)  // constant offsets from copy 0's
+        ptx::cp_async_16(cdst + (Copies::code_dst(0, i) - Copies::code_dst(0, 0)),
+                         src + (Copies::code_src(0, i, 0) - Copies::code_src(0, 0, 0)));
+      if (has_meta) ptx::cp_async_16(dst + meta_dst, page + meta_src + slot0 * meta_slot_mul);
+    } else {
+#pragma unroll
+      for (int i = 0; i < (Geo::kStageChunks + kWarpSize - 1) / kWarpSize; ++i) {
+        const int c = lane + i * kWarpSize;
+        if (Geo::kStageChunks % kWarpSize != 0 && c >= Geo::kStageChunks) break;
+        const ChunkCopy cc = stage_chunk<kInt4, kD>(c, slot0);
+        ptx::cp_async_16_zfill(dst + cc.dst, page + cc.src, static_cast<int>(tile) * kTile + cc.row < len);
       }
     }
   };
@@ -325,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
         if (first + k * kWarps == new_tile) {
           deferred = k;
         } else {
-          issue(k);
+          issue(k, k);
         }
       }
       ptx::cp_async_commit_group();
@@ -378,84 +415,157 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
     T::load_q(args.q + (head0 + g) * kD, g < G, t, qa);
   }
   if (early) {
-    if (deferred >= 0) issue(deferred);
+    if (deferred >= 0) issue(deferred, deferred);
     ptx::cp_async_commit_group();  // every thread: the main loop's wait count stays uniform
   } else {
 #pragma unroll
     for (int k = 0; k < Geo::kStages - 1; ++k) {
-      if (k < n_mine) issue(k);
+      if (k < n_mine) issue(k, k);
       ptx::cp_async_commit_group();  // empty groups keep the wait count below uniform
     }
   }
 
-  float m = kNegInf, l = 0.0f;
-  float o[T::kNTiles][2];  // row g, columns 2t, 2t + 1 of each n-tile
-#pragma unroll
-  for (int nt = 0; nt < T::kNTiles; ++nt) o[nt][0] = o[nt][1] = 0.0f;
-
-  for (int k = 0; k < n_mine; ++k) {
-    if (k + Geo::kStages - 1 < n_mine) issue(k + Geo::kStages - 1);
+  // The ring: tile k sits in stage k % kStages; `stage` follows the tile being read, `fill` the one being issued.
+  int stage = 0, fill = Geo::kStages - 1;
+  auto next_stage = [](int x) { return x + 1 == Geo::kStages ? 0 : x + 1; };
+  auto wait_tile = [&](int k) {
+    if (k + Geo::kStages - 1 < n_mine) issue(k + Geo::kStages - 1, fill);
+    fill = next_stage(fill);
     ptx::cp_async_commit_group();
     if (k == deferred) {
       ptx::cp_async_wait_group<0>();  // the deferred tile went into a later group (it is the warp's last tile)
     } else {
       ptx::cp_async_wait_group<Geo::kStages - 1>();  // this lane's chunks of tile k have landed
     }
-    __syncwarp();                                  // ... and every other lane's
-    const int stage = k % Geo::kStages;
-    const unsigned char* st = ring + stage * Geo::kStageBytes;
-    const uint32_t st_s = ring_s + stage * Geo::kStageBytes;
-    const int tok0 = (first + k * kWarps) * kTile;
-
-    float s[2][2];
-    T::scores(st, st_s, lane, qa, s);
-    // Online softmax of row g over the tile's tokens (every processed tile holds at least one valid token).
-    bool valid[2][2];
-    float tmax = kNegInf;
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        valid[nt][j] = tok0 + score_token(t, nt, j) < len;
-        s[nt][j] = valid[nt][j] ? s[nt][j] * args.score_scale : kNegInf;
-        tmax = fmaxf(tmax, s[nt][j]);
-      }
-    }
-    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-    const float m_new = fmaxf(m, tmax);
-    const float alpha = ptx::ex2_approx(m - m_new);  // 0 on the first tile (m = -inf)
-    float p[2][2], psum = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        p[nt][j] = ptx::ex2_approx(s[nt][j] - m_new);
-        psum += p[nt][j];
-      }
-    }
-    l = fmaf(l, alpha, psum);
-    m = m_new;
-#pragma unroll
-    for (int nt = 0; nt < T::kNTiles; ++nt) o[nt][0] *= alpha, o[nt][1] *= alpha;
-    T::accumulate(st, st_s, lane, p, valid, o);
-    __syncwarp();  // every lane is done with this stage before a later issue overwrites it
-  }
-  ptx::cp_async_wait_group<0>();  // only empty groups can be left; leave none behind
-
-  // Merge the warps: O [warp][head][channel], m and l per (warp, head), overlaying the rings.
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
-  __syncthreads();
-  float* red_o = reinterpret_cast<float*>(smem);
+    __syncwarp();  // ... and every other lane's
+  };
+  float* red_o = reinterpret_cast<float*>(smem);  // merge buffers, overlaying the rings once every warp is done
   float* red_m = red_o + kWarps * kMaxGqa * kD;
   float* red_l = red_m + kWarps * kMaxGqa;
-  if (g < G) {
-    if (t == 0) red_m[warp * kMaxGqa + g] = m, red_l[warp * kMaxGqa + g] = l;
+  if constexpr (kInt4) {
+    using I = Int4Tile<kD>;
+    // Lane (g, t) keeps the state of heads 2t and 2t + 1 (j = 0, 1); m is the same on the 8 lanes of a t, l is this
+    // lane's part of the sum (its tokens g, g + 8 of each tile).
+    float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
+    float o[I::kMTiles][4];
 #pragma unroll
-    for (int nt = 0; nt < T::kNTiles; ++nt) {
+    for (int mt = 0; mt < I::kMTiles; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+    for (int k = 0; k < n_mine; ++k) {
+      wait_tile(k);
+      const unsigned char* st = ring + stage * Geo::kStageBytes;
+      const uint32_t st_s = ring_s + static_cast<uint32_t>(stage * Geo::kStageBytes);
+      const int tok0 = (first + k * kWarps) * kTile;
+      float s[4];
+      I::scores(st, st_s, lane, qa, s);
+      // Online softmax per head column over the tile's 16 tokens (every processed tile holds a valid token).
+      const bool valid[2] = {tok0 + g < len, tok0 + g + 8 < len};
+      float tmax[2];
 #pragma unroll
-      for (int j = 0; j < 2; ++j) red_o[(warp * kMaxGqa + g) * kD + T::out_channel(nt, 2 * t + j)] = o[nt][j];
+      for (int i = 0; i < 4; ++i) s[i] = valid[i >> 1] ? s[i] * args.score_scale : kNegInf;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        tmax[j] = fmaxf(s[j], s[2 + j]);
+#pragma unroll
+        for (int x = 4; x < kWarpSize; x *= 2) tmax[j] = fmaxf(tmax[j], __shfl_xor_sync(0xffffffffu, tmax[j], x));
+      }
+      float alpha[2], p[4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float m_new = fmaxf(m[j], tmax[j]);
+        alpha[j] = ptx::ex2_approx(m[j] - m_new);  // 0 on the first tile (m = -inf)
+        p[j] = ptx::ex2_approx(s[j] - m_new);
+        p[2 + j] = ptx::ex2_approx(s[2 + j] - m_new);
+        l[j] = fmaf(l[j], alpha[j], p[j] + p[2 + j]);
+        m[j] = m_new;
+      }
+      // Once the running maxima settle, most tiles leave every alpha at exactly 1 (ex2 of 0): skipping the
+      // multiplications then changes no bit.
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+        for (int mt = 0; mt < I::kMTiles; ++mt) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) o[mt][i] *= alpha[i & 1];
+        }
+      }
+      I::accumulate(st, st_s, lane, p, valid, o);
+      __syncwarp();  // every lane is done with this stage before a later issue overwrites it
+      stage = next_stage(stage);
+    }
+    ptx::cp_async_wait_group<0>();  // only empty groups can be left; leave none behind
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int x = 4; x < kWarpSize; x *= 2) l[j] += __shfl_xor_sync(0xffffffffu, l[j], x);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int h = 2 * t + j;
+      if (h < G) {
+        if (g == 0) red_m[warp * kMaxGqa + h] = m[j], red_l[warp * kMaxGqa + h] = l[j];
+#pragma unroll
+        for (int mt = 0; mt < I::kMTiles; ++mt) {
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi)
+            red_o[(warp * kMaxGqa + h) * kD + value_channel_t(mt, g, hi)] = o[mt][2 * hi + j];
+        }
+      }
+    }
+  } else {
+    float m = kNegInf, l = 0.0f;
+    float o[T::kNTiles][2];  // row g, columns 2t, 2t + 1 of each n-tile
+#pragma unroll
+    for (int nt = 0; nt < T::kNTiles; ++nt) o[nt][0] = o[nt][1] = 0.0f;
+    for (int k = 0; k < n_mine; ++k) {
+      wait_tile(k);
+      const uint32_t st_s = ring_s + static_cast<uint32_t>(stage * Geo::kStageBytes);
+      const int tok0 = (first + k * kWarps) * kTile;
+      float s[2][2];
+      T::scores(st_s, lane, qa, s);
+      // Online softmax of row g over the tile's tokens (every processed tile holds at least one valid token).
+      float tmax = kNegInf;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          s[nt][j] = tok0 + score_token(t, nt, j) < len ? s[nt][j] * args.score_scale : kNegInf;
+          tmax = fmaxf(tmax, s[nt][j]);
+        }
+      }
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+      const float m_new = fmaxf(m, tmax);
+      const float alpha = ptx::ex2_approx(m - m_new);  // 0 on the first tile (m = -inf)
+      float p[2][2], psum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          p[nt][j] = ptx::ex2_approx(s[nt][j] - m_new);
+          psum += p[nt][j];
+        }
+      }
+      l = fmaf(l, alpha, psum);
+      m = m_new;
+#pragma unroll
+      for (int nt = 0; nt < T::kNTiles; ++nt) o[nt][0] *= alpha, o[nt][1] *= alpha;
+      T::accumulate(st_s, lane, p, o);
+      __syncwarp();  // every lane is done with this stage before a later issue overwrites it
+      stage = next_stage(stage);
+    }
+    ptx::cp_async_wait_group<0>();  // only empty groups can be left; leave none behind
+
+    // Merge the warps: O [warp][head][channel], m and l per (warp, head).
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    __syncthreads();
+    if (g < G) {
+      if (t == 0) red_m[warp * kMaxGqa + g] = m, red_l[warp * kMaxGqa + g] = l;
+#pragma unroll
+      for (int nt = 0; nt < T::kNTiles; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) red_o[(warp * kMaxGqa + g) * kD + value_channel_bf16(nt, 2 * t + j)] = o[nt][j];
+      }
     }
   }
   __syncthreads();

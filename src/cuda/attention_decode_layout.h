@@ -11,19 +11,30 @@
 // n = 8 tokens). O = P·V: A = probabilities (k = 16 tokens; its fragment is S's C fragment of two n-tiles),
 // B = values (k = tokens, n = 8 channels).
 //
-// INT4 cache, keys. A 16-byte chunk of a code row is one group of 32 channels. ldmatrix (non-transposed) over
-// 8 token rows of a chunk gives lane (g, t) word t of token g's chunk: channels 8t .. 8t + 7 of the group, nibble
-// i = channel 8t + i. The magic-number dequantisation extracts nibble pairs (i, i + 4) from (word >> 4 s), so
-// the kernel gives the k index of k-step ks (two per group) the physical channel
-//   key_channel(gi, ks, t, r, h) = 32 gi + 8 t + 2 ks + r + 4 h
-// and loads Q's A fragment with the same permutation. Each k-step stays inside one group, so the product with
-// the integer codes (u − z) is exact and the group scale (per token = per column of S) is applied in fp32.
+// INT4 cache: the kernel computes the transposed products, Sᵀ = K·Qᵀ and Oᵀ = Vᵀ·P'ᵀ, so the cache codes are
+// the A operand (16 rows: tokens, or channels) and the at most 8 query heads are the n = 8 columns: every row and
+// every accumulator of each mma carries data, where S = Q·Kᵀ would leave rows 8..15 of A and C empty.
 //
-// INT4 cache, values. ldmatrix.trans over 8 token rows of a chunk gives lane (g, t) b16 column g of tokens 2t
-// and 2t + 1: channels 4g .. 4g + 3 of the group for both tokens. Nibble i of each half is channel 4g + i, so
-// n-tile nt = 4 grp + i covers channels 32 grp + 4 col + i: every n-tile lies in one group, and the per-token
-// value scale of that group is folded into P (P'[h, τ] = P[h, τ] · s_v[τ, grp]), which leaves the integer codes
-// exact as the B operand.
+// INT4 keys (A of Sᵀ: rows = the tile's 16 tokens, k = channels). A 16-byte chunk of a code row is one group of 32
+// channels. ldmatrix (non-transposed) over 8 token rows of a chunk gives lane (g, t) word t of token g's chunk:
+// channels 8t .. 8t + 7 of the group, nibble i = channel 8t + i. The magic-number dequantisation extracts nibble
+// pairs (i, i + 4) from (word >> 4 s), so the kernel gives k index 2t + 8 r + h of k-step ks (two per group) the
+// physical channel
+//   key_channel(gi, ks, t, r, h) = 32 gi + 8 t + 2 ks + r + 4 h
+// (A reg 0 / 1: tokens g / g + 8 with r = 0; reg 2 / 3: r = 1) and loads Q's B fragment (column g = head g) with
+// the same permutation. Each k-step stays inside one group, so the product with the integer codes (u − z) is exact
+// and the group scale (per token = per row of Sᵀ) is applied in fp32. C element i of lane (g, t): token
+// g + 8 (i >> 1), head 2t + (i & 1).
+//
+// INT4 values (A of Oᵀ: rows = 16 channels, k = the tile's tokens). ldmatrix.trans over 8 token rows of a chunk
+// gives lane (g, t) b16 column g of tokens 2t and 2t + 1: channels 4g .. 4g + 3 of the group for both tokens,
+// nibble i of each half = channel 4g + i. m-tile mt = 2 grp + j takes nibble 2j for rows 0..7 (A regs 0, 2) and
+// nibble 2j + 1 for rows 8..15 (regs 1, 3), so C row g + 8 hi of m-tile mt is channel
+//   value_channel_t(mt, g, hi) = 32 (mt >> 1) + 4 g + 2 (mt & 1) + hi.
+// Every m-tile lies in one group, and the per-token value scale of that group is folded into P
+// (P'[h, τ] = P[h, τ] · s_v[τ, grp], B of Oᵀ: k = token, n = head), which leaves the integer codes exact. P' is
+// built in the C layout of Sᵀ (token rows, head columns) and turned into the B layout (head g, tokens 2t, 2t + 1)
+// by movmatrix.trans, 8 x 8 at a time.
 //
 // BF16 cache: plain FlashAttention-2 fragments (k-step ks = channels 16 ks .. 16 ks + 15, n-tile nt = channels
 // 8 nt .. 8 nt + 7), through ldmatrix / ldmatrix.trans.
@@ -142,17 +153,43 @@ FT_HD int ldmatrix_pair_offset(int lane, int c) { return stage_code_offset(lane 
 // 4 (2 ks + r) + 16 h of the ldmatrix word.
 FT_HD int key_channel_int4(int gi, int ks, int t, int r, int h) { return kGroup * gi + 8 * t + 2 * ks + r + 4 * h; }
 FT_HD int key_shift_int4(int ks, int r) { return 4 * (2 * ks + r); }
-// INT4 values: physical channel of column col of n-tile nt (= 4 grp + i); nibble i (bit 4i + 16h) of the
-// ldmatrix.trans word of token 2t + 8r + h.
-FT_HD int value_channel_int4(int nt, int col) { return kGroup * (nt >> 2) + 4 * col + (nt & 3); }
-FT_HD int value_shift_int4(int nt) { return 4 * (nt & 3); }
+// INT4 values: physical channel of row g + 8 hi of Oᵀ m-tile mt (= 2 grp + j); nibble 2j + hi (bit 4 (2j + hi) + 16h)
+// of the ldmatrix.trans word of token 2t + 8r + h.
+FT_HD int value_channel_t(int mt, int g, int hi) { return kGroup * (mt >> 1) + 4 * g + 2 * (mt & 1) + hi; }
+FT_HD int value_shift_t(int mt, int hi) { return 4 * (2 * (mt & 1) + hi); }
 // BF16: the identity orders.
 FT_HD int key_channel_bf16(int ks, int t, int r, int h) { return 16 * ks + 8 * r + 2 * t + h; }
 FT_HD int value_channel_bf16(int nt, int col) { return 8 * nt + col; }
 
-// Tokens of the S / P fragments a lane holds: n-tile nt, element j (0, 1) of row g is token 8 nt + 2t + j of
-// the tile; the A fragment of P·V holds (a0) tokens 2t, 2t+1 = n-tile 0 and (a2) 2t+8, 2t+9 = n-tile 1.
+// BF16 cache: tokens of the S / P fragments a lane holds: n-tile nt, element j (0, 1) of row g is token
+// 8 nt + 2t + j of the tile; the A fragment of P·V holds (a0) tokens 2t, 2t+1 = n-tile 0 and (a2) 2t+8, 2t+9 =
+// n-tile 1.
 FT_HD int score_token(int t, int nt, int j) { return 8 * nt + 2 * t + j; }
+
+// INT4 stage copies, lane by lane: code copy i (0 .. kCodeCopies − 1) of lane moves stage chunk lane + 32 i. Code
+// chunks of a tile are 16 contiguous token rows in the page, so the source is the tile's first code byte
+// (slot0 · kRowBytes past the part) plus lane · 16 plus a constant of i, and the destination a lane term plus a
+// constant of i: the kernel keeps one source and one destination register for all of them. The metadata chunks
+// (scales, zeros; lanes below kMetaChunks) use stage_chunk itself, evaluated once per lane.
+template <int kD>
+struct Int4Copies {
+  using Geo = Geometry<true, kD>;
+  static constexpr int kCodeCopies = 2 * Geo::kCodeChunksPerPart / kWarpSize;
+  static constexpr int kMetaChunks = Geo::kStageChunks - 2 * Geo::kCodeChunksPerPart;
+  static_assert(Geo::kCodeChunksPerPart % kWarpSize == 0 && kWarpSize % Geo::kRowChunks == 0,
+                "a code copy stays inside one part, and lane / kRowChunks is its row");
+  static_assert(kMetaChunks > 0 && kMetaChunks <= kWarpSize, "one metadata copy per lane at most");
+  static FT_HD int part(int i) { return kWarpSize * i / Geo::kCodeChunksPerPart; }
+  static FT_HD int run(int i) { return kWarpSize * i - part(i) * Geo::kCodeChunksPerPart; }  // first chunk in the part
+  // Source offset from the page start, for the tile at slot0 (the lane term lane · 16 included).
+  static FT_HD int code_src(int lane, int i, int slot0) {
+    return static_cast<int>(part(i) * Geo::kPagePartBytes) + slot0 * Geo::kRowBytes + (run(i) + lane) * kChunk;
+  }
+  static FT_HD int code_dst(int lane, int i) {
+    return part(i) * Geo::kStageCodeBytes +
+           stage_code_offset(lane / Geo::kRowChunks + run(i) / Geo::kRowChunks, lane % Geo::kRowChunks);
+  }
+};
 
 // Part i of `parts` nearly equal parts of [0, total).
 struct Range {

@@ -96,6 +96,47 @@ void mma_rows8(Acc2& d, const std::array<uint32_t, 32>& a0, const std::array<uin
   }
 }
 
+using Acc4 = std::array<std::array<float, 4>, 32>;
+using Frag4 = std::array<std::array<uint32_t, 4>, 32>;
+using Frag2 = std::array<std::array<uint32_t, 2>, 32>;
+// mma.m16n8k16 bf16, every fragment register: d (C layout) += A·B.
+void mma_full(Acc4& d, const Frag4& a, const Frag2& b) {
+  float A[16][16] = {}, B[16][8] = {};
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int h = 0; h < 2; ++h) {
+      for (int reg = 0; reg < 4; ++reg) {
+        const RC rc = ptx_a(lane, reg, h);
+        A[rc.r][rc.c] = h ? hi_f(a[lane][reg]) : lo_f(a[lane][reg]);
+      }
+      for (int r = 0; r < 2; ++r) {
+        const RC kn = ptx_b(lane, r, h);
+        B[kn.r][kn.c] = h ? hi_f(b[lane][r]) : lo_f(b[lane][r]);
+      }
+    }
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int i = 0; i < 4; ++i) {
+      const RC rc = ptx_c(lane, i);
+      double s = 0.0;
+      for (int k = 0; k < 16; ++k) s += static_cast<double>(A[rc.r][k]) * B[k][rc.c];
+      d[lane][i] += static_cast<float>(s);
+    }
+  }
+}
+// movmatrix.sync.aligned.m8n8.trans.b16 (PTX ISA): lane l holds row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (low,
+// high half) of an 8 x 8 matrix; the result is the transpose in the same layout.
+std::array<uint32_t, 32> movmatrix_trans(const std::array<uint32_t, 32>& x) {
+  uint16_t M[8][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    M[lane / 4][2 * (lane % 4)] = static_cast<uint16_t>(x[lane] & 0xffff);
+    M[lane / 4][2 * (lane % 4) + 1] = static_cast<uint16_t>(x[lane] >> 16);
+  }
+  std::array<uint32_t, 32> out{};
+  for (int lane = 0; lane < 32; ++lane)
+    out[lane] = M[2 * (lane % 4)][lane / 4] | (static_cast<uint32_t>(M[2 * (lane % 4) + 1][lane / 4]) << 16);
+  return out;
+}
+
 // --- 1. Geometry. ---
 
 template <bool kInt4, int kD>
@@ -160,6 +201,40 @@ TEST(AttentionDecodeLayout, GeometryMatchesTheCanonicalPagesAndStagesCopyOneTile
   check_geometry<false, 64>();
 }
 
+// The kernel's INT4 copies (one source and one destination register per lane plus constants of the copy index, and
+// a metadata chunk through stage_chunk) move exactly the chunks of the canonical schedule.
+template <int kD>
+void check_int4_copies() {
+  using Copies = attn::Int4Copies<kD>;
+  using Geo = attn::Geometry<true, kD>;
+  SCOPED_TRACE(testing::Message() << "head_dim " << kD);
+  ASSERT_EQ(Copies::kCodeCopies * attn::kWarpSize + Copies::kMetaChunks, Geo::kStageChunks);
+  for (int slot0 = 0; slot0 < attn::kPageTokens; slot0 += attn::kTile) {
+    for (int lane = 0; lane < attn::kWarpSize; ++lane) {
+      for (int i = 0; i < Copies::kCodeCopies; ++i) {
+        const attn::ChunkCopy cc = attn::stage_chunk<true, kD>(lane + attn::kWarpSize * i, slot0);
+        ASSERT_EQ(Copies::code_src(lane, i, slot0), cc.src) << "lane " << lane << " copy " << i << " slot " << slot0;
+        ASSERT_EQ(Copies::code_dst(lane, i), cc.dst) << "lane " << lane << " copy " << i;
+        // The kernel adds copy 0's lane terms to constants of i.
+        ASSERT_EQ(Copies::code_src(lane, 0, slot0) + Copies::code_src(0, i, 0) - Copies::code_src(0, 0, 0), cc.src);
+        ASSERT_EQ(Copies::code_dst(lane, 0) + Copies::code_dst(0, i) - Copies::code_dst(0, 0), cc.dst);
+      }
+      if (lane < Copies::kMetaChunks) {  // src linear in slot0, as the kernel assumes
+        const int c = 2 * Geo::kCodeChunksPerPart + lane;
+        const attn::ChunkCopy c0 = attn::stage_chunk<true, kD>(c, 0), c1 = attn::stage_chunk<true, kD>(c, 1);
+        const attn::ChunkCopy cs = attn::stage_chunk<true, kD>(c, slot0);
+        ASSERT_EQ(c0.src + slot0 * (c1.src - c0.src), cs.src) << "metadata lane " << lane << " slot " << slot0;
+        ASSERT_EQ(c0.dst, cs.dst);
+      }
+    }
+  }
+}
+
+TEST(AttentionDecodeLayout, Int4LaneCopiesFollowTheStageSchedule) {
+  check_int4_copies<128>();
+  check_int4_copies<64>();
+}
+
 TEST(AttentionDecodeLayout, FragmentChannelMapsArePermutations) {
   for (int d : {64, 128}) {
     std::vector<int> key(static_cast<size_t>(d), 0), val(static_cast<size_t>(d), 0);
@@ -172,12 +247,13 @@ TEST(AttentionDecodeLayout, FragmentChannelMapsArePermutations) {
               ASSERT_EQ(ch / 32, gi) << "a k-step must stay inside its group";
               ++key[static_cast<size_t>(ch)];
             }
-    for (int nt = 0; nt < d / 8; ++nt)
-      for (int col = 0; col < 8; ++col) {
-        const int ch = attn::value_channel_int4(nt, col);
-        ASSERT_EQ(ch / 32, nt / 4) << "an n-tile must stay inside one group (its scale is folded into P)";
-        ++val[static_cast<size_t>(ch)];
-      }
+    for (int mt = 0; mt < d / 16; ++mt)
+      for (int g = 0; g < 8; ++g)
+        for (int hi = 0; hi < 2; ++hi) {
+          const int ch = attn::value_channel_t(mt, g, hi);
+          ASSERT_EQ(ch / 32, mt / 2) << "an m-tile must stay inside one group (its scale is folded into P)";
+          ++val[static_cast<size_t>(ch)];
+        }
     for (int i = 0; i < d; ++i) ASSERT_EQ(key[static_cast<size_t>(i)], 1) << "key channel " << i;
     for (int i = 0; i < d; ++i) ASSERT_EQ(val[static_cast<size_t>(i)], 1) << "value channel " << i;
   }
@@ -224,17 +300,253 @@ struct Outputs {
   std::vector<int> writes;         // per element of out / partial_o
 };
 
+// Merge buffers of one CTA: O [warp][head][channel], m and l per (warp, head).
+struct Merge {
+  std::vector<float> m, l, o;
+};
+
+// The stage of `tile`, as the cp.async schedule fills it (BF16 rows past the sequence zero-filled).
+template <bool kInt4, int kD>
+std::vector<uint8_t> fill_stage(const PagedKvCase& c, int b, int kvh, int tile, int len) {
+  using Geo = attn::Geometry<kInt4, kD>;
+  const int32_t page_id = c.block_table[static_cast<size_t>(b) * c.max_pages + tile / attn::kTilesPerPage];
+  const uint8_t* page = c.pool.data() + (int64_t{page_id} * c.n_kv_heads + kvh) * Geo::kPageBytes;
+  const int slot0 = (tile % attn::kTilesPerPage) * attn::kTile, tok0 = tile * attn::kTile;
+  std::vector<uint8_t> st(Geo::kStageBytes);
+  for (int ch = 0; ch < Geo::kStageChunks; ++ch) {
+    const attn::ChunkCopy cc = attn::stage_chunk<kInt4, kD>(ch, slot0);
+    const bool fill = kInt4 || tok0 + cc.row < len;
+    for (int i = 0; i < 16; ++i) st[static_cast<size_t>(cc.dst + i)] = fill ? page[cc.src + i] : 0;
+  }
+  return st;
+}
+
+// One warp of the INT4 kernel (transposed products, attention_decode_layout.h): Sᵀ = K·Qᵀ, softmax per head column,
+// Oᵀ += Vᵀ·P'ᵀ with P' moved into the B layout by movmatrix.
+template <int kD>
+void emulate_warp_int4(const PagedKvCase& c, int b, int kvh, int warp, attn::Range tiles, int len, float score_scale,
+                       int G, const std::array<std::array<std::array<uint32_t, 2>, kD / 16>, 32>& qa, Merge& mg) {
+  using Geo = attn::Geometry<true, kD>;
+  constexpr int G4 = Geo::kGroups, kMT = kD / 16;
+  std::array<std::array<float, 2>, 32> m, l;
+  for (auto& x : m) x = {-INFINITY, -INFINITY};
+  for (auto& x : l) x = {0.0f, 0.0f};
+  std::array<std::array<std::array<float, 4>, kMT>, 32> o{};
+  for (int tile = tiles.begin + warp; tile < tiles.end; tile += attn::kWarps) {
+    const std::vector<uint8_t> st = fill_stage<true, kD>(c, b, kvh, tile, len);
+    const int tok0 = tile * attn::kTile;
+    std::array<int, 32> addr{};
+    Acc4 s{};
+    for (int cp = 0; cp < G4; cp += 2) {
+      for (int lane = 0; lane < 32; ++lane) addr[lane] = attn::ldmatrix_pair_offset(lane, cp);
+      const Regs w = ldmatrix_x4(st, addr, false);
+      for (int d = 0; d < 2; ++d) {
+        const int gi = cp + d;
+        Acc4 acc{};
+        for (int ks = 0; ks < 2; ++ks) {
+          Frag4 a{};
+          Frag2 bb{};
+          for (int lane = 0; lane < 32; ++lane) {
+            const int g = lane / 4;
+            uint32_t bias[2];
+            for (int r = 0; r < 2; ++r) {
+              const int zoff = Geo::kStageZeros + (g + 8 * r) * G4;
+              const uint32_t zk = G4 == 4 ? load32(st, zoff) : load16(st, zoff);
+              bias[r] = prmt(zk, 0x43u, static_cast<uint32_t>(gi | (4 << 4) | (gi << 8) | (4 << 12)));
+            }
+            for (int reg = 0; reg < 4; ++reg)  // reg 0 / 1: tokens g / g + 8 with r = 0; reg 2 / 3 with r = 1
+              a[lane][reg] = sub_bf16x2(
+                  nibbles_plus_128(w[lane][2 * d + (reg & 1)], attn::key_shift_int4(ks, reg >> 1)), bias[reg & 1]);
+            bb[lane] = qa[lane][2 * gi + ks];
+          }
+          mma_full(acc, a, bb);
+        }
+        for (int lane = 0; lane < 32; ++lane) {
+          for (int i = 0; i < 4; ++i) {
+            const int tok = lane / 4 + 8 * (i >> 1);
+            const uint32_t sw = load32(st, Geo::kStageScales + tok * G4 * 2 + 4 * (gi >> 1));
+            s[lane][i] = std::fma(acc[lane][i], half_to_float(sw, gi & 1), s[lane][i]);
+          }
+        }
+      }
+    }
+    // Softmax per head column (the max over the 8 lanes of a t: shuffles xor 4, 8, 16).
+    std::array<std::array<bool, 2>, 32> valid{};
+    std::array<std::array<float, 2>, 32> tmax{};
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int r = 0; r < 2; ++r) valid[lane][r] = tok0 + lane / 4 + 8 * r < len;
+      for (int i = 0; i < 4; ++i) s[lane][i] = valid[lane][i >> 1] ? s[lane][i] * score_scale : -INFINITY;
+      for (int j = 0; j < 2; ++j) tmax[lane][j] = std::max(s[lane][j], s[lane][2 + j]);
+    }
+    Acc4 p{};
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int j = 0; j < 2; ++j) {
+        float cmax = -INFINITY;
+        for (int u = 0; u < 8; ++u) cmax = std::max(cmax, tmax[4 * u + lane % 4][j]);
+        const float m_new = std::max(m[lane][j], cmax);
+        const float alpha = std::exp2(m[lane][j] - m_new);
+        p[lane][j] = std::exp2(s[lane][j] - m_new);
+        p[lane][2 + j] = std::exp2(s[lane][2 + j] - m_new);
+        l[lane][j] = std::fma(l[lane][j], alpha, p[lane][j] + p[lane][2 + j]);
+        m[lane][j] = m_new;
+        for (auto& x : o[lane]) x[j] *= alpha, x[2 + j] *= alpha;
+      }
+    }
+    // Oᵀ += Vᵀ·P'ᵀ.
+    for (int cp = 0; cp < G4; cp += 2) {
+      for (int lane = 0; lane < 32; ++lane) addr[lane] = Geo::kStageCodeBytes + attn::ldmatrix_pair_offset(lane, cp);
+      const Regs w = ldmatrix_x4(st, addr, true);
+      for (int d = 0; d < 2; ++d) {
+        const int grp = cp + d;
+        std::array<std::array<uint32_t, 32>, 2> x{};
+        std::array<std::array<uint32_t, 2>, 32> bias{};
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, t = lane % 4;
+          for (int r = 0; r < 2; ++r) {
+            const uint32_t sw =
+                load32(st, Geo::kStageScales + Geo::kStageScaleBytes + (g + 8 * r) * G4 * 2 + 4 * (grp >> 1));
+            const float sc = half_to_float(sw, grp & 1);
+            const float p0 = valid[lane][r] ? p[lane][2 * r] * sc : 0.0f;
+            const float p1 = valid[lane][r] ? p[lane][2 * r + 1] * sc : 0.0f;
+            x[r][lane] = pack_bf16x2(p0, p1);
+            const int zoff = Geo::kStageZeros + Geo::kStageZeroBytes + (2 * t + 8 * r) * G4;
+            const uint32_t z0 = load32(st, zoff), z1 = G4 == 4 ? load32(st, zoff + 4) : z0;
+            bias[lane][r] =
+                (prmt(z0, z1, static_cast<uint32_t>(grp | ((G4 + grp) << 8))) & 0x00ff00ffu) | attn::kBf16Magic;
+          }
+        }
+        const std::array<uint32_t, 32> b0 = movmatrix_trans(x[0]), b1 = movmatrix_trans(x[1]);
+        Frag2 bb{};
+        for (int lane = 0; lane < 32; ++lane) bb[lane] = {b0[lane], b1[lane]};
+        for (int j = 0; j < 2; ++j) {
+          const int mt = 2 * grp + j;
+          Frag4 a{};
+          for (int lane = 0; lane < 32; ++lane)
+            for (int reg = 0; reg < 4; ++reg)  // reg 0 / 1: rows g / g + 8 of tokens 2t, 2t+1; reg 2 / 3: tokens + 8
+              a[lane][reg] = sub_bf16x2(
+                  nibbles_plus_128(w[lane][2 * d + (reg >> 1)], attn::value_shift_t(mt, reg & 1)), bias[lane][reg >> 1]);
+          Acc4 acc{};
+          for (int lane = 0; lane < 32; ++lane) acc[lane] = o[lane][mt];
+          mma_full(acc, a, bb);
+          for (int lane = 0; lane < 32; ++lane) o[lane][mt] = acc[lane];
+        }
+      }
+    }
+  }
+  // Warp state into the merge buffers (l summed over the 8 lanes of a t, as the xor-4, 8, 16 butterfly).
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    for (int j = 0; j < 2; ++j) {
+      const int h = 2 * t + j;
+      if (h >= G) continue;
+      float lsum = 0.0f;
+      for (int u = 0; u < 8; ++u) lsum += l[4 * u + t][j];
+      if (g == 0) mg.m[warp * 8 + h] = m[lane][j], mg.l[warp * 8 + h] = lsum;
+      for (int mt = 0; mt < kMT; ++mt)
+        for (int hi = 0; hi < 2; ++hi)
+          mg.o[(static_cast<size_t>(warp) * 8 + h) * kD + attn::value_channel_t(mt, g, hi)] = o[lane][mt][2 * hi + j];
+    }
+  }
+}
+
+// One warp of the BF16 kernel (S = Q·Kᵀ with A rows 8..15 empty).
+template <int kD>
+void emulate_warp_bf16(const PagedKvCase& c, int b, int kvh, int warp, attn::Range tiles, int len, float score_scale,
+                       int G, const std::array<std::array<std::array<uint32_t, 2>, kD / 16>, 32>& qa, Merge& mg) {
+  using Geo = attn::Geometry<false, kD>;
+  constexpr int kKSteps = kD / 16, kNTiles = kD / 8;
+  std::array<float, 32> m, l;
+  m.fill(-INFINITY);
+  l.fill(0.0f);
+  std::array<std::array<std::array<float, 2>, kNTiles>, 32> o{};
+  for (int tile = tiles.begin + warp; tile < tiles.end; tile += attn::kWarps) {
+    const std::vector<uint8_t> st = fill_stage<false, kD>(c, b, kvh, tile, len);
+    const int tok0 = tile * attn::kTile;
+    std::array<int, 32> addr{};
+    std::array<std::array<std::array<float, 2>, 2>, 32> s{};
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      for (int lane = 0; lane < 32; ++lane) addr[lane] = attn::ldmatrix_pair_offset(lane, 2 * ks);
+      const Regs w = ldmatrix_x4(st, addr, false);
+      for (int nt = 0; nt < 2; ++nt) {
+        std::array<uint32_t, 32> a0{}, a2{};
+        std::array<std::array<uint32_t, 2>, 32> bb{};
+        for (int lane = 0; lane < 32; ++lane) {
+          a0[lane] = qa[lane][ks][0], a2[lane] = qa[lane][ks][1];
+          bb[lane] = {w[lane][nt], w[lane][2 + nt]};
+        }
+        Acc2 acc{};
+        for (int lane = 0; lane < 32; ++lane) acc[lane] = s[lane][nt];
+        mma_rows8(acc, a0, a2, bb);
+        for (int lane = 0; lane < 32; ++lane) s[lane][nt] = acc[lane];
+      }
+    }
+    // Online softmax (shuffles over the 4 lanes of a row = lanes 4g .. 4g + 3).
+    std::array<std::array<std::array<float, 2>, 2>, 32> p{};
+    std::array<float, 32> tmax;
+    for (int lane = 0; lane < 32; ++lane) {
+      tmax[lane] = -INFINITY;
+      for (int nt = 0; nt < 2; ++nt)
+        for (int j = 0; j < 2; ++j) {
+          const bool valid = tok0 + attn::score_token(lane % 4, nt, j) < len;
+          s[lane][nt][j] = valid ? s[lane][nt][j] * score_scale : -INFINITY;
+          tmax[lane] = std::max(tmax[lane], s[lane][nt][j]);
+        }
+    }
+    for (int lane = 0; lane < 32; ++lane) {
+      float rmax = -INFINITY;
+      for (int u = 0; u < 4; ++u) rmax = std::max(rmax, tmax[(lane & ~3) + u]);
+      const float m_new = std::max(m[lane], rmax);
+      const float alpha = std::exp2(m[lane] - m_new);
+      float psum = 0.0f;
+      for (int nt = 0; nt < 2; ++nt)
+        for (int j = 0; j < 2; ++j) psum += (p[lane][nt][j] = std::exp2(s[lane][nt][j] - m_new));
+      l[lane] = std::fma(l[lane], alpha, psum);
+      m[lane] = m_new;
+      for (auto& x : o[lane]) x[0] *= alpha, x[1] *= alpha;
+    }
+    // O += P·V.
+    for (int cp = 0; cp < Geo::kRowChunks; cp += 2) {
+      for (int lane = 0; lane < 32; ++lane) addr[lane] = Geo::kStageCodeBytes + attn::ldmatrix_pair_offset(lane, cp);
+      const Regs w = ldmatrix_x4(st, addr, true);
+      for (int d = 0; d < 2; ++d) {
+        const int nt = cp + d;
+        std::array<uint32_t, 32> a0{}, a2{};
+        std::array<std::array<uint32_t, 2>, 32> bb{};
+        for (int lane = 0; lane < 32; ++lane) {
+          a0[lane] = pack_bf16x2(p[lane][0][0], p[lane][0][1]);
+          a2[lane] = pack_bf16x2(p[lane][1][0], p[lane][1][1]);
+          bb[lane] = {w[lane][2 * d], w[lane][2 * d + 1]};
+        }
+        Acc2 acc{};
+        for (int lane = 0; lane < 32; ++lane) acc[lane] = o[lane][nt];
+        mma_rows8(acc, a0, a2, bb);
+        for (int lane = 0; lane < 32; ++lane) o[lane][nt] = acc[lane];
+      }
+    }
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    const int q0 = lane & ~3;  // the kernel's xor-1, xor-2 butterfly
+    const float lsum = (l[q0] + l[q0 + 1]) + (l[q0 + 2] + l[q0 + 3]);
+    if (g >= G) continue;
+    if (t == 0) mg.m[warp * 8 + g] = m[lane], mg.l[warp * 8 + g] = lsum;
+    for (int nt = 0; nt < kNTiles; ++nt)
+      for (int j = 0; j < 2; ++j)
+        mg.o[(static_cast<size_t>(warp) * 8 + g) * kD + attn::value_channel_bf16(nt, 2 * t + j)] = o[lane][nt][j];
+  }
+}
+
 template <bool kInt4, int kD>
 void emulate_cta(const PagedKvCase& c, int b, int kvh, int split, int splits, Outputs& res) {
   using Geo = attn::Geometry<kInt4, kD>;
-  constexpr int kKSteps = kD / 16, kNTiles = kD / 8, G4 = Geo::kGroups;
+  constexpr int kKSteps = kD / 16, G4 = Geo::kGroups;
   const int G = c.n_heads / c.n_kv_heads;
   const int len = std::max(0, std::min(c.seq_lens[static_cast<size_t>(b)], c.max_pages * attn::kPageTokens));
   const attn::Range tiles = attn::split_range(attn::tiles_for(len), splits, split);
   const float score_scale = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(kD)));
   const int64_t head0 = int64_t{b} * c.n_heads + int64_t{kvh} * G;
 
-  // Q fragments, as load_q builds them.
+  // Q fragments, as load_q builds them (the A operand of S for BF16, the B operand of Sᵀ for INT4: one layout).
   std::array<std::array<std::array<uint32_t, 2>, kKSteps>, 32> qa{};
   for (int lane = 0; lane < 32; ++lane) {
     const int g = lane / 4, t = lane % 4;
@@ -254,164 +566,16 @@ void emulate_cta(const PagedKvCase& c, int b, int kvh, int split, int splits, Ou
     }
   }
 
-  std::vector<float> red_m(attn::kWarps * 8, -INFINITY), red_l(attn::kWarps * 8, 0.0f);
-  std::vector<float> red_o(static_cast<size_t>(attn::kWarps) * 8 * kD, 0.0f);
+  Merge mg{std::vector<float>(attn::kWarps * 8, -INFINITY), std::vector<float>(attn::kWarps * 8, 0.0f),
+           std::vector<float>(static_cast<size_t>(attn::kWarps) * 8 * kD, 0.0f)};
   for (int warp = 0; warp < attn::kWarps; ++warp) {
-    std::array<float, 32> m, l;
-    m.fill(-INFINITY);
-    l.fill(0.0f);
-    std::array<std::array<std::array<float, 2>, kNTiles>, 32> o{};
-    for (int tile = tiles.begin + warp; tile < tiles.end; tile += attn::kWarps) {
-      // The stage, as the cp.async schedule fills it.
-      const int32_t page_id = c.block_table[static_cast<size_t>(b) * c.max_pages + tile / attn::kTilesPerPage];
-      const uint8_t* page = c.pool.data() + (int64_t{page_id} * c.n_kv_heads + kvh) * Geo::kPageBytes;
-      const int slot0 = (tile % attn::kTilesPerPage) * attn::kTile, tok0 = tile * attn::kTile;
-      std::vector<uint8_t> st(Geo::kStageBytes);
-      for (int ch = 0; ch < Geo::kStageChunks; ++ch) {
-        const attn::ChunkCopy cc = attn::stage_chunk<kInt4, kD>(ch, slot0);
-        const bool fill = kInt4 || tok0 + cc.row < len;
-        for (int i = 0; i < 16; ++i) st[static_cast<size_t>(cc.dst + i)] = fill ? page[cc.src + i] : 0;
-      }
-      std::array<int, 32> addr{};
-      // Scores.
-      std::array<std::array<std::array<float, 2>, 2>, 32> s{};
-      if constexpr (kInt4) {
-        for (int cp = 0; cp < G4; cp += 2) {
-          for (int lane = 0; lane < 32; ++lane) addr[lane] = attn::ldmatrix_pair_offset(lane, cp);
-          const Regs w = ldmatrix_x4(st, addr, false);
-          for (int d = 0; d < 2; ++d) {
-            const int gi = cp + d;
-            for (int nt = 0; nt < 2; ++nt) {
-              Acc2 acc{};
-              for (int ks = 0; ks < 2; ++ks) {
-                std::array<uint32_t, 32> a0{}, a2{};
-                std::array<std::array<uint32_t, 2>, 32> bb{};
-                for (int lane = 0; lane < 32; ++lane) {
-                  const int g = lane / 4;
-                  const int zoff = Geo::kStageZeros + (8 * nt + g) * G4;
-                  const uint32_t zk = G4 == 4 ? load32(st, zoff) : load16(st, zoff);
-                  const uint32_t bias = prmt(zk, 0x43u, gi | (4 << 4) | (gi << 8) | (4 << 12));
-                  for (int r = 0; r < 2; ++r)
-                    bb[lane][r] = sub_bf16x2(nibbles_plus_128(w[lane][2 * d + nt], attn::key_shift_int4(ks, r)), bias);
-                  a0[lane] = qa[lane][2 * gi + ks][0];
-                  a2[lane] = qa[lane][2 * gi + ks][1];
-                }
-                mma_rows8(acc, a0, a2, bb);
-              }
-              for (int lane = 0; lane < 32; ++lane) {
-                const int t = lane % 4;
-                for (int j = 0; j < 2; ++j) {
-                  const int hi = j * G4 + gi;
-                  const uint32_t sw = load32(st, Geo::kStageScales + (8 * nt + 2 * t) * G4 * 2 + 4 * (hi >> 1));
-                  s[lane][nt][j] = std::fma(acc[lane][j], half_to_float(sw, hi & 1), s[lane][nt][j]);
-                }
-              }
-            }
-          }
-        }
-      } else {
-        for (int ks = 0; ks < kKSteps; ++ks) {
-          for (int lane = 0; lane < 32; ++lane) addr[lane] = attn::ldmatrix_pair_offset(lane, 2 * ks);
-          const Regs w = ldmatrix_x4(st, addr, false);
-          for (int nt = 0; nt < 2; ++nt) {
-            std::array<uint32_t, 32> a0{}, a2{};
-            std::array<std::array<uint32_t, 2>, 32> bb{};
-            for (int lane = 0; lane < 32; ++lane) {
-              a0[lane] = qa[lane][ks][0], a2[lane] = qa[lane][ks][1];
-              bb[lane] = {w[lane][nt], w[lane][2 + nt]};
-            }
-            Acc2 acc{};
-            for (int lane = 0; lane < 32; ++lane) acc[lane] = s[lane][nt];
-            mma_rows8(acc, a0, a2, bb);
-            for (int lane = 0; lane < 32; ++lane) s[lane][nt] = acc[lane];
-          }
-        }
-      }
-      // Online softmax (shuffles over the 4 lanes of a row = lanes 4g .. 4g + 3).
-      std::array<std::array<std::array<float, 2>, 2>, 32> p{};
-      std::array<std::array<std::array<bool, 2>, 2>, 32> valid{};
-      std::array<float, 32> tmax;
-      for (int lane = 0; lane < 32; ++lane) {
-        tmax[lane] = -INFINITY;
-        for (int nt = 0; nt < 2; ++nt)
-          for (int j = 0; j < 2; ++j) {
-            valid[lane][nt][j] = tok0 + attn::score_token(lane % 4, nt, j) < len;
-            s[lane][nt][j] = valid[lane][nt][j] ? s[lane][nt][j] * score_scale : -INFINITY;
-            tmax[lane] = std::max(tmax[lane], s[lane][nt][j]);
-          }
-      }
-      for (int lane = 0; lane < 32; ++lane) {
-        float rmax = -INFINITY;
-        for (int u = 0; u < 4; ++u) rmax = std::max(rmax, tmax[(lane & ~3) + u]);
-        const float m_new = std::max(m[lane], rmax);
-        const float alpha = std::exp2(m[lane] - m_new);
-        float psum = 0.0f;
-        for (int nt = 0; nt < 2; ++nt)
-          for (int j = 0; j < 2; ++j) psum += (p[lane][nt][j] = std::exp2(s[lane][nt][j] - m_new));
-        l[lane] = std::fma(l[lane], alpha, psum);
-        m[lane] = m_new;
-        for (auto& x : o[lane]) x[0] *= alpha, x[1] *= alpha;
-      }
-      // O += P'·V.
-      const int vcodes = Geo::kStageCodeBytes;
-      for (int cp = 0; cp < (kInt4 ? G4 : Geo::kRowChunks); cp += 2) {
-        for (int lane = 0; lane < 32; ++lane) addr[lane] = vcodes + attn::ldmatrix_pair_offset(lane, cp);
-        const Regs w = ldmatrix_x4(st, addr, true);
-        for (int d = 0; d < 2; ++d) {
-          for (int i = 0; i < (kInt4 ? 4 : 1); ++i) {
-            const int nt = kInt4 ? 4 * (cp + d) + i : cp + d;
-            std::array<uint32_t, 32> a0{}, a2{};
-            std::array<std::array<uint32_t, 2>, 32> bb{};
-            for (int lane = 0; lane < 32; ++lane) {
-              const int t = lane % 4;
-              if constexpr (kInt4) {
-                const int grp = cp + d;
-                uint32_t a[2], bias[2];
-                for (int r = 0; r < 2; ++r) {
-                  float ps[2];
-                  for (int h = 0; h < 2; ++h) {
-                    const int hi = h * G4 + grp;
-                    const uint32_t sw = load32(
-                        st, Geo::kStageScales + Geo::kStageScaleBytes + (2 * t + 8 * r) * G4 * 2 + 4 * (hi >> 1));
-                    ps[h] = valid[lane][r][h] ? p[lane][r][h] * half_to_float(sw, hi & 1) : 0.0f;
-                  }
-                  a[r] = pack_bf16x2(ps[0], ps[1]);
-                  const int zoff = Geo::kStageZeros + Geo::kStageZeroBytes + (2 * t + 8 * r) * G4;
-                  const uint32_t z0 = load32(st, zoff), z1 = G4 == 4 ? load32(st, zoff + 4) : z0;
-                  bias[r] =
-                      (prmt(z0, z1, static_cast<uint32_t>(grp | ((G4 + grp) << 8))) & 0x00ff00ffu) | attn::kBf16Magic;
-                }
-                a0[lane] = a[0], a2[lane] = a[1];
-                for (int r = 0; r < 2; ++r)
-                  bb[lane][r] = sub_bf16x2(nibbles_plus_128(w[lane][2 * d + r], attn::value_shift_int4(i)), bias[r]);
-              } else {
-                a0[lane] = pack_bf16x2(p[lane][0][0], p[lane][0][1]);
-                a2[lane] = pack_bf16x2(p[lane][1][0], p[lane][1][1]);
-                bb[lane] = {w[lane][2 * d], w[lane][2 * d + 1]};
-              }
-            }
-            Acc2 acc{};
-            for (int lane = 0; lane < 32; ++lane) acc[lane] = o[lane][nt];
-            mma_rows8(acc, a0, a2, bb);
-            for (int lane = 0; lane < 32; ++lane) o[lane][nt] = acc[lane];
-          }
-        }
-      }
-    }
-    // Warp state into the merge buffers.
-    for (int lane = 0; lane < 32; ++lane) {
-      const int g = lane / 4, t = lane % 4;
-      const int q0 = lane & ~3;  // the kernel's xor-1, xor-2 butterfly
-      const float lsum = (l[q0] + l[q0 + 1]) + (l[q0 + 2] + l[q0 + 3]);
-      if (g >= G) continue;
-      if (t == 0) red_m[warp * 8 + g] = m[lane], red_l[warp * 8 + g] = lsum;
-      for (int nt = 0; nt < kNTiles; ++nt)
-        for (int j = 0; j < 2; ++j) {
-          const int ch = kInt4 ? attn::value_channel_int4(nt, 2 * t + j) : attn::value_channel_bf16(nt, 2 * t + j);
-          red_o[(static_cast<size_t>(warp) * 8 + g) * kD + ch] = o[lane][nt][j];
-        }
+    if constexpr (kInt4) {
+      emulate_warp_int4<kD>(c, b, kvh, warp, tiles, len, score_scale, G, qa, mg);
+    } else {
+      emulate_warp_bf16<kD>(c, b, kvh, warp, tiles, len, score_scale, G, qa, mg);
     }
   }
+  const std::vector<float>&red_m = mg.m, &red_l = mg.l, &red_o = mg.o;
   for (int h = 0; h < G; ++h) {
     float mx = -INFINITY;
     for (int w = 0; w < attn::kWarps; ++w) mx = std::max(mx, red_m[w * 8 + h]);

@@ -321,10 +321,11 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
       meta_src = c0.src, meta_dst = c0.dst, meta_slot_mul = c1.src - c0.src;
     }
   }
-  // Tile k of this warp into ring stage `stage` (= k % kStages).
-  auto issue = [&](int k, int stage) {
+  // The page id of this warp's tile k (the block table is a pass input no kernel writes).
+  auto page_of = [&](int k) { return __ldg(bt + static_cast<unsigned>(first + k * kWarps) / kTilesPerPage); };
+  // Tile k of this warp, on page page_id, into ring stage `stage` (= k % kStages).
+  auto issue_at = [&](int k, int stage, int page_id) {
     const unsigned tile = static_cast<unsigned>(first + k * kWarps);
-    const int page_id = __ldg(bt + tile / kTilesPerPage);
     const uint8_t* page = args.pool + (int64_t{page_id} * args.n_kv_heads + kvh) * Geo::kPageBytes;
     const int slot0 = static_cast<int>(tile % kTilesPerPage) * kTile;
     const uint32_t dst = ring_s + static_cast<uint32_t>(stage * Geo::kStageBytes);
@@ -346,6 +347,7 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
       }
     }
   };
+  auto issue = [&](int k, int stage) { issue_at(k, stage, page_of(k)); };
 
   const int64_t head0 = int64_t{b} * args.n_heads + int64_t{kvh} * G;  // the CTA's first query head
   uint32_t qa[T::kKSteps][2];
@@ -426,10 +428,13 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
   }
 
   // The ring: tile k sits in stage k % kStages; `stage` follows the tile being read, `fill` the one being issued.
+  // The page id of the next tile to issue is loaded one iteration ahead, so its latency never stalls the loop.
   int stage = 0, fill = Geo::kStages - 1;
+  int fill_page = Geo::kStages - 1 < n_mine ? page_of(Geo::kStages - 1) : 0;
   auto next_stage = [](int x) { return x + 1 == Geo::kStages ? 0 : x + 1; };
   auto wait_tile = [&](int k) {
-    if (k + Geo::kStages - 1 < n_mine) issue(k + Geo::kStages - 1, fill);
+    if (k + Geo::kStages - 1 < n_mine) issue_at(k + Geo::kStages - 1, fill, fill_page);
+    if (k + Geo::kStages < n_mine) fill_page = page_of(k + Geo::kStages);
     fill = next_stage(fill);
     ptx::cp_async_commit_group();
     if (k == deferred) {

@@ -290,9 +290,6 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
     attention_decode_kernel(const DecodeArgs args, const fused::QkvArgs pro) {
   using Geo = Geometry<kInt4, kD>;
   using T = Tile<kInt4, kD>;
-  // Tiles in flight ahead of the one being read: INT4 reads its tiles in pairs (one softmax per 32 tokens), so the
-  // ring keeps one stage more than the lead for the pair's second tile.
-  constexpr int kLead = kInt4 ? Geo::kStages - 2 : Geo::kStages - 1;
   constexpr bool kPro = kP != Prologue::kNone;
   constexpr formats::KvFormat kFormat =
       kP == Prologue::kInt4Hadamard ? formats::KvFormat::INT4_HADAMARD : formats::KvFormat::INT4;
@@ -362,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
   int deferred = -1;
   if (early) {
 #pragma unroll
-    for (int k = 0; k < kLead; ++k) {
+    for (int k = 0; k < Geo::kStages - 1; ++k) {
       if (k < n_mine) {
         if (first + k * kWarps == new_tile) {
           deferred = k;
@@ -424,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
     ptx::cp_async_commit_group();  // every thread: the main loop's wait count stays uniform
   } else {
 #pragma unroll
-    for (int k = 0; k < kLead; ++k) {
+    for (int k = 0; k < Geo::kStages - 1; ++k) {
       if (k < n_mine) issue(k, k);
       ptx::cp_async_commit_group();  // empty groups keep the wait count below uniform
     }
@@ -432,19 +429,18 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
 
   // The ring: tile k sits in stage k % kStages; `stage` follows the tile being read, `fill` the one being issued.
   // The page id of the next tile to issue is loaded one iteration ahead, so its latency never stalls the loop.
-  int stage = 0, fill = kLead;
-  int fill_page = kLead < n_mine ? page_of(kLead) : 0;
+  int stage = 0, fill = Geo::kStages - 1;
+  int fill_page = Geo::kStages - 1 < n_mine ? page_of(Geo::kStages - 1) : 0;
   auto next_stage = [](int x) { return x + 1 == Geo::kStages ? 0 : x + 1; };
-  // Issue tile k + kLead (into the stage of tile k + kLead - kStages, already read), then wait for tile k.
   auto wait_tile = [&](int k) {
-    if (k + kLead < n_mine) issue_at(k + kLead, fill, fill_page);
-    if (k + kLead + 1 < n_mine) fill_page = page_of(k + kLead + 1);
+    if (k + Geo::kStages - 1 < n_mine) issue_at(k + Geo::kStages - 1, fill, fill_page);
+    if (k + Geo::kStages < n_mine) fill_page = page_of(k + Geo::kStages);
     fill = next_stage(fill);
     ptx::cp_async_commit_group();
     if (k == deferred) {
       ptx::cp_async_wait_group<0>();  // the deferred tile went into a later group (it is the warp's last tile)
     } else {
-      ptx::cp_async_wait_group<kLead>();  // this lane's chunks of tile k have landed
+      ptx::cp_async_wait_group<Geo::kStages - 1>();  // this lane's chunks of tile k have landed
     }
     __syncwarp();  // ... and every other lane's
   };
@@ -459,53 +455,35 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
     float o[I::kMTiles][4];
 #pragma unroll
     for (int mt = 0; mt < I::kMTiles; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
-    for (int k = 0; k < n_mine; k += 2) {
-      const bool two = k + 1 < n_mine;  // warp-uniform
+    for (int k = 0; k < n_mine; ++k) {
       wait_tile(k);
-      if (two) wait_tile(k + 1);
-      const int stage1 = next_stage(stage);
-      const unsigned char* st0 = ring + stage * Geo::kStageBytes;
-      const unsigned char* st1 = ring + stage1 * Geo::kStageBytes;
-      const uint32_t st0_s = ring_s + static_cast<uint32_t>(stage * Geo::kStageBytes);
-      const uint32_t st1_s = ring_s + static_cast<uint32_t>(stage1 * Geo::kStageBytes);
-      const int tok0 = (first + k * kWarps) * kTile, tok1 = tok0 + kWarps * kTile;
-      // The two tiles' scores are independent: computing both before the softmax gives the warp two chains.
-      float s[2][4];
-      I::scores(st0, st0_s, lane, qa, s[0]);
-      if (two) {
-        I::scores(st1, st1_s, lane, qa, s[1]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[1][i] = 0.0f;  // masked below
-      }
-      // Online softmax per head column over the pair's 32 tokens (every processed tile holds a valid token).
-      const bool valid[2][2] = {{tok0 + g < len, tok0 + g + 8 < len}, {two && tok1 + g < len, two && tok1 + g + 8 < len}};
+      const unsigned char* st = ring + stage * Geo::kStageBytes;
+      const uint32_t st_s = ring_s + static_cast<uint32_t>(stage * Geo::kStageBytes);
+      const int tok0 = (first + k * kWarps) * kTile;
+      float s[4];
+      I::scores(st, st_s, lane, qa, s);
+      // Online softmax per head column over the tile's 16 tokens (every processed tile holds a valid token).
+      const bool valid[2] = {tok0 + g < len, tok0 + g + 8 < len};
       float tmax[2];
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[u][i] = valid[u][i >> 1] ? s[u][i] * args.score_scale : kNegInf;
-      }
+      for (int i = 0; i < 4; ++i) s[i] = valid[i >> 1] ? s[i] * args.score_scale : kNegInf;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        tmax[j] = fmaxf(fmaxf(s[0][j], s[0][2 + j]), fmaxf(s[1][j], s[1][2 + j]));
+        tmax[j] = fmaxf(s[j], s[2 + j]);
 #pragma unroll
         for (int x = 4; x < kWarpSize; x *= 2) tmax[j] = fmaxf(tmax[j], __shfl_xor_sync(0xffffffffu, tmax[j], x));
       }
-      float alpha[2], p[2][4];
+      float alpha[2], p[4];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const float m_new = fmaxf(m[j], tmax[j]);
-        alpha[j] = ptx::ex2_approx(m[j] - m_new);  // 0 on the first pair (m = -inf)
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          p[u][j] = ptx::ex2_approx(s[u][j] - m_new);
-          p[u][2 + j] = ptx::ex2_approx(s[u][2 + j] - m_new);
-        }
-        l[j] = fmaf(l[j], alpha[j], (p[0][j] + p[0][2 + j]) + (p[1][j] + p[1][2 + j]));
+        alpha[j] = ptx::ex2_approx(m[j] - m_new);  // 0 on the first tile (m = -inf)
+        p[j] = ptx::ex2_approx(s[j] - m_new);
+        p[2 + j] = ptx::ex2_approx(s[2 + j] - m_new);
+        l[j] = fmaf(l[j], alpha[j], p[j] + p[2 + j]);
         m[j] = m_new;
       }
-      // Once the running maxima settle, most pairs leave every alpha at exactly 1 (ex2 of 0): skipping the
+      // Once the running maxima settle, most tiles leave every alpha at exactly 1 (ex2 of 0): skipping the
       // multiplications then changes no bit.
       if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
@@ -514,10 +492,9 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
           for (int i = 0; i < 4; ++i) o[mt][i] *= alpha[i & 1];
         }
       }
-      I::accumulate(st0, st0_s, lane, p[0], valid[0], o);
-      if (two) I::accumulate(st1, st1_s, lane, p[1], valid[1], o);
-      __syncwarp();  // every lane is done with these stages before a later issue overwrites them
-      stage = next_stage(stage1);
+      I::accumulate(st, st_s, lane, p, valid, o);
+      __syncwarp();  // every lane is done with this stage before a later issue overwrites it
+      stage = next_stage(stage);
     }
     ptx::cp_async_wait_group<0>();  // only empty groups can be left; leave none behind
 #pragma unroll

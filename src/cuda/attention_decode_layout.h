@@ -96,7 +96,7 @@ struct Geometry {
   static_assert(kStageBytes % kChunk == 0 && kStageScaleBytes % kChunk == 0 && kStageZeroBytes % kChunk == 0);
   // Pipeline depth: about 10-12 KB of stages per warp for INT4 (several tiles in flight), 3-4 stages of the
   // 4-8 KB BF16 tiles (the ring must still leave room for two CTAs per SM).
-  static constexpr int kStages = kInt4 ? (kD == 128 ? 6 : 8) : (kD == 128 ? 3 : 4);
+  static constexpr int kStages = kInt4 ? (kD == 128 ? 5 : 8) : (kD == 128 ? 3 : 4);
   // Register cap for __launch_bounds__: the head_dim 128 instances need up to ~168 registers (three CTAs per SM:
   // still 12 warps and over 100 KB of copies in flight per SM), the head_dim 64 ones fit in 128 (four CTAs).
   static constexpr int kMinCtasPerSm = kD == 128 ? 3 : 4;

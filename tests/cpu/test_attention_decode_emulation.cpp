@@ -321,8 +321,8 @@ std::vector<uint8_t> fill_stage(const PagedKvCase& c, int b, int kvh, int tile, 
   return st;
 }
 
-// One warp of the INT4 kernel (transposed products, attention_decode_layout.h): Sᵀ = K·Qᵀ, softmax per head column
-// over a pair of tiles, Oᵀ += Vᵀ·P'ᵀ with P' moved into the B layout by movmatrix.
+// One warp of the INT4 kernel (transposed products, attention_decode_layout.h): Sᵀ = K·Qᵀ, softmax per head column,
+// Oᵀ += Vᵀ·P'ᵀ with P' moved into the B layout by movmatrix.
 template <int kD>
 void emulate_warp_int4(const PagedKvCase& c, int b, int kvh, int warp, attn::Range tiles, int len, float score_scale,
                        int G, const std::array<std::array<std::array<uint32_t, 2>, kD / 16>, 32>& qa, Merge& mg) {
@@ -332,117 +332,103 @@ void emulate_warp_int4(const PagedKvCase& c, int b, int kvh, int warp, attn::Ran
   for (auto& x : m) x = {-INFINITY, -INFINITY};
   for (auto& x : l) x = {0.0f, 0.0f};
   std::array<std::array<std::array<float, 4>, kMT>, 32> o{};
-  // The warp's tiles in pairs (tile, tile + kWarps): scores of both, one softmax over the 32 tokens, then P'·V of both.
-  for (int tile = tiles.begin + warp; tile < tiles.end; tile += 2 * attn::kWarps) {
-    const int n_pair = tile + attn::kWarps < tiles.end ? 2 : 1;
-    std::array<std::vector<uint8_t>, 2> st;
-    std::array<Acc4, 2> s{};
-    std::array<std::array<std::array<bool, 2>, 32>, 2> valid{};
+  for (int tile = tiles.begin + warp; tile < tiles.end; tile += attn::kWarps) {
+    const std::vector<uint8_t> st = fill_stage<true, kD>(c, b, kvh, tile, len);
+    const int tok0 = tile * attn::kTile;
     std::array<int, 32> addr{};
-    for (int u = 0; u < n_pair; ++u) {
-      const int tu = tile + u * attn::kWarps;
-      st[u] = fill_stage<true, kD>(c, b, kvh, tu, len);
-      for (int cp = 0; cp < G4; cp += 2) {
-        for (int lane = 0; lane < 32; ++lane) addr[lane] = attn::ldmatrix_pair_offset(lane, cp);
-        const Regs w = ldmatrix_x4(st[u], addr, false);
-        for (int d = 0; d < 2; ++d) {
-          const int gi = cp + d;
-          Acc4 acc{};
-          for (int ks = 0; ks < 2; ++ks) {
-            Frag4 a{};
-            Frag2 bb{};
-            for (int lane = 0; lane < 32; ++lane) {
-              const int g = lane / 4;
-              uint32_t bias[2];
-              for (int r = 0; r < 2; ++r) {
-                const int zoff = Geo::kStageZeros + (g + 8 * r) * G4;
-                const uint32_t zk = G4 == 4 ? load32(st[u], zoff) : load16(st[u], zoff);
-                bias[r] = prmt(zk, 0x43u, static_cast<uint32_t>(gi | (4 << 4) | (gi << 8) | (4 << 12)));
-              }
-              for (int reg = 0; reg < 4; ++reg)  // reg 0 / 1: tokens g / g + 8 with r = 0; reg 2 / 3 with r = 1
-                a[lane][reg] = sub_bf16x2(
-                    nibbles_plus_128(w[lane][2 * d + (reg & 1)], attn::key_shift_int4(ks, reg >> 1)), bias[reg & 1]);
-              bb[lane] = qa[lane][2 * gi + ks];
-            }
-            mma_full(acc, a, bb);
-          }
+    Acc4 s{};
+    for (int cp = 0; cp < G4; cp += 2) {
+      for (int lane = 0; lane < 32; ++lane) addr[lane] = attn::ldmatrix_pair_offset(lane, cp);
+      const Regs w = ldmatrix_x4(st, addr, false);
+      for (int d = 0; d < 2; ++d) {
+        const int gi = cp + d;
+        Acc4 acc{};
+        for (int ks = 0; ks < 2; ++ks) {
+          Frag4 a{};
+          Frag2 bb{};
           for (int lane = 0; lane < 32; ++lane) {
-            for (int i = 0; i < 4; ++i) {
-              const int tok = lane / 4 + 8 * (i >> 1);
-              const uint32_t sw = load32(st[u], Geo::kStageScales + tok * G4 * 2 + 4 * (gi >> 1));
-              s[u][lane][i] = std::fma(acc[lane][i], half_to_float(sw, gi & 1), s[u][lane][i]);
+            const int g = lane / 4;
+            uint32_t bias[2];
+            for (int r = 0; r < 2; ++r) {
+              const int zoff = Geo::kStageZeros + (g + 8 * r) * G4;
+              const uint32_t zk = G4 == 4 ? load32(st, zoff) : load16(st, zoff);
+              bias[r] = prmt(zk, 0x43u, static_cast<uint32_t>(gi | (4 << 4) | (gi << 8) | (4 << 12)));
             }
+            for (int reg = 0; reg < 4; ++reg)  // reg 0 / 1: tokens g / g + 8 with r = 0; reg 2 / 3 with r = 1
+              a[lane][reg] = sub_bf16x2(
+                  nibbles_plus_128(w[lane][2 * d + (reg & 1)], attn::key_shift_int4(ks, reg >> 1)), bias[reg & 1]);
+            bb[lane] = qa[lane][2 * gi + ks];
+          }
+          mma_full(acc, a, bb);
+        }
+        for (int lane = 0; lane < 32; ++lane) {
+          for (int i = 0; i < 4; ++i) {
+            const int tok = lane / 4 + 8 * (i >> 1);
+            const uint32_t sw = load32(st, Geo::kStageScales + tok * G4 * 2 + 4 * (gi >> 1));
+            s[lane][i] = std::fma(acc[lane][i], half_to_float(sw, gi & 1), s[lane][i]);
           }
         }
       }
-      for (int lane = 0; lane < 32; ++lane)
-        for (int r = 0; r < 2; ++r) valid[u][lane][r] = tu * attn::kTile + lane / 4 + 8 * r < len;
     }
-    // Softmax per head column over the pair (the max over the 8 lanes of a t: shuffles xor 4, 8, 16).
+    // Softmax per head column (the max over the 8 lanes of a t: shuffles xor 4, 8, 16).
+    std::array<std::array<bool, 2>, 32> valid{};
     std::array<std::array<float, 2>, 32> tmax{};
     for (int lane = 0; lane < 32; ++lane) {
-      for (int u = 0; u < 2; ++u)
-        for (int i = 0; i < 4; ++i) s[u][lane][i] = valid[u][lane][i >> 1] ? s[u][lane][i] * score_scale : -INFINITY;
-      for (int j = 0; j < 2; ++j)
-        tmax[lane][j] = std::max(std::max(s[0][lane][j], s[0][lane][2 + j]), std::max(s[1][lane][j], s[1][lane][2 + j]));
+      for (int r = 0; r < 2; ++r) valid[lane][r] = tok0 + lane / 4 + 8 * r < len;
+      for (int i = 0; i < 4; ++i) s[lane][i] = valid[lane][i >> 1] ? s[lane][i] * score_scale : -INFINITY;
+      for (int j = 0; j < 2; ++j) tmax[lane][j] = std::max(s[lane][j], s[lane][2 + j]);
     }
-    std::array<Acc4, 2> p{};
+    Acc4 p{};
     for (int lane = 0; lane < 32; ++lane) {
       for (int j = 0; j < 2; ++j) {
         float cmax = -INFINITY;
         for (int u = 0; u < 8; ++u) cmax = std::max(cmax, tmax[4 * u + lane % 4][j]);
         const float m_new = std::max(m[lane][j], cmax);
         const float alpha = std::exp2(m[lane][j] - m_new);
-        for (int u = 0; u < 2; ++u) {
-          p[u][lane][j] = std::exp2(s[u][lane][j] - m_new);
-          p[u][lane][2 + j] = std::exp2(s[u][lane][2 + j] - m_new);
-        }
-        l[lane][j] =
-            std::fma(l[lane][j], alpha, (p[0][lane][j] + p[0][lane][2 + j]) + (p[1][lane][j] + p[1][lane][2 + j]));
+        p[lane][j] = std::exp2(s[lane][j] - m_new);
+        p[lane][2 + j] = std::exp2(s[lane][2 + j] - m_new);
+        l[lane][j] = std::fma(l[lane][j], alpha, p[lane][j] + p[lane][2 + j]);
         m[lane][j] = m_new;
         for (auto& x : o[lane]) x[j] *= alpha, x[2 + j] *= alpha;
       }
     }
-    // Oᵀ += Vᵀ·P'ᵀ, tile by tile.
-    for (int u = 0; u < n_pair; ++u) {
-      for (int cp = 0; cp < G4; cp += 2) {
-        for (int lane = 0; lane < 32; ++lane)
-          addr[lane] = Geo::kStageCodeBytes + attn::ldmatrix_pair_offset(lane, cp);
-        const Regs w = ldmatrix_x4(st[u], addr, true);
-        for (int d = 0; d < 2; ++d) {
-          const int grp = cp + d;
-          std::array<std::array<uint32_t, 32>, 2> x{};
-          std::array<std::array<uint32_t, 2>, 32> bias{};
-          for (int lane = 0; lane < 32; ++lane) {
-            const int g = lane / 4, t = lane % 4;
-            for (int r = 0; r < 2; ++r) {
-              const uint32_t sw =
-                  load32(st[u], Geo::kStageScales + Geo::kStageScaleBytes + (g + 8 * r) * G4 * 2 + 4 * (grp >> 1));
-              const float sc = half_to_float(sw, grp & 1);
-              const float p0 = valid[u][lane][r] ? p[u][lane][2 * r] * sc : 0.0f;
-              const float p1 = valid[u][lane][r] ? p[u][lane][2 * r + 1] * sc : 0.0f;
-              x[r][lane] = pack_bf16x2(p0, p1);
-              const int zoff = Geo::kStageZeros + Geo::kStageZeroBytes + (2 * t + 8 * r) * G4;
-              const uint32_t z0 = load32(st[u], zoff), z1 = G4 == 4 ? load32(st[u], zoff + 4) : z0;
-              bias[lane][r] =
-                  (prmt(z0, z1, static_cast<uint32_t>(grp | ((G4 + grp) << 8))) & 0x00ff00ffu) | attn::kBf16Magic;
-            }
+    // Oᵀ += Vᵀ·P'ᵀ.
+    for (int cp = 0; cp < G4; cp += 2) {
+      for (int lane = 0; lane < 32; ++lane) addr[lane] = Geo::kStageCodeBytes + attn::ldmatrix_pair_offset(lane, cp);
+      const Regs w = ldmatrix_x4(st, addr, true);
+      for (int d = 0; d < 2; ++d) {
+        const int grp = cp + d;
+        std::array<std::array<uint32_t, 32>, 2> x{};
+        std::array<std::array<uint32_t, 2>, 32> bias{};
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, t = lane % 4;
+          for (int r = 0; r < 2; ++r) {
+            const uint32_t sw =
+                load32(st, Geo::kStageScales + Geo::kStageScaleBytes + (g + 8 * r) * G4 * 2 + 4 * (grp >> 1));
+            const float sc = half_to_float(sw, grp & 1);
+            const float p0 = valid[lane][r] ? p[lane][2 * r] * sc : 0.0f;
+            const float p1 = valid[lane][r] ? p[lane][2 * r + 1] * sc : 0.0f;
+            x[r][lane] = pack_bf16x2(p0, p1);
+            const int zoff = Geo::kStageZeros + Geo::kStageZeroBytes + (2 * t + 8 * r) * G4;
+            const uint32_t z0 = load32(st, zoff), z1 = G4 == 4 ? load32(st, zoff + 4) : z0;
+            bias[lane][r] =
+                (prmt(z0, z1, static_cast<uint32_t>(grp | ((G4 + grp) << 8))) & 0x00ff00ffu) | attn::kBf16Magic;
           }
-          const std::array<uint32_t, 32> b0 = movmatrix_trans(x[0]), b1 = movmatrix_trans(x[1]);
-          Frag2 bb{};
-          for (int lane = 0; lane < 32; ++lane) bb[lane] = {b0[lane], b1[lane]};
-          for (int j = 0; j < 2; ++j) {
-            const int mt = 2 * grp + j;
-            Frag4 a{};
-            for (int lane = 0; lane < 32; ++lane)
-              for (int reg = 0; reg < 4; ++reg)  // reg 0 / 1: rows g / g + 8 of tokens 2t, 2t+1; reg 2 / 3: tokens + 8
-                a[lane][reg] = sub_bf16x2(nibbles_plus_128(w[lane][2 * d + (reg >> 1)], attn::value_shift_t(mt, reg & 1)),
-                                          bias[lane][reg >> 1]);
-            Acc4 acc{};
-            for (int lane = 0; lane < 32; ++lane) acc[lane] = o[lane][mt];
-            mma_full(acc, a, bb);
-            for (int lane = 0; lane < 32; ++lane) o[lane][mt] = acc[lane];
-          }
+        }
+        const std::array<uint32_t, 32> b0 = movmatrix_trans(x[0]), b1 = movmatrix_trans(x[1]);
+        Frag2 bb{};
+        for (int lane = 0; lane < 32; ++lane) bb[lane] = {b0[lane], b1[lane]};
+        for (int j = 0; j < 2; ++j) {
+          const int mt = 2 * grp + j;
+          Frag4 a{};
+          for (int lane = 0; lane < 32; ++lane)
+            for (int reg = 0; reg < 4; ++reg)  // reg 0 / 1: rows g / g + 8 of tokens 2t, 2t+1; reg 2 / 3: tokens + 8
+              a[lane][reg] = sub_bf16x2(
+                  nibbles_plus_128(w[lane][2 * d + (reg >> 1)], attn::value_shift_t(mt, reg & 1)), bias[lane][reg >> 1]);
+          Acc4 acc{};
+          for (int lane = 0; lane < 32; ++lane) acc[lane] = o[lane][mt];
+          mma_full(acc, a, bb);
+          for (int lane = 0; lane < 32; ++lane) o[lane][mt] = acc[lane];
         }
       }
     }

@@ -7,9 +7,12 @@
 // - Each warp streams its tiles through a private ring of kStages shared-memory stages with cp.async (16-byte
 //   chunks; no L2 evict-first hint: it faulted on the H200, see docs/kernels.md). Only the warp's own lanes read
 //   a stage, so the main loop synchronises with __syncwarp, never with the whole CTA.
-// - S = Q·Kᵀ and O += P·V are mma.m16n8k16 (bf16 in, fp32 accumulate). INT4 codes become exact integers
+// - mma.m16n8k16 (bf16 in, fp32 accumulate). BF16 cache: S = Q·Kᵀ and O += P·V (Q and P the A operand, rows 8..15
+//   empty). INT4 cache: the transposed products Sᵀ = K·Qᵀ and Oᵀ += Vᵀ·P'ᵀ (Int4Tile), the codes as the 16-row A
+//   operand and the query heads as the n = 8 columns, so no mma row is empty. INT4 codes become exact integers
 //   u − z in bf16 registers (lop3 magic number, one bf16x2 subtract); key scales multiply the per-group fp32
-//   partial scores, value scales are folded into P (rounded once to bf16 with it).
+//   partial scores, value scales are folded into P (rounded once to bf16 with it; movmatrix turns P' from Sᵀ's
+//   accumulator layout into Oᵀ's B layout).
 // - The end merges the warps through shared memory (log-sum-exp). One split writes BF16; several write the
 //   normalised partial O and its log2-sum-exp, merged by attention_decode_combine_kernel in split order: the
 //   result is deterministic. The combine can also un-rotate an int4-hadamard output (attention_decode_int4_unrotated),

@@ -117,7 +117,10 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   t.warps = kCtaWarps;  // equal on the host (tiling_is_valid, v4_kernel_any); constants fold smem_layout
   t.stages = kRing;
   const int K = args.K, group = args.group;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31;
+  // Broadcast from lane 0 so the compiler knows the warp index, and all that follows from it (the warp's K steps and
+  // loop bounds), is warp-uniform: it keeps them in uniform registers.
+  const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
   const int wn = warp % t.warps_n, wk = warp / t.warps_n;
 
   const int group_shift = __ffs(group) - 1;  // group is 32, 64 or 128

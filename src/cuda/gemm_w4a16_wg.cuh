@@ -111,7 +111,10 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
   t.warps = kWarps;  // the warpgroup path runs 8-warp CTAs only (tiling_is_valid)
   t.stages = kRing;
   const int K = args.K, group = args.group;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31;
+  // Broadcast from lane 0 so the compiler knows the warp index, and all that follows from it (the warp's K steps,
+  // the loop bounds, the panel descriptors), is warp-uniform: it keeps them in uniform registers.
+  const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
   const int wn = warp % t.warps_n, wk = warp / t.warps_n;
 
   const int group_shift = __ffs(group) - 1;

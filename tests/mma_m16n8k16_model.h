@@ -3,6 +3,7 @@
 // against it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "futransformer/dtype.h"
@@ -23,6 +24,37 @@ inline float lo_f(uint32_t v) { return bf16_to_f32(static_cast<uint16_t>(v & 0xf
 inline float hi_f(uint32_t v) { return bf16_to_f32(static_cast<uint16_t>(v >> 16)); }
 inline uint32_t pack_bf16x2(float lo, float hi) {
   return f32_to_bf16(lo) | (static_cast<uint32_t>(f32_to_bf16(hi)) << 16);
+}
+
+// Every lane's registers of one mma: A (4 per lane), B (2), C / D (4 fp32).
+using Acc = std::array<std::array<float, 4>, 32>;
+using AFrag = std::array<std::array<uint32_t, 4>, 32>;
+using BFrag = std::array<std::array<uint32_t, 2>, 32>;
+
+// mma.m16n8k16 bf16 -> fp32: d += A·B through the PTX fragment tables (each dot product of 16 exact products summed in
+// double, rounded once to float, then added to the accumulator).
+inline void mma(Acc& d, const AFrag& a, const BFrag& b) {
+  float A[16][16] = {}, B[16][8] = {};
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int h = 0; h < 2; ++h) {
+      for (int r = 0; r < 4; ++r) {
+        const RC rc = ptx_a(lane, r, h);
+        A[rc.r][rc.c] = h ? hi_f(a[lane][r]) : lo_f(a[lane][r]);
+      }
+      for (int r = 0; r < 2; ++r) {
+        const RC kn = ptx_b(lane, r, h);
+        B[kn.r][kn.c] = h ? hi_f(b[lane][r]) : lo_f(b[lane][r]);
+      }
+    }
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int i = 0; i < 4; ++i) {
+      const RC rc = ptx_c(lane, i);
+      double s = 0.0;
+      for (int k = 0; k < 16; ++k) s += static_cast<double>(A[rc.r][k]) * B[k][rc.c];
+      d[lane][i] += static_cast<float>(s);
+    }
+  }
 }
 
 }  // namespace futransformer::test::mma

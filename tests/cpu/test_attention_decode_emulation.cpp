@@ -96,33 +96,6 @@ void mma_rows8(Acc2& d, const std::array<uint32_t, 32>& a0, const std::array<uin
   }
 }
 
-using Acc4 = std::array<std::array<float, 4>, 32>;
-using Frag4 = std::array<std::array<uint32_t, 4>, 32>;
-using Frag2 = std::array<std::array<uint32_t, 2>, 32>;
-// mma.m16n8k16 bf16, every fragment register: d (C layout) += A·B.
-void mma_full(Acc4& d, const Frag4& a, const Frag2& b) {
-  float A[16][16] = {}, B[16][8] = {};
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int h = 0; h < 2; ++h) {
-      for (int reg = 0; reg < 4; ++reg) {
-        const RC rc = ptx_a(lane, reg, h);
-        A[rc.r][rc.c] = h ? hi_f(a[lane][reg]) : lo_f(a[lane][reg]);
-      }
-      for (int r = 0; r < 2; ++r) {
-        const RC kn = ptx_b(lane, r, h);
-        B[kn.r][kn.c] = h ? hi_f(b[lane][r]) : lo_f(b[lane][r]);
-      }
-    }
-  }
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int i = 0; i < 4; ++i) {
-      const RC rc = ptx_c(lane, i);
-      double s = 0.0;
-      for (int k = 0; k < 16; ++k) s += static_cast<double>(A[rc.r][k]) * B[k][rc.c];
-      d[lane][i] += static_cast<float>(s);
-    }
-  }
-}
 // movmatrix.sync.aligned.m8n8.trans.b16 (PTX ISA): lane l holds row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (low,
 // high half) of an 8 x 8 matrix; the result is the transpose in the same layout.
 std::array<uint32_t, 32> movmatrix_trans(const std::array<uint32_t, 32>& x) {
@@ -336,16 +309,16 @@ void emulate_warp_int4(const PagedKvCase& c, int b, int kvh, int warp, attn::Ran
     const std::vector<uint8_t> st = fill_stage<true, kD>(c, b, kvh, tile, len);
     const int tok0 = tile * attn::kTile;
     std::array<int, 32> addr{};
-    Acc4 s{};
+    Acc s{};
     for (int cp = 0; cp < G4; cp += 2) {
       for (int lane = 0; lane < 32; ++lane) addr[lane] = attn::ldmatrix_pair_offset(lane, cp);
       const Regs w = ldmatrix_x4(st, addr, false);
       for (int d = 0; d < 2; ++d) {
         const int gi = cp + d;
-        Acc4 acc{};
+        Acc acc{};
         for (int ks = 0; ks < 2; ++ks) {
-          Frag4 a{};
-          Frag2 bb{};
+          AFrag a{};
+          BFrag bb{};
           for (int lane = 0; lane < 32; ++lane) {
             const int g = lane / 4;
             uint32_t bias[2];
@@ -359,7 +332,7 @@ void emulate_warp_int4(const PagedKvCase& c, int b, int kvh, int warp, attn::Ran
                   nibbles_plus_128(w[lane][2 * d + (reg & 1)], attn::key_shift_int4(ks, reg >> 1)), bias[reg & 1]);
             bb[lane] = qa[lane][2 * gi + ks];
           }
-          mma_full(acc, a, bb);
+          mma(acc, a, bb);
         }
         for (int lane = 0; lane < 32; ++lane) {
           for (int i = 0; i < 4; ++i) {
@@ -378,7 +351,7 @@ void emulate_warp_int4(const PagedKvCase& c, int b, int kvh, int warp, attn::Ran
       for (int i = 0; i < 4; ++i) s[lane][i] = valid[lane][i >> 1] ? s[lane][i] * score_scale : -INFINITY;
       for (int j = 0; j < 2; ++j) tmax[lane][j] = std::max(s[lane][j], s[lane][2 + j]);
     }
-    Acc4 p{};
+    Acc p{};
     for (int lane = 0; lane < 32; ++lane) {
       for (int j = 0; j < 2; ++j) {
         float cmax = -INFINITY;
@@ -416,18 +389,18 @@ void emulate_warp_int4(const PagedKvCase& c, int b, int kvh, int warp, attn::Ran
           }
         }
         const std::array<uint32_t, 32> b0 = movmatrix_trans(x[0]), b1 = movmatrix_trans(x[1]);
-        Frag2 bb{};
+        BFrag bb{};
         for (int lane = 0; lane < 32; ++lane) bb[lane] = {b0[lane], b1[lane]};
         for (int j = 0; j < 2; ++j) {
           const int mt = 2 * grp + j;
-          Frag4 a{};
+          AFrag a{};
           for (int lane = 0; lane < 32; ++lane)
             for (int reg = 0; reg < 4; ++reg)  // reg 0 / 1: rows g / g + 8 of tokens 2t, 2t+1; reg 2 / 3: tokens + 8
               a[lane][reg] = sub_bf16x2(
                   nibbles_plus_128(w[lane][2 * d + (reg >> 1)], attn::value_shift_t(mt, reg & 1)), bias[lane][reg >> 1]);
-          Acc4 acc{};
+          Acc acc{};
           for (int lane = 0; lane < 32; ++lane) acc[lane] = o[lane][mt];
-          mma_full(acc, a, bb);
+          mma(acc, a, bb);
           for (int lane = 0; lane < 32; ++lane) o[lane][mt] = acc[lane];
         }
       }

@@ -68,34 +68,6 @@ Regs ldmatrix_x4(const std::vector<uint8_t>& smem, const std::array<int, 32>& ad
   return out;
 }
 
-using Acc = std::array<std::array<float, 4>, 32>;
-using AFrag = std::array<std::array<uint32_t, 4>, 32>;
-using BFrag = std::array<std::array<uint32_t, 2>, 32>;
-// mma.m16n8k16 bf16 -> fp32: d += A·B through the PTX fragment tables.
-void mma(Acc& d, const AFrag& a, const BFrag& b) {
-  float A[16][16] = {}, B[16][8] = {};
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int h = 0; h < 2; ++h) {
-      for (int r = 0; r < 4; ++r) {
-        const RC rc = ptx_a(lane, r, h);
-        A[rc.r][rc.c] = h ? hi_f(a[lane][r]) : lo_f(a[lane][r]);
-      }
-      for (int r = 0; r < 2; ++r) {
-        const RC kn = ptx_b(lane, r, h);
-        B[kn.r][kn.c] = h ? hi_f(b[lane][r]) : lo_f(b[lane][r]);
-      }
-    }
-  }
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int i = 0; i < 4; ++i) {
-      const RC rc = ptx_c(lane, i);
-      double s = 0.0;
-      for (int k = 0; k < 16; ++k) s += static_cast<double>(A[rc.r][k]) * B[k][rc.c];
-      d[lane][i] += static_cast<float>(s);
-    }
-  }
-}
-
 // --- 1. Geometry and index maps. ---
 
 template <bool kInt4, int kD>

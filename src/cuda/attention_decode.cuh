@@ -314,12 +314,12 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
   const uint32_t ring_s = ptx::smem_addr(ring);
   const int32_t* bt = args.block_table + int64_t{b} * args.max_pages;
   // INT4: the lane's copy offsets are computed once (Int4Copies): per tile only the page, the slot and the stage move.
-  using Copies = Int4Copies<kInt4 ? kD : 128>;
-  const int meta_chunk = 2 * Geo::kCodeChunksPerPart + lane;
+  using Copies = Int4Copies<kInt4 ? kD : 128>;  // (the BF16 instances copy chunk by chunk and never use it)
   const bool has_meta = kInt4 && lane < Copies::kMetaChunks;
   int meta_src = 0, meta_dst = 0, meta_slot_mul = 0;
   if constexpr (kInt4) {
     if (has_meta) {
+      const int meta_chunk = 2 * Geo::kCodeChunksPerPart + lane;
       const ChunkCopy c0 = stage_chunk<kInt4, kD>(meta_chunk, 0), c1 = stage_chunk<kInt4, kD>(meta_chunk, 1);
       meta_src = c0.src, meta_dst = c0.dst, meta_slot_mul = c1.src - c0.src;
     }

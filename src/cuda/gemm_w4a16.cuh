@@ -127,7 +127,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
   t.warps = kWarps;  // v2 runs the default shape only (tiling_is_valid); constants fold smem_layout
   t.stages = kStages;
   const int K = args.K, group = args.group;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31;
+  // Broadcast from lane 0: the compiler then knows the warp index (and the weight addresses derived from it) is
+  // warp-uniform, as in the v4 and warpgroup kernels.
+  const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
   const int wn = warp % t.warps_n, wk = warp / t.warps_n;
 
   const int group_shift = __ffs(group) - 1;  // group is 32, 64 or 128

@@ -195,21 +195,6 @@ int main(int argc, char** argv) {
         // FT_NORM_PROLOGUE=1: CudaEngineOptions::fused_norm_prologue on the fused rows (batches of at most 8).
         const char* np = std::getenv("FT_NORM_PROLOGUE");
         o.fused_norm_prologue = fused && np != nullptr && np[0] == '1';
-        // FT_L2_PREFETCH=o,gu=N,qkv (any subset): CudaEngineOptions::l2_prefetch_o, l2_prefetch_gate_up_eighths = N,
-        // l2_prefetch_next_qkv (every row).
-        if (const char* lp = std::getenv("FT_L2_PREFETCH")) {
-          for (const std::string& item : bench::split_list(lp)) {
-            if (item == "o") {
-              o.l2_prefetch_o = true;
-            } else if (item == "qkv") {
-              o.l2_prefetch_next_qkv = true;
-            } else if (item.rfind("gu=", 0) == 0) {
-              o.l2_prefetch_gate_up_eighths = std::stoi(item.substr(3));
-            } else {
-              throw std::runtime_error("FT_L2_PREFETCH: unknown item '" + item + "' (expected o, gu=N, qkv)");
-            }
-          }
-        }
         std::unique_ptr<CudaEngine> e = make_synthetic_cuda_engine(c, kGroup, o);
         std::printf("%s%s: %s | GPU memory %.2f GB\n", name.c_str(), block ? " (1 layer)" : "", e->description().c_str(),
                     e->memory().total() / 1e9);

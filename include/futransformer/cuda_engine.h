@@ -122,16 +122,6 @@ struct CudaEngineOptions {
   // INT4 projection, N·K BF16) is allocated only when an INT4 pass can reach the threshold (max_batch_tokens; with FP8
   // prefill also max_sequences). An INT4 LM head always runs the W4A16 GEMM (its BF16 copy would be ~1 GB).
   int64_t int4_dequant_min_rows = -1;
-  // Decode steps replayed as CUDA graphs (INT4 W4A16 projections): a side branch of the graph warms L2 with weights
-  // the next GEMMs read (cuda::l2_prefetch), while the kernels before them leave DRAM mostly idle. After each layer's
-  // qkv GEMM (through RoPE, the cache append, attention and its combine): the o projection's weights and scales
-  // (l2_prefetch_o) and l2_prefetch_gate_up_eighths / 8 of the gate|up weight's 4 KB pieces, spread evenly so every
-  // CTA finds the same share of its slice in L2. After the gate|up GEMM (through the down GEMM, which leaves DRAM
-  // headroom at small batches): the next layer's qkv weights (l2_prefetch_next_qkv). Prefetches are hints: same bits
-  // either way.
-  bool l2_prefetch_o = false;
-  int l2_prefetch_gate_up_eighths = 0;  // 0 .. 8
-  bool l2_prefetch_next_qkv = false;
   // Diagnosis: time every op of every pass with CUDA events (CudaEngine::op_profile). Runs without CUDA graphs and
   // synchronises after each pass, so it slows the engine; the per-op times include each op's launch gap.
   bool profile_ops = false;

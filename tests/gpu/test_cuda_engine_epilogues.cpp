@@ -21,7 +21,6 @@
 #include "futransformer/cuda/gemm_w4a16.h"
 #include "futransformer/cuda_engine.h"
 #include "futransformer/engine.h"
-#include "futransformer/error.h"
 #include "futransformer/model.h"
 #include "futransformer/quant/quantize_model.h"
 #include "futransformer/tokenizer.h"
@@ -112,27 +111,6 @@ TEST_P(CudaEngineEpilogues, NormPrologueEqualsSeparateNorms) {
     one[0].tokens = {argmax(ln[0])};
   }
   EXPECT_EQ(norm->forward_greedy(one), plain->forward_greedy(one));
-}
-
-// CudaEngineOptions::l2_prefetch_*: the captured decode graphs gain a side branch of L2 prefetches (the o weights and
-// half of gate|up after each qkv GEMM, the next layer's qkv after each gate|up GEMM). Prefetches are hints, so every
-// logit and token must equal the engine without them, over prompts, graph-replayed decode steps and forward_greedy.
-TEST_P(CudaEngineEpilogues, L2PrefetchBranchChangesNoResult) {
-  FT_REQUIRE_HOPPER();
-  const test::TinyLlama s = test::tiny_llama_w4a16_shape();
-  const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 71)), GetParam());
-  CudaEngineOptions co = cuda_engine_options(q.recipe);
-  co.max_sequences = 4;
-  EXPECT_FALSE(co.l2_prefetch_o || co.l2_prefetch_gate_up_eighths > 0 || co.l2_prefetch_next_qkv)
-      << "off by default until measured";
-  std::unique_ptr<CudaEngine> plain = make_cuda_engine(q, co);
-  co.l2_prefetch_o = true;
-  co.l2_prefetch_gate_up_eighths = 4;
-  co.l2_prefetch_next_qkv = true;
-  std::unique_ptr<CudaEngine> warm = make_cuda_engine(q, co);
-  expect_identical(*warm, *plain, s.vocab, 17, 8);
-  co.l2_prefetch_gate_up_eighths = 9;
-  EXPECT_THROW(make_cuda_engine(q, co), Error) << "eighths beyond 8";
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, CudaEngineEpilogues,

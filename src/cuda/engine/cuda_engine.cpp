@@ -211,10 +211,6 @@ class CudaEngineImpl final : public CudaEngine {
   // turned into per-op times when the next pass starts or the profile is read.
   void mark(const char* op);
   void mark_pass_start();
-  // Enqueues cuda::l2_prefetch of `ranges` on side_stream_, after everything enqueued on stream_ so far.
-  void prefetch_l2_on_side(std::span<const cuda::L2PrefetchRange> ranges);
-  // Makes stream_ wait for the side stream's prefetches (before a capture ends).
-  void join_side();
   void collect_profile() const;
 
   ModelConfig config_;
@@ -245,12 +241,6 @@ class CudaEngineImpl final : public CudaEngine {
   CudaEngineMemory memory_;
 
   cudaStream_t stream_ = nullptr;
-  // The L2 prefetch branch of captured decode graphs (CudaEngineOptions::l2_prefetch_*): a second stream forked from
-  // stream_ after the ops named there and joined back at the end of the capture.
-  cudaStream_t side_stream_ = nullptr;
-  cudaEvent_t fork_event_ = nullptr, join_event_ = nullptr;
-  bool l2_prefetch_pass_ = false;  // the pass being enqueued is a graph capture that takes the prefetch branch
-  bool side_pending_ = false;      // the side stream holds prefetches the capture has not joined yet
   cublasHandle_t cublas_ = nullptr;
   DeviceArray<uint8_t> cublas_ws_;
 
@@ -363,13 +353,6 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
                                             nullptr) == cudaSuccess;
 
   cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "create stream");
-  check(opt_.l2_prefetch_gate_up_eighths >= 0 && opt_.l2_prefetch_gate_up_eighths <= 8,
-        "CUDA engine: l2_prefetch_gate_up_eighths must be in 0 .. 8, got ", opt_.l2_prefetch_gate_up_eighths);
-  if (opt_.cuda_graphs && (opt_.l2_prefetch_o || opt_.l2_prefetch_gate_up_eighths > 0 || opt_.l2_prefetch_next_qkv)) {
-    cuda_check(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking), "create stream");
-    cuda_check(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming), "create event");
-    cuda_check(cudaEventCreateWithFlags(&join_event_, cudaEventDisableTiming), "create event");
-  }
   check(cublasCreate(&cublas_) == CUBLAS_STATUS_SUCCESS, "CUDA engine: cublasCreate failed");
   cublas_ws_.allocate(kCublasWorkspaceBytes, "cuBLAS workspace");
   check(cublasSetStream(cublas_, stream_) == CUBLAS_STATUS_SUCCESS &&
@@ -426,9 +409,6 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
       << (fp8_qkv_epilogue_ ? "; RoPE, q rotation and INT4 cache placement in the qkv GEMM's epilogue" : "") << ")";
   }
   if (lm_head_.kind() == DeviceLinear::Kind::Int4) d << " | LM head W4A16 INT4 g" << head_group_;
-  if (side_stream_)
-    d << " | decode graphs prefetch into L2: " << (opt_.l2_prefetch_o ? "o, " : "") << opt_.l2_prefetch_gate_up_eighths
-      << "/8 of gate|up" << (opt_.l2_prefetch_next_qkv ? ", next qkv" : "");
   description_ = d.str();
 }
 
@@ -436,9 +416,6 @@ CudaEngineImpl::~CudaEngineImpl() {
   if (stream_) cudaStreamSynchronize(stream_);
   clear_graphs();
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
-  if (fork_event_) cudaEventDestroy(fork_event_);
-  if (join_event_) cudaEventDestroy(join_event_);
-  if (side_stream_) cudaStreamDestroy(side_stream_);
   if (meta_host_) cudaFreeHost(meta_host_);
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -721,21 +698,6 @@ void CudaEngineImpl::mark(const char* op) {
   marks_.emplace_back(op, i);
 }
 
-void CudaEngineImpl::prefetch_l2_on_side(std::span<const cuda::L2PrefetchRange> ranges) {
-  if (ranges.empty()) return;
-  cuda_check(cudaEventRecord(fork_event_, stream_), "L2 prefetch fork");
-  cuda_check(cudaStreamWaitEvent(side_stream_, fork_event_, 0), "L2 prefetch fork");
-  check_op(cuda::l2_prefetch(ranges, side_stream_), "L2 prefetch", cuda::l2_prefetch_last_error);
-  side_pending_ = true;
-}
-
-void CudaEngineImpl::join_side() {
-  if (!side_pending_) return;
-  cuda_check(cudaEventRecord(join_event_, side_stream_), "L2 prefetch join");
-  cuda_check(cudaStreamWaitEvent(stream_, join_event_, 0), "L2 prefetch join");
-  side_pending_ = false;
-}
-
 void CudaEngineImpl::mark_pass_start() {
   if (!opt_.profile_ops) return;
   collect_profile();
@@ -957,14 +919,6 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       l.qkv.forward(bf(xn_), rows, qkv_.get(), false, g);
       mark(l.qkv.dequant_path(rows, g) ? "qkv GEMM (dequant + cuBLAS)" : "qkv GEMM");
     }
-    if (l2_prefetch_pass_ && !fp8) {
-      // The o weights and a share of gate|up, fetched while the prologue, attention and its combine run.
-      std::vector<cuda::L2PrefetchRange> ranges;
-      if (opt_.l2_prefetch_o) ranges = l.o.int4_prefetch_ranges();
-      for (const cuda::L2PrefetchRange& x : l.gate_up.int4_prefetch_ranges(opt_.l2_prefetch_gate_up_eighths, 8))
-        ranges.push_back(x);
-      prefetch_l2_on_side(ranges);
-    }
     if (prologue_in_gemm || qkv_epilogue || prologue_in_attention) {
       // Nothing here: the qkv GEMM's split-K reduce or FP8 epilogue ran the prologue, or the attention will.
     } else if (prologue_one_kernel) {
@@ -1156,8 +1110,6 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       check_op(cuda::swiglu_bf16(bf(gate_up_), bf(act_), r, inter, stream_), "SwiGLU", decoder_ops_last_error);
     }
     const bool last = li + 1 == layers_.size();
-    if (l2_prefetch_pass_ && opt_.l2_prefetch_next_qkv && !last)  // fetched while the down GEMM runs
-      prefetch_l2_on_side(layers_[li + 1].qkv.int4_prefetch_ranges());
     if (fused_down) {
       l.down.forward_residual(bf(act_), rows, x_.get(), bf(delta_), g);
       mark("down GEMM + residual");
@@ -1332,14 +1284,9 @@ std::vector<std::vector<float>> CudaEngineImpl::run(std::span<const SequenceChun
           cudaGraph_t graph = nullptr;
           cuda_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
           try {
-            l2_prefetch_pass_ = side_stream_ != nullptr;
             enqueue_layers(rows, 0, bucket);
             enqueue_head(x_.get(), rows);
-            join_side();
-            l2_prefetch_pass_ = false;
           } catch (...) {
-            l2_prefetch_pass_ = false;
-            side_pending_ = false;
             cudaStreamEndCapture(stream_, &graph);
             if (graph) cudaGraphDestroy(graph);
             throw;

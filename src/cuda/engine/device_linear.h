@@ -13,7 +13,6 @@
 
 #include "cuda/engine/device_memory.h"
 #include "futransformer/cuda/gemm_fp8_qkv.h"
-#include "futransformer/cuda/l2_prefetch.h"
 #include "futransformer/formats/fp8.h"
 #include "futransformer/formats/int4.h"
 #include "futransformer/formats/int4_mma.h"
@@ -94,12 +93,6 @@ class DeviceLinear {
   int64_t device_bytes() const {
     return static_cast<int64_t>(packed_.bytes() + scales_.bytes() + bf16_.bytes() + fp8_codes_.bytes() +
                                 fp8_scales_.bytes());
-  }
-  // The packed INT4 weights and their scales as L2 prefetch ranges, `keep` of every `period` 4 KB pieces of each
-  // (cuda::l2_prefetch); none for other kinds.
-  std::vector<cuda::L2PrefetchRange> int4_prefetch_ranges(int keep = 1, int period = 1) const {
-    if (kind_ != Kind::Int4 || keep == 0) return {};
-    return {{packed_.get(), packed_.bytes(), period, keep}, {scales_.get(), scales_.bytes(), period, keep}};
   }
   // Split-K scratch the forward needs for any M up to max_rows.
   size_t workspace_bytes(int64_t max_rows) const;

@@ -23,12 +23,6 @@ __device__ __forceinline__ void prefetch_l1(const void* gmem) {
   asm volatile("prefetch.global.L1 [%0];\n" ::"l"(gmem) : "memory");
 }
 
-// cp.async.bulk.prefetch.L2.global (sm_90): asks L2 for `bytes` bytes from gmem (both 16-byte aligned, bytes a
-// multiple of 16) and returns at once; no completion to wait for, and the hardware may drop it. Read-only data only.
-__device__ __forceinline__ void cp_async_bulk_prefetch_l2(const void* gmem, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
-}
-
 // cp.async.commit_group: closes the group of this thread's copies issued since the last commit.
 __device__ __forceinline__ void cp_async_commit_group() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 

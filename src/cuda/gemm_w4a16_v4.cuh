@@ -76,14 +76,37 @@ __device__ __forceinline__ void prefetch_ring_pairs(uint32_t ring_lane, const ui
   }
 }
 
-// Blocks fetch (even) and fetch + 1 of the warp (wnext: this lane's 16 bytes of block fetch) into their ring slots
-// fetch % kRing and the next one, those below n_steps; the caller commits.
-template <int kRing, int kThreadsCta>
-__device__ __forceinline__ void issue_ring_pair(uint32_t ring_lane, int fetch, const uint4* wnext, int n_steps) {
-  const uint32_t fetch_slot = ring_lane + (static_cast<uint32_t>(fetch) & (kRing - 1)) * (kThreadsCta * 16);
-  if (fetch < n_steps) ptx::cp_async_16(fetch_slot, wnext);
-  if (fetch + 1 < n_steps) ptx::cp_async_16(fetch_slot + kThreadsCta * 16, wnext + kWarpSize);
+// Blocks fetch (even) and fetch + 1 of the warp (wnext: this lane's 16 bytes of block fetch) into the lane's pair
+// of ring slots starting at shared-window address `slot`, those below n_steps; the caller commits. Both copies
+// share one address (the second is an immediate offset from it).
+template <int kThreadsCta>
+__device__ __forceinline__ void issue_ring_pair(uint32_t slot, int fetch, const uint4* wnext, int n_steps) {
+  if (fetch + 1 < n_steps) {
+    ptx::cp_async_16(slot, wnext);
+    ptx::cp_async_16(slot + kThreadsCta * 16, wnext + kWarpSize);
+  } else if (fetch < n_steps) {
+    ptx::cp_async_16(slot, wnext);
+  }
 }
+
+// The lane's place in the weight ring as two running byte offsets from the ring's start: `read`, its slot of block
+// i0 (slot i0 % kRing), and `fetch`, the pair of slots refilled in this iteration — the pair the previous iteration
+// consumed (blocks are fetched kRing - 2 ahead). Advancing is an add and a compare; recomputing
+// (i & (kRing - 1)) · slot bytes + tid · 16 every iteration cost about ten instructions, the compiler re-reading the
+// thread index to save a register.
+template <int kRing, int kThreadsCta>
+struct RingCursor {
+  static constexpr uint32_t kSlotBytes = kThreadsCta * 16;
+  static constexpr uint32_t kRingBytes = kRing * kSlotBytes;
+  uint32_t read, fetch;
+  __device__ __forceinline__ explicit RingCursor(int tid)
+      : read(static_cast<uint32_t>(tid) * 16), fetch(static_cast<uint32_t>(tid) * 16 + (kRing - 2) * kSlotBytes) {}
+  __device__ __forceinline__ void advance() {
+    fetch = read;
+    read += 2 * kSlotBytes;
+    if (read >= kRingBytes) read -= kRingBytes;
+  }
+};
 
 // kSwapTiles: 0 = 16-row path (activations as A, kMT m tiles), 1 = swapped with one n = 8 activation tile
 // (M <= 8), 2 = swapped with two (M = 9..16), 3 / 4 = swapped with three / four (M = 17..24 / 25..32; kMT = 2, the
@@ -344,14 +367,17 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   // instructions the weight stream cannot use (docs/notes/w4a16-tuning.md).
   int fetch = 2 * (kPairs - 1);
   const uint4* wnext = wsrc + fetch * kWarpSize;
+  const uint32_t ring_smem = ptx::smem_addr(ring);
+  RingCursor<kRing, kThreadsCta> cursor(tid);
   for (int i0 = 0; i0 < n_steps; i0 += 2) {
-    issue_ring_pair<kRing, kThreadsCta>(ring_lane, fetch, wnext, n_steps);
+    issue_ring_pair<kThreadsCta>(ring_smem + cursor.fetch, fetch, wnext, n_steps);
     ptx::cp_async_commit_group();
     fetch += 2;
     wnext += 2 * kWarpSize;
     ptx::cp_async_wait_group<kPairs - 1>();  // this thread's copies of blocks i0, i0 + 1 have landed
     const bool has1 = i0 + 1 < n_steps;  // warp-uniform: only a warp's last pair can be a single block
-    const unsigned char* slot0 = ring + ((static_cast<uint32_t>(i0) & (kRing - 1)) * kThreadsCta + tid) * 16;
+    const unsigned char* slot0 = ring + cursor.read;
+    cursor.advance();
     const uint4 q0 = *reinterpret_cast<const uint4*>(slot0);
     if constexpr (kSwap && !kSwap32) {
       // Both loads up front (the swapped paths up to 16 rows have registers to spare). Without a second block the

@@ -226,8 +226,10 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
 
   int fetch = 2 * (kPairs - 1);
   const uint4* wnext = wsrc + fetch * kWarpSize;
+  const uint32_t ring_smem = ptx::smem_addr(ring);
+  RingCursor<kRing, kThreads> cursor(tid);
   for (int i0 = 0; i0 < n_steps; i0 += 2) {
-    issue_ring_pair<kRing, kThreads>(ring_lane, fetch, wnext, n_steps);
+    issue_ring_pair<kThreads>(ring_smem + cursor.fetch, fetch, wnext, n_steps);
     // Streamed: the panel of the fetched pair, into the slot of pair i0 / 2 - 2, which every warp finished with
     // before the previous iteration's barrier.
     if constexpr (kStream) {
@@ -238,7 +240,8 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
     wnext += 2 * kWarpSize;
     ptx::cp_async_wait_group<kPairs - 1>();
     const bool has1 = i0 + 1 < n_steps;  // uniform over the warpgroup: only the last pair can be a single block
-    const unsigned char* slot0 = ring + ((static_cast<uint32_t>(i0) & (kRing - 1)) * kThreads + tid) * 16;
+    const unsigned char* slot0 = ring + cursor.read;
+    cursor.advance();
     // Both blocks' A registers are built before either block's wgmmas start: ptxas serialises wgmmas whose input
     // registers are defined while an earlier wgmma group is pending, so the pair's eight wgmmas run while the ring
     // is refilled and the next pair is loaded, and the wait for them is the first thing of the next iteration.

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "cuda/gemm_w4a16.cuh"
 #include "cuda/gemm_w4a16_heuristics.h"
@@ -312,6 +313,45 @@ bool tuned_table_on() {
   return on;
 }
 
+// FT_W4A16_TUNED_EXTRA (experiments): configurations searched before the measured table, so a candidate can be tried
+// inside the whole decode step without a rebuild. Entries "N:K:m_lo:m_hi:warps:stages:ctas_per_sm:warps_n:splits"
+// separated by commas (e.g. 4096:4096:1:2:16:16:0:1:0: the 8B o projection at M = 1..2 on 16-warp CTAs with every
+// warp on one column block). Read once per process; a malformed entry is reported on stderr and skipped.
+struct ExtraTunedEntry {
+  int N = 0, K = 0, m_lo = 0, m_hi = 0;
+  w4a16::V4Config config;
+};
+const std::vector<ExtraTunedEntry>& extra_tuned_entries() {
+  static const std::vector<ExtraTunedEntry> entries = [] {
+    std::vector<ExtraTunedEntry> out;
+    const char* v = std::getenv("FT_W4A16_TUNED_EXTRA");
+    if (v == nullptr) return out;
+    std::string all(v);
+    size_t start = 0;
+    while (start <= all.size()) {
+      const size_t end = std::min(all.find(',', start), all.size());
+      const std::string item = all.substr(start, end - start);
+      start = end + 1;
+      if (item.empty()) continue;
+      int f[9];
+      char tail = 0;
+      if (std::sscanf(item.c_str(), "%d:%d:%d:%d:%d:%d:%d:%d:%d%c", &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6],
+                      &f[7], &f[8], &tail) != 9) {
+        std::fprintf(stderr, "FT_W4A16_TUNED_EXTRA: '%s' is not N:K:m_lo:m_hi:warps:stages:ctas_per_sm:warps_n:splits; "
+                     "skipped\n", item.c_str());
+        continue;
+      }
+      ExtraTunedEntry e;
+      e.N = f[0], e.K = f[1], e.m_lo = f[2], e.m_hi = f[3];
+      e.config.warps = f[4], e.config.stages = f[5], e.config.ctas_per_sm = f[6], e.config.warps_n = f[7];
+      e.config.splits = f[8];
+      out.push_back(e);
+    }
+    return out;
+  }();
+  return entries;
+}
+
 // The tiling gemm_w4a16 runs, with the variant set. For v4 decode sizes: the environment's v4 config when one is
 // set, else the measured table's entry for the shape (gemm_w4a16_tuned.h) if any — either only when its tiling
 // fits the device; otherwise, and for v2 or M > 16, the default configuration. For M = 17..32 swap32 is the
@@ -333,9 +373,18 @@ Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits&
   }
   if (v == w4a16::Variant::v4 && M <= w4a16::kV4DefaultMaxM) {
     const w4a16::TunedV4Entry* tuned = nullptr;
-    if (env_v4_config() == w4a16::V4Config{} && tuned_table_on()) tuned = w4a16::find_tuned_v4(M, N, K, group, d);
-    if (!(env_v4_config() == w4a16::V4Config{}) || tuned != nullptr) {
-      Tiling c = cached_tiling(M, N, K, group, d, tuned ? w4a16::tuned_config(*tuned) : env_v4_config());
+    const w4a16::V4Config* extra = nullptr;
+    if (env_v4_config() == w4a16::V4Config{}) {
+      for (const ExtraTunedEntry& e : extra_tuned_entries())
+        if (e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi) {
+          extra = &e.config;
+          break;
+        }
+      if (extra == nullptr && tuned_table_on()) tuned = w4a16::find_tuned_v4(M, N, K, group, d);
+    }
+    if (!(env_v4_config() == w4a16::V4Config{}) || tuned != nullptr || extra != nullptr) {
+      Tiling c = cached_tiling(M, N, K, group, d,
+                               extra ? *extra : (tuned ? w4a16::tuned_config(*tuned) : env_v4_config()));
       c.variant = v;
       if (w4a16::tiling_is_valid(c, M, N, K, group, d, nullptr)) t = c;
     }

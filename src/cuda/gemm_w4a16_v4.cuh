@@ -293,12 +293,9 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
     }
   };
 
-  // After warp-local block i: when its group ends (a group never straddles a block) or the warp's range ends,
-  // acc += scale * (part - corr) in fp32 and restart part and corr.
-  auto flush_after = [&](int i) {
-    const int kcol = kcol0 + i * kBlockK;
-    if (((kcol + kBlockK) & (group - 1)) != 0 && i != n_steps - 1) return;
-    const int gl = (kcol >> group_shift) - group_base;
+  // At the end of a group (a group never straddles a block) and at the end of the warp's range: acc += scale *
+  // (part - corr) in fp32 with group gl's scales, and part and corr restart.
+  auto flush_group = [&](int gl) {
     const uint4 sv = *reinterpret_cast<const uint4*>(s_lane + gl * kScalesPerGroupBlock);
     if constexpr (kSwap) {
       // Tile j of the four 8-column tiles: column 8j + g, the scale of accumulator rows g (e < 2) or g + 8 of
@@ -362,6 +359,20 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
       for (int e = 0; e < 4; ++e) corr[c][e] = 0.0f;
   };
 
+  // The group bookkeeping as running counters (warp-uniform): blocks left in the current group — a warp's range may
+  // start inside one — and that group's index among the staged scales. Two instructions per block where recomputing
+  // the block's column and testing it against the group and the range end took about five.
+  const int group_blocks = group / kBlockK;
+  int group_left = group_blocks - (kcol0 & (group - 1)) / kBlockK;
+  int group_at = (kcol0 >> group_shift) - group_base;
+  auto after_block = [&]() {
+    if (--group_left == 0) {
+      flush_group(group_at);
+      ++group_at;
+      group_left = group_blocks;
+    }
+  };
+
   // Block `fetch` (even) and fetch + 1 go to ring slots fetch % kRing and the next one; wnext points at block
   // fetch of this lane. Unsigned masks, running pointers: the issue slots this loop spends on addresses are
   // instructions the weight stream cannot use (docs/notes/w4a16-tuning.md).
@@ -384,22 +395,25 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
       // slot holds an older block or was never written: its value is loaded but not used.
       const uint4 q1 = *reinterpret_cast<const uint4*>(slot0 + kThreadsCta * 16);
       mma_block(q0, i0);
-      flush_after(i0);
+      after_block();
       if (has1) {
         mma_block(q1, i0 + 1);
-        flush_after(i0 + 1);
+        after_block();
       }
     } else {
       // Second load after the first block: four registers fewer, which keeps one m tile within the 80 registers
       // of three CTAs per SM (and swap32's 64 accumulators and partial sums within 128).
       mma_block(q0, i0);
-      flush_after(i0);
+      after_block();
       if (has1) {
         mma_block(*reinterpret_cast<const uint4*>(slot0 + kThreadsCta * 16), i0 + 1);
-        flush_after(i0 + 1);
+        after_block();
       }
     }
   }
+  // A range that ends inside a group (n_steps > 0: a warp without blocks has nothing to flush, and its group index
+  // may lie outside the staged scales).
+  if (n_steps > 0 && group_left != group_blocks) flush_group(group_at);
   ptx::cp_async_wait_group<0>();  // only empty groups can be left; leave none behind
 
   if (t.warps_k > 1) {

@@ -169,6 +169,11 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
   const uint16_t* s_lane = s_s + s_frag_offset(wn, 0, sgm, swap_scale_t(lane));
   const uint32_t half_sel = scale_prmt_selector(swap_scale_half(lane), kF16Scales);
   bool fresh = true;  // the next wgmma starts the partial sums (scale-d = 0)
+  // Group bookkeeping as running counters (as the v4 loop): blocks left in the current group (the warp's range may
+  // start inside one) and its index among the staged scales.
+  const int group_blocks = group / kBlockK;
+  int group_left = group_blocks - (kcol0 & (group - 1)) / kBlockK;
+  int group_at = (kcol0 >> group_shift) - group_base;
 
   // Block i (warp-local) from its A registers f: four wgmma, one commit group; then the flush at a group's end.
   auto run_block = [&](uint32_t (&f)[16], int i) {
@@ -204,14 +209,14 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
     }
     ptx::wgmma_commit_group();
     fresh = false;
-    const int kcol = kcol0 + i * kBlockK;
-    if (((kcol + kBlockK) & (group - 1)) != 0 && i != n_steps - 1) return;
+    if (--group_left != 0 && i != n_steps - 1) return;
+    const int gl = group_at++;
+    group_left = group_blocks;
     ptx::wgmma_wait_group<0>();
 #pragma unroll
     for (int np = 0; np < 2; ++np)
 #pragma unroll
       for (int r = 0; r < kAccRegs; ++r) ptx::fence_operand(part[np][r]);
-    const int gl = (kcol >> group_shift) - group_base;
     const uint4 sv = *reinterpret_cast<const uint4*>(s_lane + gl * kScalesPerGroupBlock);
     const float s[kTilesPerBlock] = {scale_from_half<kF16Scales>(sv.x, half_sel),
                                      scale_from_half<kF16Scales>(sv.y, half_sel),

@@ -200,19 +200,13 @@ FT_HD int64_t wg_a_bytes(int64_t slice_cols, int rows) {
   return (slice_cols + kWgPanelK - 1) / kWgPanelK * wg_tokens(rows) * 128;
 }
 // Streamed activations (Tiling::stream_x): instead of the whole slice, a ring of kWgStreamPanels panels (one per
-// pair of blocks: panel j holds slice columns 64 j .. 64 j + 63), refilled kWgStreamPanelsAhead pairs ahead — one
-// pair beyond the weights — so that one CTA barrier every other pair covers two pairs: at pair p (even) the panels
-// of p and p + 1 have landed (they rode with the groups of iterations p - 4 and p - 3) and every warp is done with
-// the panels before p. A slot is rewritten four pairs after its panel was last read, by which time a barrier has
-// passed: at pair p the panel of p + 4 goes into the slot of p - 4, while panels p - 2 .. p + 3 may be in use (eight
-// slots; a power of two, so the slot is a mask). Needs warps_k = 1 (every warp on the same pairs) and the 8-slot
-// weight ring, so that with the smaller staging two CTAs share an SM where the staged slice allowed one.
+// pair of blocks: panel j holds slice columns 64 j .. 64 j + 63), refilled kStreamPairs - 1 pairs ahead like the
+// weights; the extra slot lets a panel be overwritten only after the CTA barrier that follows every warp's wait
+// for the wgmmas that read it. Needs warps_k = 1 (every warp on the same pairs) and the 8-slot weight ring, so that
+// with the smaller staging two or three CTAs share an SM where the staged slice allowed one.
 constexpr int kWgStreamStages = 8;
 constexpr int kWgStreamPairs = kWgStreamStages / 2;
-constexpr int kWgStreamPanelsAhead = kWgStreamPairs;
-constexpr int kWgStreamPanels = 8;
-static_assert((kWgStreamPanels & (kWgStreamPanels - 1)) == 0 && kWgStreamPanels >= kWgStreamPanelsAhead + 3,
-              "panels p - 2 .. p + kWgStreamPanelsAhead in distinct slots");
+constexpr int kWgStreamPanels = kWgStreamPairs + 1;
 FT_HD int64_t wg_stream_panel_bytes(int rows) { return int64_t{wg_tokens(rows)} * 128; }
 
 // Register cap: two 8-warp CTAs per SM (the four-tile instance holds 32 partial sums, 32 sums and two sets of 16 A

@@ -90,7 +90,7 @@ __device__ __forceinline__ WgPanelCopy wg_panel_copy(const KernelArgs& args, int
 template <int kNTokens>
 __device__ __forceinline__ void wg_stage_panel(const WgPanelCopy& pc, int j, uint32_t a_addr) {
   if (j * kWgPanelK < pc.limit)
-    ptx::cp_async_16(a_addr + static_cast<uint32_t>(j & (kWgStreamPanels - 1)) * (kNTokens * 128) + pc.dst,
+    ptx::cp_async_16(a_addr + static_cast<uint32_t>(j % kWgStreamPanels) * (kNTokens * 128) + pc.dst,
                      pc.src + j * kWgPanelK);
 }
 
@@ -148,10 +148,9 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
 
   const WgPanelCopy panel_copy = kStream ? wg_panel_copy<kNTokens>(args, t.rows, k0, slice_k, tid) : WgPanelCopy{};
   if constexpr (kStream) {
-    // The first kWgStreamPanelsAhead panels; later ones ride with the weights fetched kWgStreamPanelsAhead - 1 pairs
-    // ahead of their own pair.
+    // The panels of the pairs whose weights are already in flight; later ones ride with their pair's weights.
     ptx::griddepcontrol_wait();
-    for (int j = 0; j < kWgStreamPanelsAhead; ++j) wg_stage_panel<kNTokens>(panel_copy, j, a_addr);
+    for (int j = 0; j < kPairs - 1; ++j) wg_stage_panel<kNTokens>(panel_copy, j, a_addr);
     ptx::cp_async_commit_group();
     ptx::cp_async_wait_group<0>();
     ptx::fence_proxy_async_shared();
@@ -183,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
       // Streamed: block i is half i & 1 of panel i / 2 (warps_k = 1, so i counts from the slice start).
-      const uint32_t off = kStream ? static_cast<uint32_t>((i >> 1) & (kWgStreamPanels - 1)) * kPanelBytes +
+      const uint32_t off = kStream ? static_cast<uint32_t>((i >> 1) % kWgStreamPanels) * kPanelBytes +
                                          static_cast<uint32_t>((i & 1) * 64 + ks * 32)
                                    : static_cast<uint32_t>(wg_b_desc_offset(col + 16 * ks, kNTokens));
       db[ks] = fp8::advance_smem_desc(desc0, off);
@@ -236,12 +235,10 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
   RingCursor<kRing, kThreads> cursor(tid);
   for (int i0 = 0; i0 < n_steps; i0 += 2) {
     issue_ring_pair<kThreads>(ring_smem + cursor.fetch, fetch, wnext, n_steps);
-    // Streamed: the panel of pair i0 / 2 + kWgStreamPanelsAhead (one pair beyond the fetched weights, so that a
-    // barrier every other pair finds both of its pairs' panels landed), into the slot of pair i0 / 2 - 4, which
-    // every warp finished with before the last barrier (gemm_w4a16_layout.h, "Streamed activations").
+    // Streamed: the panel of the fetched pair, into the slot of pair i0 / 2 - 2, which every warp finished with
+    // before the previous iteration's barrier.
     if constexpr (kStream) {
-      static_assert(kWgStreamPanelsAhead == kPairs, "panels run one pair ahead of the weights");
-      wg_stage_panel<kNTokens>(panel_copy, fetch / 2 + 1, a_addr);
+      wg_stage_panel<kNTokens>(panel_copy, fetch / 2, a_addr);
     }
     ptx::cp_async_commit_group();
     fetch += 2;
@@ -259,14 +256,10 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
     uint32_t f0[16], f1[16];
     ptx::wgmma_wait_group<0>();
     if constexpr (kStream) {
-      // Every other pair (i0 / 2 even; the same for the whole CTA, warps_k = 1): every thread's copies of the
-      // panels of pairs i0 / 2 and i0 / 2 + 1 have landed (the wait above: they rode with groups four and three
-      // iterations old) and every warp is done with the wgmmas of the pair before (its wait); after the barrier
-      // both panels may be read, and slots of pairs up to i0 / 2 - 1 may be overwritten.
-      if ((i0 & 2) == 0) {
-        ptx::fence_proxy_async_shared();
-        __syncthreads();
-      }
+      // Every thread's copies of panel i0 / 2 have landed (the wait above) and every warp is done with the wgmmas
+      // of the pair before (its wait): the panel may be read, and the next iteration may overwrite pair i0 / 2 - 1's.
+      ptx::fence_proxy_async_shared();
+      __syncthreads();
     }
     wg_dequant_block(q0, f0);
     wg_dequant_block(q1, f1);

@@ -102,15 +102,10 @@ class Case {
     const std::vector<int32_t> hl(static_cast<size_t>(batch), ctx);
     CHECK_CUDA(cudaMalloc(&lens_, hl.size() * 4));
     CHECK_CUDA(cudaMemcpy(lens_, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
-    // The split counters the engine passes (the merge in the kernel's last CTAs, as a decode step runs it); zero,
-    // and every launch leaves them zero.
-    CHECK_CUDA(cudaMalloc(&counters_, static_cast<size_t>(batch) * kKvHeads * 4));
-    CHECK_CUDA(cudaMemset(counters_, 0, static_cast<size_t>(batch) * kKvHeads * 4));
     bytes_ = static_cast<double>(batch) * ctx * kKvHeads * static_cast<double>(L.bytes_per_token());
   }
   ~Case() {
     cudaFree(ws_);
-    cudaFree(counters_);
     cudaFree(lens_);
     cudaFree(tables_);
     cudaFree(pool_);
@@ -138,7 +133,7 @@ class Case {
         int4 ? futransformer::cuda::attention_decode_int4 : futransformer::cuda::attention_decode_bf16;
     const double us = time_median_us(iters, stream_, [&](int i) {
       CHECK_CUDA(launcher(q, pool_, tables_ + static_cast<size_t>(i % copies_) * cache_pages_, lens_, out, batch_,
-                          kHeads, kKvHeads, kHeadDim, pages_per_seq_, ctx_, ws_, ws_bytes_, stream_, false, counters_));
+                          kHeads, kKvHeads, kHeadDim, pages_per_seq_, ctx_, ws_, ws_bytes_, stream_, false));
     });
     const attn::Plan plan = attn::choose_plan(int4, kHeadDim, batch_, kKvHeads, ctx_, device_limits());
     return Result{us, bytes_ / (us * 1e-6) / 1e12, plan.splits};
@@ -150,7 +145,7 @@ class Case {
   cudaStream_t stream_;
   size_t cache_pages_ = 0, ws_bytes_ = 0;
   uint8_t* pool_ = nullptr;
-  int32_t *tables_ = nullptr, *lens_ = nullptr, *counters_ = nullptr;
+  int32_t *tables_ = nullptr, *lens_ = nullptr;
   void* ws_ = nullptr;
   double bytes_ = 0.0;
 };

@@ -124,7 +124,7 @@ Row bench_one(int T, KvFormat f, int iters, bool decode_path, const L2Flush& l2,
   const auto decode = f == KvFormat::BF16 ? ftc::attention_decode_bf16 : ftc::attention_decode_int4;
   const double decode_us = time_median_flushed_us(iters, stream, l2, [&] {
     const cudaError_t e =
-        decode(q, pool, d_dup, d_lens, out, T, kHeads, kKvHeads, kHeadDim, pages, T, ws, ws_bytes, stream, false, nullptr);
+        decode(q, pool, d_dup, d_lens, out, T, kHeads, kKvHeads, kHeadDim, pages, T, ws, ws_bytes, stream, false);
     if (e != cudaSuccess) {
       std::fprintf(stderr, "attention_decode: %s (%s)\n", cudaGetErrorString(e), ftc::attention_decode_last_error());
       std::exit(1);

@@ -192,9 +192,6 @@ int main(int argc, char** argv) {
         // FT_ATTN_EARLY_COPIES=0: CudaEngineOptions::decode_attention_early_copies off (every row).
         const char* ec = std::getenv("FT_ATTN_EARLY_COPIES");
         o.decode_attention_early_copies = !(ec != nullptr && ec[0] == '0');
-        // FT_ATTN_MERGE_IN_KERNEL=0: CudaEngineOptions::decode_attention_merge_in_kernel off (every row).
-        const char* mk = std::getenv("FT_ATTN_MERGE_IN_KERNEL");
-        o.decode_attention_merge_in_kernel = !(mk != nullptr && mk[0] == '0');
         // FT_NORM_PROLOGUE=1: CudaEngineOptions::fused_norm_prologue on the fused rows (batches of at most 8).
         const char* np = std::getenv("FT_NORM_PROLOGUE");
         o.fused_norm_prologue = fused && np != nullptr && np[0] == '1';

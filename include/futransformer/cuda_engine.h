@@ -64,10 +64,6 @@ struct CudaEngineOptions {
   // 2153 -> 2121 µs, batch 8 2832 -> 2760 µs with the release-late knob, docs/results.md twelfth session. false:
   // everything read after the wait (kept to compare).
   bool decode_attention_early_copies = true;
-  // Decode attention launches that split the sequences (head_dim 128): the last CTA of each (sequence, KV head)
-  // merges the splits and un-rotates the heads itself instead of a combine kernel (cuda::attention_decode_int4's
-  // split_counters; same bits, one kernel fewer per layer).
-  bool decode_attention_merge_in_kernel = true;
   // With fused_epilogues, decode steps on an INT4 or int4-hadamard cache at head_dim 128 whose qkv GEMM splits K: the
   // decode attention kernel runs the attention prologue (cuda::attention_decode_int4_with_prologue: RoPE, the q
   // rotation, and the new token's cache append by the CTA that reads it; bit-identical to qkv_rope_kv_append + the

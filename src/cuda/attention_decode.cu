@@ -65,7 +65,7 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
                    const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads, int head_dim,
                    int max_pages, int max_seq_len, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                    int unrotate_block = 0, bool* unrotated = nullptr, const fused::QkvArgs* pro = nullptr,
-                   KvFormat pro_format = KvFormat::INT4, bool early_copies = false, int* split_counters = nullptr) {
+                   KvFormat pro_format = KvFormat::INT4, bool early_copies = false) {
   if (!pro) g_last_error.clear();
   if (unrotated) *unrotated = false;
   if (attention_decode_can_implement(format, batch, n_heads, n_kv_heads, head_dim, max_pages, max_seq_len,
@@ -83,8 +83,6 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
                   "attention_decode: q, kv_pool, block_table, seq_lens and out must be non-null; q and kv_pool "
                   "16-byte aligned, out 2-byte aligned");
   }
-  if (split_counters != nullptr && !aligned(split_counters, 4))
-    return reject(&g_last_error, "attention_decode: split_counters must be 4-byte aligned");
   attn::DeviceLimits d;
   if (const cudaError_t e = device_limits(&d); e != cudaSuccess) return e;
   const bool int4 = is_int4(format);
@@ -104,11 +102,6 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
       e != cudaSuccess)
     return e;
 
-  // The merge runs in the decode kernel's last CTA per (sequence, KV head) where the plan splits and the CTA has one
-  // thread per channel (head_dim 128); otherwise the combine kernel, as without counters.
-  const bool fused_merge = split_counters != nullptr && plan.splits > 1 && head_dim == attn::kThreads;
-  const bool unrotate = unrotated != nullptr && unrotate_block > 1;
-  const float unrotate_scale = unrotate ? formats::hadamard_scale(unrotate_block) : 1.0f;
   float* partial_o = static_cast<float*>(workspace);
   float* partial_lse = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) +
                                                 attn::workspace_lse_offset(plan, batch, n_heads, head_dim));
@@ -125,10 +118,7 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
                               max_pages,
                               plan.splits,
                               static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim))),
-                              (pro != nullptr || early_copies) ? 1 : 0,
-                              fused_merge ? split_counters : nullptr,
-                              unrotate ? unrotate_block : 1,
-                              unrotate_scale};
+                              (pro != nullptr || early_copies) ? 1 : 0};
   const DecodeFn kernel = pick_decode(int4, head_dim, pro, pro_format);
   if (plan.smem_bytes + static_smem > 48 * 1024) {
     // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
@@ -150,13 +140,11 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
   const fused::QkvArgs pro_args = pro ? *pro : fused::QkvArgs{};
   if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args, pro_args); e != cudaSuccess) return e;
   if (plan.splits == 1) return cudaSuccess;
-  if (fused_merge) {
-    if (unrotate) *unrotated = true;
-    return cudaSuccess;
-  }
 
-  // The un-rotation needs the whole BF16 head, which only the merge holds in one CTA (a split plan's decode CTAs
-  // write fp32 partials); an unsplit plan leaves it to the caller.
+  // The un-rotation needs the whole BF16 head, which only the combine kernel holds in one CTA (a split plan's
+  // decode CTAs write fp32 partials); an unsplit plan leaves it to the caller.
+  const bool unrotate = unrotated != nullptr && unrotate_block > 1;
+  const float unrotate_scale = unrotate ? formats::hadamard_scale(unrotate_block) : 1.0f;
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t ccfg{};
   ccfg.gridDim = dim3(static_cast<unsigned>(int64_t{batch} * n_heads));
@@ -221,11 +209,10 @@ const char* attention_decode_last_error() { return g_last_error.c_str(); }
 cudaError_t attention_decode_int4(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
                                   const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads,
                                   int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,
-                                  size_t workspace_bytes, cudaStream_t stream, bool early_copies,
-                                  int* split_counters) {
+                                  size_t workspace_bytes, cudaStream_t stream, bool early_copies) {
   return launch(KvFormat::INT4, q, kv_pool, block_table, seq_lens, out, batch, n_heads, n_kv_heads, head_dim,
                 max_pages_per_seq, max_seq_len, workspace, workspace_bytes, stream, 0, nullptr, nullptr, KvFormat::INT4,
-                early_copies, split_counters);
+                early_copies);
 }
 
 cudaError_t attention_decode_int4_unrotated(const __nv_bfloat16* q, const uint8_t* kv_pool,
@@ -233,14 +220,14 @@ cudaError_t attention_decode_int4_unrotated(const __nv_bfloat16* q, const uint8_
                                             int batch, int n_heads, int n_kv_heads, int head_dim,
                                             int max_pages_per_seq, int max_seq_len, int unrotate_block,
                                             void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                                            bool* unrotated, bool early_copies, int* split_counters) {
+                                            bool* unrotated, bool early_copies) {
   if (unrotated == nullptr) {
     g_last_error.clear();
     return reject(&g_last_error, "attention_decode_int4_unrotated: unrotated must be non-null");
   }
   return launch(KvFormat::INT4, q, kv_pool, block_table, seq_lens, out, batch, n_heads, n_kv_heads, head_dim,
                 max_pages_per_seq, max_seq_len, workspace, workspace_bytes, stream, unrotate_block, unrotated, nullptr,
-                KvFormat::INT4, early_copies, split_counters);
+                KvFormat::INT4, early_copies);
 }
 
 cudaError_t attention_decode_int4_with_prologue(const AttentionDecodePrologue& p, uint8_t* kv_pool,
@@ -276,11 +263,10 @@ cudaError_t attention_decode_int4_with_prologue(const AttentionDecodePrologue& p
 cudaError_t attention_decode_bf16(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
                                   const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads,
                                   int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,
-                                  size_t workspace_bytes, cudaStream_t stream, bool early_copies,
-                                  int* split_counters) {
+                                  size_t workspace_bytes, cudaStream_t stream, bool early_copies) {
   return launch(KvFormat::BF16, q, kv_pool, block_table, seq_lens, out, batch, n_heads, n_kv_heads, head_dim,
                 max_pages_per_seq, max_seq_len, workspace, workspace_bytes, stream, 0, nullptr, nullptr, KvFormat::INT4,
-                early_copies, split_counters);
+                early_copies);
 }
 
 }  // namespace futransformer::cuda

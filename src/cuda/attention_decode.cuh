@@ -50,12 +50,6 @@ struct DecodeArgs {
   // (seq_lens[b] - 1), which the kernel before may be writing: the launchers' early_copies (decode steps only); the
   // prologue instances always do it.
   int prefetch_early;
-  // Split plans: non-null when the last CTA of each (sequence, KV head) merges the splits itself (the combine
-  // kernel's arithmetic, attention_decode_merge_head) instead of a combine launch; int32 [batch, n_kv_heads], zero
-  // before the launch and left zero. unrotate_block > 1: that merge un-rotates the head too (hd 128 only).
-  int* split_counters;
-  int unrotate_block;
-  float unrotate_scale;
 };
 
 constexpr float kNegInf = -__builtin_huge_valf();
@@ -294,62 +288,6 @@ struct PrologueSmem {
 // The RoPE'd q and k are not written back into qkv and no q_out is written. Cache tiles that do not hold the new token
 // are copied before griddepcontrol.wait, and the key anchor prefetched into L1 (in a decode step no kernel writes
 // either), so their latency overlaps the kernel before (the QKV GEMM).
-// H_block of one head held one channel per thread (thread c of the CTA: channel c, kD threads), block a power of two
-// in 2..kD: rotate_heads_bf16's operations in its order (butterfly strides 1, 2, .., block / 2, the pair (j, j + h)
-// becoming (a + b, a − b) with a = x[j], each one IEEE operation; then one multiply by scale), so the same bits.
-// Strides below 32 pair lanes of one warp (channel c ^ h is lane ^ h); larger ones pair warps through shared memory,
-// one barrier per stage: the two exchange buffers alternate, so a stage's writes never meet the previous stage's
-// reads. block is uniform over the CTA and every thread arrives here, so the shuffles are full and every thread
-// takes part in every barrier.
-template <int kD>
-__device__ __forceinline__ float hadamard_head(float x, int block, float scale, float (&exchange)[2][kD]) {
-  const int c = static_cast<int>(threadIdx.x);
-  for (int h = 1; h < block && h < kWarpSize; h *= 2) {
-    const float other = __shfl_xor_sync(0xffffffffu, x, h);
-    x = (c & h) ? __fsub_rn(other, x) : __fadd_rn(x, other);
-  }
-  int buf = 0;
-  for (int h = kWarpSize; h < block; h *= 2, buf ^= 1) {
-    exchange[buf][c] = x;
-    __syncthreads();
-    const float other = exchange[buf][c ^ h];
-    x = (c & h) ? __fsub_rn(other, x) : __fadd_rn(x, other);  // c & h is warp-uniform for h >= 32
-  }
-  return __fmul_rn(x, scale);
-}
-
-// Head bh of a split plan: out[bh, :] = Σ_s 2^(lse_s − M) o_s / Σ_s 2^(lse_s − M) in split order, M = max_s lse_s,
-// rounded to BF16; kUnrotate: then un-rotated (hadamard_head) and rounded again, exactly what rotate_heads_bf16 would
-// store. A CTA of exactly kD threads, thread c computing channel c; every thread must call it (barriers). The
-// partials are read through L2 (__ldcg): in the decode kernel's fused merge other CTAs of the same grid wrote them.
-// weight: kMaxSplits floats of shared memory.
-template <int kD, bool kUnrotate>
-__device__ __forceinline__ void attention_decode_merge_head(const float* partial_o, const float* partial_lse,
-                                                            __nv_bfloat16* out, int64_t bh, int splits,
-                                                            int unrotate_block, float unrotate_scale, float* weight,
-                                                            float (&exchange)[2][kD]) {
-  const int c = static_cast<int>(threadIdx.x);
-  const float* lse = partial_lse + bh * splits;
-  float mx = kNegInf;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(lse + s));
-  if (c < splits) weight[c] = mx == kNegInf ? 0.0f : ptx::ex2_approx(__ldcg(lse + c) - mx);
-  __syncthreads();
-  float num = 0.0f, den = 0.0f;
-  for (int s = 0; s < splits; ++s) {
-    num = fmaf(weight[s], __ldcg(partial_o + (bh * splits + s) * kD + c), num);
-    den += weight[s];
-  }
-  const __nv_bfloat16 v = __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);
-  if constexpr (kUnrotate) {
-    // A BF16 widens to fp32 exactly: the un-rotation starts from the bits the plain merge would have stored.
-    out[bh * kD + c] =
-        __float2bfloat16_rn(hadamard_head<kD>(__bfloat162float(v), unrotate_block, unrotate_scale, exchange));
-  } else {
-    out[bh * kD + c] = v;
-  }
-  __syncthreads();  // weight and exchange are reused by the next head
-}
-
 template <bool kInt4, int kD, Prologue kP = Prologue::kNone>
 __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm))
     attention_decode_kernel(const DecodeArgs args, const fused::QkvArgs pro) {
@@ -662,35 +600,30 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
       if (c == 0) args.partial_lse[row] = den > 0.0f ? mx + log2f(den) : kNegInf;
     }
   }
-  // The fused merge (split plans with split_counters, head_dim 128: one thread per channel): the CTA that writes
-  // the last partials of its (sequence, KV head) merges its G heads, as the combine kernel would, and resets the
-  // counter. Each thread's partials are made visible device-wide before the CTA takes its ticket; the last one
-  // orders its reads after the ticket (the fence pattern of the CUDA guide's "last block" reduction).
-  if constexpr (kD == kThreads) {
-    if (args.split_counters != nullptr && args.splits > 1) {
-      __shared__ int last;
-      __threadfence();
-      __syncthreads();
-      int* counter = args.split_counters + int64_t{b} * args.n_kv_heads + kvh;
-      if (threadIdx.x == 0) last = atomicAdd(counter, 1) == args.splits - 1;
-      __syncthreads();
-      if (last) {
-        __threadfence();
-        float* weight = reinterpret_cast<float*>(smem);  // the ring and the warp merge are done with it
-        float(&exchange)[2][kD] = *reinterpret_cast<float(*)[2][kD]>(weight + kMaxSplits);
-        for (int h = 0; h < G; ++h) {
-          if (args.unrotate_block > 1) {
-            attention_decode_merge_head<kD, true>(args.partial_o, args.partial_lse, args.out, head0 + h, args.splits,
-                                                  args.unrotate_block, args.unrotate_scale, weight, exchange);
-          } else {
-            attention_decode_merge_head<kD, false>(args.partial_o, args.partial_lse, args.out, head0 + h,
-                                                   args.splits, 1, 1.0f, weight, exchange);
-          }
-        }
-        if (threadIdx.x == 0) *counter = 0;
-      }
-    }
+}
+
+// H_block of one head held one channel per thread (thread c of the CTA: channel c, kD threads), block a power of two
+// in 2..kD: rotate_heads_bf16's operations in its order (butterfly strides 1, 2, .., block / 2, the pair (j, j + h)
+// becoming (a + b, a − b) with a = x[j], each one IEEE operation; then one multiply by scale), so the same bits.
+// Strides below 32 pair lanes of one warp (channel c ^ h is lane ^ h); larger ones pair warps through shared memory,
+// one barrier per stage: the two exchange buffers alternate, so a stage's writes never meet the previous stage's
+// reads. block is uniform over the CTA and every thread arrives here, so the shuffles are full and every thread
+// takes part in every barrier.
+template <int kD>
+__device__ __forceinline__ float hadamard_head(float x, int block, float scale, float (&exchange)[2][kD]) {
+  const int c = static_cast<int>(threadIdx.x);
+  for (int h = 1; h < block && h < kWarpSize; h *= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, x, h);
+    x = (c & h) ? __fsub_rn(other, x) : __fadd_rn(x, other);
   }
+  int buf = 0;
+  for (int h = kWarpSize; h < block; h *= 2, buf ^= 1) {
+    exchange[buf][c] = x;
+    __syncthreads();
+    const float other = exchange[buf][c ^ h];
+    x = (c & h) ? __fsub_rn(other, x) : __fadd_rn(x, other);  // c & h is warp-uniform for h >= 32
+  }
+  return __fmul_rn(x, scale);
 }
 
 // out[bh, :] = Σ_s 2^(lse_s − M) o_s / Σ_s 2^(lse_s − M), in split order; one CTA of kD threads per (b, head).
@@ -709,9 +642,27 @@ __global__ void __launch_bounds__(kD)
   // Launched as a programmatic dependent of the decode kernel: wait until its partials are complete and visible.
   ptx::griddepcontrol_wait();
   __shared__ float weight[kMaxSplits];
-  __shared__ float exchange[2][kD];
-  attention_decode_merge_head<kD, kUnrotate>(partial_o, partial_lse, out, blockIdx.x, splits, unrotate_block,
-                                             unrotate_scale, weight, exchange);
+  const int64_t bh = blockIdx.x;
+  const float* lse = partial_lse + bh * splits;
+  float mx = kNegInf;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, lse[s]);
+  if (static_cast<int>(threadIdx.x) < splits)
+    weight[threadIdx.x] = mx == kNegInf ? 0.0f : ptx::ex2_approx(lse[threadIdx.x] - mx);
+  __syncthreads();
+  float num = 0.0f, den = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    num = fmaf(weight[s], partial_o[(bh * splits + s) * kD + threadIdx.x], num);
+    den += weight[s];
+  }
+  const __nv_bfloat16 v = __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);
+  if constexpr (kUnrotate) {
+    __shared__ float exchange[2][kD];
+    // A BF16 widens to fp32 exactly: the un-rotation starts from the bits the plain kernel would have stored.
+    out[bh * kD + threadIdx.x] =
+        __float2bfloat16_rn(hadamard_head<kD>(__bfloat162float(v), unrotate_block, unrotate_scale, exchange));
+  } else {
+    out[bh * kD + threadIdx.x] = v;
+  }
 }
 
 }  // namespace futransformer::cuda::attn

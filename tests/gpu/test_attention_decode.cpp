@@ -249,7 +249,7 @@ TEST(AttentionDecodeHost, CanImplementNamesTheProblem) {
     const auto launcher = b.f == KvFormat::BF16 ? cuda::attention_decode_bf16 : cuda::attention_decode_int4;
     if (b.f != KvFormat::FP8) {
       EXPECT_EQ(launcher(nullptr, nullptr, nullptr, nullptr, nullptr, b.batch, b.n_heads, b.n_kv, b.hd, b.max_pages,
-                         b.max_len, nullptr, 0, nullptr, false, nullptr),
+                         b.max_len, nullptr, 0, nullptr, false),
                 cudaErrorInvalidValue);
       EXPECT_NE(std::string(cuda::attention_decode_last_error()).find(b.needle), std::string::npos);
     }

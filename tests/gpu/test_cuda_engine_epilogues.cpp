@@ -359,53 +359,6 @@ TEST(CudaEngineEpiloguesUnrotation, SplitDecodeAttentionUnrotatesInItsCombine) {
 // a long context (split attention: the combine un-rotates) and a short one (unsplit: the separate un-rotation), and
 // for a plain INT4 cache. The model has head_dim 128 and 8 query heads on 2 KV heads (the quad path's shape: 12 head
 // items per row). The profile shows which kernels ran.
-// CudaEngineOptions::decode_attention_merge_in_kernel (default on): split decode attention launches at head_dim 128
-// merge their splits (and un-rotate int4-hadamard heads) in the decode kernel's last CTA per (sequence, KV head)
-// instead of the combine kernel. Against an engine with it off: identical logits over prompts and graph-replayed
-// decode steps at a long context (the step plans split) for bf16, int4 and int4-hadamard caches; then the split
-// counters are reused by every layer of every step, so any counter left non-zero would change the next step.
-TEST(CudaEngineEpiloguesAttentionMerge, MergeInTheKernelChangesNoResult) {
-  FT_REQUIRE_HOPPER();
-  test::TinyLlama s = test::tiny_llama_w4a16_shape();
-  s.heads = 8;
-  s.kv_heads = 2;
-  s.head_dim = 128;
-  Model m = bf16_model(test::make_tiny_llama(s, 67));
-  m.config.max_position_embeddings = 2048;
-  for (const char* recipe :
-       {"int4-rtn-g64-bf16+kv-int4-hadamard", "int4-rtn-g64-bf16+kv-int4", "int4-rtn-g64-bf16+kv-bf16"}) {
-    SCOPED_TRACE(recipe);
-    const quant::QuantizedModel q = quantise(m, recipe);
-    CudaEngineOptions co = cuda_engine_options(q.recipe);
-    co.max_sequences = 4;
-    co.max_sequence_length = 1536;
-    co.int4_dequant_min_rows = 0;
-    EXPECT_TRUE(co.decode_attention_merge_in_kernel) << "on by default";
-    std::unique_ptr<CudaEngine> merged = make_cuda_engine(q, co);
-    co.decode_attention_merge_in_kernel = false;
-    std::unique_ptr<CudaEngine> combined = make_cuda_engine(q, co);
-    const int nh = static_cast<int>(s.heads), nkv = static_cast<int>(s.kv_heads), hd = static_cast<int>(s.head_dim);
-    ASSERT_GT(cuda::attention_decode_workspace_bytes(co.kv, 2, nh, nkv, hd, 1536 / 64, 1200), 0u)
-        << "the premise: decode steps at this context split";
-    std::mt19937 rng(31);
-    std::vector<SequenceChunk> batch = {{0, test::random_token_ids(1100, s.vocab, rng)},
-                                        {1, test::random_token_ids(40, s.vocab, rng)}};
-    const auto pm = merged->forward(batch), pc = combined->forward(batch);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      ASSERT_EQ(pm[i], pc[i]) << "prompt, sequence " << batch[i].seq_id;
-      batch[i].tokens = {argmax(pm[i])};
-    }
-    for (int k = 0; k < 6; ++k) {
-      const auto lm = merged->forward(batch), lc = combined->forward(batch);
-      for (size_t i = 0; i < batch.size(); ++i) {
-        ASSERT_EQ(lm[i], lc[i]) << "decode step " << k << ", sequence " << batch[i].seq_id;
-        batch[i].tokens = {argmax(lm[i])};
-      }
-    }
-    EXPECT_EQ(merged->forward_greedy(batch), combined->forward_greedy(batch));
-  }
-}
-
 TEST(CudaEngineEpiloguesAttentionPrologue, DecodeAttentionRunsThePrologue) {
   FT_REQUIRE_HOPPER();
   test::TinyLlama s = test::tiny_llama_w4a16_shape();

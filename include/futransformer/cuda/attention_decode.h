@@ -59,22 +59,14 @@ size_t attention_decode_workspace_bytes(formats::KvFormat format, int batch, int
 // attention prologue appends that token and nothing else. The kernel then copies every other cache tile (and reads
 // the block table) before its griddepcontrol.wait, so those copies overlap the kernel before it; the tile holding the
 // last token is copied after the wait. Same output bits either way. false: everything is read after the wait.
-//
-// split_counters (optional): int32 [batch * n_kv_heads], all zero before the call, 4-byte aligned; the call leaves
-// them all zero. Where the plan splits the sequences across CTAs and head_dim is 128, the CTA that finishes a
-// (sequence, KV head) last — it takes a ticket from the counter after its partials are visible — merges that KV
-// head's query heads itself (and un-rotates them for attention_decode_int4_unrotated) instead of a combine launch:
-// the same bits, one kernel fewer. The counters must not be used by a concurrent launch. nullptr: the combine kernel.
 cudaError_t attention_decode_int4(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
                                   const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads,
                                   int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,
-                                  size_t workspace_bytes, cudaStream_t stream, bool early_copies = false,
-                                  int* split_counters = nullptr);
+                                  size_t workspace_bytes, cudaStream_t stream, bool early_copies = false);
 cudaError_t attention_decode_bf16(const __nv_bfloat16* q, const uint8_t* kv_pool, const int32_t* block_table,
                                   const int32_t* seq_lens, __nv_bfloat16* out, int batch, int n_heads, int n_kv_heads,
                                   int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,
-                                  size_t workspace_bytes, cudaStream_t stream, bool early_copies = false,
-                                  int* split_counters = nullptr);
+                                  size_t workspace_bytes, cudaStream_t stream, bool early_copies = false);
 
 // attention_decode_int4, fused with the un-rotation of an INT4_HADAMARD output where the launch allows it: with
 // unrotate_block > 1 and a plan that splits the sequences across CTAs (attention_decode_workspace_bytes > 0 for the
@@ -91,8 +83,7 @@ cudaError_t attention_decode_int4_unrotated(const __nv_bfloat16* q, const uint8_
                                             int batch, int n_heads, int n_kv_heads, int head_dim,
                                             int max_pages_per_seq, int max_seq_len, int unrotate_block,
                                             void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                                            bool* unrotated, bool early_copies = false,
-                                            int* split_counters = nullptr);
+                                            bool* unrotated, bool early_copies = false);
 
 // The decode step's attention prologue and attention_decode_int4_unrotated in one kernel (an INT4 or INT4_HADAMARD
 // cache at head_dim 128, one new token per sequence). The fields are qkv_rope_kv_append's (fused_ops.h), for

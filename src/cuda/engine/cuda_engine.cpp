@@ -263,9 +263,6 @@ class CudaEngineImpl final : public CudaEngine {
   DeviceArray<int32_t> meta_, ids_;
   int32_t* meta_host_ = nullptr;      // pinned mirror of meta_
   DeviceArray<uint8_t> gemm_ws_, attn_ws_;
-  // Decode attention's split counters (CudaEngineOptions::decode_attention_merge_in_kernel): int32 [max_sequences,
-  // n_kv_heads], zeroed once here; every launch leaves them zero.
-  DeviceArray<int32_t> attn_counters_;
   DeviceArray<uint8_t> dequant_ws_;  // BF16 copy of the largest INT4 projection (dequant_min_rows_ > 0)
   DeviceArray<double> uniforms_;       // forward_sample: one draw per head row
   DeviceArray<uint8_t> sample_ws_;     // forward_sample: sort workspace (allocated on first use)
@@ -580,10 +577,6 @@ void CudaEngineImpl::allocate_buffers() {
   if (opt_.kv == formats::KvFormat::INT4_HADAMARD)
     anchors_.allocate(static_cast<size_t>(L * S * kv_width_), "KV key anchors");
   if (anchors_.get()) cuda_check(cudaMemset(anchors_.get(), 0, anchors_.bytes()), "KV key anchors");
-  if (opt_.decode_attention_merge_in_kernel) {
-    attn_counters_.allocate(static_cast<size_t>(S * c.num_key_value_heads), "decode attention split counters");
-    cuda_check(cudaMemset(attn_counters_.get(), 0, attn_counters_.bytes()), "decode attention split counters");
-  }
   memory_.kv_cache = static_cast<int64_t>(kv_pool_.bytes() + anchors_.bytes());
 
   x_.allocate(static_cast<size_t>(R * h), "residual stream");
@@ -997,7 +990,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       const cudaError_t e = cuda::attention_decode_int4_unrotated(
           bf(q_), pool, m + ml.block_table, m + ml.seq_lens, bf(att_), r, nh, nkv, hd,
           static_cast<int>(pages_per_seq_), static_cast<int>(max_len), hadamard_block_, attn_ws_.get(),
-          attn_ws_.bytes(), stream_, &attention_unrotated, early_copies, attn_counters_.get());
+          attn_ws_.bytes(), stream_, &attention_unrotated, early_copies);
       check_op(e, attention_unrotated ? "decode attention + un-rotation" : "decode attention",
                cuda::attention_decode_last_error);
     } else if (fast) {
@@ -1005,7 +998,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                                                                 : cuda::attention_decode_int4;
       check_op(fn(bf(q_), pool, m + ml.block_table, m + ml.seq_lens, bf(att_), r, nh, nkv, hd,
                   static_cast<int>(pages_per_seq_), static_cast<int>(max_len), attn_ws_.get(), attn_ws_.bytes(),
-                  stream_, early_copies, attn_counters_.get()),
+                  stream_, early_copies),
                "decode attention", cuda::attention_decode_last_error);
     } else {
       check_op(cuda::attention_decode_generic(opt_.kv, bf(q_), pool, m + ml.block_table, m + ml.seq_lens, bf(att_), r,

@@ -108,6 +108,26 @@ struct RingCursor {
   }
 };
 
+// The group bookkeeping of a warp's K range as running counters (warp-uniform): blocks left in the current group —
+// the range may start inside one — and that group's index among the staged scales. Two instructions per block where
+// recomputing the block's column and testing it against the group took about five. kcol0: the range's first column;
+// group_base: the first group of the CTA's K slice.
+struct GroupCursor {
+  int blocks, left, at;
+  __device__ __forceinline__ GroupCursor(int kcol0, int group, int group_shift, int group_base)
+      : blocks(group / kBlockK), left(group / kBlockK - (kcol0 & (group - 1)) / kBlockK),
+        at((kcol0 >> group_shift) - group_base) {}
+  // After a block: whether it ended its group.
+  __device__ __forceinline__ bool block_ends_group() { return --left == 0; }
+  // The ending group's scale index; the cursor moves to the next group.
+  __device__ __forceinline__ int next_group() {
+    left = blocks;
+    return at++;
+  }
+  // Whether the current group holds blocks not flushed yet (a range that ended inside it).
+  __device__ __forceinline__ bool open() const { return left != blocks; }
+};
+
 // kSwapTiles: 0 = 16-row path (activations as A, kMT m tiles), 1 = swapped with one n = 8 activation tile
 // (M <= 8), 2 = swapped with two (M = 9..16), 3 / 4 = swapped with three / four (M = 17..24 / 25..32; kMT = 2, the
 // m tiles those rows span, which sizes the register cap and the cross-warp reduction buffer). kCtaWarps warps per
@@ -359,18 +379,9 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
       for (int e = 0; e < 4; ++e) corr[c][e] = 0.0f;
   };
 
-  // The group bookkeeping as running counters (warp-uniform): blocks left in the current group — a warp's range may
-  // start inside one — and that group's index among the staged scales. Two instructions per block where recomputing
-  // the block's column and testing it against the group and the range end took about five.
-  const int group_blocks = group / kBlockK;
-  int group_left = group_blocks - (kcol0 & (group - 1)) / kBlockK;
-  int group_at = (kcol0 >> group_shift) - group_base;
+  GroupCursor groups_left(kcol0, group, group_shift, group_base);
   auto after_block = [&]() {
-    if (--group_left == 0) {
-      flush_group(group_at);
-      ++group_at;
-      group_left = group_blocks;
-    }
+    if (groups_left.block_ends_group()) flush_group(groups_left.next_group());
   };
 
   // Block `fetch` (even) and fetch + 1 go to ring slots fetch % kRing and the next one; wnext points at block
@@ -413,7 +424,7 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   }
   // A range that ends inside a group (n_steps > 0: a warp without blocks has nothing to flush, and its group index
   // may lie outside the staged scales).
-  if (n_steps > 0 && group_left != group_blocks) flush_group(group_at);
+  if (n_steps > 0 && groups_left.open()) flush_group(groups_left.next_group());
   ptx::cp_async_wait_group<0>();  // only empty groups can be left; leave none behind
 
   if (t.warps_k > 1) {

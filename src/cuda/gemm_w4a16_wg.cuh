@@ -169,11 +169,7 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
   const uint16_t* s_lane = s_s + s_frag_offset(wn, 0, sgm, swap_scale_t(lane));
   const uint32_t half_sel = scale_prmt_selector(swap_scale_half(lane), kF16Scales);
   bool fresh = true;  // the next wgmma starts the partial sums (scale-d = 0)
-  // Group bookkeeping as running counters (as the v4 loop): blocks left in the current group (the warp's range may
-  // start inside one) and its index among the staged scales.
-  const int group_blocks = group / kBlockK;
-  int group_left = group_blocks - (kcol0 & (group - 1)) / kBlockK;
-  int group_at = (kcol0 >> group_shift) - group_base;
+  GroupCursor groups_left(kcol0, group, group_shift, group_base);  // the v4 loop's group bookkeeping
 
   // Block i (warp-local) from its A registers f: four wgmma, one commit group; then the flush at a group's end.
   auto run_block = [&](uint32_t (&f)[16], int i) {
@@ -209,9 +205,8 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
     }
     ptx::wgmma_commit_group();
     fresh = false;
-    if (--group_left != 0 && i != n_steps - 1) return;
-    const int gl = group_at++;
-    group_left = group_blocks;
+    if (!groups_left.block_ends_group() && i != n_steps - 1) return;
+    const int gl = groups_left.next_group();
     ptx::wgmma_wait_group<0>();
 #pragma unroll
     for (int np = 0; np < 2; ++np)

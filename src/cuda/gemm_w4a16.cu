@@ -313,41 +313,14 @@ bool tuned_table_on() {
   return on;
 }
 
-// FT_W4A16_TUNED_EXTRA (experiments): configurations searched before the measured table, so a candidate can be tried
-// inside the whole decode step without a rebuild. Entries "N:K:m_lo:m_hi:warps:stages:ctas_per_sm:warps_n:splits"
-// separated by commas (e.g. 4096:4096:1:2:16:16:0:1:0: the 8B o projection at M = 1..2 on 16-warp CTAs with every
-// warp on one column block). Read once per process; a malformed entry is reported on stderr and skipped.
-struct ExtraTunedEntry {
-  int N = 0, K = 0, m_lo = 0, m_hi = 0;
-  w4a16::V4Config config;
-};
-const std::vector<ExtraTunedEntry>& extra_tuned_entries() {
-  static const std::vector<ExtraTunedEntry> entries = [] {
-    std::vector<ExtraTunedEntry> out;
-    const char* v = std::getenv("FT_W4A16_TUNED_EXTRA");
-    if (v == nullptr) return out;
-    std::string all(v);
-    size_t start = 0;
-    while (start <= all.size()) {
-      const size_t end = std::min(all.find(',', start), all.size());
-      const std::string item = all.substr(start, end - start);
-      start = end + 1;
-      if (item.empty()) continue;
-      int f[9];
-      char tail = 0;
-      if (std::sscanf(item.c_str(), "%d:%d:%d:%d:%d:%d:%d:%d:%d%c", &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6],
-                      &f[7], &f[8], &tail) != 9) {
-        std::fprintf(stderr, "FT_W4A16_TUNED_EXTRA: '%s' is not N:K:m_lo:m_hi:warps:stages:ctas_per_sm:warps_n:splits; "
-                     "skipped\n", item.c_str());
-        continue;
-      }
-      ExtraTunedEntry e;
-      e.N = f[0], e.K = f[1], e.m_lo = f[2], e.m_hi = f[3];
-      e.config.warps = f[4], e.config.stages = f[5], e.config.ctas_per_sm = f[6], e.config.warps_n = f[7];
-      e.config.splits = f[8];
-      out.push_back(e);
-    }
-    return out;
+// FT_W4A16_TUNED_EXTRA (experiments; w4a16::parse_tuned_extra), read once per process; problems are reported on
+// stderr once.
+const std::vector<w4a16::ExtraTunedEntry>& extra_tuned_entries() {
+  static const std::vector<w4a16::ExtraTunedEntry> entries = [] {
+    std::string warnings;
+    std::vector<w4a16::ExtraTunedEntry> r = w4a16::parse_tuned_extra(std::getenv("FT_W4A16_TUNED_EXTRA"), &warnings);
+    if (!warnings.empty()) std::fprintf(stderr, "gemm_w4a16: %s\n", warnings.c_str());
+    return r;
   }();
   return entries;
 }
@@ -375,7 +348,7 @@ Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits&
     const w4a16::TunedV4Entry* tuned = nullptr;
     const w4a16::V4Config* extra = nullptr;
     if (env_v4_config() == w4a16::V4Config{}) {
-      for (const ExtraTunedEntry& e : extra_tuned_entries())
+      for (const w4a16::ExtraTunedEntry& e : extra_tuned_entries())
         if (e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi) {
           extra = &e.config;
           break;

@@ -342,4 +342,38 @@ V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings)
   return c;
 }
 
+std::vector<ExtraTunedEntry> parse_tuned_extra(const char* text, std::string* warnings) {
+  std::vector<ExtraTunedEntry> out;
+  if (text == nullptr) return out;
+  const std::string all(text);
+  size_t start = 0;
+  while (start < all.size()) {
+    const size_t end = std::min(all.find(',', start), all.size());
+    const std::string item = all.substr(start, end - start);
+    start = end + 1;
+    if (item.empty()) continue;
+    int f[9];
+    char tail = 0;
+    const bool parsed = std::sscanf(item.c_str(), "%d:%d:%d:%d:%d:%d:%d:%d:%d%c", &f[0], &f[1], &f[2], &f[3], &f[4],
+                                    &f[5], &f[6], &f[7], &f[8], &tail) == 9;
+    const char* problem = !parsed                        ? "is not N:K:m_lo:m_hi:warps:stages:ctas_per_sm:warps_n:splits"
+                          : f[2] < 1 || f[2] > f[3]      ? "has m_lo < 1 or m_lo > m_hi"
+                          : !v4_kernel_compiled(f[4], f[5]) ? "names a (warps, stages) pair that is not compiled"
+                                                         : nullptr;
+    if (problem != nullptr) {
+      if (warnings) {
+        if (!warnings->empty()) warnings->push_back(' ');
+        warnings->append("FT_W4A16_TUNED_EXTRA: '").append(item).append("' ").append(problem).append("; skipped.");
+      }
+      continue;
+    }
+    ExtraTunedEntry e;
+    e.N = f[0], e.K = f[1], e.m_lo = f[2], e.m_hi = f[3];
+    e.config.warps = f[4], e.config.stages = f[5], e.config.ctas_per_sm = f[6], e.config.warps_n = f[7];
+    e.config.splits = f[8];
+    out.push_back(e);
+  }
+  return out;
+}
+
 }  // namespace futransformer::cuda::w4a16

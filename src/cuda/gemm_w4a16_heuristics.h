@@ -72,6 +72,18 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& limits,
 V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings);
 std::string describe_config(const V4Config& c);
 
+// One entry of FT_W4A16_TUNED_EXTRA: a configuration for shape (N, K) at M = m_lo..m_hi, searched before the
+// measured table (gemm_w4a16_tuned.h), so a candidate can be tried inside the whole decode step without a rebuild.
+struct ExtraTunedEntry {
+  int N = 0, K = 0, m_lo = 0, m_hi = 0;
+  V4Config config;  // warps, stages, ctas_per_sm, warps_n, splits from the entry; the rest default
+};
+// Entries "N:K:m_lo:m_hi:warps:stages:ctas_per_sm:warps_n:splits" separated by commas, in order (e.g.
+// "4096:4096:1:2:16:16:0:1:0": the 8B o projection at M = 1..2 on 16-warp CTAs with every warp on one column block).
+// An entry that does not parse, has m_lo > m_hi or a (warps, stages) pair that is not compiled is skipped with a
+// sentence in *warnings. null or empty text: none.
+std::vector<ExtraTunedEntry> parse_tuned_extra(const char* text, std::string* warnings);
+
 // The candidates `bench_gemm_w4a16 --sweep` times side by side and the GPU tests check against the CPU twin; the
 // first is the default. Names: w<warps>s<stages>, c<n> for ctas_per_sm = n, swap16 for the two-tile path, swap32
 // for the three/four-tile path (M = 17..32).

@@ -741,6 +741,48 @@ const char* fake_getenv(const char* name) {
   return nullptr;
 }
 
+TEST(GemmW4A16Host, TunedExtraEntriesFromEnvironment) {
+  std::string warnings;
+  EXPECT_TRUE(w4::parse_tuned_extra(nullptr, &warnings).empty());
+  EXPECT_TRUE(w4::parse_tuned_extra("", &warnings).empty());
+  EXPECT_TRUE(warnings.empty()) << warnings;
+
+  const std::vector<w4::ExtraTunedEntry> e =
+      w4::parse_tuned_extra("4096:4096:1:2:16:16:0:1:0,6144:4096:6:8:8:16:2:0:3", &warnings);
+  EXPECT_TRUE(warnings.empty()) << warnings;
+  ASSERT_EQ(e.size(), 2u);
+  EXPECT_EQ(e[0].N, 4096);
+  EXPECT_EQ(e[0].K, 4096);
+  EXPECT_EQ(e[0].m_lo, 1);
+  EXPECT_EQ(e[0].m_hi, 2);
+  EXPECT_EQ(e[0].config.warps, 16);
+  EXPECT_EQ(e[0].config.stages, 16);
+  EXPECT_EQ(e[0].config.warps_n, 1);
+  EXPECT_EQ(e[0].config.splits, 0);
+  EXPECT_EQ(e[1].N, 6144);
+  EXPECT_EQ(e[1].m_lo, 6);
+  EXPECT_EQ(e[1].m_hi, 8);
+  EXPECT_EQ(e[1].config.ctas_per_sm, 2);
+  EXPECT_EQ(e[1].config.splits, 3);
+  w4::V4Config rest = e[1].config;  // everything the entry does not name stays at its default
+  rest.warps = w4::kWarps, rest.stages = w4::kStages, rest.ctas_per_sm = 0, rest.splits = 0;
+  EXPECT_EQ(rest, w4::V4Config{});
+
+  // Malformed, an empty M range and an uncompiled (warps, stages): each skipped with a sentence; the good one stays.
+  warnings.clear();
+  const std::vector<w4::ExtraTunedEntry> f =
+      w4::parse_tuned_extra("4096:4096:1:2:16:16:0:1,4096:4096:3:2:8:16:0:0:0,4096:4096:1:2:12:16:0:0:0,"
+                            "4096:4096:1:2:16:16:0:1:0x,8192:8192:1:1:24:8:0:0:0",
+                            &warnings);
+  ASSERT_EQ(f.size(), 1u) << warnings;
+  EXPECT_EQ(f[0].N, 8192);
+  EXPECT_EQ(f[0].config.warps, 24);
+  for (const char* needle : {"'4096:4096:1:2:16:16:0:1' is not", "'4096:4096:3:2:8:16:0:0:0' has m_lo",
+                             "'4096:4096:1:2:12:16:0:0:0' names a (warps, stages) pair",
+                             "'4096:4096:1:2:16:16:0:1:0x' is not"})
+    EXPECT_NE(warnings.find(needle), std::string::npos) << "'" << warnings << "' lacks '" << needle << "'";
+}
+
 TEST(GemmW4A16Host, V4ConfigFromEnvironment) {
   std::string warnings;
   g_fake_env = {};

@@ -357,9 +357,12 @@ std::vector<ExtraTunedEntry> parse_tuned_extra(const char* text, std::string* wa
     const bool parsed = std::sscanf(item.c_str(), "%d:%d:%d:%d:%d:%d:%d:%d:%d%c", &f[0], &f[1], &f[2], &f[3], &f[4],
                                     &f[5], &f[6], &f[7], &f[8], &tail) == 9;
     const char* problem = !parsed                        ? "is not N:K:m_lo:m_hi:warps:stages:ctas_per_sm:warps_n:splits"
+                          : f[0] < 1 || f[1] < 1         ? "has N or K below 1"
                           : f[2] < 1 || f[2] > f[3]      ? "has m_lo < 1 or m_lo > m_hi"
                           : !v4_kernel_compiled(f[4], f[5]) ? "names a (warps, stages) pair that is not compiled"
-                                                         : nullptr;
+                          : f[6] < 0 || f[6] > 8 || f[7] < 0 || f[7] > kMaxWarpsN || f[8] < 0 || f[8] > kMaxSplits
+                              ? "has ctas_per_sm, warps_n or splits outside parse_v4_config's ranges"
+                              : nullptr;
     if (problem != nullptr) {
       if (warnings) {
         if (!warnings->empty()) warnings->push_back(' ');

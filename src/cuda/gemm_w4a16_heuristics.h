@@ -80,8 +80,9 @@ struct ExtraTunedEntry {
 };
 // Entries "N:K:m_lo:m_hi:warps:stages:ctas_per_sm:warps_n:splits" separated by commas, in order (e.g.
 // "4096:4096:1:2:16:16:0:1:0": the 8B o projection at M = 1..2 on 16-warp CTAs with every warp on one column block).
-// An entry that does not parse, has m_lo > m_hi or a (warps, stages) pair that is not compiled is skipped with a
-// sentence in *warnings. null or empty text: none.
+// An entry that does not parse, has N or K below 1, m_lo > m_hi, a (warps, stages) pair that is not compiled, or
+// ctas_per_sm / warps_n / splits outside parse_v4_config's ranges (0..8, 0..kMaxWarpsN, 0..kMaxSplits) is skipped
+// with a sentence in *warnings. null or empty text: none.
 std::vector<ExtraTunedEntry> parse_tuned_extra(const char* text, std::string* warnings);
 
 // The candidates `bench_gemm_w4a16 --sweep` times side by side and the GPU tests check against the CPU twin; the

@@ -384,9 +384,9 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
     if (groups_left.block_ends_group()) flush_group(groups_left.next_group());
   };
 
-  // Block `fetch` (even) and fetch + 1 go to ring slots fetch % kRing and the next one; wnext points at block
-  // fetch of this lane. Unsigned masks, running pointers: the issue slots this loop spends on addresses are
-  // instructions the weight stream cannot use (docs/notes/w4a16-tuning.md).
+  // Block `fetch` (even) and fetch + 1 go to the lane's ring slots at cursor.fetch; wnext points at block fetch of
+  // this lane. Running offsets and pointers (RingCursor, GroupCursor): the issue slots this loop spends on addresses
+  // are instructions the weight stream cannot use (docs/notes/w4a16-tuning.md).
   int fetch = 2 * (kPairs - 1);
   const uint4* wnext = wsrc + fetch * kWarpSize;
   const uint32_t ring_smem = ptx::smem_addr(ring);

@@ -768,18 +768,21 @@ TEST(GemmW4A16Host, TunedExtraEntriesFromEnvironment) {
   rest.warps = w4::kWarps, rest.stages = w4::kStages, rest.ctas_per_sm = 0, rest.splits = 0;
   EXPECT_EQ(rest, w4::V4Config{});
 
-  // Malformed, an empty M range and an uncompiled (warps, stages): each skipped with a sentence; the good one stays.
+  // Malformed, an empty M range, an uncompiled (warps, stages), out-of-range counts, N = 0: each skipped with a
+  // sentence; the good one stays.
   warnings.clear();
   const std::vector<w4::ExtraTunedEntry> f =
       w4::parse_tuned_extra("4096:4096:1:2:16:16:0:1,4096:4096:3:2:8:16:0:0:0,4096:4096:1:2:12:16:0:0:0,"
-                            "4096:4096:1:2:16:16:0:1:0x,8192:8192:1:1:24:8:0:0:0",
+                            "4096:4096:1:2:16:16:0:1:0x,8192:8192:1:1:24:8:0:0:0,4096:4096:1:2:8:16:-1:0:0,"
+                            "4096:4096:1:2:8:16:0:0:65,0:4096:1:2:8:16:0:0:0",
                             &warnings);
   ASSERT_EQ(f.size(), 1u) << warnings;
   EXPECT_EQ(f[0].N, 8192);
   EXPECT_EQ(f[0].config.warps, 24);
   for (const char* needle : {"'4096:4096:1:2:16:16:0:1' is not", "'4096:4096:3:2:8:16:0:0:0' has m_lo",
                              "'4096:4096:1:2:12:16:0:0:0' names a (warps, stages) pair",
-                             "'4096:4096:1:2:16:16:0:1:0x' is not"})
+                             "'4096:4096:1:2:16:16:0:1:0x' is not", "'4096:4096:1:2:8:16:-1:0:0' has ctas_per_sm",
+                             "'4096:4096:1:2:8:16:0:0:65' has ctas_per_sm", "'0:4096:1:2:8:16:0:0:0' has N or K"})
     EXPECT_NE(warnings.find(needle), std::string::npos) << "'" << warnings << "' lacks '" << needle << "'";
 }
 

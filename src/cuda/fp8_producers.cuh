@@ -17,6 +17,7 @@
 #include "cuda/fp8_block_quant.cuh"
 #include "cuda/hadamard_lanes.cuh"
 #include "cuda/ptx/cvt.cuh"
+#include "cuda/shared_divisor.h"
 
 namespace futransformer::cuda::fp8p {
 
@@ -58,6 +59,19 @@ __device__ __forceinline__ void store_codes(uint8_t* dst, const float (&q)[V]) {
   }
 }
 
+// q = y / s for every code of a row: the IEEE quotient, through one reciprocal per row (shared_divisor.h) when s is
+// in that header's domain — every row scale but a NaN (non-finite row) or one under 2^-60 — else __fdiv_rn. Same
+// bits either way; the caller branches once per row (s is CTA-uniform) and passes the chosen division to `body`.
+template <class Body>
+__device__ __forceinline__ void with_row_division(float s, const Body& body) {
+  if (divisor::usable(s)) {
+    const divisor::SharedDivisor d = divisor::make_shared_divisor(s);
+    body([d](float y) { return divisor::divide(y, d); });
+  } else {
+    body([s](float y) { return __fdiv_rn(y, s); });
+  }
+}
+
 // Per-token FP8 of one row of `units` × V values, where gen(u, y) computes the V values of unit u (thread t handles
 // units t, t + blockDim.x, ... in both passes). codes: the row's codes; scale: where its scale goes; y_debug: the
 // row's fp32 y, or null. Every thread of the block must call this (it synchronises).
@@ -85,13 +99,15 @@ __device__ __forceinline__ void quantize_row(const Gen& gen, int units, uint8_t*
   if (!(s > 0.0f)) s = 1.0f;
   if (!all_finite) s = ops::nan_f32();
   if (threadIdx.x == 0) *scale = s;
-  for (int u = threadIdx.x; u < units; u += blockDim.x) {
-    float y[V];
-    gen(u, y);
+  with_row_division(s, [&](const auto& div) {
+    for (int u = threadIdx.x; u < units; u += blockDim.x) {
+      float y[V];
+      gen(u, y);
 #pragma unroll
-    for (int k = 0; k < V; ++k) y[k] = __fdiv_rn(y[k], s);
-    store_codes<V>(codes + u * V, y);
-  }
+      for (int k = 0; k < V; ++k) y[k] = div(y[k]);
+      store_codes<V>(codes + u * V, y);
+    }
+  });
 }
 
 // The scale step of quantize_row, once every thread holds its amax and finite flag: the same reduction, the same
@@ -120,15 +136,17 @@ constexpr int kRegMaxThreads = 512;  // rows of up to kRegUnits * 512 units take
 // Codes of one thread's units (unit u = threadIdx.x + k * blockDim.x) from its y registers.
 template <int V, int kUnits>
 __device__ __forceinline__ void store_units(const float (&y)[kUnits][V], int units, uint8_t* codes, float s) {
+  with_row_division(s, [&](const auto& div) {
 #pragma unroll
-  for (int k = 0; k < kUnits; ++k) {
-    const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
-    if (u >= units) break;
-    float q[V];
+    for (int k = 0; k < kUnits; ++k) {
+      const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+      if (u >= units) break;
+      float q[V];
 #pragma unroll
-    for (int e = 0; e < V; ++e) q[e] = __fdiv_rn(y[k][e], s);
-    store_codes<V>(codes + static_cast<int64_t>(u) * V, q);
-  }
+      for (int e = 0; e < V; ++e) q[e] = div(y[k][e]);
+      store_codes<V>(codes + static_cast<int64_t>(u) * V, q);
+    }
+  });
 }
 
 // amax, finite flag and debug copy of one thread's y registers.
@@ -257,13 +275,15 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
   }
   const float s = row_scale(amax, finite, scales + blockIdx.x, red_max);
   if (!active) return;
+  with_row_division(s, [&](const auto& div) {
 #pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    float q[kBf16Vec];
+    for (int k = 0; k < 2; ++k) {
+      float q[kBf16Vec];
 #pragma unroll
-    for (int e = 0; e < kBf16Vec; ++e) q[e] = __fdiv_rn(y[k][e], s);
-    store_codes<kBf16Vec>(codes + static_cast<int64_t>(blockIdx.x) * cols + t * kVec + k * kBf16Vec, q);
-  }
+      for (int e = 0; e < kBf16Vec; ++e) q[e] = div(y[k][e]);
+      store_codes<kBf16Vec>(codes + static_cast<int64_t>(blockIdx.x) * cols + t * kVec + k * kBf16Vec, q);
+    }
+  });
 }
 
 // RMSNorm → FP8, row in registers, with rmsnorm_kernel's summation order kept exactly. That order is defined by a
@@ -348,17 +368,18 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
   }
   const float q_scale = row_scale(amax, finite, scales + blockIdx.x, red_max);
   uint8_t* cr = codes + row;
+  with_row_division(q_scale, [&](const auto& div) {
 #pragma unroll
-  for (int i = 0; i < K; ++i) {
+    for (int i = 0; i < K; ++i) {
 #pragma unroll
-    for (int k = 0; k < kIter; ++k) {
-      const int j = (warp * K + i) * kWarp + lane + k * vt_count;
-      if (j >= units) continue;
-      const float q[kRmsnormVec] = {__fdiv_rn(v[i][k].x, q_scale), __fdiv_rn(v[i][k].y, q_scale),
-                                    __fdiv_rn(v[i][k].z, q_scale), __fdiv_rn(v[i][k].w, q_scale)};
-      store_codes<kRmsnormVec>(cr + static_cast<int64_t>(j) * kRmsnormVec, q);
+      for (int k = 0; k < kIter; ++k) {
+        const int j = (warp * K + i) * kWarp + lane + k * vt_count;
+        if (j >= units) continue;
+        const float q[kRmsnormVec] = {div(v[i][k].x), div(v[i][k].y), div(v[i][k].z), div(v[i][k].w)};
+        store_codes<kRmsnormVec>(cr + static_cast<int64_t>(j) * kRmsnormVec, q);
+      }
     }
-  }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------------------

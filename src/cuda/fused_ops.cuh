@@ -12,6 +12,7 @@
 
 #include "cuda/decoder_ops.cuh"
 #include "cuda/kv_append.cuh"
+#include "cuda/shared_divisor.h"
 #include "futransformer/formats/kv_cache.h"
 
 namespace futransformer::cuda::fused {
@@ -374,14 +375,24 @@ __device__ __forceinline__ void finish_quad_item(const QkvArgs& a, float (&x)[kQ
     scale_bits = kv::kF16One;
     scale = 1.0f;
   }
-  const float zf = rintf(__fdiv_rn(-lo, scale));
-  const int zero = static_cast<int>(fminf(fmaxf(zf, 0.0f), kv::kInt4Levels));
+  // The 33 divisions by the group's scale: IEEE quotients through one reciprocal (shared_divisor.h) when the scale
+  // is in that header's domain (every finite fp16 scale), else __fdiv_rn (an fp16-overflowing, infinite scale).
   uint32_t bytes[4] = {0u, 0u, 0u, 0u};
+  int zero = 0;
+  const auto encode = [&](const auto& div) {
+    zero = static_cast<int>(fminf(fmaxf(rintf(div(-lo)), 0.0f), kv::kInt4Levels));
 #pragma unroll
-  for (int k = 0; k < kQuadPerLane; ++k) {
-    const float q = __fadd_rn(rintf(__fdiv_rn(x[k], scale)), static_cast<float>(zero));
-    const uint32_t u = static_cast<uint32_t>(fminf(fmaxf(q, 0.0f), kv::kInt4Levels));
-    bytes[k / 8] |= u << (4 * (k % 8));  // channel 32 t + k: byte 16 t + k / 2, the even channel in the low nibble
+    for (int k = 0; k < kQuadPerLane; ++k) {
+      const float q = __fadd_rn(rintf(div(x[k])), static_cast<float>(zero));
+      const uint32_t u = static_cast<uint32_t>(fminf(fmaxf(q, 0.0f), kv::kInt4Levels));
+      bytes[k / 8] |= u << (4 * (k % 8));  // channel 32 t + k: byte 16 t + k / 2, the even channel in the low nibble
+    }
+  };
+  if (divisor::usable(scale)) {
+    const divisor::SharedDivisor d = divisor::make_shared_divisor(scale);
+    encode([d](float a) { return divisor::divide(a, d); });
+  } else {
+    encode([scale](float a) { return __fdiv_rn(a, scale); });
   }
   *reinterpret_cast<uint4*>(d.row + 16 * t) = make_uint4(bytes[0], bytes[1], bytes[2], bytes[3]);
   reinterpret_cast<uint16_t*>(d.scales)[meta.slot * a.geo.groups + t] = scale_bits;

@@ -123,8 +123,7 @@ cudaError_t rmsnorm_fp8(const float* x, const float* weight, uint8_t* codes, flo
       auto kernel = k == 4   ? (iters == 1 ? fp8p::rmsnorm_fp8_reg_kernel<4, 1> : fp8p::rmsnorm_fp8_reg_kernel<4, 2>)
                     : k == 2 ? fp8p::rmsnorm_fp8_reg_kernel<2, 1>
                              : fp8p::rmsnorm_fp8_reg_kernel<1, 1>;
-      return launch(kernel, static_cast<int>(ceil_div(rows, fp8p::kRowsPerCta)), threads / k, stream, x, weight,
-                    codes, scales, y_debug, rows, hidden, eps);
+      return launch(kernel, rows, threads / k, stream, x, weight, codes, scales, y_debug, hidden, eps);
     }
   }
   return launch(vec ? fp8p::rmsnorm_fp8_kernel<true> : fp8p::rmsnorm_fp8_kernel<false>, rows, threads, stream, x,
@@ -201,9 +200,8 @@ cudaError_t unrotate_rows_fp8(const __nv_bfloat16* x, int row_stride, uint8_t* c
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hadamard_block)));
   const int threads = row_threads(cols / kVec);
   const int c = static_cast<int>(cols);
-  const auto go = [&](void (*kernel)(const __nv_bfloat16*, int64_t, uint8_t*, float*, int, int, int, float)) {
-    return launch(kernel, static_cast<int>(ceil_div(rows, fp8p::kRowsPerCta)), threads, stream, x,
-                  int64_t{row_stride}, codes, scales, rows, c, hadamard_block, scale);
+  const auto go = [&](void (*kernel)(const __nv_bfloat16*, int64_t, uint8_t*, float*, int, int, float)) {
+    return launch(kernel, rows, threads, stream, x, int64_t{row_stride}, codes, scales, c, hadamard_block, scale);
   };
   switch (lanes) {
     case 1: return go(fp8p::unrotate_rows_fp8_kernel<1>);

@@ -132,10 +132,6 @@ __device__ __forceinline__ float row_scale(float amax, int finite, float* scale,
 // do not depend on which thread owns which unit (max is exact and commutative): the bits are quantize_row's.
 constexpr int kRegUnits = 4;         // 16-byte units per thread held in registers
 constexpr int kRegMaxThreads = 512;  // rows of up to kRegUnits * 512 units take this path (SwiGLU: inter <= 16384)
-// Rows per CTA of the row-looping kernels (unrotate_rows_fp8_kernel, rmsnorm_fp8_reg_kernel): one CTA per row left
-// the loads, reductions and stores of a launch's first wave in lock step (2048 rows are two waves of 8 CTAs per
-// SM); a CTA that loads its next row while it finishes the current one keeps DRAM busy through those phases.
-constexpr int kRowsPerCta = 4;
 
 // Codes of one thread's units (unit u = threadIdx.x + k * blockDim.x) from its y registers.
 template <int V, int kUnits>
@@ -237,8 +233,8 @@ __global__ void __launch_bounds__(kRegMaxThreads)
   store_units<kBf16Vec, kRegUnits>(y, units, codes + static_cast<int64_t>(blockIdx.x) * cols, s);
 }
 
-// Un-rotation + FP8 of the int4-hadamard attention output (unrotate_rows_fp8), row in registers: a CTA per kRowsPerCta
-// rows, thread t holds channels 16 t .. 16 t + 15 (head t / kLanes, lane t % kLanes of it: hadamard_lanes.cuh's layout,
+// Un-rotation + FP8 of the int4-hadamard attention output (unrotate_rows_fp8), row in registers: one CTA per row,
+// thread t holds channels 16 t .. 16 t + 15 (head t / kLanes, lane t % kLanes of it: hadamard_lanes.cuh's layout,
 // the one rotate_heads_bf16's vector kernel uses, so the same fp32 operations per pair), rounds them to BF16 as that
 // kernel stores them, and then quantises the row as quantize_rows_fp8_reg_kernel does (amax and the finite flag are
 // order-free; the scale is row_scale's). Threads past the row (the last warp's tail) hold zeros and join the
@@ -246,63 +242,48 @@ __global__ void __launch_bounds__(kRegMaxThreads)
 // aligned.
 template <int kLanes>
 __global__ void __launch_bounds__(kMaxBlockThreads)
-    unrotate_rows_fp8_kernel(const __nv_bfloat16* x, int64_t row_stride, uint8_t* codes, float* scales, int rows,
-                             int cols, int block, float scale) {
+    unrotate_rows_fp8_kernel(const __nv_bfloat16* x, int64_t row_stride, uint8_t* codes, float* scales, int cols,
+                             int block, float scale) {
   constexpr int kVec = hadamard::kLaneChannels;
   ops::pdl_prologue();
   __shared__ float red_max[kWarp];
   const int t = static_cast<int>(threadIdx.x);
   const bool active = t * kVec < cols;
-  // Rows blockIdx.x, + gridDim.x, ... (kRowsPerCta of them, see the launcher), the next row's loads in flight while
-  // this one is rotated, reduced and stored.
-  const auto load = [&](int row, uint4 (&v)[2]) {
-    v[0] = make_uint4(0, 0, 0, 0);
-    v[1] = make_uint4(0, 0, 0, 0);
-    if (active && row < rows) {
-      const uint4* p = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * row_stride + t * kVec);
-      v[0] = __ldcs(p);
-      v[1] = __ldcs(p + 1);
-    }
-  };
-  uint4 v[2];
-  load(static_cast<int>(blockIdx.x), v);
-  for (int row = static_cast<int>(blockIdx.x); row < rows; row += static_cast<int>(gridDim.x)) {  // CTA-uniform
-    uint4 next[2];
-    load(row + static_cast<int>(gridDim.x), next);
-    float y[2][kBf16Vec];
-    ops::bf16x8_to_f32(v[0], y[0]);
-    ops::bf16x8_to_f32(v[1], y[1]);
-    float h[kVec];
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) h[j] = y[j / kBf16Vec][j % kBf16Vec];
-    hadamard::blocks_over_lanes<kLanes>(h, t % kLanes, block, scale);
-    float amax = 0.0f;
-    int finite = 1;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const float b = __bfloat162float(__float2bfloat16_rn(h[j]));  // the BF16 rotate_heads_bf16 stores
-      y[j / kBf16Vec][j % kBf16Vec] = b;
-      if (active) {
-        finite &= isfinite(b) ? 1 : 0;
-        amax = fmaxf(amax, fabsf(b));
-      }
-    }
-    // row_scale's barriers also order this row's reads of red_max before the next row's writes.
-    const float s = row_scale(amax, finite, scales + row, red_max);
-    if (active) {
-      with_row_division(s, [&](const auto& div) {
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          float q[kBf16Vec];
-#pragma unroll
-          for (int e = 0; e < kBf16Vec; ++e) q[e] = div(y[k][e]);
-          store_codes<kBf16Vec>(codes + static_cast<int64_t>(row) * cols + t * kVec + k * kBf16Vec, q);
-        }
-      });
-    }
-    v[0] = next[0];
-    v[1] = next[1];
+  uint4 v[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+  if (active) {
+    const uint4* p = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(blockIdx.x) * row_stride + t * kVec);
+    v[0] = __ldcs(p);
+    v[1] = __ldcs(p + 1);
   }
+  float y[2][kBf16Vec];
+  ops::bf16x8_to_f32(v[0], y[0]);
+  ops::bf16x8_to_f32(v[1], y[1]);
+  float h[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) h[j] = y[j / kBf16Vec][j % kBf16Vec];
+  hadamard::blocks_over_lanes<kLanes>(h, t % kLanes, block, scale);
+  float amax = 0.0f;
+  int finite = 1;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const float b = __bfloat162float(__float2bfloat16_rn(h[j]));  // the BF16 rotate_heads_bf16 stores
+    y[j / kBf16Vec][j % kBf16Vec] = b;
+    if (active) {
+      finite &= isfinite(b) ? 1 : 0;
+      amax = fmaxf(amax, fabsf(b));
+    }
+  }
+  const float s = row_scale(amax, finite, scales + blockIdx.x, red_max);
+  if (!active) return;
+  with_row_division(s, [&](const auto& div) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      float q[kBf16Vec];
+#pragma unroll
+      for (int e = 0; e < kBf16Vec; ++e) q[e] = div(y[k][e]);
+      store_codes<kBf16Vec>(codes + static_cast<int64_t>(blockIdx.x) * cols + t * kVec + k * kBf16Vec, q);
+    }
+  });
 }
 
 // RMSNorm → FP8, row in registers, with rmsnorm_kernel's summation order kept exactly. That order is defined by a
@@ -312,109 +293,93 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
 // that block: real warp w, lane l is virtual thread (w K + i) 32 + l for each i < K, holding that virtual thread's
 // kIter units in registers; the K butterflies are the same shuffles on K registers, and red_sum[] receives the
 // same VT / 32 partials in the same slots. So s, y and the codes are rmsnorm_fp8_kernel's bits, the BF16 sibling
-// rmsnorm_bf16 still rounds the same y, and x is read from DRAM once (16 KB per row at hidden 4096; a CTA per
-// kRowsPerCta rows, the next row's loads in flight). Requirements (launcher): hidden % 4 == 0, x and weight 16-byte
+// rmsnorm_bf16 still rounds the same y, and x is read from DRAM once (16 KB per row at hidden 4096, 8 rows per SM
+// in flight instead of 2 rows of 1024 threads). Requirements (launcher): hidden % 4 == 0, x and weight 16-byte
 // aligned, codes 4-byte aligned, (VT / 32) % K == 0, hidden / 4 <= kIter * VT.
 template <int K, int kIter>
-__global__ void __launch_bounds__(kMaxBlockThreads / K)
+__global__ void __launch_bounds__(kMaxBlockThreads)
     rmsnorm_fp8_reg_kernel(const float* x, const float* weight, uint8_t* codes, float* scales, float* y_debug,
-                           int rows, int hidden, float eps) {
+                           int hidden, float eps) {
   ops::pdl_prologue();
   __shared__ float red_sum[kWarp], red_max[kWarp];
   const int units = hidden / kRmsnormVec;
   const int vt_count = K * static_cast<int>(blockDim.x);
   const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
-  const float4* w4 = reinterpret_cast<const float4*>(weight);
-  // Rows blockIdx.x, + gridDim.x, ... (kRowsPerCta of them, see the launcher), the next row's loads in flight while
-  // this one is reduced, scaled and stored.
-  const auto load = [&](int row, float4 (&v)[K][kIter]) {
-    if (row >= rows) return;
-    const float4* x4 = reinterpret_cast<const float4*>(x + static_cast<int64_t>(row) * hidden);
-#pragma unroll
-    for (int i = 0; i < K; ++i) {
-#pragma unroll
-      for (int k = 0; k < kIter; ++k) {
-        const int j = (warp * K + i) * kWarp + lane + k * vt_count;
-        if (j < units) v[i][k] = x4[j];
-      }
-    }
-  };
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * hidden;
+  const float4* x4 = reinterpret_cast<const float4*>(x + row);
   float4 v[K][kIter];
-  load(static_cast<int>(blockIdx.x), v);
-  for (int r = static_cast<int>(blockIdx.x); r < rows; r += static_cast<int>(gridDim.x)) {  // CTA-uniform
-    float4 next[K][kIter];
-    load(r + static_cast<int>(gridDim.x), next);
-    const int64_t row = static_cast<int64_t>(r) * hidden;
-    float ss[K];
 #pragma unroll
-    for (int i = 0; i < K; ++i) {
-      ss[i] = 0.0f;
+  for (int i = 0; i < K; ++i) {
 #pragma unroll
-      for (int k = 0; k < kIter; ++k) {
-        if ((warp * K + i) * kWarp + lane + k * vt_count < units) ss[i] = ops::sum_squares_add(ss[i], v[i][k]);
+    for (int k = 0; k < kIter; ++k) {
+      const int j = (warp * K + i) * kWarp + lane + k * vt_count;
+      if (j < units) v[i][k] = x4[j];
+    }
+  }
+  float ss[K];
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    ss[i] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kIter; ++k) {
+      if ((warp * K + i) * kWarp + lane + k * vt_count < units) ss[i] = ops::sum_squares_add(ss[i], v[i][k]);
+    }
+  }
+  // ops::block_sum, once per virtual warp.
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off >>= 1) {
+#pragma unroll
+    for (int i = 0; i < K; ++i) ss[i] = __fadd_rn(ss[i], __shfl_xor_sync(0xffffffffu, ss[i], off));
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < K; ++i) red_sum[warp * K + i] = ss[i];
+  }
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < vt_count / kWarp; ++w) total = __fadd_rn(total, red_sum[w]);
+  const float s = ops::rms_scale(total, hidden, eps);
+
+  const float4* w4 = reinterpret_cast<const float4*>(weight);
+  float* yd = y_debug ? y_debug + row : nullptr;
+  float amax = 0.0f;
+  int finite = 1;
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+#pragma unroll
+    for (int k = 0; k < kIter; ++k) {
+      const int j = (warp * K + i) * kWarp + lane + k * vt_count;
+      if (j >= units) continue;
+      const float4 w = __ldg(w4 + j);
+      float4& y = v[i][k];  // y replaces x in place
+      y.x = __fmul_rn(w.x, __fmul_rn(s, y.x));
+      y.y = __fmul_rn(w.y, __fmul_rn(s, y.y));
+      y.z = __fmul_rn(w.z, __fmul_rn(s, y.z));
+      y.w = __fmul_rn(w.w, __fmul_rn(s, y.w));
+      finite &= (isfinite(y.x) && isfinite(y.y) && isfinite(y.z) && isfinite(y.w)) ? 1 : 0;
+      amax = fmaxf(fmaxf(amax, fmaxf(fabsf(y.x), fabsf(y.y))), fmaxf(fabsf(y.z), fabsf(y.w)));
+      if (yd) {  // y_debug carries no alignment requirement
+        yd[kRmsnormVec * j] = y.x;
+        yd[kRmsnormVec * j + 1] = y.y;
+        yd[kRmsnormVec * j + 2] = y.z;
+        yd[kRmsnormVec * j + 3] = y.w;
       }
     }
-    // ops::block_sum, once per virtual warp. The previous row's reads of red_sum finished before its row_scale's
-    // barriers, which every thread has passed.
-#pragma unroll
-    for (int off = kWarp / 2; off > 0; off >>= 1) {
-#pragma unroll
-      for (int i = 0; i < K; ++i) ss[i] = __fadd_rn(ss[i], __shfl_xor_sync(0xffffffffu, ss[i], off));
-    }
-    if (lane == 0) {
-#pragma unroll
-      for (int i = 0; i < K; ++i) red_sum[warp * K + i] = ss[i];
-    }
-    __syncthreads();
-    float total = 0.0f;
-    for (int w = 0; w < vt_count / kWarp; ++w) total = __fadd_rn(total, red_sum[w]);
-    const float s = ops::rms_scale(total, hidden, eps);
-
-    float* yd = y_debug ? y_debug + row : nullptr;
-    float amax = 0.0f;
-    int finite = 1;
+  }
+  const float q_scale = row_scale(amax, finite, scales + blockIdx.x, red_max);
+  uint8_t* cr = codes + row;
+  with_row_division(q_scale, [&](const auto& div) {
 #pragma unroll
     for (int i = 0; i < K; ++i) {
 #pragma unroll
       for (int k = 0; k < kIter; ++k) {
         const int j = (warp * K + i) * kWarp + lane + k * vt_count;
         if (j >= units) continue;
-        const float4 w = __ldg(w4 + j);
-        float4& y = v[i][k];  // y replaces x in place
-        y.x = __fmul_rn(w.x, __fmul_rn(s, y.x));
-        y.y = __fmul_rn(w.y, __fmul_rn(s, y.y));
-        y.z = __fmul_rn(w.z, __fmul_rn(s, y.z));
-        y.w = __fmul_rn(w.w, __fmul_rn(s, y.w));
-        finite &= (isfinite(y.x) && isfinite(y.y) && isfinite(y.z) && isfinite(y.w)) ? 1 : 0;
-        amax = fmaxf(fmaxf(amax, fmaxf(fabsf(y.x), fabsf(y.y))), fmaxf(fabsf(y.z), fabsf(y.w)));
-        if (yd) {  // y_debug carries no alignment requirement
-          yd[kRmsnormVec * j] = y.x;
-          yd[kRmsnormVec * j + 1] = y.y;
-          yd[kRmsnormVec * j + 2] = y.z;
-          yd[kRmsnormVec * j + 3] = y.w;
-        }
+        const float q[kRmsnormVec] = {div(v[i][k].x), div(v[i][k].y), div(v[i][k].z), div(v[i][k].w)};
+        store_codes<kRmsnormVec>(cr + static_cast<int64_t>(j) * kRmsnormVec, q);
       }
     }
-    const float q_scale = row_scale(amax, finite, scales + r, red_max);
-    uint8_t* cr = codes + row;
-    with_row_division(q_scale, [&](const auto& div) {
-#pragma unroll
-      for (int i = 0; i < K; ++i) {
-#pragma unroll
-        for (int k = 0; k < kIter; ++k) {
-          const int j = (warp * K + i) * kWarp + lane + k * vt_count;
-          if (j >= units) continue;
-          const float q[kRmsnormVec] = {div(v[i][k].x), div(v[i][k].y), div(v[i][k].z), div(v[i][k].w)};
-          store_codes<kRmsnormVec>(cr + static_cast<int64_t>(j) * kRmsnormVec, q);
-        }
-      }
-    });
-#pragma unroll
-    for (int i = 0; i < K; ++i) {
-#pragma unroll
-      for (int k = 0; k < kIter; ++k) v[i][k] = next[i][k];
-    }
-  }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------------------

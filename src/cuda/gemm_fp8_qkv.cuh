@@ -7,8 +7,8 @@
 //   v heads: Hadamard, INT4 into the cache.
 // At head_dim 128 a 128-column tile is one head item (q, k or v) of 128 rows. Producer, scale loader, consumers' main
 // loop and the BF16 staging tile are the warp-specialised residual GEMM's (gemm_fp8_residual_ws.cuh, its layout and
-// budgets below); two more warpgroups run, on the staged tile, exactly the quad code of the unfused kernels
-// (fused_ops.cuh: rope_quad, finish_quad_item) — 64 quads, two rounds of 64 rows per tile — while the tensor cores
+// register budgets); the fourth warpgroup runs, on the staged tile, exactly the quad code of the unfused kernels
+// (fused_ops.cuh: rope_quad, finish_quad_item) — 32 quads, four rounds of 32 rows per tile — while the tensor cores
 // run the next tile's main loop. So the cache bytes, q_out and the BF16 keys are bit for bit those of gemm_fp8 +
 // rope_qk_bf16 + [kv_key_anchor_compute +] kv_append_rotate_q, with the RoPE cos/sin read from a per-pass table
 // (rope_cos_sin_table: the same fp64 values the RoPE kernels compute).
@@ -29,22 +29,7 @@ namespace futransformer::cuda::fp8qkv {
 
 using fp8rw::kBlockN;
 using fp8rw::kStages;
-
-// Two epilogue warpgroups: with one, the attention prologue of a tile (four rounds of 32 rows per quad, each a chain
-// of shuffles, table loads and the INT4 encode in one warp per scheduler) outlasted the tile's main loop (qkv at 8B /
-// 2048 tokens: 117 µs against 83 µs with an empty epilogue). Registers (setmaxnreg; the CTA starts with
-// kThreads x kLaunchRegs and the warpgroups trade within that): producer 24, consumers 160, epilogues 64.
-constexpr int kEpilogueWarpgroups = 2;
-constexpr int kFirstEpilogueWarpgroup = 1 + fp8::kConsumerWarpgroups;
-constexpr int kThreads = 128 * (1 + fp8::kConsumerWarpgroups + kEpilogueWarpgroups);
-constexpr int kStagingEmptyArrivals = 128 * kEpilogueWarpgroups;
-constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;  // 96 at 640 threads
-constexpr int kProducerRegs = 24;
-constexpr int kConsumerRegs = 160;
-constexpr int kEpilogueRegs = 64;
-static_assert(128 * (kProducerRegs + fp8::kConsumerWarpgroups * kConsumerRegs + kEpilogueWarpgroups * kEpilogueRegs) <=
-                  kThreads * kLaunchRegs,
-              "setmaxnreg budgets exceed the CTA's registers at launch");
+using fp8rw::kThreads;
 
 struct EpilogueParams {
   fused::QkvArgs a;       // a.qkv: the keys' destination when keys_to_qkv (else unused); positions unused
@@ -86,7 +71,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::prefetch_tensormap(&tma_b);
     fp8::init_pipeline_barriers(bars, kStages, fp8::kEmptyArrivals, fp8::kScaleEmptyArrivals);
     ptx::mbarrier_init(staging_full, fp8rw::kStagingFullArrivals);
-    ptx::mbarrier_init(staging_empty, kStagingEmptyArrivals);
+    ptx::mbarrier_init(staging_empty, fp8rw::kStagingEmptyArrivals);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -94,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // ---------------- producer (gemm_fp8's roles) ----------------
-    ptx::setmaxnreg_dec<kProducerRegs>();
+    ptx::setmaxnreg_dec<fp8rw::kProducerRegs>();
     if (threadIdx.x == 0) {
       fp8::produce_stages<kStages>(&tma_a, &tma_b, bars, walk, base + L.a_offset, L.a_stage_bytes, kBlockM,
                                    base + L.b_offset, L.b_stage_bytes, kBlockN, fp8::stage_tx_bytes(kBlockN));
@@ -105,16 +90,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  if (wg >= kFirstEpilogueWarpgroup) {
+  if (wg == fp8rw::kEpilogueWarpgroup) {
     // ---------------- epilogue: the attention prologue on the staged BF16 tile ----------------
-    // Quad qd (lanes 4 qd .. 4 qd + 3 of the two epilogue warpgroups) takes local rows qd, qd + 64; lane t of a quad
-    // holds channels 32 t .. 32 t + 31 (the unfused quad kernel's layout).
-    ptx::setmaxnreg_dec<kEpilogueRegs>();
+    // Quad qd (lanes 4 qd .. 4 qd + 3 of the warpgroup) takes local rows qd, qd + 32, qd + 64, qd + 96; lane t of a
+    // quad holds channels 32 t .. 32 t + 31 (the unfused quad kernel's layout).
     const fused::QkvArgs& a = e.a;
-    const int qd = (static_cast<int>(threadIdx.x) - 128 * kFirstEpilogueWarpgroup) / 4;
+    const int qd = (threadIdx.x % 128) / 4;
     const int t = static_cast<int>(threadIdx.x) & 3;
     const unsigned quad_mask = 0xFu << (threadIdx.x & 28u);
-    constexpr int kQuads = 128 * kEpilogueWarpgroups / 4;
+    constexpr int kQuads = 128 / 4;
     uint32_t phase = 0;
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
       const TileCoord tc = tile_coord(tile, p.m_blocks, p.n_blocks, p.group_m);
@@ -159,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---------------- consumers (the residual kernel's: main loop, BF16 into the staging tile) ----------------
-  ptx::setmaxnreg_inc<kConsumerRegs>();
+  ptx::setmaxnreg_inc<fp8rw::kConsumerRegs>();
   const int cw = wg - 1;
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32;

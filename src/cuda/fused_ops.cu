@@ -53,7 +53,7 @@ auto qkv_kernel(bool rope) {
 QuadAppend g_quad_mode = QuadAppend::kDefault;
 
 bool quad_enabled() {
-  if (g_quad_mode != QuadAppend::kDefault) return g_quad_mode == QuadAppend::kOn;
+  if (g_quad_mode != QuadAppend::kDefault) return g_quad_mode != QuadAppend::kOff;
   static const bool env = [] {
     const char* e = std::getenv("FT_QKV_QUAD");
     return e == nullptr || e[0] != '0';  // on unless FT_QKV_QUAD=0
@@ -68,9 +68,22 @@ bool quad_applies(KvFormat format, int head_dim, int items, const void* qkv, con
          items >= fused::kQuadMinItems && aligned(qkv, 16) && aligned(q_out, 16);
 }
 
-template <KvFormat F>
+template <KvFormat F, int kL>
 auto quad_kernel(bool rope) {
-  return rope ? fused::kv_append_rotate_q_quad_kernel<F, true> : fused::kv_append_rotate_q_quad_kernel<F, false>;
+  return rope ? fused::kv_append_rotate_q_quad_kernel<F, true, false, kL>
+              : fused::kv_append_rotate_q_quad_kernel<F, false, false, kL>;
+}
+
+// Lanes per head item of the quad-family kernel for a pass of `rows` rows: 8 (octets) up to octet_max_rows(), else
+// 4. Decode steps wait for each lane's chain of dependent operations (RoPE, Hadamard, INT4 encode), which an octet
+// halves; a prefill pass of thousands of rows is bound by the loads in flight, and the quad's 32-item CTAs were
+// measured there. FT_QKV_OCTET_MAX_ROWS overrides the threshold (0: always quads).
+int octet_max_rows() {
+  static const int v = [] {
+    const char* e = std::getenv("FT_QKV_OCTET_MAX_ROWS");
+    return e != nullptr ? std::atoi(e) : fused::kOctetMaxRows;
+  }();
+  return v;
 }
 
 // Shared by qkv_rope_kv_append (rope) and kv_append_rotate_q (!rope): checks, then the launch.
@@ -89,12 +102,21 @@ cudaError_t qkv_append(const char* op, bool rope, KvFormat format, __nv_bfloat16
   const int items = n_heads + 2 * n_kv_heads;
   if (quad_enabled() && quad_applies(format, head_dim, items, qkv, q_out)) {
     // make_qkv_args checked the blocks: q's a power of two dividing head_dim (or none), kv's the format's (128).
-    const int64_t quads = static_cast<int64_t>(rows) * items;
-    const dim3 grid(static_cast<unsigned>((quads + fused::kQuadItemsPerCta - 1) / fused::kQuadItemsPerCta));
+    const bool octet = g_quad_mode == QuadAppend::kOctet ||
+                       (g_quad_mode == QuadAppend::kDefault && rows <= octet_max_rows());
+    const int per_cta = octet ? fused::HeadLanes<8>::kItemsPerCta : fused::HeadLanes<4>::kItemsPerCta;
+    const int64_t groups = static_cast<int64_t>(rows) * items;
+    const dim3 grid(static_cast<unsigned>((groups + per_cta - 1) / per_cta));
     const dim3 block(fused::kQuadThreads);
+    if (octet)
+      return format == KvFormat::INT4
+                 ? launch_maybe_programmatic(quad_kernel<KvFormat::INT4, 8>(rope), grid, block, stream, a, rows)
+                 : launch_maybe_programmatic(quad_kernel<KvFormat::INT4_HADAMARD, 8>(rope), grid, block, stream, a,
+                                             rows);
     return format == KvFormat::INT4
-               ? launch_maybe_programmatic(quad_kernel<KvFormat::INT4>(rope), grid, block, stream, a, rows)
-               : launch_maybe_programmatic(quad_kernel<KvFormat::INT4_HADAMARD>(rope), grid, block, stream, a, rows);
+               ? launch_maybe_programmatic(quad_kernel<KvFormat::INT4, 4>(rope), grid, block, stream, a, rows)
+               : launch_maybe_programmatic(quad_kernel<KvFormat::INT4_HADAMARD, 4>(rope), grid, block, stream, a,
+                                           rows);
   }
   return fused::launch_qkv_kernel(a, format, rows, rope, stream);
 }

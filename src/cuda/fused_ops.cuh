@@ -221,28 +221,45 @@ __global__ void __launch_bounds__(kQkvWarps * kWarp) qkv_rope_kv_append_kernel(c
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// kv_append_rotate_q / qkv_rope_kv_append for INT4 / INT4_HADAMARD caches at head_dim 128: one QUAD of lanes per
-// (row, head item) instead of one warp. Lane t of the quad holds channels 32 t .. 32 t + 31, so
-//  - an INT4 group of 32 channels is one lane's 32 registers: its min / max need no shuffle;
-//  - the Hadamard butterflies of strides 1..16 are in-register, strides 32 and 64 one quad shuffle each (pairs
-//    (c, c + h) with h = 32 · 2^s sit in lanes t and t ^ 2^s), in formats/hadamard.h's order (increasing stride,
-//    (a + b, a − b) with a the lower channel), then one multiply by the scale: bit for bit kv::hadamard_warp;
-//  - the 16 code bytes of the group are one 16-byte store, the head's 256 input bytes 16-byte loads.
-// Every other operation is kv::store_int4's / kv::encode_quantized's, in the same order. Quads of one row item are
-// quad-uniform (padding rows, q / k / v), so the quad shuffles (mask: the quad's lanes) never diverge inside a quad.
+// kv_append_rotate_q / qkv_rope_kv_append for INT4 / INT4_HADAMARD caches at head_dim 128: kL lanes per (row, head
+// item) instead of one warp — a QUAD (kL = 4, lane t holding channels 32 t .. 32 t + 31) or an OCTET (kL = 8,
+// 16 t .. 16 t + 15). So
+//  - an INT4 group of 32 channels is one lane's 32 registers (quad; its min / max need no shuffle) or two lanes'
+//    16 (octet; one shuffle of each lane's min and max, which are exact whatever the order);
+//  - the Hadamard butterflies of strides below the lane's channels are in-register, the others one shuffle each
+//    (pairs (c, c + h) sit in lanes t and t ^ (h / channels per lane)), in formats/hadamard.h's order (increasing
+//    stride, (a + b, a − b) with a the lower channel), then one multiply by the scale: bit for bit kv::hadamard_warp;
+//  - a lane's share of a group's 16 code bytes is one store, the head's 256 input bytes 16-byte loads.
+// Every other operation is kv::store_int4's / kv::encode_quantized's, in the same order. The quad has the fewer CTAs
+// (prefill rows); the octet halves each lane's chain of dependent operations, which is what a decode step waits
+// for (the host picks, fused_ops.cu). Groups of one row item are uniform (padding rows, q / k / v), so the group
+// shuffles (mask: the group's lanes) never diverge inside a group.
 constexpr int kQuadHeadDim = 128;
-constexpr int kQuadPerLane = kQuadHeadDim / 4;      // 32 channels per lane
-constexpr int kQuadThreads = 128;                   // 32 quads per CTA
+constexpr int kQuadPerLane = kQuadHeadDim / 4;      // 32 channels per lane of a quad
+constexpr int kQuadThreads = 128;                   // 32 quads (or 16 octets) per CTA
 constexpr int kQuadItemsPerCta = kQuadThreads / 4;
+constexpr int kOctetMaxRows = 64;  // passes of up to this many rows take octets (fused_ops.cu: octet_max_rows)
 
-// Butterflies of strides 1 .. block / 2 (block a power of two in 2..128) over the quad's head, then x *= scale.
-__device__ __forceinline__ void hadamard_quad(float (&x)[kQuadPerLane], int block, float scale, int t,
-                                              unsigned quad_mask) {
+template <int kL>
+struct HeadLanes {
+  static_assert(kL == 4 || kL == 8, "quads or octets");
+  static constexpr int kPerLane = kQuadHeadDim / kL;             // channels per lane
+  static constexpr int kItemsPerCta = kQuadThreads / kL;
+  static constexpr int kLanesPerGroup = kv::kInt4Group / kPerLane;  // 1 or 2
+  // The lane's group of kL lanes inside its warp.
+  static __device__ __forceinline__ unsigned mask() { return ((1u << kL) - 1u) << (threadIdx.x & (32u - kL)); }
+};
+
+// Butterflies of strides 1 .. block / 2 (block a power of two in 2..128) over the group's head, then x *= scale.
+template <int kL>
+__device__ __forceinline__ void hadamard_lanes(float (&x)[HeadLanes<kL>::kPerLane], int block, float scale, int t,
+                                               unsigned mask) {
+  constexpr int kPer = HeadLanes<kL>::kPerLane;
 #pragma unroll
-  for (int h = 1; h < kQuadPerLane; h *= 2) {
+  for (int h = 1; h < kPer; h *= 2) {
     if (h < block) {
 #pragma unroll
-      for (int k = 0; k < kQuadPerLane; ++k) {
+      for (int k = 0; k < kPer; ++k) {
         if ((k & h) == 0) {
           const float a = x[k], b = x[k | h];
           x[k] = __fadd_rn(a, b);
@@ -252,20 +269,25 @@ __device__ __forceinline__ void hadamard_quad(float (&x)[kQuadPerLane], int bloc
     }
   }
 #pragma unroll
-  for (int m = 1; m < 4; m *= 2) {  // stride 32 m: lanes t and t ^ m
-    if (kQuadPerLane * m < block) {
+  for (int m = 1; m < kL; m *= 2) {  // stride kPer · m: lanes t and t ^ m
+    if (kPer * m < block) {
 #pragma unroll
-      for (int k = 0; k < kQuadPerLane; ++k) {
-        const float other = __shfl_xor_sync(quad_mask, x[k], m);
+      for (int k = 0; k < kPer; ++k) {
+        const float other = __shfl_xor_sync(mask, x[k], m);
         x[k] = (t & m) ? __fsub_rn(other, x[k]) : __fadd_rn(x[k], other);
       }
     }
   }
 #pragma unroll
-  for (int k = 0; k < kQuadPerLane; ++k) x[k] = __fmul_rn(x[k], scale);
+  for (int k = 0; k < kPer; ++k) x[k] = __fmul_rn(x[k], scale);
+}
+__device__ __forceinline__ void hadamard_quad(float (&x)[kQuadPerLane], int block, float scale, int t,
+                                              unsigned quad_mask) {
+  hadamard_lanes<4>(x, block, scale, t, quad_mask);
 }
 
-// The rows a CTA of 32 quads can touch when a row has at least kQuadMinItems items (its RoPE table in shared memory).
+// The rows a CTA of 32 quads can touch when a row has at least kQuadMinItems items (its RoPE table in shared memory);
+// a CTA of 16 octets touches fewer.
 constexpr int kQuadMinItems = 11;
 constexpr int kQuadMaxRowsPerCta = (kQuadItemsPerCta - 1) / kQuadMinItems + 2;  // 4
 
@@ -274,11 +296,14 @@ __device__ __forceinline__ uint32_t pack_bf16_pair(float lo, float hi) {
          (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
 }
 
-// The lane's 32 channels 32 t .. 32 t + 31 of a BF16 head (16-byte aligned), widened to fp32 (exact).
-__device__ __forceinline__ void load_quad_head(const __nv_bfloat16* head, int t, float (&x)[kQuadPerLane]) {
-  const uint4* src = reinterpret_cast<const uint4*>(head + kQuadPerLane * t);
+// The lane's channels kPer t .. kPer t + kPer − 1 of a BF16 head (16-byte aligned), widened to fp32 (exact).
+template <int kL>
+__device__ __forceinline__ void load_head_lanes(const __nv_bfloat16* head, int t,
+                                                float (&x)[HeadLanes<kL>::kPerLane]) {
+  constexpr int kPer = HeadLanes<kL>::kPerLane;
+  const uint4* src = reinterpret_cast<const uint4*>(head + kPer * t);
 #pragma unroll
-  for (int v = 0; v < kQuadPerLane / 8; ++v) {
+  for (int v = 0; v < kPer / 8; ++v) {
     const uint4 w = src[v];
     const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
@@ -288,17 +313,23 @@ __device__ __forceinline__ void load_quad_head(const __nv_bfloat16* head, int t,
     }
   }
 }
+__device__ __forceinline__ void load_quad_head(const __nv_bfloat16* head, int t, float (&x)[kQuadPerLane]) {
+  load_head_lanes<4>(head, t, x);
+}
 
-// RoPE of a q or k head held by a quad: channel c = 32 t + k pairs with c ± 64 in lane t ^ 2 (one quad shuffle);
-// row_cs[i] is pair i's (cos, sin) (ops::rope_cos_sin of the row's position). x becomes the BF16-rounded result
-// (exact in fp32) and out its BF16 bits, channel 32 t + 2 j in the low half of out[j]. The whole quad must call it.
-__device__ __forceinline__ void rope_quad(float (&x)[kQuadPerLane], const float2* row_cs, int t, unsigned quad_mask,
-                                          uint32_t (&out)[kQuadPerLane / 2]) {
+// RoPE of a q or k head held by a group: channel c = kPer t + k pairs with c ± 64 in lane t ^ (kL / 2) (one group
+// shuffle); row_cs[i] is pair i's (cos, sin) (ops::rope_cos_sin of the row's position). x becomes the BF16-rounded
+// result (exact in fp32) and out its BF16 bits, channel kPer t + 2 j in the low half of out[j]. The whole group must
+// call it.
+template <int kL>
+__device__ __forceinline__ void rope_lanes(float (&x)[HeadLanes<kL>::kPerLane], const float2* row_cs, int t,
+                                           unsigned mask, uint32_t (&out)[HeadLanes<kL>::kPerLane / 2]) {
+  constexpr int kPer = HeadLanes<kL>::kPerLane;
 #pragma unroll
-  for (int k = 0; k < kQuadPerLane; ++k) {
-    const float other = __shfl_xor_sync(quad_mask, x[k], 2);
-    const float2 c = row_cs[(kQuadPerLane * t + k) & (kQuadHeadDim / 2 - 1)];
-    const float y = t < 2 ? ops::rope_lo(x[k], other, c) : ops::rope_hi(other, x[k], c);
+  for (int k = 0; k < kPer; ++k) {
+    const float other = __shfl_xor_sync(mask, x[k], kL / 2);
+    const float2 c = row_cs[(kPer * t + k) & (kQuadHeadDim / 2 - 1)];
+    const float y = t < kL / 2 ? ops::rope_lo(x[k], other, c) : ops::rope_hi(other, x[k], c);
     const uint32_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(y));
     x[k] = __uint_as_float(bits << 16);
     if (k & 1) {
@@ -308,65 +339,88 @@ __device__ __forceinline__ void rope_quad(float (&x)[kQuadPerLane], const float2
     }
   }
 }
-
-// The lane's 64 bytes of a BF16 head from out (rope_quad's order).
-__device__ __forceinline__ void store_quad_head(__nv_bfloat16* head, int t, const uint32_t (&out)[kQuadPerLane / 2]) {
-  uint4* dst = reinterpret_cast<uint4*>(head + kQuadPerLane * t);
-#pragma unroll
-  for (int v = 0; v < kQuadPerLane / 8; ++v) dst[v] = make_uint4(out[4 * v], out[4 * v + 1], out[4 * v + 2], out[4 * v + 3]);
+__device__ __forceinline__ void rope_quad(float (&x)[kQuadPerLane], const float2* row_cs, int t, unsigned quad_mask,
+                                          uint32_t (&out)[kQuadPerLane / 2]) {
+  rope_lanes<4>(x, row_cs, t, quad_mask, out);
 }
 
-// A q head held by a quad (RoPE'd values in x): rotated with the caller's block (a.q_hadamard_block; <= 1: none) and
-// stored as BF16 at head (global or shared memory, 16-byte aligned; lane t writes channels 32 t .. 32 t + 31).
-// finish_quad_item's q step, also used by the decode attention's own prologue (attention_decode.cuh), so the
-// rotated query it attends with has the bits kv_append_rotate_q would store. The whole quad must call it.
-__device__ __forceinline__ void rotate_store_q_quad(const QkvArgs& a, float (&x)[kQuadPerLane], int t,
-                                                    unsigned quad_mask, __nv_bfloat16* head) {
-  if (a.q_hadamard_block > 1) hadamard_quad(x, a.q_hadamard_block, a.q_hadamard_scale, t, quad_mask);
-  uint4* dst = reinterpret_cast<uint4*>(head + kQuadPerLane * t);
+// The lane's 2 kPer bytes of a BF16 head from out (rope_lanes's order).
+template <int kL>
+__device__ __forceinline__ void store_head_lanes(__nv_bfloat16* head, int t,
+                                                 const uint32_t (&out)[HeadLanes<kL>::kPerLane / 2]) {
+  constexpr int kPer = HeadLanes<kL>::kPerLane;
+  uint4* dst = reinterpret_cast<uint4*>(head + kPer * t);
 #pragma unroll
-  for (int v = 0; v < kQuadPerLane / 8; ++v) {
+  for (int v = 0; v < kPer / 8; ++v) dst[v] = make_uint4(out[4 * v], out[4 * v + 1], out[4 * v + 2], out[4 * v + 3]);
+}
+__device__ __forceinline__ void store_quad_head(__nv_bfloat16* head, int t, const uint32_t (&out)[kQuadPerLane / 2]) {
+  store_head_lanes<4>(head, t, out);
+}
+
+// A q head held by a group (RoPE'd values in x): rotated with the caller's block (a.q_hadamard_block; <= 1: none) and
+// stored as BF16 at head (global or shared memory, 16-byte aligned; lane t writes channels kPer t .. kPer t + kPer − 1).
+// finish_item_lanes's q step, also used by the decode attention's own prologue (attention_decode.cuh), so the
+// rotated query it attends with has the bits kv_append_rotate_q would store. The whole group must call it.
+template <int kL>
+__device__ __forceinline__ void rotate_store_q_lanes(const QkvArgs& a, float (&x)[HeadLanes<kL>::kPerLane], int t,
+                                                     unsigned mask, __nv_bfloat16* head) {
+  constexpr int kPer = HeadLanes<kL>::kPerLane;
+  if (a.q_hadamard_block > 1) hadamard_lanes<kL>(x, a.q_hadamard_block, a.q_hadamard_scale, t, mask);
+  uint4* dst = reinterpret_cast<uint4*>(head + kPer * t);
+#pragma unroll
+  for (int v = 0; v < kPer / 8; ++v) {
     dst[v] = make_uint4(pack_bf16_pair(x[8 * v], x[8 * v + 1]), pack_bf16_pair(x[8 * v + 2], x[8 * v + 3]),
                         pack_bf16_pair(x[8 * v + 4], x[8 * v + 5]), pack_bf16_pair(x[8 * v + 6], x[8 * v + 7]));
   }
 }
+__device__ __forceinline__ void rotate_store_q_quad(const QkvArgs& a, float (&x)[kQuadPerLane], int t,
+                                                    unsigned quad_mask, __nv_bfloat16* head) {
+  rotate_store_q_lanes<4>(a, x, t, quad_mask, head);
+}
 
-// Everything after the (RoPE'd) values of head item `item` of row r are in the quad's registers: q heads are
+// Everything after the (RoPE'd) values of head item `item` of row r are in the group's registers: q heads are
 // rotated with the caller's block and stored as BF16 into q_out; k and v heads (not on padding rows) are rotated
 // with the format's block (INT4_HADAMARD), the key anchor subtracted (keys of rows with one), and encoded by the
-// INT4 rule of group t into their cache slot. Shared by kv_append_rotate_q_quad_kernel and the FP8 QKV GEMM's
-// epilogue (gemm_fp8_qkv.cuh), so the two cannot drift apart. The whole quad must call it (quad shuffles).
-template <formats::KvFormat F>
-__device__ __forceinline__ void finish_quad_item(const QkvArgs& a, float (&x)[kQuadPerLane], int r, int item,
-                                                 const QkvRowMeta& meta, int t, unsigned quad_mask) {
+// INT4 rule into their cache slot. Shared by kv_append_rotate_q_quad_kernel and the FP8 QKV GEMM's epilogue
+// (gemm_fp8_qkv.cuh), so the two cannot drift apart. The whole group must call it (group shuffles).
+template <formats::KvFormat F, int kL>
+__device__ __forceinline__ void finish_item_lanes(const QkvArgs& a, float (&x)[HeadLanes<kL>::kPerLane], int r,
+                                                  int item, const QkvRowMeta& meta, int t, unsigned mask) {
+  using HL = HeadLanes<kL>;
+  constexpr int kPer = HL::kPerLane;
   const bool is_q = item < a.n_heads;
   const bool is_v = item >= a.n_heads + a.n_kv_heads;
   if (!is_q && (meta.page < 0 || meta.slot < 0 || meta.slot >= kv::kPageTokens)) return;  // padding row
 
   if (is_q) {
-    rotate_store_q_quad(a, x, t, quad_mask, a.q_out + (static_cast<int64_t>(r) * a.n_heads + item) * kQuadHeadDim);
+    rotate_store_q_lanes<kL>(a, x, t, mask, a.q_out + (static_cast<int64_t>(r) * a.n_heads + item) * kQuadHeadDim);
     return;
   }
 
   const int h = is_v ? item - a.n_heads - a.n_kv_heads : item - a.n_heads;
   const kv::SlotDst d = kv::slot_dst(a.pool, a.geo, meta.page, a.n_kv_heads, h, meta.slot, is_v);
   if constexpr (F == formats::KvFormat::INT4_HADAMARD) {
-    hadamard_quad(x, a.kv_hadamard_block, a.kv_hadamard_scale, t, quad_mask);
+    hadamard_lanes<kL>(x, a.kv_hadamard_block, a.kv_hadamard_scale, t, mask);
     const int ai = is_v ? -1 : meta.anchor;
     if (ai >= 0) {
       const uint16_t* anchor = a.key_anchors + (static_cast<int64_t>(ai) * a.n_kv_heads + h) * kQuadHeadDim;
 #pragma unroll
-      for (int k = 0; k < kQuadPerLane; ++k)
-        x[k] = __fsub_rn(x[k], kv::f16_bits_to_f32(anchor[kQuadPerLane * t + k]));
+      for (int k = 0; k < kPer; ++k) x[k] = __fsub_rn(x[k], kv::f16_bits_to_f32(anchor[kPer * t + k]));
     }
   }
-  // The int4 rule on group t (kv::store_int4's operations; min / max are exact whatever the order).
+  // The int4 rule on the lane's group (kv::store_int4's operations; min / max are exact whatever the order).
   float lo = 0.0f, hi = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kQuadPerLane; ++k) {
+  for (int k = 0; k < kPer; ++k) {
     const float neg = x[k] < 0.0f ? x[k] : 0.0f, pos = 0.0f < x[k] ? x[k] : 0.0f;
     lo = neg < lo ? neg : lo;
     hi = hi < pos ? pos : hi;
+  }
+#pragma unroll
+  for (int m = 1; m < HL::kLanesPerGroup; m *= 2) {  // octets: the group's other half
+    const float olo = __shfl_xor_sync(mask, lo, m), ohi = __shfl_xor_sync(mask, hi, m);
+    lo = olo < lo ? olo : lo;
+    hi = hi < ohi ? ohi : hi;
   }
   const float s = __fdiv_rn(__fsub_rn(hi, lo), kv::kInt4Levels);
   uint16_t scale_bits = kv::f32_to_f16_bits(s);
@@ -375,48 +429,64 @@ __device__ __forceinline__ void finish_quad_item(const QkvArgs& a, float (&x)[kQ
     scale_bits = kv::kF16One;
     scale = 1.0f;
   }
-  // The 33 divisions by the group's scale: IEEE quotients through one reciprocal (shared_divisor.h) when the scale
-  // is in that header's domain (every finite fp16 scale), else __fdiv_rn (an fp16-overflowing, infinite scale).
-  uint32_t bytes[4] = {0u, 0u, 0u, 0u};
+  // The kPer + 1 divisions by the group's scale: IEEE quotients through one reciprocal (shared_divisor.h) when the
+  // scale is in that header's domain (every finite fp16 scale), else __fdiv_rn (an fp16-overflowing, infinite scale).
+  uint32_t bytes[kPer / 8];
+#pragma unroll
+  for (int w = 0; w < kPer / 8; ++w) bytes[w] = 0u;
   int zero = 0;
   const auto encode = [&](const auto& div) {
     zero = static_cast<int>(fminf(fmaxf(rintf(div(-lo)), 0.0f), kv::kInt4Levels));
 #pragma unroll
-    for (int k = 0; k < kQuadPerLane; ++k) {
+    for (int k = 0; k < kPer; ++k) {
       const float q = __fadd_rn(rintf(div(x[k])), static_cast<float>(zero));
       const uint32_t u = static_cast<uint32_t>(fminf(fmaxf(q, 0.0f), kv::kInt4Levels));
-      bytes[k / 8] |= u << (4 * (k % 8));  // channel 32 t + k: byte 16 t + k / 2, the even channel in the low nibble
+      bytes[k / 8] |= u << (4 * (k % 8));  // channel kPer t + k: byte kPer t / 2 + k / 2, even channel low nibble
     }
   };
   if (divisor::usable(scale)) {
-    const divisor::SharedDivisor d = divisor::make_shared_divisor(scale);
-    encode([d](float a) { return divisor::divide(a, d); });
+    const divisor::SharedDivisor dv = divisor::make_shared_divisor(scale);
+    encode([dv](float v) { return divisor::divide(v, dv); });
   } else {
-    encode([scale](float a) { return __fdiv_rn(a, scale); });
+    encode([scale](float v) { return __fdiv_rn(v, scale); });
   }
-  *reinterpret_cast<uint4*>(d.row + 16 * t) = make_uint4(bytes[0], bytes[1], bytes[2], bytes[3]);
-  reinterpret_cast<uint16_t*>(d.scales)[meta.slot * a.geo.groups + t] = scale_bits;
-  d.zeros[meta.slot * a.geo.groups + t] = static_cast<uint8_t>(zero);
+  uint8_t* codes = d.row + (kPer / 2) * t;
+  if constexpr (kPer == 32) {
+    *reinterpret_cast<uint4*>(codes) = make_uint4(bytes[0], bytes[1], bytes[2], bytes[3]);
+  } else {
+    *reinterpret_cast<uint2*>(codes) = make_uint2(bytes[0], bytes[1]);
+  }
+  if (t % HL::kLanesPerGroup == 0) {  // the group's first lane
+    const int g = t / HL::kLanesPerGroup;
+    reinterpret_cast<uint16_t*>(d.scales)[meta.slot * a.geo.groups + g] = scale_bits;
+    d.zeros[meta.slot * a.geo.groups + g] = static_cast<uint8_t>(zero);
+  }
+}
+template <formats::KvFormat F>
+__device__ __forceinline__ void finish_quad_item(const QkvArgs& a, float (&x)[kQuadPerLane], int r, int item,
+                                                 const QkvRowMeta& meta, int t, unsigned quad_mask) {
+  finish_item_lanes<F, 4>(a, x, r, item, meta, t, quad_mask);
 }
 
-// grid = ceil(rows · items / 32) CTAs of 128 threads; quad i of the launch owns item i % items of row i / items.
-// kRope (qkv_rope_kv_append): q and k heads are RoPE'd first (rope_quad), the BF16 result written back into qkv;
-// the CTA's rows' cos/sin tables are built in shared memory before griddepcontrol.wait. Rows need >= kQuadMinItems
-// items (the host checks). kKeysOnly (kv_append_keys, !kRope): only the k heads (items = n_kv_heads; quad i owns
-// k head i % n_kv_heads of row i / n_kv_heads) — the cache append of keys that an FP8 QKV GEMM left as RoPE'd BF16
-// because their key anchors were not known yet.
-template <formats::KvFormat F, bool kRope, bool kKeysOnly = false>
+// grid = ceil(rows · items / (128 / kL)) CTAs of 128 threads; group i of the launch (kL lanes) owns item i % items of
+// row i / items. kRope (qkv_rope_kv_append): q and k heads are RoPE'd first (rope_lanes), the BF16 result written back
+// into qkv; the CTA's rows' cos/sin tables are built in shared memory before griddepcontrol.wait. Rows need
+// >= kQuadMinItems items (the host checks). kKeysOnly (kv_append_keys, !kRope): only the k heads (items =
+// n_kv_heads; group i owns k head i % n_kv_heads of row i / n_kv_heads) — the cache append of keys that an FP8 QKV
+// GEMM left as RoPE'd BF16 because their key anchors were not known yet.
+template <formats::KvFormat F, bool kRope, bool kKeysOnly = false, int kL = 4>
 __global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(const QkvArgs a, int rows) {
   static_assert(F == formats::KvFormat::INT4 || F == formats::KvFormat::INT4_HADAMARD, "INT4 caches");
   static_assert(!(kRope && kKeysOnly), "the keys-only append reads RoPE'd keys");
+  using HL = HeadLanes<kL>;
   __shared__ float2 cs[kRope ? kQuadMaxRowsPerCta : 1][kQuadHeadDim / 2];
   const int items = kKeysOnly ? a.n_kv_heads : a.n_heads + 2 * a.n_kv_heads;
-  const int64_t first_quad = static_cast<int64_t>(blockIdx.x) * kQuadItemsPerCta;
-  const int64_t quad = first_quad + threadIdx.x / 4;
+  const int64_t first_group = static_cast<int64_t>(blockIdx.x) * HL::kItemsPerCta;
+  const int64_t group = first_group + threadIdx.x / kL;
   const int64_t total = static_cast<int64_t>(rows) * items;
-  const int t = static_cast<int>(threadIdx.x) & 3;
-  const unsigned quad_mask = 0xFu << (threadIdx.x & 28u);
-  const int row0 = static_cast<int>(first_quad / items);
+  const int t = static_cast<int>(threadIdx.x) & (kL - 1);
+  const unsigned mask = HL::mask();
+  const int row0 = static_cast<int>(first_group / items);
   if constexpr (kRope) {
     // The table of rows row0 .. row0 + 3 (those of them that exist), before the wait: positions and inv_freq are
     // inputs of the pass no kernel writes.
@@ -426,9 +496,9 @@ __global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(c
                                                                           a.inv_freq[pair]);
     }
   }
-  const bool live = quad < total;  // quad-uniform
-  const int r = live ? static_cast<int>(quad / items) : 0;
-  const int item = (kKeysOnly ? a.n_heads : 0) + (live ? static_cast<int>(quad % items) : 0);
+  const bool live = group < total;  // group-uniform
+  const int r = live ? static_cast<int>(group / items) : 0;
+  const int item = (kKeysOnly ? a.n_heads : 0) + (live ? static_cast<int>(group % items) : 0);
   const bool is_q = item < a.n_heads;
   const bool is_v = item >= a.n_heads + a.n_kv_heads;
   QkvRowMeta meta{-1, -1, -1};
@@ -438,16 +508,16 @@ __global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(c
   if (!live) return;
 
   __nv_bfloat16* head = a.qkv + static_cast<int64_t>(r) * a.row_width + static_cast<int64_t>(item) * kQuadHeadDim;
-  float x[kQuadPerLane];
-  load_quad_head(head, t, x);
+  float x[HL::kPerLane];
+  load_head_lanes<kL>(head, t, x);
   if constexpr (kRope) {
     if (!is_v) {
-      uint32_t out[kQuadPerLane / 2];
-      rope_quad(x, cs[r - row0], t, quad_mask, out);
-      store_quad_head(head, t, out);
+      uint32_t out[HL::kPerLane / 2];
+      rope_lanes<kL>(x, cs[r - row0], t, mask, out);
+      store_head_lanes<kL>(head, t, out);
     }
   }
-  finish_quad_item<F>(a, x, r, item, meta, t, quad_mask);
+  finish_item_lanes<F, kL>(a, x, r, item, meta, t, mask);
 }
 
 // Host side (fused_ops.cu), shared with the W4A16 GEMM's QKV epilogue (gemm_w4a16.cu): the checks of

@@ -367,16 +367,19 @@ TEST(FusedOpsGpu, QkvRopeKvAppendOtherHeadSizesAndBlocks) {
   for (const QkvCase& c : cases) check_qkv(c, true, seed += 11);
 }
 
-// The quad-per-head kernel (INT4 caches at head_dim 128), forced on, for both entry points: the same bits as the
-// unfused sequence (qkv after RoPE, q_out, every pool byte, anchors) on GQA 32/8 and 9/3 (15 items per row: a CTA of
-// 32 quads spans three rows), rows up to the prefill size, with and without the q rotation, with every row's anchor
-// for int4-hadamard keys.
-TEST(FusedOpsGpu, QuadKernelMatchesTheUnfusedSequenceBitForBit) {
+// The quad-per-head kernel (INT4 caches at head_dim 128), forced on as quads (4 lanes per head) and as octets (8
+// lanes), for both entry points: the same bits as the unfused sequence (qkv after RoPE, q_out, every pool byte,
+// anchors) on GQA 32/8 and 9/3 (15 items per row: a CTA of 32 quads spans three rows), rows up to the prefill size,
+// with and without the q rotation (and a q block of 16, inside an octet lane), with every row's anchor for
+// int4-hadamard keys.
+class FusedOpsQuadGpu : public ::testing::TestWithParam<cuda::QuadAppend> {};
+
+TEST_P(FusedOpsQuadGpu, QuadKernelMatchesTheUnfusedSequenceBitForBit) {
   FT_REQUIRE_CUDA_DEVICE();
   struct Restore {
     ~Restore() { cuda::set_kv_append_rotate_q_quad(cuda::QuadAppend::kDefault); }
   } restore;
-  cuda::set_kv_append_rotate_q_quad(cuda::QuadAppend::kOn);
+  cuda::set_kv_append_rotate_q_quad(GetParam());
   // Not vacuous: the dispatcher takes the quad kernel for these shapes (cudaMalloc'd buffers are 256-byte aligned).
   const void* aligned16 = reinterpret_cast<const void*>(uintptr_t{256});
   ASSERT_TRUE(cuda::qkv_append_uses_quad(KvFormat::INT4_HADAMARD, 32, 8, 128, aligned16, aligned16));
@@ -391,10 +394,17 @@ TEST(FusedOpsGpu, QuadKernelMatchesTheUnfusedSequenceBitForBit) {
         for (int rows : {1, 3, 17, 64, 2048}) check_qkv({f, nh, nkv, 128, rows, -1}, rope, seed += 11);
       }
       check_qkv({f, 32, 8, 128, 33, 0}, rope, seed += 11);   // no q rotation
-      check_qkv({f, 32, 8, 128, 33, 32}, rope, seed += 11);  // a q block below the lane's 32 channels
+      check_qkv({f, 32, 8, 128, 33, 32}, rope, seed += 11);  // a q block below a quad lane's 32 channels
+      check_qkv({f, 32, 8, 128, 9, 16}, rope, seed += 11);   // ... and not above an octet lane's 16
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(QuadsAndOctets, FusedOpsQuadGpu,
+                         ::testing::Values(cuda::QuadAppend::kOn, cuda::QuadAppend::kOctet),
+                         [](const ::testing::TestParamInfo<cuda::QuadAppend>& i) {
+                           return i.param == cuda::QuadAppend::kOctet ? std::string("Octets") : std::string("Quads");
+                         });
 
 // The no-RoPE variant for passes that start int4-hadamard sequences (anchors computed between RoPE and append).
 TEST(FusedOpsGpu, KvAppendRotateQMatchesTheUnfusedSequenceBitForBit) {

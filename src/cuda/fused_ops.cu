@@ -76,8 +76,8 @@ auto quad_kernel(bool rope) {
 
 // Lanes per head item of the quad-family kernel for a pass of `rows` rows: 8 (octets) up to octet_max_rows(), else
 // 4. Decode steps wait for each lane's chain of dependent operations (RoPE, Hadamard, INT4 encode), which an octet
-// halves; a prefill pass of thousands of rows is bound by the loads in flight, and the quad's 32-item CTAs were
-// measured there. FT_QKV_OCTET_MAX_ROWS overrides the threshold (0: always quads).
+// halves; at prefill sizes its smaller register footprint keeps more loads in flight. FT_QKV_OCTET_MAX_ROWS
+// overrides the threshold (0: always quads).
 int octet_max_rows() {
   static const int v = [] {
     const char* e = std::getenv("FT_QKV_OCTET_MAX_ROWS");

@@ -230,15 +230,17 @@ __global__ void __launch_bounds__(kQkvWarps * kWarp) qkv_rope_kv_append_kernel(c
 //    (pairs (c, c + h) sit in lanes t and t ^ (h / channels per lane)), in formats/hadamard.h's order (increasing
 //    stride, (a + b, a − b) with a the lower channel), then one multiply by the scale: bit for bit kv::hadamard_warp;
 //  - a lane's share of a group's 16 code bytes is one store, the head's 256 input bytes 16-byte loads.
-// Every other operation is kv::store_int4's / kv::encode_quantized's, in the same order. The quad has the fewer CTAs
-// (prefill rows); the octet halves each lane's chain of dependent operations, which is what a decode step waits
-// for (the host picks, fused_ops.cu). Groups of one row item are uniform (padding rows, q / k / v), so the group
+// Every other operation is kv::store_int4's / kv::encode_quantized's, in the same order. The octet halves each
+// lane's chain of dependent operations (what a decode step waits for) and its registers (48-55 instead of 75-85, so
+// more groups in flight at prefill sizes); the host picks (fused_ops.cu). Groups of one row item are uniform (padding rows, q / k / v), so the group
 // shuffles (mask: the group's lanes) never diverge inside a group.
 constexpr int kQuadHeadDim = 128;
 constexpr int kQuadPerLane = kQuadHeadDim / 4;      // 32 channels per lane of a quad
 constexpr int kQuadThreads = 128;                   // 32 quads (or 16 octets) per CTA
 constexpr int kQuadItemsPerCta = kQuadThreads / 4;
-constexpr int kOctetMaxRows = 64;  // passes of up to this many rows take octets (fused_ops.cu: octet_max_rows)
+// Passes of up to this many rows take octets (fused_ops.cu: octet_max_rows): every pass by default — measured
+// faster at decode batch 1 and 8 and at 2048-row prefill (docs/results.md, fifteenth session).
+constexpr int kOctetMaxRows = 1 << 30;
 
 template <int kL>
 struct HeadLanes {

@@ -11,7 +11,7 @@ namespace futransformer::cuda {
 // 2048 rows and 9.3 -> 8.4 us at decode batch 1, never slower), kOff / kOn force it. Process-wide, not thread-safe:
 // set it before enqueueing. (The W4A16 GEMM's split-K QKV epilogue keeps the warp-per-head code.) Where it applies,
 // the kernel runs quads (4 lanes per head item) or octets (8 lanes): kDefault octets for passes of up to
-// fused::kOctetMaxRows rows (FT_QKV_OCTET_MAX_ROWS), kOn always quads, kOctet always octets.
+// fused::kOctetMaxRows rows (every pass; FT_QKV_OCTET_MAX_ROWS lowers it), kOn always quads, kOctet always octets.
 enum class QuadAppend { kDefault, kOff, kOn, kOctet };
 void set_kv_append_rotate_q_quad(QuadAppend mode);
 // Whether kv_append_rotate_q / qkv_rope_kv_append would run the quad kernel for these arguments now.

@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kQkvReduceWarps * fused::kWarp)
 // INT4 / int4-hadamard caches at head_dim 128 with 16-byte aligned qkv and q_out (the shapes of the quad-family
 // kernel, fused::qkv_append_uses_quad): one OCTET of lanes per (row, head) instead of one warp — that kernel's octet
 // code (fused::rope_lanes / finish_item_lanes) on the reduced values, which lane t sums itself for its channels
-// 16 t .. 16 t + 15 (four float4 of the plain reduce, each in sum_slices's order) and rounds to BF16 as the plain
+// 16 t .. 16 t + 15 (four float4 of the plain reduce, sum_slices in its order) and rounds to BF16 as the plain
 // reduce's store does. The RoPE partner comes by shuffle; the BF16 head (RoPE'd q and k, v as reduced) is stored into
 // a.qkv as the warp kernel leaves it. grid = (ceil(items / 16), M), 128 threads; CTA (bx, r) holds row r's cos/sin
 // table. A decode step waits for each lane's chain of dependent operations, which the octet shortens (the warp
@@ -94,31 +94,10 @@ __global__ void __launch_bounds__(fused::kQuadThreads)
   const auto* partial4 = reinterpret_cast<const float4*>(partial);
   float x[kPer];
   uint32_t bits[kPer / 2];  // channel 16 t + 2 j in the low half of bits[j] (fused::store_head_lanes's order)
-  // sum_slices for the lane's four float4 at once: each float4 adds its slices in slice order (the same bits), and
-  // the four loads of a slice are in flight together (a slice loop per float4 made the lane wait for 4 x splits
-  // dependent loads: 8B batch 32, 11 slices, +6 % per step).
-  int64_t idx[kPer / 4];
-  float4 sum[kPer / 4];
 #pragma unroll
   for (int v = 0; v < kPer / 4; ++v) {
-    idx[v] = qkv_head_float4(r, item, (kPer / 4) * t + v, a.row_width, fused::kQuadHeadDim);
-    sum[v] = partial4[idx[v]];
-  }
-  for (int sp = 1; sp < splits; ++sp) {
-    float4 w[kPer / 4];
-#pragma unroll
-    for (int v = 0; v < kPer / 4; ++v) w[v] = partial4[sp * count4 + idx[v]];
-#pragma unroll
-    for (int v = 0; v < kPer / 4; ++v) {
-      sum[v].x += w[v].x;
-      sum[v].y += w[v].y;
-      sum[v].z += w[v].z;
-      sum[v].w += w[v].w;
-    }
-  }
-#pragma unroll
-  for (int v = 0; v < kPer / 4; ++v) {
-    const float4 s = sum[v];
+    const int64_t i = qkv_head_float4(r, item, (kPer / 4) * t + v, a.row_width, fused::kQuadHeadDim);
+    const float4 s = sum_slices(partial4, i, count4, splits);
     const __nv_bfloat162 lo = __floats2bfloat162_rn(s.x, s.y), hi = __floats2bfloat162_rn(s.z, s.w);
     bits[2 * v] = *reinterpret_cast<const uint32_t*>(&lo);
     bits[2 * v + 1] = *reinterpret_cast<const uint32_t*>(&hi);

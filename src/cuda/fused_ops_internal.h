@@ -9,8 +9,7 @@ namespace futransformer::cuda {
 // INT4_HADAMARD caches, head_dim 128, at least 11 head items per row, 16-byte aligned qkv and q_out): kDefault
 // follows FT_QKV_QUAD (quad unless it is 0: the eighth session measured 77.5 -> 31.0 us per 8B prefill layer at
 // 2048 rows and 9.3 -> 8.4 us at decode batch 1, never slower), kOff / kOn force it. Process-wide, not thread-safe:
-// set it before enqueueing. (The W4A16 GEMM's split-K QKV reduce runs octets
-// where this kernel applies and the mode is not kOff, else the warp-per-head code.) Where it applies,
+// set it before enqueueing. (The W4A16 GEMM's split-K QKV epilogue keeps the warp-per-head code.) Where it applies,
 // the kernel runs quads (4 lanes per head item) or octets (8 lanes): kDefault octets for passes of up to
 // fused::kOctetMaxRows rows (every pass; FT_QKV_OCTET_MAX_ROWS lowers it), kOn always quads, kOctet always octets.
 enum class QuadAppend { kDefault, kOff, kOn, kOctet };

@@ -17,7 +17,6 @@
 #include "cuda/gemm_w4a16_heuristics.h"
 #include "cuda/fused_ops.cuh"
 #include "cuda/gemm_w4a16_internal.h"
-#include "cuda/fused_ops_internal.h"
 #include "cuda/gemm_w4a16_qkv.cuh"
 #include "cuda/gemm_w4a16_reduce.cuh"
 #include "cuda/gemm_w4a16_tuned.h"
@@ -279,20 +278,6 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
                         static_cast<unsigned>(M));
     rcfg.blockDim = dim3(static_cast<unsigned>(w4a16::kQkvReduceWarps * fused::kWarp));
     const auto* p = static_cast<const float*>(workspace);
-    if (qkv_append_uses_quad(qkv->format, qkv->args.n_heads, qkv->args.n_kv_heads, qkv->args.head_dim, qkv->args.qkv,
-                             qkv->args.q_out)) {
-      // INT4 caches at head_dim 128: one octet per (row, head) (gemm_w4a16_reduce_qkv_octet_kernel).
-      rcfg.gridDim = dim3(static_cast<unsigned>((items + fused::HeadLanes<8>::kItemsPerCta - 1) /
-                                                fused::HeadLanes<8>::kItemsPerCta),
-                          static_cast<unsigned>(M));
-      rcfg.blockDim = dim3(static_cast<unsigned>(fused::kQuadThreads));
-      return qkv->format == formats::KvFormat::INT4
-                 ? cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_octet_kernel<formats::KvFormat::INT4>, p,
-                                      count4, t.splits, qkv->args)
-                 : cudaLaunchKernelEx(&rcfg,
-                                      w4a16::gemm_w4a16_reduce_qkv_octet_kernel<formats::KvFormat::INT4_HADAMARD>, p,
-                                      count4, t.splits, qkv->args);
-    }
     switch (qkv->format) {
       case formats::KvFormat::BF16:
         return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::BF16>, p, count4,

@@ -4,7 +4,6 @@
 // head_dim columns added in gemm_w4a16_reduce_kernel's order and rounded to BF16 as its store does — and then runs
 // qkv_rope_kv_append's own per-head code (fused::qkv_head_item) on them. One kernel boundary fewer in a decode
 // layer, and the same bits: the sums are the plain reduce's, the rest is the same device function.
-// INT4 caches at head_dim 128 take gemm_w4a16_reduce_qkv_octet_kernel below (the quad-family kernel's octet code).
 // Included only by gemm_w4a16.cu, which launches it as a programmatic dependent of the GEMM.
 #pragma once
 
@@ -59,57 +58,6 @@ __global__ void __launch_bounds__(kQkvReduceWarps * fused::kWarp)
   }
   __syncwarp();
   fused::qkv_head_item<F, true>(a, cs, meta, r, item, lane);
-}
-
-// INT4 / int4-hadamard caches at head_dim 128 with 16-byte aligned qkv and q_out (the shapes of the quad-family
-// kernel, fused::qkv_append_uses_quad): one OCTET of lanes per (row, head) instead of one warp — that kernel's octet
-// code (fused::rope_lanes / finish_item_lanes) on the reduced values, which lane t sums itself for its channels
-// 16 t .. 16 t + 15 (four float4 of the plain reduce, sum_slices in its order) and rounds to BF16 as the plain
-// reduce's store does. The RoPE partner comes by shuffle; the BF16 head (RoPE'd q and k, v as reduced) is stored into
-// a.qkv as the warp kernel leaves it. grid = (ceil(items / 16), M), 128 threads; CTA (bx, r) holds row r's cos/sin
-// table. A decode step waits for each lane's chain of dependent operations, which the octet shortens (the warp
-// kernel's Hadamard and INT4 group reductions are shuffle chains across 32 lanes).
-template <formats::KvFormat F>
-__global__ void __launch_bounds__(fused::kQuadThreads)
-    gemm_w4a16_reduce_qkv_octet_kernel(const float* __restrict__ partial, int64_t count4, int splits,
-                                       const fused::QkvArgs a) {
-  static_assert(F == formats::KvFormat::INT4 || F == formats::KvFormat::INT4_HADAMARD, "INT4 caches");
-  using HL = fused::HeadLanes<8>;
-  constexpr int kPer = HL::kPerLane;
-  __shared__ float2 cs[fused::kQuadHeadDim / 2];
-  const int r = static_cast<int>(blockIdx.y);
-  const int item = static_cast<int>(blockIdx.x) * HL::kItemsPerCta + static_cast<int>(threadIdx.x) / 8;
-  const bool live = item < a.n_heads + 2 * a.n_kv_heads;  // octet-uniform
-  const bool is_q = item < a.n_heads;
-  const bool is_v = item >= a.n_heads + a.n_kv_heads;
-  fused::QkvRowMeta meta{-1, -1, -1};
-  if (live && !is_q) meta = fused::qkv_row_meta<F>(a, r);  // before the wait, as the warp kernel
-  fused::qkv_rope_table(a, r, cs, fused::kQuadThreads);
-  ops::pdl_prologue();
-  __syncthreads();  // the only barrier: the early return below is after it
-  if (!live) return;
-  const int t = static_cast<int>(threadIdx.x) & 7;
-  const unsigned mask = HL::mask();
-
-  const auto* partial4 = reinterpret_cast<const float4*>(partial);
-  float x[kPer];
-  uint32_t bits[kPer / 2];  // channel 16 t + 2 j in the low half of bits[j] (fused::store_head_lanes's order)
-#pragma unroll
-  for (int v = 0; v < kPer / 4; ++v) {
-    const int64_t i = qkv_head_float4(r, item, (kPer / 4) * t + v, a.row_width, fused::kQuadHeadDim);
-    const float4 s = sum_slices(partial4, i, count4, splits);
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(s.x, s.y), hi = __floats2bfloat162_rn(s.z, s.w);
-    bits[2 * v] = *reinterpret_cast<const uint32_t*>(&lo);
-    bits[2 * v + 1] = *reinterpret_cast<const uint32_t*>(&hi);
-    x[4 * v] = __low2float(lo);
-    x[4 * v + 1] = __high2float(lo);
-    x[4 * v + 2] = __low2float(hi);
-    x[4 * v + 3] = __high2float(hi);
-  }
-  __nv_bfloat16* head = a.qkv + static_cast<int64_t>(r) * a.row_width + static_cast<int64_t>(item) * fused::kQuadHeadDim;
-  if (!is_v) fused::rope_lanes<8>(x, cs, t, mask, bits);
-  fused::store_head_lanes<8>(head, t, bits);
-  fused::finish_item_lanes<F, 8>(a, x, r, item, meta, t, mask);
 }
 
 }  // namespace futransformer::cuda::w4a16

@@ -42,13 +42,7 @@
 
 #include <cstdint>
 
-#if !defined(FT_HD)
-#if defined(__CUDACC__)
-#define FT_HD __host__ __device__ __forceinline__
-#else
-#define FT_HD inline
-#endif
-#endif
+#include "cuda/host_device.h"
 
 namespace futransformer::cuda::attn {
 

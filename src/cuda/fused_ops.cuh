@@ -283,10 +283,6 @@ __device__ __forceinline__ void hadamard_lanes(float (&x)[HeadLanes<kL>::kPerLan
 #pragma unroll
   for (int k = 0; k < kPer; ++k) x[k] = __fmul_rn(x[k], scale);
 }
-__device__ __forceinline__ void hadamard_quad(float (&x)[kQuadPerLane], int block, float scale, int t,
-                                              unsigned quad_mask) {
-  hadamard_lanes<4>(x, block, scale, t, quad_mask);
-}
 
 // The rows a CTA of 32 quads can touch when a row has at least kQuadMinItems items (its RoPE table in shared memory);
 // a CTA of 16 octets touches fewer.

@@ -11,13 +11,7 @@
 
 #include <cstdint>
 
-#ifndef FT_HD
-#if defined(__CUDACC__)
-#define FT_HD __host__ __device__ __forceinline__
-#else
-#define FT_HD inline
-#endif
-#endif
+#include "cuda/host_device.h"
 
 namespace futransformer::cuda::fp8 {
 

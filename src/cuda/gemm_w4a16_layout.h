@@ -25,11 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FT_HD __host__ __device__ __forceinline__
-#else
-#define FT_HD inline
-#endif
+#include "cuda/host_device.h"
 
 namespace futransformer::cuda::w4a16 {
 

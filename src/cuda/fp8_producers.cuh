@@ -7,6 +7,8 @@
 // re-reads: the row was just read by pass 1. y itself is computed by decoder_ops.cuh's device functions, so it is
 // bit for bit the value the BF16 ops would round. Rows up to kRegUnits units per thread (every Llama-8B/70B shape
 // except SwiGLU at inter 28672) take the row-in-registers kernels below instead: one pass over memory, same bits.
+// Every code is y / s, the IEEE quotient, computed through one reciprocal per row (divisor::with_divisor,
+// shared_divisor.h) when s is in that header's domain — every row scale but a NaN or one under 2^-60.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -59,19 +61,6 @@ __device__ __forceinline__ void store_codes(uint8_t* dst, const float (&q)[V]) {
   }
 }
 
-// q = y / s for every code of a row: the IEEE quotient, through one reciprocal per row (shared_divisor.h) when s is
-// in that header's domain — every row scale but a NaN (non-finite row) or one under 2^-60 — else __fdiv_rn. Same
-// bits either way; the caller branches once per row (s is CTA-uniform) and passes the chosen division to `body`.
-template <class Body>
-__device__ __forceinline__ void with_row_division(float s, const Body& body) {
-  if (divisor::usable(s)) {
-    const divisor::SharedDivisor d = divisor::make_shared_divisor(s);
-    body([d](float y) { return divisor::divide(y, d); });
-  } else {
-    body([s](float y) { return __fdiv_rn(y, s); });
-  }
-}
-
 // Per-token FP8 of one row of `units` × V values, where gen(u, y) computes the V values of unit u (thread t handles
 // units t, t + blockDim.x, ... in both passes). codes: the row's codes; scale: where its scale goes; y_debug: the
 // row's fp32 y, or null. Every thread of the block must call this (it synchronises).
@@ -99,7 +88,7 @@ __device__ __forceinline__ void quantize_row(const Gen& gen, int units, uint8_t*
   if (!(s > 0.0f)) s = 1.0f;
   if (!all_finite) s = ops::nan_f32();
   if (threadIdx.x == 0) *scale = s;
-  with_row_division(s, [&](const auto& div) {
+  divisor::with_divisor(s, [&](const auto& div) {
     for (int u = threadIdx.x; u < units; u += blockDim.x) {
       float y[V];
       gen(u, y);
@@ -136,7 +125,7 @@ constexpr int kRegMaxThreads = 512;  // rows of up to kRegUnits * 512 units take
 // Codes of one thread's units (unit u = threadIdx.x + k * blockDim.x) from its y registers.
 template <int V, int kUnits>
 __device__ __forceinline__ void store_units(const float (&y)[kUnits][V], int units, uint8_t* codes, float s) {
-  with_row_division(s, [&](const auto& div) {
+  divisor::with_divisor(s, [&](const auto& div) {
 #pragma unroll
     for (int k = 0; k < kUnits; ++k) {
       const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
@@ -275,7 +264,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
   }
   const float s = row_scale(amax, finite, scales + blockIdx.x, red_max);
   if (!active) return;
-  with_row_division(s, [&](const auto& div) {
+  divisor::with_divisor(s, [&](const auto& div) {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       float q[kBf16Vec];
@@ -368,7 +357,7 @@ __global__ void __launch_bounds__(kMaxBlockThreads)
   }
   const float q_scale = row_scale(amax, finite, scales + blockIdx.x, red_max);
   uint8_t* cr = codes + row;
-  with_row_division(q_scale, [&](const auto& div) {
+  divisor::with_divisor(q_scale, [&](const auto& div) {
 #pragma unroll
     for (int i = 0; i < K; ++i) {
 #pragma unroll

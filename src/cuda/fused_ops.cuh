@@ -442,12 +442,7 @@ __device__ __forceinline__ void finish_item_lanes(const QkvArgs& a, float (&x)[H
       bytes[k / 8] |= u << (4 * (k % 8));  // channel kPer t + k: byte kPer t / 2 + k / 2, even channel low nibble
     }
   };
-  if (divisor::usable(scale)) {
-    const divisor::SharedDivisor dv = divisor::make_shared_divisor(scale);
-    encode([dv](float v) { return divisor::divide(v, dv); });
-  } else {
-    encode([scale](float v) { return __fdiv_rn(v, scale); });
-  }
+  divisor::with_divisor(scale, encode);
   uint8_t* codes = d.row + (kPer / 2) * t;
   if constexpr (kPer == 32) {
     *reinterpret_cast<uint4*>(codes) = make_uint4(bytes[0], bytes[1], bytes[2], bytes[3]);

@@ -86,4 +86,16 @@ FT_HD float divide(float a, const SharedDivisor& d) {
   return copy_sign(fma_rn(r, d.inv, q), a);
 }
 
+// Calls body(div) with div(a) = RN(a / b): through b's reciprocal when usable(b), else by IEEE division. The callers'
+// b is uniform across their threads (a row's or a group's scale), so the branch is taken once per scale.
+template <class Body>
+FT_HD void with_divisor(float b, const Body& body) {
+  if (usable(b)) {
+    const SharedDivisor d = make_shared_divisor(b);
+    body([d](float a) { return divide(a, d); });
+  } else {
+    body([b](float a) { return div_ieee(a, b); });
+  }
+}
+
 }  // namespace futransformer::cuda::divisor

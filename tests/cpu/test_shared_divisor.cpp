@@ -144,5 +144,16 @@ TEST(SharedDivisor, DomainExcludesNanSubnormalAndHugeDivisors) {
   EXPECT_TRUE(usable(1.0f / 448.0f));
 }
 
+// with_divisor hands its body the reciprocal path inside the domain and IEEE division outside it (a NaN, a tiny or a
+// huge scale): the quotients are IEEE's either way.
+TEST(SharedDivisor, WithDivisorGivesIeeeQuotientsInAndOutOfTheDomain) {
+  const float dividends[] = {1.0f, -3.5f, 0x1.fffffep-1f, 1e-30f, -0.0f, 448.0f};
+  for (const float b : {1.0f / 448.0f, 3.0f, 0x1p-70f, 0x1p-130f, 0x1p110f, std::nanf("")}) {
+    with_divisor(b, [&](const auto& div) {
+      for (const float a : dividends) EXPECT_TRUE(same_bits(div(a), a / b)) << std::hexfloat << a << " / " << b;
+    });
+  }
+}
+
 }  // namespace
 }  // namespace futransformer::cuda::divisor

@@ -255,7 +255,9 @@ __global__ void __launch_bounds__(kThreads, (Layout<kInt4, kD>::kMinCtasPerSm))
   using L = Layout<kInt4, kD>;
   using B = Block<kInt4, kD>;
   extern __shared__ __align__(16) unsigned char smem[];
-  const int chunk = blockIdx.z, kvh = blockIdx.y;
+  const TileSlot slot = tile_slot(static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+                                  static_cast<int>(gridDim.x), static_cast<int>(gridDim.y));
+  const int chunk = blockIdx.z, kvh = slot.kv_head;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int G = args.gqa;
 
@@ -266,8 +268,9 @@ __global__ void __launch_bounds__(kThreads, (Layout<kInt4, kD>::kMinCtasPerSm))
   n_rows = min(n_rows, args.max_chunk_rows);
   n_rows = min(n_rows, args.rows - first_row);
   if (first_row < 0 || n_rows <= 0) return;
-  // Heaviest tiles (the chunk's last rows see the most keys) first: they bound the launch's tail.
-  const int tile = tiles_for_rows(n_rows, G) - 1 - static_cast<int>(blockIdx.x);
+  // Heaviest tiles (the chunk's last rows see the most keys) first, of every KV head (tile_slot): they bound the
+  // launch's tail.
+  const int tile = tiles_for_rows(n_rows, G) - 1 - slot.rank;
   if (tile < 0) return;
   const int start = max(0, args.chunk_start_pos[chunk]);
   const int capacity = args.max_pages * kBlockTokens;

@@ -118,6 +118,20 @@ FT_HD TileWork tile_work(int rows, int gqa, int start, int capacity, int tile) {
   return w;
 }
 
+// The CTA's KV head and tile of a chunk from its grid coordinates (x over tile ranks, y over KV heads: the launch's
+// grid). The hardware dispatches CTAs in linear order (x fastest), and a causal tile is lighter the lower its index,
+// so the linear index is read KV head fastest: every head's heaviest tile goes out before any head's next one (the
+// longest-first order that keeps the last wave of one-CTA-per-SM kernels short). Rank r is tile tiles − 1 − r of
+// the chunk. A bijection of [0, grid_x) x [0, n_kv_heads) onto itself.
+struct TileSlot {
+  int kv_head = 0;
+  int rank = 0;  // 0 = the chunk's heaviest (last) tile
+};
+FT_HD TileSlot tile_slot(int bx, int by, int grid_x, int n_kv_heads) {
+  const int linear = by * grid_x + bx;
+  return TileSlot{linear % n_kv_heads, linear / n_kv_heads};
+}
+
 // The vector A row `r` (0..15) of warp `warp` computes: vectors past the chunk repeat the last one (finite, never
 // stored), so every A row has a valid position and key 0 of block 0 is visible to every row.
 FT_HD int warp_row_vector(const TileWork& w, int warp, int r) {

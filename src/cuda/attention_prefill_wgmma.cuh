@@ -185,7 +185,9 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
   const uint32_t base_s = (window_s + (kAlign - 1)) & ~static_cast<uint32_t>(kAlign - 1);
   unsigned char* const base = smem_window + (base_s - window_s);
 
-  const int chunk = blockIdx.z, kvh = blockIdx.y;
+  const prefill::TileSlot slot = prefill::tile_slot(static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+                                                     static_cast<int>(gridDim.x), static_cast<int>(gridDim.y));
+  const int chunk = blockIdx.z, kvh = slot.kv_head;
   const int G = args.gqa;
   // The chunk's rows, clamped as in the mma.sync kernel; whole-CTA exits only before the barriers exist.
   const int first_row = args.chunk_first_row[chunk];
@@ -193,7 +195,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
   n_rows = min(n_rows, args.max_chunk_rows);
   n_rows = min(n_rows, args.rows - first_row);
   if (first_row < 0 || n_rows <= 0) return;
-  const int tile = tiles_for_rows(n_rows, G, Sh::kTileVectors) - 1 - static_cast<int>(blockIdx.x);  // heaviest first
+  const int tile = tiles_for_rows(n_rows, G, Sh::kTileVectors) - 1 - slot.rank;  // heaviest first
   if (tile < 0) return;
   const int start = max(0, args.chunk_start_pos[chunk]);
   const int capacity = args.max_pages * kBlockTokens;

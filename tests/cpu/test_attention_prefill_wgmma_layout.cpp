@@ -219,6 +219,37 @@ TEST(AttentionPrefillWgmmaLayout, TilesCoverEveryVectorOnce) {
   }
 }
 
+// The grid's (x, y) = (tile rank, KV head) coordinates map onto (KV head, rank) one to one, KV head fastest in the
+// hardware's dispatch order (linear y · grid_x + x): the first n_kv_heads CTAs dispatched are every head's rank 0
+// (heaviest) tile, and ranks never decrease along the dispatch order.
+TEST(AttentionPrefillWgmmaLayout, TileSlotsAreABijectionHeaviestFirstAcrossKvHeads) {
+  namespace pf = futransformer::cuda::prefill;
+  for (int n_kv : {1, 3, 8}) {
+    for (int tiles : {1, 5, 64}) {
+      std::vector<int> seen(static_cast<size_t>(n_kv * tiles), 0);
+      int last_rank = 0;
+      for (int by = 0; by < n_kv; ++by) {
+        for (int bx = 0; bx < tiles; ++bx) {
+          const pf::TileSlot s = pf::tile_slot(bx, by, tiles, n_kv);
+          ASSERT_GE(s.kv_head, 0);
+          ASSERT_LT(s.kv_head, n_kv);
+          ASSERT_GE(s.rank, 0);
+          ASSERT_LT(s.rank, tiles);
+          ++seen[static_cast<size_t>(s.kv_head * tiles + s.rank)];
+          EXPECT_GE(s.rank, last_rank) << "dispatch order must not go back to a heavier rank";
+          last_rank = s.rank;
+          const int linear = by * tiles + bx;
+          if (linear < n_kv) {
+            EXPECT_EQ(s.rank, 0);
+            EXPECT_EQ(s.kv_head, linear);
+          }
+        }
+      }
+      for (int c : seen) ASSERT_EQ(c, 1) << "n_kv " << n_kv << " tiles " << tiles;
+    }
+  }
+}
+
 // --- The producer's INT4 -> f16 dequantisation (layout header: the steps), modelled from the PTX ISA. ---
 uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {  // byte i = byte (sel nibble i & 7) of {b, a}
   const uint64_t x = a | (static_cast<uint64_t>(b) << 32);

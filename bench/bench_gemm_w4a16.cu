@@ -1,8 +1,10 @@
 // Benchmark of the W4A16 decode GEMM against a cuBLASLt BF16 GEMM on Llama-3.1-8B / 70B projection shapes.
-//   bench_gemm_w4a16 [--json PATH] [--iters N] [--probe | --sweep [--shapes 8B.o,70B.down] [--ms 1,32]]
+//   bench_gemm_w4a16 [--json PATH] [--iters N] [--probe | --sweep [--shapes 8B.o,70B.down] [--ms 1,32] [--l2-hot]]
 // --sweep: every v4 launch configuration of w4a16::v4_sweep_configs (CTA size, ring depth, CTAs per SM, swapped
 // two- and three/four-tile paths) on the same shapes at M = 1, 4, 8, 16, 32, graph-timed in one process; prints a
-// table (us per candidate, the best with TB/s and % of 4.2 TB/s) and writes the JSON. See run_sweep.
+// table (us per candidate, the best with TB/s and % of 4.2 TB/s) and writes the JSON. See run_sweep. --l2-hot: the
+// sweep keeps one copy of each weight, so a shape that fits the L2 is read from it (what a GEMM whose weights were
+// prefetched into the L2 would run at); the JSON says so ("l2_hot").
 // Each row, two timings after warm-up: (1) "launch": median of N (default 100) launches, each timed by its own
 // pair of CUDA events; a layer that runs faster than the host can submit it is measured at the host's pace;
 // (2) "graph": the median over N replays of a CUDA graph of kGraphLaunches launches (how a decode step runs),
@@ -222,6 +224,7 @@ const int kSweepMs[] = {1, 4, 8, 16, 32};
 // --shapes A,B / --ms 1,32 (sweep only): run only these shapes (names as in kShapes) and M values, e.g. to profile
 // one GEMM under ncu. Empty: all.
 std::string g_sweep_shapes, g_sweep_ms;
+bool g_l2_hot = false;  // --l2-hot (sweep): one copy of each weight, no rotation through DRAM
 bool listed(const std::string& list, const std::string& item) {
   if (list.empty()) return true;
   size_t b = 0;
@@ -279,7 +282,8 @@ std::vector<SweepRow> run_sweep(cudaStream_t stream, int iters, size_t rotate_by
     if (!listed(g_sweep_shapes, s.name)) continue;
     const size_t w4_bytes = static_cast<size_t>(s.N) * s.K / 2;
     const size_t sc_bytes = static_cast<size_t>(s.N) * (s.K / kGroup) * 2;
-    const int r4 = static_cast<int>(std::clamp<size_t>((rotate_bytes + w4_bytes - 1) / w4_bytes, 2, 64));
+    const int r4 =
+        g_l2_hot ? 1 : static_cast<int>(std::clamp<size_t>((rotate_bytes + w4_bytes - 1) / w4_bytes, 2, 64));
     uint8_t* w4 = nullptr;
     uint16_t* sc = nullptr;
     CHECK_CUDA(cudaMalloc(&w4, w4_bytes * r4));
@@ -395,8 +399,8 @@ void write_sweep_json(const std::string& path, const DeviceInfo& d, int sm_mhz, 
     std::fprintf(f,
                  "  \"group\": %d,\n  \"scale_type\": \"bf16\",\n  \"mode\": \"sweep\",\n"
                  "  \"timing\": \"us: per GEMM in a graph of %d, median of %d replays\",\n"
-                 "  \"nominal_tbps\": %.2f,\n",
-                 kGroup, kGraphLaunches, iters, kNominalTBps);
+                 "  \"nominal_tbps\": %.2f,\n  \"l2_hot\": %s,\n",
+                 kGroup, kGraphLaunches, iters, kNominalTBps, g_l2_hot ? "true" : "false");
   };
   const auto row = [&](FILE* f, size_t i) {
     const SweepRow& r = rows[i];
@@ -434,6 +438,8 @@ int main(int argc, char** argv) {
       g_sweep_shapes = argv[++i];
     } else if (i > 0 && i + 1 < argc && std::strcmp(argv[i], "--ms") == 0) {
       g_sweep_ms = argv[++i];
+    } else if (i > 0 && std::strcmp(argv[i], "--l2-hot") == 0) {
+      g_l2_hot = true;
     } else {
       rest.push_back(argv[i]);
     }

@@ -514,4 +514,61 @@ TEST(CudaEngineEpiloguesUnrotation, PrefillAttentionUnrotatesInItsStore) {
   EXPECT_EQ(calls["prefill attention"], kernel_unrotates ? 0 : s.layers * 2);
 }
 
+// int4-hadamard prompt passes with fused_anchor_rope: the new sequences' key anchors are summed from the un-RoPE'd
+// keys (kv_key_anchor_compute_rope) and RoPE + append + q rotation run as one kernel; without it rope_qk_bf16,
+// kv_key_anchor_compute and kv_append_rotate_q. Logits of prompt passes (two sequences starting, one short of a page),
+// of continuation passes and of decode steps after them are identical bit for bit (so are the caches they read), and
+// the profile shows which kernels ran.
+TEST(CudaEngineEpiloguesAnchors, AnchorsWithRopeOnTheFlyEqualTheThreeKernels) {
+  FT_REQUIRE_HOPPER();
+  const test::TinyLlama s = test::tiny_llama_w4a16_shape();
+  const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 67)), "int4-rtn-g64-bf16+kv-int4-hadamard");
+  CudaEngineOptions co = cuda_engine_options(q.recipe);
+  ASSERT_EQ(co.kv, formats::KvFormat::INT4_HADAMARD);
+  co.max_sequences = 4;
+  co.max_sequence_length = 256;
+  co.fused_anchor_rope = true;
+  std::unique_ptr<CudaEngine> fused = make_cuda_engine(q, co);
+  co.profile_ops = true;
+  std::unique_ptr<CudaEngine> profiled = make_cuda_engine(q, co);
+  co.fused_anchor_rope = false;
+  std::unique_ptr<CudaEngine> profiled_off = make_cuda_engine(q, co);
+  co.profile_ops = false;
+  std::unique_ptr<CudaEngine> off = make_cuda_engine(q, co);
+
+  std::mt19937 rng(31);
+  const std::vector<SequenceChunk> prompt = {{0, test::random_token_ids(63, s.vocab, rng)},
+                                             {1, test::random_token_ids(41, s.vocab, rng)}};
+  const std::vector<SequenceChunk> more = {{0, test::random_token_ids(25, s.vocab, rng)},
+                                           {1, test::random_token_ids(17, s.vocab, rng)},
+                                           {2, test::random_token_ids(50, s.vocab, rng)}};
+  for (const std::vector<SequenceChunk>* batch : {&prompt, &more}) {
+    const auto lf = fused->forward(*batch, true), lo = off->forward(*batch, true);
+    const auto lp = profiled->forward(*batch, true), lq = profiled_off->forward(*batch, true);
+    ASSERT_EQ(lf.size(), batch->size());
+    for (size_t i = 0; i < batch->size(); ++i) {
+      EXPECT_EQ(lf[i], lo[i]) << (batch == &prompt ? "prompts" : "continuations") << ", sequence "
+                              << (*batch)[i].seq_id;
+      EXPECT_EQ(lp[i], lo[i]) << "profiled engine, sequence " << (*batch)[i].seq_id;
+      EXPECT_EQ(lq[i], lo[i]) << "profiled engine without the option, sequence " << (*batch)[i].seq_id;
+    }
+  }
+  std::vector<SequenceChunk> step = {{0, {5}}, {1, {6}}, {2, {7}}};
+  for (int k = 0; k < 4; ++k) {
+    const auto lf = fused->forward(step), lo = off->forward(step);
+    for (size_t i = 0; i < step.size(); ++i) {
+      ASSERT_EQ(lf[i], lo[i]) << "decode step " << k << ", sequence " << step[i].seq_id;
+      step[i].tokens = {argmax(lf[i])};
+    }
+  }
+  std::map<std::string, int64_t> on_calls, off_calls;
+  for (const CudaEngine::OpTime& t : profiled->op_profile()) on_calls[t.op] += t.calls;
+  for (const CudaEngine::OpTime& t : profiled_off->op_profile()) off_calls[t.op] += t.calls;
+  // Both passes start sequences (0 and 1, then 2): every layer of each.
+  EXPECT_EQ(on_calls["KV key anchors (RoPE'd on the fly)"], s.layers * 2);
+  EXPECT_EQ(on_calls["RoPE"], 0);
+  EXPECT_EQ(off_calls["KV key anchors"], s.layers * 2);
+  EXPECT_EQ(off_calls["RoPE"], s.layers * 2);
+}
+
 }  // namespace

@@ -91,7 +91,7 @@ cudaError_t qkv_append(const char* op, bool rope, KvFormat format, __nv_bfloat16
                        int n_kv_heads, int head_dim, const int32_t* positions, const float* inv_freq,
                        const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors,
                        const int32_t* row_anchor, uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out,
-                       const float* rope_cos_sin, cudaStream_t stream) {
+                       cudaStream_t stream) {
   g_last_error.clear();
   fused::QkvArgs a{};
   if (const cudaError_t e = fused::make_qkv_args(op, rope, format, qkv, rows, n_heads, n_kv_heads, head_dim, positions,
@@ -99,9 +99,6 @@ cudaError_t qkv_append(const char* op, bool rope, KvFormat format, __nv_bfloat16
                                                  hadamard_block, q_out, &a, &g_last_error);
       e != cudaSuccess)
     return e;
-  if (rope_cos_sin != nullptr && !aligned(rope_cos_sin, 8))
-    return reject(&g_last_error, std::string(op) + ": rope_cos_sin must be 8-byte aligned");
-  a.rope_cs = reinterpret_cast<const float2*>(rope_cos_sin);
   const int items = n_heads + 2 * n_kv_heads;
   if (quad_enabled() && quad_applies(format, head_dim, items, qkv, q_out)) {
     // make_qkv_args checked the blocks: q's a power of two dividing head_dim (or none), kv's the format's (128).
@@ -261,18 +258,7 @@ cudaError_t qkv_rope_kv_append(KvFormat format, __nv_bfloat16* qkv, int rows, in
                                const int32_t* row_anchor, uint8_t* kv_pool, int hadamard_block,
                                __nv_bfloat16* q_out, cudaStream_t stream) {
   return qkv_append("qkv_rope_kv_append", true, format, qkv, rows, n_heads, n_kv_heads, head_dim, positions,
-                    inv_freq, row_page, row_slot, key_anchors, row_anchor, kv_pool, hadamard_block, q_out, nullptr,
-                    stream);
-}
-
-cudaError_t qkv_rope_kv_append(KvFormat format, __nv_bfloat16* qkv, int rows, int n_heads, int n_kv_heads,
-                               int head_dim, const int32_t* positions, const float* inv_freq,
-                               const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors,
-                               const int32_t* row_anchor, uint8_t* kv_pool, int hadamard_block,
-                               __nv_bfloat16* q_out, const float* rope_cos_sin, cudaStream_t stream) {
-  return qkv_append("qkv_rope_kv_append", true, format, qkv, rows, n_heads, n_kv_heads, head_dim, positions,
-                    inv_freq, row_page, row_slot, key_anchors, row_anchor, kv_pool, hadamard_block, q_out,
-                    rope_cos_sin, stream);
+                    inv_freq, row_page, row_slot, key_anchors, row_anchor, kv_pool, hadamard_block, q_out, stream);
 }
 
 cudaError_t kv_append_rotate_q(KvFormat format, const __nv_bfloat16* qkv, int rows, int n_heads, int n_kv_heads,
@@ -282,7 +268,7 @@ cudaError_t kv_append_rotate_q(KvFormat format, const __nv_bfloat16* qkv, int ro
   // The !rope kernel never writes qkv.
   return qkv_append("kv_append_rotate_q", false, format, const_cast<__nv_bfloat16*>(qkv), rows, n_heads, n_kv_heads,
                     head_dim, nullptr, nullptr, row_page, row_slot, key_anchors, row_anchor, kv_pool, hadamard_block,
-                    q_out, nullptr, stream);
+                    q_out, stream);
 }
 
 cudaError_t kv_append_keys(KvFormat format, const __nv_bfloat16* qkv, int rows, int n_heads, int n_kv_heads,

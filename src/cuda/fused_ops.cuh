@@ -92,21 +92,14 @@ struct QkvArgs {
   int32_t q_hadamard_block;  // the caller's hadamard_block; <= 1: q_out is a copy
   float q_hadamard_scale;
   __nv_bfloat16* q_out;  // [rows, n_heads, head_dim]
-  // Optional (kRope instances): the pass's (cos, sin) table [rows][head_dim / 2] (rope_cos_sin_table: the values
-  // ops::rope_cos_sin gives for these positions), read instead of computing fp64 sincos per row in every CTA.
-  const float2* rope_cs;
 };
 
 // The RoPE cos/sin pairs of row r's position into cs[0 .. head_dim / 2), by the CTA's threads (nthreads of them);
 // the caller synchronises before reading them.
 __device__ __forceinline__ void qkv_rope_table(const QkvArgs& a, int r, float2* cs, int nthreads) {
-  const int half = a.head_dim / 2;
-  if (a.rope_cs != nullptr) {
-    for (int i = static_cast<int>(threadIdx.x); i < half; i += nthreads) cs[i] = a.rope_cs[int64_t{r} * half + i];
-    return;
-  }
   const double pos = static_cast<double>(a.positions[r]);
-  for (int i = static_cast<int>(threadIdx.x); i < half; i += nthreads) cs[i] = ops::rope_cos_sin(pos, a.inv_freq[i]);
+  for (int i = static_cast<int>(threadIdx.x); i < a.head_dim / 2; i += nthreads)
+    cs[i] = ops::rope_cos_sin(pos, a.inv_freq[i]);
 }
 
 // Row r's cache destination and key-anchor entry (page, slot, anchor index; -1 for no anchor), read by each thread
@@ -488,14 +481,12 @@ __global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(c
   const unsigned mask = HL::mask();
   const int row0 = static_cast<int>(first_group / items);
   if constexpr (kRope) {
-    // The table of rows row0 .. row0 + 3 (those of them that exist), before the wait: positions and inv_freq (or the
-    // pass's table) are inputs of the pass no kernel writes.
+    // The table of rows row0 .. row0 + 3 (those of them that exist), before the wait: positions and inv_freq are
+    // inputs of the pass no kernel writes.
     for (int i = static_cast<int>(threadIdx.x); i < kQuadMaxRowsPerCta * (kQuadHeadDim / 2); i += kQuadThreads) {
       const int rr = row0 + i / (kQuadHeadDim / 2), pair = i % (kQuadHeadDim / 2);
-      if (rr < rows)
-        cs[i / (kQuadHeadDim / 2)][pair] =
-            a.rope_cs != nullptr ? a.rope_cs[int64_t{rr} * (kQuadHeadDim / 2) + pair]
-                                 : ops::rope_cos_sin(static_cast<double>(a.positions[rr]), a.inv_freq[pair]);
+      if (rr < rows) cs[i / (kQuadHeadDim / 2)][pair] = ops::rope_cos_sin(static_cast<double>(a.positions[rr]),
+                                                                          a.inv_freq[pair]);
     }
   }
   const bool live = group < total;  // group-uniform

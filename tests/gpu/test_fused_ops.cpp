@@ -247,12 +247,10 @@ struct QkvSide {
 // rope: qkv_rope_kv_append against rope_qk_bf16 + kv_append + rotate_heads_bf16. !rope: both sides first run
 // rope_qk_bf16 and (int4-hadamard) kv_key_anchor_compute of the first rows into anchor slot 0, as the engine does
 // for a pass that starts sequences; then kv_append_rotate_q against kv_append + rotate_heads_bf16.
-// table (rope only): qkv_rope_kv_append's overload that reads the pass's RoPE table (rope_cos_sin_table).
-void check_qkv(const QkvCase& c, bool rope, uint32_t seed, bool table = false) {
+void check_qkv(const QkvCase& c, bool rope, uint32_t seed) {
   const int hb = c.hadamard_block >= 0 ? c.hadamard_block
                                        : static_cast<int>(formats::kv_hadamard_block(c.format, c.head_dim));
-  SCOPED_TRACE(testing::Message() << (rope ? (table ? "qkv_rope_kv_append (table) " : "qkv_rope_kv_append ")
-                                           : "kv_append_rotate_q ")
+  SCOPED_TRACE(testing::Message() << (rope ? "qkv_rope_kv_append " : "kv_append_rotate_q ")
                                   << formats::kv_format_name(c.format) << " heads " << c.n_heads << "/" << c.n_kv
                                   << " head_dim " << c.head_dim << " rows " << c.rows << " hadamard_block " << hb
                                   << " seed " << seed);
@@ -303,14 +301,7 @@ void check_qkv(const QkvCase& c, bool rope, uint32_t seed, bool table = false) {
 
   // Fused.
   cudaError_t e;
-  DeviceBuffer<float> cs(table ? static_cast<size_t>(c.rows) * c.head_dim : 1);
-  if (rope && table) {
-    ASSERT_EQ(cuda::rope_cos_sin_table(positions.p, inv_freq.p, c.rows, c.head_dim, cs.p, nullptr), cudaSuccess)
-        << cuda::decoder_ops_last_error();
-    e = cuda::qkv_rope_kv_append(c.format, got.qkv_bf(), c.rows, c.n_heads, c.n_kv, c.head_dim, positions.p,
-                                 inv_freq.p, page.p, slot.p, hadamard ? anchors_got.p : nullptr,
-                                 hadamard ? row_anchor.p : nullptr, got.pool.p, hb, got.q_bf(), cs.p, nullptr);
-  } else if (rope) {
+  if (rope) {
     e = cuda::qkv_rope_kv_append(c.format, got.qkv_bf(), c.rows, c.n_heads, c.n_kv, c.head_dim, positions.p,
                                  inv_freq.p, page.p, slot.p, hadamard ? anchors_got.p : nullptr,
                                  hadamard ? row_anchor.p : nullptr, got.pool.p, hb, got.q_bf(), nullptr);
@@ -347,7 +338,6 @@ TEST(FusedOpsGpu, QkvRopeKvAppendMatchesTheUnfusedSequenceBitForBit) {
     for (int head_dim : {64, 128}) {
       for (auto [nh, nkv] : {std::pair{9, 3}, std::pair{32, 8}}) {
         for (int rows : kRows) check_qkv({f, nh, nkv, head_dim, rows, -1}, true, seed += 11);
-        check_qkv({f, nh, nkv, head_dim, 17, -1}, true, seed += 11, /*table=*/true);
       }
     }
   }
@@ -402,7 +392,6 @@ TEST_P(FusedOpsQuadGpu, QuadKernelMatchesTheUnfusedSequenceBitForBit) {
     for (KvFormat f : {KvFormat::INT4, KvFormat::INT4_HADAMARD}) {
       for (auto [nh, nkv] : {std::pair{32, 8}, std::pair{9, 3}}) {
         for (int rows : {1, 3, 17, 64, 2048}) check_qkv({f, nh, nkv, 128, rows, -1}, rope, seed += 11);
-        if (rope) check_qkv({f, nh, nkv, 128, 2048, -1}, true, seed += 11, /*table=*/true);
       }
       check_qkv({f, 32, 8, 128, 33, 0}, rope, seed += 11);   // no q rotation
       check_qkv({f, 32, 8, 128, 33, 32}, rope, seed += 11);  // a q block below a quad lane's 32 channels
@@ -553,11 +542,6 @@ TEST(FusedOpsHost, QkvLaunchersRefuseBadPointersBeforeTouchingTheDevice) {
                                      pool, 0, q, nullptr),
             cudaErrorInvalidValue);
   EXPECT_NE(message().find("head_dim = 100"), std::string::npos) << message();
-  // The table overload: the table must be 8-byte aligned (float2 pairs).
-  EXPECT_EQ(cuda::qkv_rope_kv_append(KvFormat::INT4, qkv, 1, 2, 1, 128, ints, freq, ints, ints, nullptr, nullptr, pool,
-                                     0, q, freq + 1, nullptr),
-            cudaErrorInvalidValue);
-  EXPECT_NE(message().find("rope_cos_sin must be 8-byte aligned"), std::string::npos) << message();
 
   // The no-RoPE variant names itself and needs no positions or inv_freq (a refused pool shows it got past them).
   EXPECT_EQ(cuda::kv_append_rotate_q(KvFormat::INT4, qkv, 1, 2, 1, 128, ints, ints, nullptr, nullptr, pool + 4, 0, q,

@@ -62,14 +62,6 @@ cudaError_t qkv_rope_kv_append(formats::KvFormat format, __nv_bfloat16* qkv, int
                                const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors,
                                const int32_t* row_anchor, uint8_t* kv_pool, int hadamard_block,
                                __nv_bfloat16* q_out, cudaStream_t stream);
-// The same with the pass's RoPE table (rope_cos_sin_table of these positions, decoder_ops.h: fp32 (cos, sin) pairs
-// [rows, head_dim / 2, 2], 8-byte aligned) read instead of computed in every CTA (fp64 sincos per row): the same
-// values, so the same bits. nullptr: computed, as above.
-cudaError_t qkv_rope_kv_append(formats::KvFormat format, __nv_bfloat16* qkv, int rows, int n_heads, int n_kv_heads,
-                               int head_dim, const int32_t* positions, const float* inv_freq,
-                               const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors,
-                               const int32_t* row_anchor, uint8_t* kv_pool, int hadamard_block,
-                               __nv_bfloat16* q_out, const float* rope_cos_sin, cudaStream_t stream);
 
 // qkv_rope_kv_append without the RoPE (qkv already RoPE'd; it is not written): bit-identical to kv_append then
 // rotate_heads_bf16 with the arguments above. Same contract otherwise.

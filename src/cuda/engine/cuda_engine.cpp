@@ -941,7 +941,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                "KV key anchors (RoPE'd on the fly)", cuda::kv_append_last_error);
       check_op(cuda::qkv_rope_kv_append(opt_.kv, bf(qkv_), r, nh, nkv, hd, m + ml.positions, inv_freq_.get(),
                                         m + ml.row_page, m + ml.row_slot, anchors, row_anchor, pool, hadamard_block_,
-                                        bf(q_), rope_table_.get(), stream_),
+                                        bf(q_), stream_),
                "RoPE + KV append + q rotation", cuda::fused_ops_last_error);
     } else {
       check_op(cuda::rope_qk_bf16(bf(qkv_), m + ml.positions, inv_freq_.get(), r, nh, nkv, hd, stream_), "RoPE",

@@ -93,12 +93,6 @@ struct CudaEngineOptions {
   // key anchors and a keys-only append (kv_append_keys). Built after the ninth session's first device call: off by
   // default until measured; bench_prefill turns it on with FT_FP8_QKV_EPILOGUE=1.
   bool fused_fp8_qkv = false;
-  // Prompt passes that start int4-hadamard sequences, where qkv_rope_kv_append takes the head shape: the sequences' key
-  // anchors are summed from the un-RoPE'd keys with RoPE applied on the fly (cuda::kv_key_anchor_compute_rope, from
-  // the pass's (cos, sin) table, computed once per pass), then RoPE, the cache append and the q rotation run as one
-  // kernel (cuda::qkv_rope_kv_append) — instead of rope_qk_bf16, kv_key_anchor_compute, kv_append_rotate_q: one pass
-  // over q and k fewer per layer, bit-identical by construction (GPU-tested). false: the three kernels (to compare).
-  bool fused_anchor_rope = true;
   // With fused_epilogues: run the attention prologue (RoPE, cache append, q rotation) inside the qkv GEMM's split-K
   // reduce when every W4A16 launch of the pass splits K (gemm_w4a16_qkv_rope_append; bit-identical by construction,
   // GPU-tested against the two-kernel order). false: the two kernels always (kept to compare and measure).

@@ -146,12 +146,9 @@ cudaError_t kv_key_anchor_compute_can_implement(int n_kv_heads, int head_dim, in
   return cudaSuccess;
 }
 
-namespace {
-
-cudaError_t launch_key_anchors(const char* name, const __nv_bfloat16* qkv, int row_stride, int k_offset,
-                               int n_kv_heads, int head_dim, int n_seqs, const int32_t* first_row,
-                               const int32_t* row_count, const int32_t* anchor_index, uint16_t* key_anchors,
-                               bool rope, const float* rope_cos_sin, cudaStream_t stream) {
+cudaError_t kv_key_anchor_compute(const __nv_bfloat16* qkv, int row_stride, int k_offset, int n_kv_heads, int head_dim,
+                                  int n_seqs, const int32_t* first_row, const int32_t* row_count,
+                                  const int32_t* anchor_index, uint16_t* key_anchors, cudaStream_t stream) {
   g_last_error.clear();
   if (kv_key_anchor_compute_can_implement(n_kv_heads, head_dim, n_seqs, row_stride, k_offset, &g_last_error) !=
       cudaSuccess)
@@ -159,10 +156,8 @@ cudaError_t launch_key_anchors(const char* name, const __nv_bfloat16* qkv, int r
   if (!qkv || !first_row || !row_count || !anchor_index || !key_anchors || !aligned(qkv, 2) ||
       !aligned(first_row, 4) || !aligned(row_count, 4) || !aligned(anchor_index, 4) || !aligned(key_anchors, 2))
     return reject(&g_last_error,
-                  std::string(name) + ": qkv, first_row, row_count, anchor_index and key_anchors must be non-null; "
+                  "kv_key_anchor_compute: qkv, first_row, row_count, anchor_index and key_anchors must be non-null; "
                   "qkv and key_anchors 2-byte aligned, the int32 arrays 4-byte aligned");
-  if (rope && (!rope_cos_sin || !aligned(rope_cos_sin, 8)))
-    return reject(&g_last_error, "kv_key_anchor_compute_rope: rope_cos_sin must be non-null and 8-byte aligned");
   if (n_seqs == 0) return cudaSuccess;
 
   kv::AnchorArgs args{};
@@ -191,30 +186,8 @@ cudaError_t launch_key_anchors(const char* name, const __nv_bfloat16* qkv, int r
   // Two channels per 4-byte load need every key row 4-byte aligned: the pointer, the row stride and the offset
   // (a CTA's first channel, a multiple of head_dim / 8 — itself a multiple of 4 — is even).
   const bool pairs = reinterpret_cast<uintptr_t>(qkv) % 4 == 0 && row_stride % 2 == 0 && k_offset % 2 == 0;
-  if (rope) {
-    args.rope_cs = reinterpret_cast<const float2*>(rope_cos_sin);
-    return pairs ? cudaLaunchKernelEx(&cfg, kv::kv_key_anchor_kernel<2, true>, args)
-                 : cudaLaunchKernelEx(&cfg, kv::kv_key_anchor_kernel<1, true>, args);
-  }
   return pairs ? cudaLaunchKernelEx(&cfg, kv::kv_key_anchor_kernel<2>, args)
                : cudaLaunchKernelEx(&cfg, kv::kv_key_anchor_kernel<1>, args);
-}
-
-}  // namespace
-
-cudaError_t kv_key_anchor_compute(const __nv_bfloat16* qkv, int row_stride, int k_offset, int n_kv_heads, int head_dim,
-                                  int n_seqs, const int32_t* first_row, const int32_t* row_count,
-                                  const int32_t* anchor_index, uint16_t* key_anchors, cudaStream_t stream) {
-  return launch_key_anchors("kv_key_anchor_compute", qkv, row_stride, k_offset, n_kv_heads, head_dim, n_seqs,
-                            first_row, row_count, anchor_index, key_anchors, false, nullptr, stream);
-}
-
-cudaError_t kv_key_anchor_compute_rope(const __nv_bfloat16* qkv, int row_stride, int k_offset, int n_kv_heads,
-                                       int head_dim, int n_seqs, const int32_t* first_row, const int32_t* row_count,
-                                       const int32_t* anchor_index, uint16_t* key_anchors, const float* rope_cos_sin,
-                                       cudaStream_t stream) {
-  return launch_key_anchors("kv_key_anchor_compute_rope", qkv, row_stride, k_offset, n_kv_heads, head_dim, n_seqs,
-                            first_row, row_count, anchor_index, key_anchors, true, rope_cos_sin, stream);
 }
 
 const char* kv_append_last_error() { return g_last_error.c_str(); }

@@ -16,7 +16,6 @@
 
 #include <cstdint>
 
-#include "cuda/decoder_ops.cuh"  // rope_lo / rope_hi (kv_key_anchor_kernel<·, true>)
 #include "cuda/ptx/cvt.cuh"
 #include "futransformer/cuda/kv_append.h"
 #include "futransformer/formats/kv_cache.h"
@@ -44,8 +43,6 @@ static_assert(kInt4Group == kWarp, "an int4 group must be one register across th
 static_assert(kMaxPerLane == 8, "the Hadamard register stages below cover strides 32, 64 and 128");
 static_assert(kAnchorThreads >= kKvAppendMaxHeadDim, "kv_key_anchor_kernel needs one group of threads per head");
 static_assert(kAnchorBlockTokens == 32, "kv_key_anchor_kernel unrolls one block's loads");
-constexpr int kRopeSubRows = 8;  // kv_key_anchor_kernel<·, true>: rows of a block loaded together
-static_assert(kAnchorBlockTokens % kRopeSubRows == 0);
 
 // Byte offsets of one page's regions (formats::KvPageLayout, narrowed: a page is at most 64 KiB here).
 struct PageGeometry {
@@ -96,9 +93,6 @@ struct AnchorArgs {
   uint16_t* key_anchors;
   int32_t hadamard_block;
   float hadamard_scale;
-  // kv_key_anchor_kernel<kPairs, true>: the keys in qkv are not RoPE'd yet; rope_cs is the pass's (cos, sin) table
-  // [rows][head_dim / 2] (rope_cos_sin_table), indexed by qkv row.
-  const float2* rope_cs;
 };
 
 // Lane l's channels 32 i + l of one head vector, widened to fp32 (exact); channels past head_dim read as 0 and
@@ -311,13 +305,8 @@ __global__ void __launch_bounds__(kAppendWarps * kWarp) kv_append_kernel(const A
 // memory; group 0 then adds the round's block sums in block order. After a cluster barrier, one warp of rank 0
 // gathers the whole mean vector from the cluster's shared memory, rotates it (hadamard_warp, the CPU's
 // butterflies) and rounds it to fp16; a second barrier keeps every CTA's shared memory alive until then.
-// kRope: the keys are summed as rope_qk_bf16 would leave them — each value bf16(rope_lo / rope_hi) of the raw key
-// and its rotate-half partner (channel c ± head_dim / 2, a load of its own: a CTA's channels all lie in one half)
-// with the table's (cos, sin) — so a pass that starts int4-hadamard sequences needs no RoPE pass before its anchors
-// (the append then RoPEs the keys itself, qkv_rope_kv_append). Same bits as rope_qk_bf16 + this kernel without kRope.
-// Rows are then loaded kRopeSubRows at a time (value, partner and (cos, sin) of each), still summed in token order.
 // static: this header is included by more than one .cu file (fused_ops.cu reuses its device functions).
-template <int kPairs, bool kRope = false>
+template <int kPairs>
 static __global__ void __launch_bounds__(kAnchorThreads) kv_key_anchor_kernel(const AnchorArgs a) {
   namespace cg = cooperative_groups;
   __shared__ double staged[kAnchorStagedSums];
@@ -339,13 +328,6 @@ static __global__ void __launch_bounds__(kAnchorThreads) kv_key_anchor_kernel(co
   const int n_blocks = (count + kAnchorBlockTokens - 1) / kAnchorBlockTokens;
   const uint16_t* keys = reinterpret_cast<const uint16_t*>(a.qkv) + static_cast<int64_t>(first) * a.row_stride +
                          a.k_offset + static_cast<int64_t>(h) * a.head_dim + rank * channels + c0;
-  // kRope: this thread's channels c (absolute in the head) are in the low half (new x[c] = rope_lo(x[c], x[c + half]))
-  // or the high half (new x[c] = rope_hi(x[c − half], x[c])); both use (cos, sin) index c mod half.
-  const int half = a.head_dim / 2;
-  const int c_abs = rank * channels + c0;
-  const bool low = c_abs < half;
-  const int partner = low ? half : -half;
-  const float2* cs_row0 = kRope ? a.rope_cs + static_cast<int64_t>(first) * half + (low ? c_abs : c_abs - half) : nullptr;
   double total[kPairs] = {};
   for (int round = 0; round < n_blocks; round += groups) {
     const int b = round + g;
@@ -353,57 +335,22 @@ static __global__ void __launch_bounds__(kAnchorThreads) kv_key_anchor_kernel(co
       const int r0 = b * kAnchorBlockTokens;
       const int rows = min(kAnchorBlockTokens, count - r0);
       const uint16_t* p = keys + static_cast<int64_t>(r0) * a.row_stride;
+      uint32_t v[kAnchorBlockTokens];  // the block's bf16 values (kPairs = 2: both channels' bits in one word)
+#pragma unroll
+      for (int r = 0; r < kAnchorBlockTokens; ++r) {
+        if (r < rows) {
+          const uint16_t* row = p + static_cast<int64_t>(r) * a.row_stride;
+          if constexpr (kPairs == 2) v[r] = *reinterpret_cast<const uint32_t*>(row);
+          else v[r] = *row;
+        }
+      }
       double s[kPairs] = {};
-      if constexpr (kRope) {
-        for (int rs = 0; rs < kAnchorBlockTokens; rs += kRopeSubRows) {
-          uint32_t v[kRopeSubRows], w[kRopeSubRows];  // kPairs = 2: both channels' bits in one word
-          float2 cs[kRopeSubRows][kPairs];
 #pragma unroll
-          for (int r = 0; r < kRopeSubRows; ++r) {
-            if (rs + r < rows) {
-              const uint16_t* row = p + static_cast<int64_t>(rs + r) * a.row_stride;
-              const float2* csr = cs_row0 + static_cast<int64_t>(r0 + rs + r) * half;
-              if constexpr (kPairs == 2) {
-                v[r] = *reinterpret_cast<const uint32_t*>(row);
-                w[r] = *reinterpret_cast<const uint32_t*>(row + partner);
-              } else {
-                v[r] = *row;
-                w[r] = row[partner];
-              }
+      for (int r = 0; r < kAnchorBlockTokens; ++r) {
+        if (r < rows) {
 #pragma unroll
-              for (int j = 0; j < kPairs; ++j) cs[r][j] = csr[j];
-            }
-          }
-#pragma unroll
-          for (int r = 0; r < kRopeSubRows; ++r) {
-            if (rs + r < rows) {
-#pragma unroll
-              for (int j = 0; j < kPairs; ++j) {
-                const float x = __uint_as_float((v[r] >> (16 * j)) << 16);
-                const float y = __uint_as_float((w[r] >> (16 * j)) << 16);  // the partner channel
-                const float roped = low ? ops::rope_lo(x, y, cs[r][j]) : ops::rope_hi(y, x, cs[r][j]);
-                s[j] = __dadd_rn(s[j], static_cast<double>(__bfloat162float(__float2bfloat16_rn(roped))));
-              }
-            }
-          }
-        }
-      } else {
-        uint32_t v[kAnchorBlockTokens];  // the block's bf16 values (kPairs = 2: both channels' bits in one word)
-#pragma unroll
-        for (int r = 0; r < kAnchorBlockTokens; ++r) {
-          if (r < rows) {
-            const uint16_t* row = p + static_cast<int64_t>(r) * a.row_stride;
-            if constexpr (kPairs == 2) v[r] = *reinterpret_cast<const uint32_t*>(row);
-            else v[r] = *row;
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < kAnchorBlockTokens; ++r) {
-          if (r < rows) {
-#pragma unroll
-            for (int j = 0; j < kPairs; ++j)
-              s[j] = __dadd_rn(s[j], static_cast<double>(__uint_as_float((v[r] >> (16 * j)) << 16)));
-          }
+          for (int j = 0; j < kPairs; ++j)
+            s[j] = __dadd_rn(s[j], static_cast<double>(__uint_as_float((v[r] >> (16 * j)) << 16)));
         }
       }
 #pragma unroll

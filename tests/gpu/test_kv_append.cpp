@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -14,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "futransformer/cuda/decoder_ops.h"
 #include "futransformer/cuda/kv_append.h"
 #include "futransformer/dtype.h"
 #include "futransformer/formats/kv_cache.h"
@@ -367,79 +365,6 @@ TEST(KvAnchorGpu, LongChunksMatchKvKeyAnchorBitForBit) {
   }
 }
 
-// kv_key_anchor_compute_rope on un-RoPE'd keys with the pass's (cos, sin) table equals rope_qk_bf16 followed by
-// kv_key_anchor_compute, bit for bit, and leaves qkv untouched: prefill-length chunks (partial last blocks and
-// rounds), positions out of order and past 100 000, both load widths (head_dim 96 runs with 2-byte aligned rows).
-TEST(KvAnchorGpu, RopeOnTheFlyEqualsRopeThenAnchors) {
-  FT_REQUIRE_CUDA_DEVICE();
-  uint32_t seed = 3700;
-  for (int head_dim : {128, 64, 256, 96}) {
-    const bool unaligned = head_dim == 96;
-    SCOPED_TRACE(testing::Message() << "head_dim " << head_dim << (unaligned ? " (unaligned rows)" : ""));
-    const int n_kv = head_dim == 256 ? 2 : 3, rows = 1100;
-    // rope_qk_bf16 reads [q (2 n_kv heads) | k | v] rows with no spare columns: make_qkv's rows without their 8.
-    const Qkv q = make_qkv(rows, n_kv, head_dim, seed += 10);
-    const int width = 4 * n_kv * head_dim;
-    std::vector<uint16_t> raw(static_cast<size_t>(rows) * width);
-    for (int r = 0; r < rows; ++r)
-      std::copy(q.bits.begin() + static_cast<ptrdiff_t>(r) * q.row_stride,
-                q.bits.begin() + static_cast<ptrdiff_t>(r) * q.row_stride + width,
-                raw.begin() + static_cast<ptrdiff_t>(r) * width);
-    std::mt19937 rng(seed);
-    std::vector<int32_t> positions(static_cast<size_t>(rows));
-    for (int r = 0; r < rows; ++r) positions[static_cast<size_t>(r)] = r % 5 == 0 ? 100000 + r : static_cast<int32_t>(rng() % 9000);
-    std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
-    for (int i = 0; i < head_dim / 2; ++i)
-      inv_freq[static_cast<size_t>(i)] = static_cast<float>(std::pow(500000.0, -2.0 * i / head_dim));
-    DeviceBuffer<int32_t> d_pos(positions);
-    DeviceBuffer<float> d_freq(inv_freq);
-    // The reference's RoPE'd keys: rope_qk_bf16 on a copy.
-    DeviceBuffer<uint16_t> roped(raw);
-    ASSERT_EQ(cuda::rope_qk_bf16(reinterpret_cast<__nv_bfloat16*>(roped.p), d_pos.p, d_freq.p, rows, 2 * n_kv, n_kv,
-                                 head_dim, nullptr),
-              cudaSuccess);
-    DeviceBuffer<float> table(static_cast<size_t>(rows) * head_dim);
-    ASSERT_EQ(cuda::rope_cos_sin_table(d_pos.p, d_freq.p, rows, head_dim, table.p, nullptr), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<uint16_t> roped_bits = roped.download();
-    ASSERT_NE(roped_bits, raw) << "RoPE should change the keys";
-    // Both layouts in rows of `stride` elements (odd for the 2-byte path), the keys at k_offset.
-    const int extra = unaligned ? 3 : 8;
-    const int stride = width + extra, k_offset = 2 * n_kv * head_dim;
-    auto relayout = [&](const std::vector<uint16_t>& in) {
-      std::vector<uint16_t> out(static_cast<size_t>(rows) * stride, 0x7FC0);
-      for (int r = 0; r < rows; ++r)
-        std::copy(in.begin() + static_cast<ptrdiff_t>(r) * width, in.begin() + static_cast<ptrdiff_t>(r + 1) * width,
-                  out.begin() + static_cast<ptrdiff_t>(r) * stride);
-      return out;
-    };
-    const std::vector<uint16_t> raw_rows = relayout(raw);
-    DeviceBuffer<uint16_t> d_raw(raw_rows), d_roped(relayout(roped_bits));
-    const std::vector<int32_t> first = {0, 1037, 1040, 5}, count = {1037, 63, 60, 0}, index = {2, 0, 1, 3};
-    DeviceBuffer<int32_t> d_first(first), d_count(count), d_index(index);
-    const size_t n_anchor = 4 * static_cast<size_t>(n_kv) * head_dim;
-    DeviceBuffer<uint16_t> want(n_anchor), got(n_anchor);
-    ASSERT_EQ(want.poison(), cudaSuccess);
-    ASSERT_EQ(got.poison(), cudaSuccess);
-    ASSERT_EQ(cuda::kv_key_anchor_compute(reinterpret_cast<const __nv_bfloat16*>(d_roped.p), stride, k_offset, n_kv,
-                                          head_dim, 4, d_first.p, d_count.p, d_index.p, want.p, nullptr),
-              cudaSuccess)
-        << cuda::kv_append_last_error();
-    ASSERT_EQ(cuda::kv_key_anchor_compute_rope(reinterpret_cast<const __nv_bfloat16*>(d_raw.p), stride, k_offset, n_kv,
-                                               head_dim, 4, d_first.p, d_count.p, d_index.p, got.p, table.p, nullptr),
-              cudaSuccess)
-        << cuda::kv_append_last_error();
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<uint16_t> w = want.download(), g = got.download();
-    for (size_t i = 0; i < n_anchor; ++i) {
-      ASSERT_EQ(g[i], w[i]) << "anchor slot " << i / head_dim / n_kv << " KV head " << i / head_dim % n_kv
-                            << " channel " << i % head_dim;
-    }
-    EXPECT_EQ(w[3 * static_cast<size_t>(n_kv) * head_dim], 0xFFFF) << "slot 3 (count 0) keeps its poison";
-    EXPECT_EQ(d_raw.download(), raw_rows) << "qkv is only read";
-  }
-}
-
 // The engine's order on one stream: anchors of each sequence's first chunk, then the append of the same rows
 // against them, with no synchronisation in between.
 TEST(KvAnchorGpu, AnchorThenAppendOnOneStreamMatchesTheCpu) {
@@ -625,16 +550,6 @@ TEST(KvAppendHost, LaunchersRefuseBadPointersBeforeTouchingTheDevice) {
   EXPECT_EQ(anchor(ints, reinterpret_cast<uint16_t*>(pool + 1), 0), cudaErrorInvalidValue);
   EXPECT_EQ(anchor(ints, anchors, -3), cudaErrorInvalidValue);
   EXPECT_NE(std::string(cuda::kv_append_last_error()).find("n_seqs = -3"), std::string::npos);
-  alignas(16) static float table[8];
-  auto anchor_rope = [&](const float* cs) {
-    return cuda::kv_key_anchor_compute_rope(qkv, 512, 256, 1, 128, 0, ints, ints, ints, anchors, cs, nullptr);
-  };
-  EXPECT_EQ(anchor_rope(table), cudaSuccess) << cuda::kv_append_last_error();
-  EXPECT_EQ(anchor_rope(nullptr), cudaErrorInvalidValue);
-  EXPECT_NE(std::string(cuda::kv_append_last_error()).find("kv_key_anchor_compute_rope: rope_cos_sin"),
-            std::string::npos);
-  EXPECT_EQ(anchor_rope(table + 1), cudaErrorInvalidValue);
-  EXPECT_NE(std::string(cuda::kv_append_last_error()).find("8-byte aligned"), std::string::npos);
 }
 
 }  // namespace

@@ -64,17 +64,6 @@ cudaError_t kv_key_anchor_compute(const __nv_bfloat16* qkv, int row_stride, int 
                                   int n_seqs, const int32_t* first_row, const int32_t* row_count,
                                   const int32_t* anchor_index, uint16_t* key_anchors, cudaStream_t stream);
 
-// kv_key_anchor_compute of the keys as rope_qk_bf16 would leave them, from qkv rows whose keys are not RoPE'd yet:
-// each key value is bf16(RoPE) of the raw key and its rotate-half partner with rope_cos_sin[r] (the pass's table,
-// rope_cos_sin_table in decoder_ops.h: fp32 (cos, sin) pairs [rows, head_dim / 2, 2], indexed by qkv row; 8-byte
-// aligned) before the sums. Bit-identical to rope_qk_bf16 (same positions) followed by kv_key_anchor_compute; qkv is
-// only read. So a pass that starts int4-hadamard sequences can compute their anchors and then RoPE and append in one
-// kernel (qkv_rope_kv_append, fused_ops.h) instead of rope_qk_bf16 + kv_append_rotate_q. Errors as above.
-cudaError_t kv_key_anchor_compute_rope(const __nv_bfloat16* qkv, int row_stride, int k_offset, int n_kv_heads,
-                                       int head_dim, int n_seqs, const int32_t* first_row, const int32_t* row_count,
-                                       const int32_t* anchor_index, uint16_t* key_anchors, const float* rope_cos_sin,
-                                       cudaStream_t stream);
-
 // Why the last kv_append or kv_key_anchor_compute call on this thread returned cudaErrorInvalidValue ("" after a
 // success).
 const char* kv_append_last_error();

@@ -258,8 +258,7 @@ class CudaEngineImpl final : public CudaEngine {
   DeviceArray<uint8_t> fp8_codes_;  // FP8 prefill: per-token E4M3 GEMM input [rows, max K]
   DeviceArray<float> fp8_scales_;   // and its scales [rows]
   DeviceArray<float> fp8_block_scales_;  // fp8_block_swiglu: the down GEMM input's scales [rows, inter / 128]
-  DeviceArray<float> rope_table_;        // FP8 qkv epilogue / anchor_rope_: the pass's RoPE (cos, sin) [rows, head_dim / 2, 2]
-  bool anchor_rope_ = false;  // passes that start int4-hadamard sequences: kv_key_anchor_compute_rope + qkv_rope_kv_append
+  DeviceArray<float> rope_table_;        // fused FP8 qkv epilogue: the pass's RoPE (cos, sin) [rows, head_dim / 2, 2]
   bool fp8_qkv_epilogue_ = false;        // FP8 passes run gemm_fp8_qkv (fused_fp8_qkv and the model / cache fit it)
   DeviceArray<int32_t> meta_, ids_;
   int32_t* meta_host_ = nullptr;      // pinned mirror of meta_
@@ -577,9 +576,6 @@ void CudaEngineImpl::allocate_buffers() {
   kv_pool_.allocate(pool_bytes, "KV-cache page pool");
   if (opt_.kv == formats::KvFormat::INT4_HADAMARD)
     anchors_.allocate(static_cast<size_t>(L * S * kv_width_), "KV key anchors");
-  anchor_rope_ = anchors_.get() != nullptr && fused_qkv_ && opt_.fused_anchor_rope;
-  if (anchor_rope_ || (fp8_prefill_ && fp8_qkv_epilogue_))
-    rope_table_.allocate(static_cast<size_t>(R * c.head_dim), "RoPE table of a pass");
   if (anchors_.get()) cuda_check(cudaMemset(anchors_.get(), 0, anchors_.bytes()), "KV key anchors");
   memory_.kv_cache = static_cast<int64_t>(kv_pool_.bytes() + anchors_.bytes());
 
@@ -599,6 +595,7 @@ void CudaEngineImpl::allocate_buffers() {
   if (fp8_prefill_) {
     fp8_codes_.allocate(static_cast<size_t>(R * std::max({h, q_width_, inter})), "FP8 GEMM input codes");
     fp8_scales_.allocate(static_cast<size_t>(R), "FP8 GEMM input scales");
+    if (fp8_qkv_epilogue_) rope_table_.allocate(static_cast<size_t>(R * c.head_dim), "RoPE table of a pass");
     if (opt_.fp8_block_swiglu) {
       fp8_block_scales_.allocate(static_cast<size_t>(R * inter / cuda::kFp8SwigluChannelMultiple),
                                  "FP8 down GEMM input block scales");
@@ -799,9 +796,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                                  stream_),
            "embedding", decoder_ops_last_error);
   check(!fp8 || fp8_prefill_, "CUDA engine: an FP8 pass needs the FP8 prefill weights");
-  // Once per pass: every layer's qkv epilogue (or anchors of new int4-hadamard sequences) read the same positions'
-  // cos / sin.
-  if ((fp8 && fp8_qkv_epilogue_) || (anchor_rope_ && n_new > 0))
+  if (fp8 && fp8_qkv_epilogue_)  // once per pass: every layer's qkv epilogue reads the same positions' cos / sin
     check_op(cuda::rope_cos_sin_table(m + ml.positions, inv_freq_.get(), r, hd, rope_table_.get(), stream_),
              "RoPE table", decoder_ops_last_error);
   // FP8 passes (docs/design.md "FP8 prefill"): each projection reads per-token FP8 codes written by the op before
@@ -928,17 +923,6 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       // Nothing here: the qkv GEMM's split-K reduce or FP8 epilogue ran the prologue, or the attention will.
     } else if (prologue_one_kernel) {
       // Decode steps and passes without new int4-hadamard sequences: RoPE, cache append and the query gather in one.
-      check_op(cuda::qkv_rope_kv_append(opt_.kv, bf(qkv_), r, nh, nkv, hd, m + ml.positions, inv_freq_.get(),
-                                        m + ml.row_page, m + ml.row_slot, anchors, row_anchor, pool, hadamard_block_,
-                                        bf(q_), stream_),
-               "RoPE + KV append + q rotation", cuda::fused_ops_last_error);
-    } else if (anchor_rope_ && anchors && n_new > 0) {
-      // A pass that starts int4-hadamard sequences: their anchors from the un-RoPE'd keys (RoPE on the fly), then
-      // RoPE, the cache append and the q rotation in one kernel.
-      check_op(cuda::kv_key_anchor_compute_rope(bf(qkv_), static_cast<int>(qkv_width_), static_cast<int>(q_width_), nkv,
-                                                hd, static_cast<int>(n_new), m + ml.new_first, m + ml.new_count,
-                                                m + ml.new_anchor, anchors, rope_table_.get(), stream_),
-               "KV key anchors (RoPE'd on the fly)", cuda::kv_append_last_error);
       check_op(cuda::qkv_rope_kv_append(opt_.kv, bf(qkv_), r, nh, nkv, hd, m + ml.positions, inv_freq_.get(),
                                         m + ml.row_page, m + ml.row_slot, anchors, row_anchor, pool, hadamard_block_,
                                         bf(q_), stream_),

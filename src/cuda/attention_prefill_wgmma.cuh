@@ -450,8 +450,8 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
     // Software-pipelined: block j's S is issued together with block j − 1's P·V, and block j's softmax runs while
     // that P·V is still on the tensor cores; both are waited for inside the iteration (nothing in flight across
     // the back edge) and the steady-state loop has no branch around a wgmma (ptxas serialises wgmmas issued in
-    // paths it cannot prove warpgroup-uniform). A consumer holds two stages at a time (j − 1's values, j's keys):
-    // three stages. my_blocks >= 1: every row sees key 0.
+    // paths it cannot prove warpgroup-uniform). A consumer holds two stages at a time (j − 1's values, j's keys), so
+    // of Shape::kStages (four) the producer can fill two ahead. my_blocks >= 1: every row sees key 0.
     wait_full(0);
     take_turn();
     issue_s(0);

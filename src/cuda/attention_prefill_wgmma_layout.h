@@ -31,7 +31,7 @@ constexpr int kAtomBytes = 8 * kRowBytes;       // 512: the 64-byte swizzle's re
 constexpr int kAlign = 1024;                    // operand regions start 1024-byte aligned
 
 // The CTA shape: warpgroup 0 produces, warpgroups 1 and 2 consume (64 query vectors each, sharing every key block the
-// producer delivers): 384 threads, one CTA per SM, tiles of 128 vectors, three stages. (A one-consumer shape with
+// producer delivers): 384 threads, one CTA per SM, tiles of 128 vectors, four stages. (A one-consumer shape with
 // two CTAs per SM measured 14-27 % slower and was removed in the eighth session.)
 struct Shape {
   static constexpr int kConsumers = 2;
@@ -42,7 +42,7 @@ struct Shape {
   static constexpr int kConsumerRegs = 224;  // O (D / 2) + S (32) + P + softmax state
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 65536 / kMinCtasPerSm / kWarpgroupThreads,
                 "the CTAs of an SM must fit the register file after setmaxnreg");
-  static constexpr int kStages = 3;               // key blocks in flight between producer and consumers
+  static constexpr int kStages = 4;               // key blocks in flight between producer and consumers
   static constexpr int kBarriers = 2 * kStages;   // full[s], empty[s]
 };
 

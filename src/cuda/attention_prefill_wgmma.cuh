@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
   constexpr int kConsumers = Sh::kConsumers;
   using P = Producer<kInt4, kD>;
   using M = Mma16<kInt4>;
-  constexpr int kStages = Sh::kStages;
+  constexpr int kStages = L::kStages;
   extern __shared__ __align__(16) unsigned char smem_window[];
   const uint32_t window_s = ptx::smem_addr(smem_window);
   const uint32_t base_s = (window_s + (kAlign - 1)) & ~static_cast<uint32_t>(kAlign - 1);
@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
     // that P·V is still on the tensor cores; both are waited for inside the iteration (nothing in flight across
     // the back edge) and the steady-state loop has no branch around a wgmma (ptxas serialises wgmmas issued in
     // paths it cannot prove warpgroup-uniform). A consumer holds two stages at a time (j − 1's values, j's keys), so
-    // of Shape::kStages (four) the producer can fill two ahead. my_blocks >= 1: every row sees key 0.
+    // of L::kStages (three or four) the producer can fill one or two ahead. my_blocks >= 1: every row sees key 0.
     wait_full(0);
     take_turn();
     issue_s(0);

@@ -31,7 +31,7 @@ constexpr int kAtomBytes = 8 * kRowBytes;       // 512: the 64-byte swizzle's re
 constexpr int kAlign = 1024;                    // operand regions start 1024-byte aligned
 
 // The CTA shape: warpgroup 0 produces, warpgroups 1 and 2 consume (64 query vectors each, sharing every key block the
-// producer delivers): 384 threads, one CTA per SM, tiles of 128 vectors, four stages. (A one-consumer shape with
+// producer delivers): 384 threads, one CTA per SM, tiles of 128 vectors, three or four stages. (A one-consumer shape with
 // two CTAs per SM measured 14-27 % slower and was removed in the eighth session.)
 struct Shape {
   static constexpr int kConsumers = 2;
@@ -42,8 +42,14 @@ struct Shape {
   static constexpr int kConsumerRegs = 224;  // O (D / 2) + S (32) + P + softmax state
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 65536 / kMinCtasPerSm / kWarpgroupThreads,
                 "the CTAs of an SM must fit the register file after setmaxnreg");
-  static constexpr int kStages = 4;               // key blocks in flight between producer and consumers
-  static constexpr int kBarriers = 2 * kStages;   // full[s], empty[s]
+  // Key blocks in flight between producer and consumers (Layout::kStages, per cache type): a consumer holds two (j − 1's
+  // values, j's keys), so four let the producer fill two ahead. Measured on the H200 (sixteenth session): BF16
+  // caches 107.7 → 94.0 µs at 2048 tokens and 1396 → 1160 µs at 8192 with four instead of three; INT4 caches level
+  // at 2048 and 1 % slower at 8192 with the same three raw page buffers.
+  static constexpr int kStagesBf16 = 4;
+  static constexpr int kStagesInt4 = 3;
+  static constexpr int kMaxStages = 4;
+  static constexpr int kBarriers = 2 * kMaxStages;  // full[s], empty[s] (the layout reserves the most stages')
 };
 
 // Tiles of `tv` consecutive query vectors (v = row · G + head) of a chunk: as prefill::tile_work, any tile size.
@@ -93,6 +99,8 @@ template <bool kInt4, int kD>
 struct Layout {
   using S = Shape;
   static constexpr int kRawPages = 3;
+  static constexpr int kStages = kInt4 ? S::kStagesInt4 : S::kStagesBf16;
+  static_assert(kStages >= 3 && kStages <= S::kMaxStages, "a consumer holds two stages; barriers for kMaxStages");
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
   using Page = attn::Geometry<kInt4, kD>;  // canonical page offsets
   static constexpr int kGroups = kD / kGroupChannels;
@@ -102,7 +110,7 @@ struct Layout {
   static constexpr int kQOffset = 0;                           // consumer c's Q at kQOffset + c * kPartBytes
   static constexpr int kStageOffset = S::kConsumers * kPartBytes;
   static constexpr int kRawPageBytes = static_cast<int>(Page::kPageBytes);
-  static constexpr int kRawOffset = kStageOffset + S::kStages * kStageBytes;  // INT4: the raw page buffers
+  static constexpr int kRawOffset = kStageOffset + kStages * kStageBytes;  // INT4: the raw page buffers
   static constexpr int kRawBuffers = kInt4 ? kRawPages : 0;
   static constexpr int kBarOffset = kRawOffset + kRawBuffers * kRawPageBytes;
   static constexpr int kBytes = kBarOffset + S::kBarriers * 8;

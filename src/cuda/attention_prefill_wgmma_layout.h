@@ -47,7 +47,7 @@ struct Shape {
   // caches 107.7 → 94.0 µs at 2048 tokens and 1396 → 1160 µs at 8192 with four instead of three; INT4 caches level
   // at 2048 and 1 % slower at 8192 with the same three raw page buffers.
   static constexpr int kStagesBf16 = 4;
-  static constexpr int kStagesInt4 = 4;
+  static constexpr int kStagesInt4 = 3;
   static constexpr int kMaxStages = 4;
   static constexpr int kBarriers = 2 * kMaxStages;  // full[s], empty[s] (the layout reserves the most stages')
 };
@@ -94,11 +94,11 @@ FT_HD uint32_t element_offset(int row, int channel) {
   return operand_offset(row, channel >> 3) + static_cast<uint32_t>((channel & 7) * 2);
 }
 
-// INT4: kRawPages raw page buffers in the producer (three pages in flight ahead of the dequantisation).
+// INT4: kRawPages raw page buffers in the producer (two pages in flight ahead of the dequantisation).
 template <bool kInt4, int kD>
 struct Layout {
   using S = Shape;
-  static constexpr int kRawPages = 4;
+  static constexpr int kRawPages = 3;
   static constexpr int kStages = kInt4 ? S::kStagesInt4 : S::kStagesBf16;
   static_assert(kStages >= 3 && kStages <= S::kMaxStages, "a consumer holds two stages; barriers for kMaxStages");
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");

@@ -237,7 +237,7 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
                    const uint32_t* w_packed, const uint16_t* scales, void* out, int M, int N, int K, int group,
                    formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                    const QkvEpilogue* qkv = nullptr, const NormPrologue* norm = nullptr,
-                   unsigned* split_counters = nullptr, bool caller_tiling = false) {
+                   unsigned* split_counters = nullptr) {
   const int64_t smem = w4a16::smem_layout(t, K, group).total + (norm ? w4a16::kNormScratchBytes : 0);
   if (print_choice()) std::fprintf(stderr, "%s\n", w4a16::describe_tiling(t, M, N, K, group, d).c_str());
   const int64_t need = w4a16::workspace_bytes_for(t, M, N);
@@ -252,11 +252,9 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
                         M, N, K, group, t, residual, ep};
   const bool f16 = scale_type == formats::ScaleType::F16;
   // A split launch of the warpgroup path with counters finishes in the kernel (gemm_w4a16_fixup.cuh): no reduce.
-  // The library's tilings use it from kFixupMinColumnBlocks column blocks on; a caller's tiling whenever it can.
   const int grid_x = N / (w4a16::kBlockN * t.warps_n);
   const w4a16::FixupKernelFn fixup_kernel =
-      split_counters && !qkv && !norm && t.splits > 1 && grid_x <= kW4A16SplitCounters &&
-              (caller_tiling || grid_x >= w4a16::kFixupMinColumnBlocks) && fixup_on()
+      split_counters && !qkv && !norm && t.splits > 1 && grid_x <= kW4A16SplitCounters && fixup_on()
           ? w4a16::wg_fixup_kernel_any(t, f16)
           : nullptr;
   const KernelFn kernel = norm || fixup_kernel ? nullptr : (f16 ? pick_kernel<true>(t) : pick_kernel<false>(t));
@@ -444,7 +442,7 @@ cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x
                                        ": the tiling and the norm scratch need more shared memory than the device's " +
                                        std::to_string(d.smem_per_block) + " bytes");
     return launch(*tiling, d, dev, ep, x, w_packed, scales, out, M, N, K, group, scale_type, workspace,
-                  workspace_bytes, stream, qkv, norm, split_counters, /*caller_tiling=*/true);
+                  workspace_bytes, stream, qkv, norm, split_counters);
   }
   Tiling t = library_tiling(M, N, K, group, d);
   if (norm && t.wgmma) {

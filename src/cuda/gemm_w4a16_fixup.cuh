@@ -23,10 +23,6 @@ namespace futransformer::cuda::w4a16 {
 // Slices loaded per round trip to L2 by sum_slices: the split-K tilings choose up to 11 slices at batch 32, so one
 // batch holds them all. Each lane keeps kSlicesInFlight float4 in registers (64 registers at 16).
 constexpr int kSlicesInFlight = 16;
-// Column blocks a launch needs for the fixup to be used: the last CTAs of the column blocks do all of the split's
-// additions, so a narrow output (8B o / down at M = 32: 16 column blocks of 256) leaves them to a few SMs, where the
-// reduce kernel spreads them over all (measured: docs/results.md, "Seventeenth session").
-constexpr int kFixupMinColumnBlocks = 96;
 // Column blocks a fixup launch may have (grid.x = N / (32 warps_n)): the counters buffer holds this many.
 constexpr int kFixupMaxColumnBlocks = 4096;
 
@@ -123,19 +119,17 @@ __device__ __forceinline__ void fixup_column_block(const EpilogueOut& o, int64_t
 // of the CTA reads or writes otherwise from the first barrier on.
 __device__ __forceinline__ void split_fixup(const EpilogueOut& o, unsigned* counters, int64_t c0, int width, int t,
                                             int nthreads, int* last) {
-  // Release: the CTA's partial sums (ordered before thread 0 by the barrier) are visible device-wide before its
-  // ticket; one gpu-scope acq_rel fence by thread 0, not a sequentially consistent fence per thread.
+  __threadfence();  // this thread's partial sums are visible device-wide before the ticket is taken
   asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory");
   if (t == 0) {
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
     const unsigned ticket = atomicAdd(counters + blockIdx.x, 1u);
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");  // acquire: the other CTAs' sums are read after the ticket
     const bool is_last = ticket == static_cast<unsigned>(o.splits - 1);
     if (is_last) counters[blockIdx.x] = 0u;  // every other CTA of the block has taken its ticket
     *last = is_last ? 1 : 0;
   }
   asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory");
   if (*last == 0) return;
+  __threadfence();  // the other CTAs' partial sums (fenced before their tickets) are read after ours was drawn
   fixup_column_block(o, c0, width, t, nthreads);
 }
 

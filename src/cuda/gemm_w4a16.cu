@@ -171,18 +171,6 @@ bool wg32_on() {
   }();
   return on;
 }
-// FT_W4A16_FIXUP=0/1, read once per process: split launches of the warpgroup path given split counters finish in the
-// kernel (gemm_w4a16_fixup.cuh) instead of a reduce kernel; default on. 0 keeps the reduce kernel for A/B runs.
-bool fixup_on() {
-  static const bool on = [] {
-    const char* v = std::getenv("FT_W4A16_FIXUP");
-    if (v == nullptr || v[0] == '\0') return true;
-    if ((v[0] == '0' || v[0] == '1') && v[1] == '\0') return v[0] == '1';
-    std::fprintf(stderr, "FT_W4A16_FIXUP=%s ignored (expected 0 or 1)\n", v);
-    return true;
-  }();
-  return on;
-}
 bool wg32_range(int M) { return M >= w4a16::kSwap32MinM && M <= w4a16::kWgMaxM && wg32_on(); }
 // ... and for this weight: w4a16::kWg32MinWeightBytes of INT4 codes or more.
 bool wg32_for(int M, int N, int K) {
@@ -236,8 +224,7 @@ struct NormPrologue {
 cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16::Epilogue ep, const __nv_bfloat16* x,
                    const uint32_t* w_packed, const uint16_t* scales, void* out, int M, int N, int K, int group,
                    formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                   const QkvEpilogue* qkv = nullptr, const NormPrologue* norm = nullptr,
-                   unsigned* split_counters = nullptr) {
+                   const QkvEpilogue* qkv = nullptr, const NormPrologue* norm = nullptr) {
   const int64_t smem = w4a16::smem_layout(t, K, group).total + (norm ? w4a16::kNormScratchBytes : 0);
   if (print_choice()) std::fprintf(stderr, "%s\n", w4a16::describe_tiling(t, M, N, K, group, d).c_str());
   const int64_t need = w4a16::workspace_bytes_for(t, M, N);
@@ -251,17 +238,9 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   const KernelArgs args{x, reinterpret_cast<const uint4*>(w_packed), scales, y, static_cast<float*>(workspace),
                         M, N, K, group, t, residual, ep};
   const bool f16 = scale_type == formats::ScaleType::F16;
-  // A split launch of the warpgroup path with counters finishes in the kernel (gemm_w4a16_fixup.cuh): no reduce.
-  const int grid_x = N / (w4a16::kBlockN * t.warps_n);
-  const w4a16::FixupKernelFn fixup_kernel =
-      split_counters && !qkv && !norm && t.splits > 1 && grid_x <= kW4A16SplitCounters && fixup_on()
-          ? w4a16::wg_fixup_kernel_any(t, f16)
-          : nullptr;
-  const KernelFn kernel = norm || fixup_kernel ? nullptr : (f16 ? pick_kernel<true>(t) : pick_kernel<false>(t));
+  const KernelFn kernel = norm ? nullptr : (f16 ? pick_kernel<true>(t) : pick_kernel<false>(t));
   const w4a16::NormKernelFn norm_kernel = norm ? w4a16::v4_norm_kernel_any(t, f16) : nullptr;
-  const void* const entry = norm           ? reinterpret_cast<const void*>(norm_kernel)
-                            : fixup_kernel ? reinterpret_cast<const void*>(fixup_kernel)
-                                           : reinterpret_cast<const void*>(kernel);
+  const void* const entry = norm ? reinterpret_cast<const void*>(norm_kernel) : reinterpret_cast<const void*>(kernel);
   if (entry == nullptr)
     return reject(&g_last_error, std::string(norm ? norm->op : "gemm_w4a16") + ": no kernel is compiled for " +
                                      w4a16::describe_tiling(t, M, N, K, group, d));
@@ -269,7 +248,7 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
     if (const cudaError_t e = allow_smem(entry, dev, d.smem_per_block); e != cudaSuccess) return e;
   }
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(t.splits));
+  cfg.gridDim = dim3(static_cast<unsigned>(N / (w4a16::kBlockN * t.warps_n)), static_cast<unsigned>(t.splits));
   cfg.blockDim = dim3(static_cast<unsigned>(t.warps * w4a16::kWarpSize));
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
@@ -278,10 +257,9 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   cudaLaunchAttribute gemm_attr;
   add_programmatic_attribute(&cfg, &gemm_attr);
   const cudaError_t launched =
-      norm           ? cudaLaunchKernelEx(&cfg, norm_kernel, w4a16::NormKernelArgs{args, norm->x, norm->weight, norm->eps})
-      : fixup_kernel ? cudaLaunchKernelEx(&cfg, fixup_kernel, w4a16::FixupKernelArgs{args, split_counters})
-                     : cudaLaunchKernelEx(&cfg, kernel, args);
-  if (launched != cudaSuccess || fixup_kernel) return launched;
+      norm ? cudaLaunchKernelEx(&cfg, norm_kernel, w4a16::NormKernelArgs{args, norm->x, norm->weight, norm->eps})
+           : cudaLaunchKernelEx(&cfg, kernel, args);
+  if (launched != cudaSuccess) return launched;
   if (t.splits == 1) return qkv ? fused::launch_qkv_kernel(qkv->args, qkv->format, M, true, stream) : cudaSuccess;
 
   // The reduce kernel applies the epilogue: one launch either way (N % 32 == 0, so M * N / 4 is exact).
@@ -420,7 +398,7 @@ cudaError_t check_norm_tiling(const NormPrologue& n, const Tiling& t) {
 cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x, const uint32_t* w_packed,
                 const uint16_t* scales, void* out, int M, int N, int K, int group, formats::ScaleType scale_type,
                 void* workspace, size_t workspace_bytes, cudaStream_t stream, const QkvEpilogue* qkv = nullptr,
-                const NormPrologue* norm = nullptr, unsigned* split_counters = nullptr) {
+                const NormPrologue* norm = nullptr) {
   g_last_error.clear();
   if (gemm_w4a16_can_implement(M, N, K, group, scale_type, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
   if (norm) {
@@ -442,7 +420,7 @@ cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x
                                        ": the tiling and the norm scratch need more shared memory than the device's " +
                                        std::to_string(d.smem_per_block) + " bytes");
     return launch(*tiling, d, dev, ep, x, w_packed, scales, out, M, N, K, group, scale_type, workspace,
-                  workspace_bytes, stream, qkv, norm, split_counters);
+                  workspace_bytes, stream, qkv, norm);
   }
   Tiling t = library_tiling(M, N, K, group, d);
   if (norm && t.wgmma) {
@@ -460,7 +438,7 @@ cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x
                                      " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block));
   }
   return launch(t, d, dev, ep, x, w_packed, scales, out, M, N, K, group, scale_type, workspace, workspace_bytes,
-                stream, qkv, norm, split_counters);
+                stream, qkv, norm);
 }
 
 constexpr const char* kQkvOp = "gemm_w4a16_qkv_rope_append";
@@ -576,23 +554,23 @@ cudaError_t gemm_w4a16_plan_config(int M, int N, int K, int group, formats::Scal
 
 cudaError_t gemm_w4a16(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales, __nv_bfloat16* y,
                        int M, int N, int K, int group, formats::ScaleType scale_type, void* workspace,
-                       size_t workspace_bytes, cudaStream_t stream, unsigned* split_counters) {
+                       size_t workspace_bytes, cudaStream_t stream) {
   return run(nullptr, w4a16::Epilogue::store_bf16, x, w_packed, scales, y, M, N, K, group, scale_type, workspace,
-             workspace_bytes, stream, nullptr, nullptr, split_counters);
+             workspace_bytes, stream);
 }
 
 cudaError_t gemm_w4a16_residual(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
                                 float* residual, int M, int N, int K, int group, formats::ScaleType scale_type,
-                                void* workspace, size_t workspace_bytes, cudaStream_t stream, unsigned* split_counters) {
+                                void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   return run(nullptr, w4a16::Epilogue::residual_f32, x, w_packed, scales, residual, M, N, K, group, scale_type,
-             workspace, workspace_bytes, stream, nullptr, nullptr, split_counters);
+             workspace, workspace_bytes, stream);
 }
 
 cudaError_t gemm_w4a16_swiglu(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
                               __nv_bfloat16* h, int M, int N, int K, int group, formats::ScaleType scale_type,
-                              void* workspace, size_t workspace_bytes, cudaStream_t stream, unsigned* split_counters) {
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   return run(nullptr, w4a16::Epilogue::swiglu_bf16, x, w_packed, scales, h, M, N, K, group, scale_type, workspace,
-             workspace_bytes, stream, nullptr, nullptr, split_counters);
+             workspace_bytes, stream);
 }
 
 cudaError_t gemm_w4a16_with_tiling(const Tiling& tiling, const __nv_bfloat16* x, const uint32_t* w_packed,
@@ -606,10 +584,9 @@ cudaError_t gemm_w4a16_with_tiling(const Tiling& tiling, const __nv_bfloat16* x,
 cudaError_t gemm_w4a16_epilogue_with_tiling(const Tiling& tiling, w4a16::Epilogue epilogue, const __nv_bfloat16* x,
                                             const uint32_t* w_packed, const uint16_t* scales, void* out, int M, int N,
                                             int K, int group, formats::ScaleType scale_type, void* workspace,
-                                            size_t workspace_bytes, cudaStream_t stream,
-                                            unsigned* split_counters) {
+                                            size_t workspace_bytes, cudaStream_t stream) {
   return run(&tiling, epilogue, x, w_packed, scales, out, M, N, K, group, scale_type, workspace, workspace_bytes,
-             stream, nullptr, nullptr, split_counters);
+             stream);
 }
 
 cudaError_t gemm_w4a16_qkv_rope_append_can_implement(int M, int K, int group, formats::ScaleType scale_type,

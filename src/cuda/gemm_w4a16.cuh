@@ -50,12 +50,6 @@ struct KernelArgs {
   __device__ EpilogueOut out() const { return EpilogueOut{epilogue, y, residual, partial, M, N, tiling.splits}; }
 };
 
-// The arguments of a fixup instance (split launches finished in the kernel, gemm_w4a16_fixup.cuh): the plain
-// kernel's and the column blocks' ticket counters. A type of its own so the plain instances' code stays as it is.
-struct FixupKernelArgs : KernelArgs {
-  unsigned* counters;  // [grid.x], zero before the launch, zero after it
-};
-
 // bf16x2 {u_lo - 8, u_hi - 8} from slot `kShift / 4` of a packed word.
 template <int kShift>
 __device__ __forceinline__ uint32_t dequant_slot(uint32_t word) {

@@ -45,8 +45,7 @@ cudaError_t gemm_w4a16_with_tiling(const w4a16::Tiling& tiling, const __nv_bfloa
 cudaError_t gemm_w4a16_epilogue_with_tiling(const w4a16::Tiling& tiling, w4a16::Epilogue epilogue,
                                             const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
                                             void* out, int M, int N, int K, int group, formats::ScaleType scale_type,
-                                            void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                                            unsigned* split_counters = nullptr);
+                                            void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 // gemm_w4a16_qkv_rope_append on a given tiling (splits > 1: the prologue in the reduce kernel; 1: GEMM store, then
 // qkv_rope_kv_append's kernel), with w4a16::tiling_is_valid and the tiling's workspace checked as above.

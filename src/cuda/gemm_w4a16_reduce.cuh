@@ -10,11 +10,39 @@
 #include <cstdint>
 
 #include "cuda/gemm_w4a16_epilogue.cuh"
-#include "cuda/gemm_w4a16_fixup.cuh"
 #include "cuda/gemm_w4a16_layout.h"
 #include "cuda/ptx/griddep.cuh"
 
 namespace futransformer::cuda::w4a16 {
+
+// Slices loaded per round trip to L2 by sum_slices: the split-K tilings choose up to 11 slices at batch 32, so one
+// batch holds them all. Each lane keeps kSlicesInFlight float4 in registers (64 registers at 16).
+constexpr int kSlicesInFlight = 16;
+
+// Slices 0, 1, ... of float4 i added in that order; count4 = M * N / 4 is the slice stride. The loads of a batch of
+// kSlicesInFlight slices are all issued before the first of their additions: one dependent L2 round trip per batch
+// instead of one per couple of slices, and the same order of additions, so the same bits.
+__device__ __forceinline__ float4 sum_slices(const float4* __restrict__ partial, int64_t i, int64_t count4,
+                                             int splits) {
+  float4 s = partial[i];
+  for (int base = 1; base < splits; base += kSlicesInFlight) {
+    float4 v[kSlicesInFlight];
+#pragma unroll
+    for (int k = 0; k < kSlicesInFlight; ++k) {
+      if (base + k < splits) v[k] = partial[(base + k) * count4 + i];
+    }
+#pragma unroll
+    for (int k = 0; k < kSlicesInFlight; ++k) {
+      if (base + k < splits) {
+        s.x += v[k].x;
+        s.y += v[k].y;
+        s.z += v[k].z;
+        s.w += v[k].w;
+      }
+    }
+  }
+  return s;
+}
 
 // y = bf16(sum over slices of partial[s]); count4 = M * N / 4.
 __global__ void __launch_bounds__(256) gemm_w4a16_reduce_kernel(const float4* __restrict__ partial,
@@ -24,7 +52,10 @@ __global__ void __launch_bounds__(256) gemm_w4a16_reduce_kernel(const float4* __
   ptx::griddepcontrol_wait();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count4; i += stride) {
-    finish_store4(partial, y, i, count4, splits);
+    const float4 s = sum_slices(partial, i, count4, splits);
+    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(y) + 2 * i;
+    out[0] = __floats2bfloat162_rn(s.x, s.y);
+    out[1] = __floats2bfloat162_rn(s.z, s.w);
   }
 }
 
@@ -36,7 +67,13 @@ __global__ void __launch_bounds__(256) gemm_w4a16_reduce_residual_kernel(const f
   ptx::griddepcontrol_wait();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count4; i += stride) {
-    finish_residual4(partial, residual, i, count4, splits);
+    const float4 s = sum_slices(partial, i, count4, splits);
+    float4 r = residual[i];
+    r.x = residual_add(r.x, s.x);
+    r.y = residual_add(r.y, s.y);
+    r.z = residual_add(r.z, s.z);
+    r.w = residual_add(r.w, s.w);
+    residual[i] = r;
   }
 }
 
@@ -47,11 +84,18 @@ __global__ void __launch_bounds__(256) gemm_w4a16_reduce_residual_kernel(const f
 __global__ void __launch_bounds__(256) gemm_w4a16_reduce_swiglu_kernel(const float4* __restrict__ partial,
                                                                         __nv_bfloat16* __restrict__ h,
                                                                         int64_t count4, int inter4, int splits) {
+  static_assert(kSwiGluRun % 4 == 0, "a float4 of partial sums must lie inside one gate or up run");
   ptx::griddepcontrol_wait();
   const int64_t outputs4 = count4 / 2;  // M * inter / 4
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < outputs4; i += stride) {
-    finish_swiglu4(partial, h, i, count4, inter4, splits);
+    const int64_t m = i / inter4, j = (i % inter4) * 4;
+    const int64_t g4 = (m * 8 * inter4 + swiglu_gate_col(j)) / 4;  // row m of the N = 8 inter4 packed columns
+    const float4 g = sum_slices(partial, g4, count4, splits);
+    const float4 u = sum_slices(partial, g4 + kSwiGluRun / 4, count4, splits);
+    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(h) + 2 * i;
+    out[0] = __floats2bfloat162_rn(swiglu_value(g.x, u.x), swiglu_value(g.y, u.y));
+    out[1] = __floats2bfloat162_rn(swiglu_value(g.z, u.z), swiglu_value(g.w, u.w));
   }
 }
 

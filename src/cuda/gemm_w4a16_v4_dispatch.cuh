@@ -65,9 +65,6 @@ static_assert(sizeof(kV4KernelShapes) / sizeof(kV4KernelShapes[0]) == 6,
 // The warpgroup path's instance for a tiling with wgmma set (gemm_w4a16_wg.cu): one per activation tile count and
 // scale type; nullptr for M > kWgMaxM or a CTA shape other than the default.
 KernelFn wg_kernel_any(const Tiling& t, bool f16_scales);
-// Its fixup instance (split launches finished in the kernel, gemm_w4a16_fixup.cuh); nullptr without a split.
-using FixupKernelFn = void (*)(FixupKernelArgs);
-FixupKernelFn wg_fixup_kernel_any(const Tiling& t, bool f16_scales);
 
 // The instance for any v4 tiling, nullptr when its shape is not compiled.
 inline KernelFn v4_kernel_any(const Tiling& t, bool f16_scales) {

@@ -5,15 +5,14 @@
 
 namespace futransformer::cuda::w4a16 {
 
-template <bool kF16, bool kStream, bool kFixup = false>
-auto wg_kernel_for_scales(int tiles) {
-  using Fn = std::conditional_t<kFixup, FixupKernelFn, KernelFn>;
+template <bool kF16, bool kStream>
+KernelFn wg_kernel_for_scales(int tiles) {
   switch (tiles) {
-    case 1: return static_cast<Fn>(gemm_w4a16_wg_kernel<1, kF16, kStream, kFixup>);
-    case 2: return static_cast<Fn>(gemm_w4a16_wg_kernel<2, kF16, kStream, kFixup>);
-    case 3: return static_cast<Fn>(gemm_w4a16_wg_kernel<3, kF16, kStream, kFixup>);
-    case 4: return static_cast<Fn>(gemm_w4a16_wg_kernel<4, kF16, kStream, kFixup>);
-    default: return static_cast<Fn>(nullptr);
+    case 1: return gemm_w4a16_wg_kernel<1, kF16, kStream>;
+    case 2: return gemm_w4a16_wg_kernel<2, kF16, kStream>;
+    case 3: return gemm_w4a16_wg_kernel<3, kF16, kStream>;
+    case 4: return gemm_w4a16_wg_kernel<4, kF16, kStream>;
+    default: return nullptr;
   }
 }
 
@@ -27,18 +26,6 @@ KernelFn wg_kernel_any(const Tiling& t, bool f16_scales) {
   if (t.stages != kStages) return nullptr;
   return f16_scales ? wg_kernel_for_scales<true, false>(wg_tiles(t.rows))
                     : wg_kernel_for_scales<false, false>(wg_tiles(t.rows));
-}
-
-FixupKernelFn wg_fixup_kernel_any(const Tiling& t, bool f16_scales) {
-  if (!t.wgmma || t.warps != kWarps || t.rows < 1 || t.rows > kWgMaxM || t.splits < 2) return nullptr;
-  if (t.stream_x) {
-    if (t.stages != kWgStreamStages || t.warps_k != 1) return nullptr;
-    return f16_scales ? wg_kernel_for_scales<true, true, true>(wg_tiles(t.rows))
-                      : wg_kernel_for_scales<false, true, true>(wg_tiles(t.rows));
-  }
-  if (t.stages != kStages) return nullptr;
-  return f16_scales ? wg_kernel_for_scales<true, false, true>(wg_tiles(t.rows))
-                    : wg_kernel_for_scales<false, false, true>(wg_tiles(t.rows));
 }
 
 }  // namespace futransformer::cuda::w4a16

@@ -15,7 +15,6 @@
 #pragma once
 
 #include "cuda/gemm_fp8_layout.h"
-#include "cuda/gemm_w4a16_fixup.cuh"
 #include "cuda/gemm_w4a16_v4.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
@@ -96,11 +95,9 @@ __device__ __forceinline__ void wg_stage_panel(const WgPanelCopy& pc, int j, uin
 }
 
 // kStream: activations streamed through the panel ring (Tiling::stream_x: warps_k = 1, kWgStreamStages weight slots)
-// instead of staged for the whole slice. kFixup (splits > 1 only): the last CTA of each column block adds the
-// slices and applies the epilogue (split_fixup) instead of a reduce kernel.
-template <int kTiles, bool kF16Scales, bool kStream = false, bool kFixup = false>
-__global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm)
-    gemm_w4a16_wg_kernel(const std::conditional_t<kFixup, FixupKernelArgs, KernelArgs> args) {
+// instead of staged for the whole slice.
+template <int kTiles, bool kF16Scales, bool kStream = false>
+__global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_kernel(const KernelArgs args) {
   static_assert(kTiles >= 1 && kTiles <= kWgMaxM / 8, "one to four n = 8 activation tiles");
   constexpr int kAccRegs = 4 * kTiles;  // fp32 registers of one m64n(8 kTiles) accumulator per thread
   constexpr int kRing = kStream ? kWgStreamStages : kStages;
@@ -293,13 +290,6 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm)
   }
   if (wk != 0) return;
   store_swapped<kTiles>(args.out(), nb, lane, blockIdx.y, acc_at);
-  if constexpr (kFixup) {
-    // The flag lives in the dynamic shared memory: every storing thread has left the main loop (and waited for its
-    // wgmmas and copies) before split_fixup's first barrier, after which thread 0 writes it. (A static __shared__
-    // variable would push static + dynamic past the 227 KB the launcher allows the plain instances.)
-    split_fixup(args.out(), args.counters, nb0 * kBlockN, t.warps_n * kBlockN, tid, t.warps_n * kWarpSize,
-                reinterpret_cast<int*>(smem));
-  }
 }
 
 }  // namespace futransformer::cuda::w4a16

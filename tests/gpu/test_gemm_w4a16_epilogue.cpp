@@ -284,67 +284,6 @@ TEST(GemmW4A16EpilogueGpu, LlamaDecodeShapes) {
   }
 }
 
-// Split launches of the warpgroup path given split counters finish in the GEMM kernel (the last CTA of each column
-// block adds the slices; gemm_w4a16_fixup.cuh): bit for bit the reduce kernel's result for every epilogue, staged and
-// streamed activations, 2..8 slices, M = 1..32, and the counters are left zero (checked after every launch: the
-// next launch, of another shape, reuses them). Outputs and workspaces NaN-poisoned before each launch.
-TEST(GemmW4A16EpilogueGpu, SplitFixupMatchesReduceKernel) {
-  FT_REQUIRE_CUDA_DEVICE();
-  DeviceBuffer<uint32_t> counters(static_cast<size_t>(cuda::kW4A16SplitCounters));
-  ASSERT_EQ(cudaMemset(counters.p, 0, counters.n * sizeof(uint32_t)), cudaSuccess);
-  const int N = 1024, K = 1024, group = 128;
-  uint32_t seed = 400;
-  int launches = 0;
-  for (ScaleType st : {ScaleType::F16, ScaleType::BF16}) {
-    const Int4Weight w = random_weight(N, K, group, st, ++seed);
-    const Packed canon(w, Int4MmaRows::canonical), inter_p(w, Int4MmaRows::swiglu_interleaved);
-    for (int M : {1, 8, 17, 24, 32}) {
-      const DeviceBuffer<uint16_t> x(random_x(M, K, ++seed));
-      const std::vector<float> r0 = random_residual(static_cast<size_t>(M) * N, ++seed);
-      for (w4::Tiling t : test::wg_planned_tilings(M, N, K, group, st)) {
-        for (int splits : {2, 3, 8}) {
-          t.splits = splits;
-          std::string why;
-          ASSERT_TRUE(w4::tiling_is_valid(t, M, N, K, group, w4::DeviceLimits{}, &why)) << describe(t) << ": " << why;
-          for (w4::Epilogue ep : {w4::Epilogue::store_bf16, w4::Epilogue::residual_f32, w4::Epilogue::swiglu_bf16}) {
-            SCOPED_TRACE(testing::Message() << "M " << M << " " << describe(t) << (t.stream_x ? " streamed" : " staged")
-                                            << " epilogue " << static_cast<int>(ep) << " scales "
-                                            << (st == ScaleType::F16 ? "fp16" : "bf16"));
-            const Packed& p = ep == w4::Epilogue::swiglu_bf16 ? inter_p : canon;
-            const size_t out_elems = ep == w4::Epilogue::swiglu_bf16 ? static_cast<size_t>(M) * N / 2
-                                                                     : static_cast<size_t>(M) * N;
-            const size_t ws_bytes = workspace_for(&t, M, N, K);
-            std::vector<std::vector<uint32_t>> results;
-            for (unsigned* c : {static_cast<unsigned*>(nullptr), counters.p}) {
-              DeviceBuffer<unsigned char> ws(ws_bytes);
-              ASSERT_EQ(ws.poison(), cudaSuccess);
-              DeviceBuffer<float> out32(ep == w4::Epilogue::residual_f32 ? r0 : std::vector<float>(out_elems));
-              if (ep != w4::Epilogue::residual_f32) ASSERT_EQ(out32.poison(), cudaSuccess);
-              const cudaError_t e = cuda::gemm_w4a16_epilogue_with_tiling(t, ep, bf(x.p), p.words.p, p.scales.p,
-                                                                          out32.p, M, N, K, group, st, ws.p, ws_bytes,
-                                                                          nullptr, c);
-              ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::gemm_w4a16_last_error();
-              ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-              const std::vector<float> o = out32.download();
-              std::vector<uint32_t> bits(o.size());
-              std::memcpy(bits.data(), o.data(), o.size() * 4);
-              results.push_back(std::move(bits));
-            }
-            // BF16 outputs fill the first half of the float buffer's bytes; the poisoned rest must match as well.
-            ASSERT_EQ(results[0].size(), results[1].size());
-            for (size_t i = 0; i < results[0].size(); ++i)
-              ASSERT_EQ(results[1][i], results[0][i]) << "word " << i << " of the output differs from the reduce kernel's";
-            const std::vector<uint32_t> left = counters.download();
-            for (size_t i = 0; i < left.size(); ++i) ASSERT_EQ(left[i], 0u) << "counter " << i << " left non-zero";
-            ++launches;
-          }
-        }
-      }
-    }
-  }
-  EXPECT_GT(launches, 0);
-}
-
 // The checks of the output pointer run before anything touches the device: a rejected call names the parameter.
 TEST(GemmW4A16EpilogueHost, RejectsBadOutputPointers) {
   alignas(16) static unsigned char storage[64];

@@ -33,22 +33,13 @@ cudaError_t gemm_w4a16_can_implement(int M, int N, int K, int group, formats::Sc
 // (0 when no split-K is used; also 0 for shapes gemm_w4a16_can_implement rejects).
 size_t gemm_w4a16_workspace_bytes(int M, int N, int K);
 
-// Split counters (optional, every entry point below that takes them): split_counters points at
-// kW4A16SplitCounters unsigned ints that are zero before the first launch given them; each launch leaves them zero.
-// With them a split-K launch of the warpgroup path (M = 17..32 and the tuned shapes) finishes in the GEMM kernel —
-// the last CTA of each column block adds the slices in slice order and applies the epilogue — instead of launching
-// a reduce kernel: the same bits, one kernel fewer. Launches given the same counters must not run concurrently.
-// FT_W4A16_FIXUP=0 ignores them (the reduce kernel runs).
-constexpr int kW4A16SplitCounters = 4096;
-
 // Enqueues the GEMM on `stream`. Pointers are device pointers: x, w_packed, scales and workspace 16-byte
 // aligned, y 4-byte aligned; the workspace must not be used by another launch running concurrently.
 // Returns cudaErrorInvalidValue (message in gemm_w4a16_last_error()) for rejected shapes, misaligned pointers
 // or a workspace smaller than gemm_w4a16_workspace_bytes; otherwise the launch's error, if any.
 cudaError_t gemm_w4a16(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales, __nv_bfloat16* y,
                        int M, int N, int K, int group, formats::ScaleType scale_type, void* workspace,
-                       size_t workspace_bytes, cudaStream_t stream,
-                       unsigned* split_counters = nullptr);
+                       size_t workspace_bytes, cudaStream_t stream);
 
 // The same GEMM with a fused epilogue (decode: no separate op, no extra pass over memory). Each is applied to the
 // fp32 sums in the GEMM's final store, or in its split-K reduce kernel when K is split, after the same BF16 rounding
@@ -59,15 +50,13 @@ cudaError_t gemm_w4a16(const __nv_bfloat16* x, const uint32_t* w_packed, const u
 // then add_residual_bf16(residual, y)).
 cudaError_t gemm_w4a16_residual(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
                                 float* residual, int M, int N, int K, int group, formats::ScaleType scale_type,
-                                void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                                unsigned* split_counters = nullptr);
+                                void* workspace, size_t workspace_bytes, cudaStream_t stream);
 // h[m, j] = bf16(silu(g) * u), g and u the BF16-rounded gate and up outputs j, for a gate|up weight of N = 2 * inter
 // rows (gate rows first) packed in the SwiGLU-interleaved row order (formats::Int4MmaRows::swiglu_interleaved).
 // h: BF16 [M, N / 2] row-major, 8-byte aligned (= gemm_w4a16 on the canonical packing, then swiglu_bf16).
 cudaError_t gemm_w4a16_swiglu(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
                               __nv_bfloat16* h, int M, int N, int K, int group, formats::ScaleType scale_type,
-                              void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                              unsigned* split_counters = nullptr);
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 
 // The qkv projection with the attention prologue as its epilogue: gemm_w4a16 of the fused [q | k | v] weight

@@ -263,7 +263,6 @@ class CudaEngineImpl final : public CudaEngine {
   DeviceArray<int32_t> meta_, ids_;
   int32_t* meta_host_ = nullptr;      // pinned mirror of meta_
   DeviceArray<uint8_t> gemm_ws_, attn_ws_;
-  DeviceArray<uint32_t> split_counters_;  // W4A16 split fixups' tickets (cuda::kW4A16SplitCounters, kept zero)
   DeviceArray<uint8_t> dequant_ws_;  // BF16 copy of the largest INT4 projection (dequant_min_rows_ > 0)
   DeviceArray<double> uniforms_;       // forward_sample: one draw per head row
   DeviceArray<uint8_t> sample_ws_;     // forward_sample: sort workspace (allocated on first use)
@@ -618,10 +617,6 @@ void CudaEngineImpl::allocate_buffers() {
   }
   gemm_ws = std::max(gemm_ws, lm_head_.workspace_bytes(logit_rows_));  // 0 unless the head is INT4
   gemm_ws_.allocate(gemm_ws, "W4A16 split-K workspace");
-  if (gemm_ws > 0 && !split_counters_.get()) {
-    split_counters_.allocate(cuda::kW4A16SplitCounters, "W4A16 split-K counters");
-    cuda_check(cudaMemset(split_counters_.get(), 0, split_counters_.bytes()), "W4A16 split-K counters");
-  }
   // Passes of at least dequant_min_rows_ rows dequantise each INT4 projection in turn into one BF16 buffer, sized for
   // the largest (8B: gate|up, 28672 x 4096, 235 MB; 70B: 940 MB). Only when an INT4 pass can be that large: with FP8
   // prefill those are decode steps, one row per sequence.
@@ -665,7 +660,7 @@ void CudaEngineImpl::ensure_attention_workspace(int64_t rows, int64_t max_len) {
 }
 
 void CudaEngineImpl::update_workspace_bytes() {
-  memory_.workspace = static_cast<int64_t>(gemm_ws_.bytes() + split_counters_.bytes() + attn_ws_.bytes() + cublas_ws_.bytes() +
+  memory_.workspace = static_cast<int64_t>(gemm_ws_.bytes() + attn_ws_.bytes() + cublas_ws_.bytes() +
                                            dequant_ws_.bytes() + sample_ws_.bytes() + uniforms_.bytes());
 }
 
@@ -674,7 +669,6 @@ cuda::GemmContext CudaEngineImpl::gemm_context(bool dequant) {
   g.cublas = cublas_;
   g.workspace = gemm_ws_.get();
   g.workspace_bytes = gemm_ws_.bytes();
-  g.split_counters = split_counters_.get();
   g.stream = stream_;
   if (dequant && dequant_min_rows_ > 0) {
     g.int4_dequant_min_rows = dequant_min_rows_;

@@ -324,7 +324,7 @@ void DeviceLinear::forward(const __nv_bfloat16* x, int64_t M, void* y, bool y_f3
       const cudaError_t e =
           gemm_w4a16(x + m0 * K_, packed_.get(), scales_.get(), out + m0 * N_, mc, static_cast<int>(N_),
                      static_cast<int>(K_), static_cast<int>(group_), scale_type_, ctx.workspace, ctx.workspace_bytes,
-                     ctx.stream, ctx.split_counters);
+                     ctx.stream);
       if (e != cudaSuccess) fail("CUDA engine: ", name_, ": W4A16 GEMM (M ", mc, "): ",
                                  e == cudaErrorInvalidValue ? gemm_w4a16_last_error() : cudaGetErrorString(e));
     }
@@ -349,8 +349,7 @@ void DeviceLinear::forward_residual(const __nv_bfloat16* x, int64_t M, float* re
     const int mc = static_cast<int>(std::min<int64_t>(kW4A16MaxM, M - m0));
     const cudaError_t e = gemm_w4a16_residual(x + m0 * K_, packed_.get(), scales_.get(), residual + m0 * N_, mc,
                                               static_cast<int>(N_), static_cast<int>(K_), static_cast<int>(group_),
-                                              scale_type_, ctx.workspace, ctx.workspace_bytes, ctx.stream,
-                                              ctx.split_counters);
+                                              scale_type_, ctx.workspace, ctx.workspace_bytes, ctx.stream);
     if (e != cudaSuccess) fail("CUDA engine: ", name_, ": W4A16 GEMM + residual (M ", mc, "): ",
                                e == cudaErrorInvalidValue ? gemm_w4a16_last_error() : cudaGetErrorString(e));
   }
@@ -372,8 +371,7 @@ void DeviceLinear::forward_swiglu(const __nv_bfloat16* x, int64_t M, __nv_bfloat
     const int mc = static_cast<int>(std::min<int64_t>(kW4A16MaxM, M - m0));
     const cudaError_t e = gemm_w4a16_swiglu(x + m0 * K_, packed_.get(), scales_.get(), h + m0 * (N_ / 2), mc,
                                             static_cast<int>(N_), static_cast<int>(K_), static_cast<int>(group_),
-                                            scale_type_, ctx.workspace, ctx.workspace_bytes, ctx.stream,
-                                            ctx.split_counters);
+                                            scale_type_, ctx.workspace, ctx.workspace_bytes, ctx.stream);
     if (e != cudaSuccess) fail("CUDA engine: ", name_, ": W4A16 GEMM + SwiGLU (M ", mc, "): ",
                                e == cudaErrorInvalidValue ? gemm_w4a16_last_error() : cudaGetErrorString(e));
   }

@@ -26,9 +26,6 @@ struct GemmContext {
   cublasHandle_t cublas = nullptr;  // bound to `stream`, with its own workspace set
   void* workspace = nullptr;        // W4A16 split-K scratch
   size_t workspace_bytes = 0;
-  // cuda::kW4A16SplitCounters zeroed counters (or null): split launches of the warpgroup path finish in the GEMM
-  // kernel instead of a reduce kernel (futransformer/cuda/gemm_w4a16.h). Kept zero by the launches.
-  unsigned* split_counters = nullptr;
   cudaStream_t stream = nullptr;
   // INT4 weights at M >= int4_dequant_min_rows (0: never) run as int4_dequant_bf16 into dequant_scratch (16-byte
   // aligned, at least the weight's dequant_scratch_bytes()) followed by the cuBLAS BF16 GEMM.

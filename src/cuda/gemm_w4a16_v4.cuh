@@ -202,6 +202,14 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   } else {
     wait_then_stage_rows(args, rows, k0, slice_k, pitch, a_s, tid, kThreadsCta);
   }
+  // Residual epilogue without a split: the residual rows this CTA adds into are final once griddepcontrol.wait has
+  // returned (no other CTA writes these columns), so the storing warps ask L1 for them now and the epilogue's
+  // read-modify-write finds them there instead of waiting a round trip to L2 after the main loop. One 128-byte line
+  // per row: the 32 fp32 columns of block nb.
+  if constexpr (kSwap) {
+    if (args.epilogue == Epilogue::residual_f32 && t.splits == 1 && wk == 0 && lane < rows)
+      ptx::prefetch_l1(args.residual + static_cast<int64_t>(lane) * args.N + nb * kBlockN);
+  }
 
   float acc[kAccTiles][4] = {};
   float part[kAccTiles][4] = {};   // this group's sums of x * (128 + u), since the last flush

@@ -67,8 +67,10 @@ __global__ void __launch_bounds__(256) gemm_w4a16_reduce_residual_kernel(const f
   ptx::griddepcontrol_wait();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count4; i += stride) {
-    const float4 s = sum_slices(partial, i, count4, splits);
+    // The residual is loaded before the slices, so its L2 round trip overlaps theirs (after the slice loop the
+    // compiler would issue it only once the sums are done).
     float4 r = residual[i];
+    const float4 s = sum_slices(partial, i, count4, splits);
     r.x = residual_add(r.x, s.x);
     r.y = residual_add(r.y, s.y);
     r.z = residual_add(r.z, s.z);

@@ -626,9 +626,6 @@ __device__ __forceinline__ float hadamard_head(float x, int block, float scale, 
   return __fmul_rn(x, scale);
 }
 
-// Splits whose partial outputs the combine loads ahead of the weights (the planner's counts are at most 16).
-constexpr int kCombineOAhead = 16;
-
 // out[bh, :] = Σ_s 2^(lse_s − M) o_s / Σ_s 2^(lse_s − M), in split order; one CTA of kD threads per (b, head).
 // kUnrotate: the BF16-rounded head is then un-rotated (hadamard_head with unrotate_block / unrotate_scale) and
 // rounded again, exactly what rotate_heads_bf16 would store after this kernel; the plain instance ignores both.
@@ -647,27 +644,14 @@ __global__ void __launch_bounds__(kD)
   __shared__ float weight[kMaxSplits];
   const int64_t bh = blockIdx.x;
   const float* lse = partial_lse + bh * splits;
-  const float* o_col = partial_o + bh * splits * kD + threadIdx.x;
-  // The first kCombineOAhead splits' outputs are loaded before the log-sum-exps: they do not depend on them, so their
-  // L2 round trip overlaps the weights' instead of following it. The sums below keep split order: the same bits.
-  float o_ahead[kCombineOAhead];
-#pragma unroll
-  for (int s = 0; s < kCombineOAhead; ++s) o_ahead[s] = s < splits ? o_col[s * kD] : 0.0f;
   float mx = kNegInf;
   for (int s = 0; s < splits; ++s) mx = fmaxf(mx, lse[s]);
   if (static_cast<int>(threadIdx.x) < splits)
     weight[threadIdx.x] = mx == kNegInf ? 0.0f : ptx::ex2_approx(lse[threadIdx.x] - mx);
   __syncthreads();
   float num = 0.0f, den = 0.0f;
-#pragma unroll
-  for (int s = 0; s < kCombineOAhead; ++s) {
-    if (s < splits) {
-      num = fmaf(weight[s], o_ahead[s], num);
-      den += weight[s];
-    }
-  }
-  for (int s = kCombineOAhead; s < splits; ++s) {
-    num = fmaf(weight[s], o_col[s * kD], num);
+  for (int s = 0; s < splits; ++s) {
+    num = fmaf(weight[s], partial_o[(bh * splits + s) * kD + threadIdx.x], num);
     den += weight[s];
   }
   const __nv_bfloat16 v = __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);

@@ -239,8 +239,9 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
       };
       issue_raw(0);  // work.blocks >= 1
       ptx::cp_async_commit_group();
-      if constexpr (kRaw == 3) {  // one commit group per page, empty past the last: uniform counting
-        if (work.blocks > 1) issue_raw(1);
+#pragma unroll
+      for (int p = 1; p < kRaw - 1; ++p) {  // one commit group per page, empty past the last: uniform counting
+        if (work.blocks > p) issue_raw(p);
         ptx::cp_async_commit_group();
       }
       for (int j = 0; j < work.blocks; ++j) {

@@ -135,7 +135,8 @@ void check_regions() {
   EXPECT_EQ(L::kStageBytes % 1024, 0);
   EXPECT_EQ(L::kStageBytes, 2 * L::kPartBytes);
   EXPECT_EQ(L::kRawOffset, L::kStageOffset + L::kStages * L::kStageBytes);
-  EXPECT_EQ(L::kBarOffset, L::kRawOffset + (kInt4 ? 3 * L::kRawPageBytes : 0));  // three raw page buffers
+  EXPECT_EQ(L::kBarOffset, L::kRawOffset + (kInt4 ? L::kRawPages * L::kRawPageBytes : 0));  // the raw page buffers
+  EXPECT_GE(L::kRawPages, 2);
   EXPECT_EQ(L::kBytes, L::kBarOffset + 8 * S::kBarriers);
   EXPECT_LE(S::kMinCtasPerSm * (L::kAllocBytes + 1024), 228 * 1024);
   EXPECT_LE(S::kProducerRegs + S::kConsumers * S::kConsumerRegs, 65536 / S::kMinCtasPerSm / pw::kWarpgroupThreads);

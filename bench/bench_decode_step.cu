@@ -12,7 +12,8 @@
 // prologue and un-rotation kernels); fused rows carry their ratio to the unfused row of the same shape, head and batch.
 // Environment: FT_QKV_PROLOGUE=0 keeps the attention prologue's own kernel on fused rows; FT_NORM_PROLOGUE=1 runs the
 // attention and MLP RMSNorms inside the qkv and gate|up GEMMs on fused rows of batch <= 8
-// (CudaEngineOptions::fused_norm_prologue, off by default: measured slower); FT_UNROTATE_IN_COMBINE=0 keeps the
+// (CudaEngineOptions::fused_norm_prologue, off by default: measured slower); FT_NORM_PARTIALS=1 the same with the row
+// sums from the residual GEMMs (fused_norm_partials); FT_UNROTATE_IN_COMBINE=0 keeps the
 // separate un-rotation kernel after a split int4-hadamard attention on fused rows
 // (CudaEngineOptions::fused_attention_unrotation, on by default); FT_ATTN_PROLOGUE=1 runs the attention prologue in the
 // decode attention where the qkv GEMM splits K (CudaEngineOptions::fused_attention_prologue, off by default), =all
@@ -195,6 +196,10 @@ int main(int argc, char** argv) {
         // FT_NORM_PROLOGUE=1: CudaEngineOptions::fused_norm_prologue on the fused rows (batches of at most 8).
         const char* np = std::getenv("FT_NORM_PROLOGUE");
         o.fused_norm_prologue = fused && np != nullptr && np[0] == '1';
+        // FT_NORM_PARTIALS=1: CudaEngineOptions::fused_norm_partials (the norm prologues with the row sums written
+        // by the o / down GEMMs' reduce) on the fused rows.
+        const char* npp = std::getenv("FT_NORM_PARTIALS");
+        o.fused_norm_partials = fused && npp != nullptr && npp[0] == '1';
         std::unique_ptr<CudaEngine> e = make_synthetic_cuda_engine(c, kGroup, o);
         std::printf("%s%s: %s | GPU memory %.2f GB\n", name.c_str(), block ? " (1 layer)" : "", e->description().c_str(),
                     e->memory().total() / 1e9);

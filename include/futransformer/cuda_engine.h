@@ -104,6 +104,14 @@ struct CudaEngineOptions {
   // the two kernels it removes (8B step on the H200: +2 % at batch 1, +14 % at batch 8; docs/results.md). FP8,
   // dequantise + cuBLAS and BF16 passes keep the separate norm kernels either way.
   bool fused_norm_prologue = false;
+  // fused_norm_prologue's GEMMs without the row sums: the o and down W4A16 GEMMs before them also write the new
+  // residual rows' RMSNorm partials (rmsnorm_bf16's warp sums, from their split-K reduce or a small kernel after an
+  // unsplit GEMM; gemm_w4a16_residual_norm_partials), and each CTA of the qkv / gate|up GEMM adds those instead of
+  // reading its rows in full. Same bits as the norm kernels. Implies fused_norm_prologue's fusions (same conditions).
+  // GPU-tested; off by default because it is still slower than the norm kernels (8B step on the H200: +4 % at batch 1,
+  // +9 % at batch 8, docs/results.md "Eighteenth session"): at batch 1 the o and down GEMMs do not split K, so a
+  // kernel still reads the rows back for the sums, and staging fp32 rows costs the GEMM more than BF16 ones.
+  bool fused_norm_partials = false;
   // FP8 prefill passes: the down projection's input is quantised per token per 128 channels (the recipe
   // act-fp8-block-bf16; twin: make_prefill_decode_reference_engine with ActivationFormat::Fp8BlockOverBf16) instead of
   // per token. With fused_epilogues the gate|up FP8 GEMM then applies SwiGLU and writes those FP8 codes and scales in

@@ -214,17 +214,20 @@ struct NormPrologue {
   const float* weight;
   float eps;
   const char* op;
+  const float* partials = nullptr;  // the rows' norm partials (gemm_w4a16_residual_norm_partials), or none
 };
 
 // Launches a tiling that fits the device (smem checked by the callers) after the workspace check; `out` is y (BF16
 // [M, N]), the fp32 residual [M, N] or h (BF16 [M, N / 2]) as the epilogue says. With qkv (ep store_bf16, out = qkv's
 // BF16 buffer): the split-K reduce is gemm_w4a16_reduce_qkv_kernel, and without a split the GEMM's BF16 store is
 // followed by qkv_rope_kv_append's kernel (see gemm_w4a16_qkv_rope_append). With norm: the norm-prologue instance of
-// the (v4 rows8) tiling, with kNormScratchBytes more shared memory after the ring.
+// the (v4 rows8) tiling, with kNormScratchBytes more shared memory after the ring. With norm_out (residual_f32 only):
+// the residual rows' norm partials are written too, by gemm_w4a16_reduce_residual_norm_kernel — as the split-K reduce,
+// or after an unsplit GEMM as a kernel that only reads the rows back.
 cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16::Epilogue ep, const __nv_bfloat16* x,
                    const uint32_t* w_packed, const uint16_t* scales, void* out, int M, int N, int K, int group,
                    formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                   const QkvEpilogue* qkv = nullptr, const NormPrologue* norm = nullptr) {
+                   const QkvEpilogue* qkv = nullptr, const NormPrologue* norm = nullptr, float* norm_out = nullptr) {
   const int64_t smem = w4a16::smem_layout(t, K, group).total + (norm ? w4a16::kNormScratchBytes : 0);
   if (print_choice()) std::fprintf(stderr, "%s\n", w4a16::describe_tiling(t, M, N, K, group, d).c_str());
   const int64_t need = w4a16::workspace_bytes_for(t, M, N);
@@ -257,9 +260,24 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   cudaLaunchAttribute gemm_attr;
   add_programmatic_attribute(&cfg, &gemm_attr);
   const cudaError_t launched =
-      norm ? cudaLaunchKernelEx(&cfg, norm_kernel, w4a16::NormKernelArgs{args, norm->x, norm->weight, norm->eps})
+      norm ? cudaLaunchKernelEx(&cfg, norm_kernel,
+                                w4a16::NormKernelArgs{args, norm->x, norm->weight, norm->eps, norm->partials})
            : cudaLaunchKernelEx(&cfg, kernel, args);
   if (launched != cudaSuccess) return launched;
+  if (norm_out) {
+    // The residual rows' norm partials: rows * T threads of rmsnorm_kernel<true>'s T per row, whole warps.
+    const int vthreads = w4a16::norm_virtual_threads(N);
+    const int threads = M * vthreads;
+    cudaLaunchAttribute nattr;
+    cudaLaunchConfig_t ncfg{};
+    ncfg.gridDim = dim3(static_cast<unsigned>((threads + 255) / 256));
+    ncfg.blockDim = dim3(256);
+    ncfg.stream = stream;
+    add_programmatic_attribute(&ncfg, &nattr, /*always=*/true);
+    return cudaLaunchKernelEx(&ncfg, w4a16::gemm_w4a16_reduce_residual_norm_kernel,
+                              static_cast<const float4*>(workspace), reinterpret_cast<float4*>(residual), norm_out, M,
+                              N / 4, vthreads, t.splits == 1 ? 0 : t.splits);
+  }
   if (t.splits == 1) return qkv ? fused::launch_qkv_kernel(qkv->args, qkv->format, M, true, stream) : cudaSuccess;
 
   // The reduce kernel applies the epilogue: one launch either way (N % 32 == 0, so M * N / 4 is exact).
@@ -378,6 +396,8 @@ cudaError_t check_norm(const NormPrologue& n, int M) {
     return reject(&g_last_error, std::string(n.op) + ": x (fp32 rows) must be non-null and 16-byte aligned");
   if (!n.weight || !aligned(n.weight, 16))
     return reject(&g_last_error, std::string(n.op) + ": norm_weight must be non-null and 16-byte aligned");
+  if (n.partials && !aligned(n.partials, 4))
+    return reject(&g_last_error, std::string(n.op) + ": norm_partials must be 4-byte aligned");
   if (!std::isfinite(n.eps) || n.eps < 0.0f)
     return reject(&g_last_error, std::string(n.op) + ": eps = " + std::to_string(n.eps) +
                                      ", expected a finite value >= 0");
@@ -395,10 +415,11 @@ cudaError_t check_norm_tiling(const NormPrologue& n, const Tiling& t) {
 
 // The caller's tiling (checked) or the library's (planned), then the launch: every entry point runs through here.
 // With norm, x is unused (norm->x holds the fp32 rows).
+// With norm_out (residual_f32): the residual rows' norm partials as well (see launch).
 cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x, const uint32_t* w_packed,
                 const uint16_t* scales, void* out, int M, int N, int K, int group, formats::ScaleType scale_type,
                 void* workspace, size_t workspace_bytes, cudaStream_t stream, const QkvEpilogue* qkv = nullptr,
-                const NormPrologue* norm = nullptr) {
+                const NormPrologue* norm = nullptr, float* norm_out = nullptr) {
   g_last_error.clear();
   if (gemm_w4a16_can_implement(M, N, K, group, scale_type, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
   if (norm) {
@@ -406,6 +427,10 @@ cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x
   }
   const void* const rows_in = norm ? static_cast<const void*>(norm->x) : static_cast<const void*>(x);
   if (const cudaError_t e = check_pointers(rows_in, w_packed, scales, out, ep); e != cudaSuccess) return e;
+  if (norm_out && ep != w4a16::Epilogue::residual_f32)
+    return reject(&g_last_error, "gemm_w4a16: norm partials are written by the residual epilogue only");
+  if (norm_out && !aligned(norm_out, 4))
+    return reject(&g_last_error, "gemm_w4a16_residual_norm_partials: norm_partials must be 4-byte aligned");
   if (norm && tiling) {
     if (const cudaError_t e = check_norm_tiling(*norm, *tiling); e != cudaSuccess) return e;
   }
@@ -420,7 +445,7 @@ cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x
                                        ": the tiling and the norm scratch need more shared memory than the device's " +
                                        std::to_string(d.smem_per_block) + " bytes");
     return launch(*tiling, d, dev, ep, x, w_packed, scales, out, M, N, K, group, scale_type, workspace,
-                  workspace_bytes, stream, qkv, norm);
+                  workspace_bytes, stream, qkv, norm, norm_out);
   }
   Tiling t = library_tiling(M, N, K, group, d);
   if (norm && t.wgmma) {
@@ -438,7 +463,7 @@ cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x
                                      " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block));
   }
   return launch(t, d, dev, ep, x, w_packed, scales, out, M, N, K, group, scale_type, workspace, workspace_bytes,
-                stream, qkv, norm);
+                stream, qkv, norm, norm_out);
 }
 
 constexpr const char* kQkvOp = "gemm_w4a16_qkv_rope_append";
@@ -566,6 +591,22 @@ cudaError_t gemm_w4a16_residual(const __nv_bfloat16* x, const uint32_t* w_packed
              workspace, workspace_bytes, stream);
 }
 
+int gemm_w4a16_norm_partials_per_row(int K) {
+  return K >= 4 && K % 4 == 0 ? w4a16::norm_partials_per_row(K) : 0;
+}
+
+cudaError_t gemm_w4a16_residual_norm_partials(const __nv_bfloat16* x, const uint32_t* w_packed,
+                                              const uint16_t* scales, float* residual, float* norm_partials, int M,
+                                              int N, int K, int group, formats::ScaleType scale_type, void* workspace,
+                                              size_t workspace_bytes, cudaStream_t stream) {
+  if (norm_partials == nullptr) {
+    g_last_error = "gemm_w4a16_residual_norm_partials: norm_partials must be non-null";
+    return cudaErrorInvalidValue;
+  }
+  return run(nullptr, w4a16::Epilogue::residual_f32, x, w_packed, scales, residual, M, N, K, group, scale_type,
+             workspace, workspace_bytes, stream, nullptr, nullptr, norm_partials);
+}
+
 cudaError_t gemm_w4a16_swiglu(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
                               __nv_bfloat16* h, int M, int N, int K, int group, formats::ScaleType scale_type,
                               void* workspace, size_t workspace_bytes, cudaStream_t stream) {
@@ -584,9 +625,9 @@ cudaError_t gemm_w4a16_with_tiling(const Tiling& tiling, const __nv_bfloat16* x,
 cudaError_t gemm_w4a16_epilogue_with_tiling(const Tiling& tiling, w4a16::Epilogue epilogue, const __nv_bfloat16* x,
                                             const uint32_t* w_packed, const uint16_t* scales, void* out, int M, int N,
                                             int K, int group, formats::ScaleType scale_type, void* workspace,
-                                            size_t workspace_bytes, cudaStream_t stream) {
+                                            size_t workspace_bytes, cudaStream_t stream, float* norm_partials) {
   return run(&tiling, epilogue, x, w_packed, scales, out, M, N, K, group, scale_type, workspace, workspace_bytes,
-             stream);
+             stream, nullptr, nullptr, norm_partials);
 }
 
 cudaError_t gemm_w4a16_qkv_rope_append_can_implement(int M, int K, int group, formats::ScaleType scale_type,
@@ -662,8 +703,8 @@ cudaError_t gemm_w4a16_rmsnorm_can_implement(int M, int N, int K, int group, for
 cudaError_t gemm_w4a16_rmsnorm(const float* x, const float* norm_weight, float eps, const uint32_t* w_packed,
                                const uint16_t* scales, __nv_bfloat16* y, int M, int N, int K, int group,
                                formats::ScaleType scale_type, void* workspace, size_t workspace_bytes,
-                               cudaStream_t stream) {
-  const NormPrologue norm{x, norm_weight, eps, kNormOp};
+                               cudaStream_t stream, const float* norm_partials) {
+  const NormPrologue norm{x, norm_weight, eps, kNormOp, norm_partials};
   return run(nullptr, w4a16::Epilogue::store_bf16, nullptr, w_packed, scales, y, M, N, K, group, scale_type, workspace,
              workspace_bytes, stream, nullptr, &norm);
 }
@@ -671,8 +712,8 @@ cudaError_t gemm_w4a16_rmsnorm(const float* x, const float* norm_weight, float e
 cudaError_t gemm_w4a16_rmsnorm_swiglu(const float* x, const float* norm_weight, float eps, const uint32_t* w_packed,
                                       const uint16_t* scales, __nv_bfloat16* h, int M, int N, int K, int group,
                                       formats::ScaleType scale_type, void* workspace, size_t workspace_bytes,
-                                      cudaStream_t stream) {
-  const NormPrologue norm{x, norm_weight, eps, kNormSwiGluOp};
+                                      cudaStream_t stream, const float* norm_partials) {
+  const NormPrologue norm{x, norm_weight, eps, kNormSwiGluOp, norm_partials};
   return run(nullptr, w4a16::Epilogue::swiglu_bf16, nullptr, w_packed, scales, h, M, N, K, group, scale_type,
              workspace, workspace_bytes, stream, nullptr, &norm);
 }
@@ -682,8 +723,8 @@ cudaError_t gemm_w4a16_rmsnorm_qkv_rope_append(
     int K, int group, formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, formats::KvFormat format,
     __nv_bfloat16* qkv, int n_heads, int n_kv_heads, int head_dim, const int32_t* positions, const float* inv_freq,
     const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors, const int32_t* row_anchor,
-    uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream) {
-  const NormPrologue norm{x, norm_weight, eps, kNormQkvOp};
+    uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream, const float* norm_partials) {
+  const NormPrologue norm{x, norm_weight, eps, kNormQkvOp, norm_partials};
   return run_qkv(nullptr, nullptr, w_packed, scales, M, K, group, scale_type, workspace, workspace_bytes, format, qkv,
                  n_heads, n_kv_heads, head_dim, positions, inv_freq, row_page, row_slot, key_anchors, row_anchor,
                  kv_pool, hadamard_block, q_out, stream, &norm);
@@ -693,8 +734,9 @@ cudaError_t gemm_w4a16_rmsnorm_epilogue_with_tiling(const Tiling& tiling, w4a16:
                                                     const float* norm_weight, float eps, const uint32_t* w_packed,
                                                     const uint16_t* scales, void* out, int M, int N, int K, int group,
                                                     formats::ScaleType scale_type, void* workspace,
-                                                    size_t workspace_bytes, cudaStream_t stream) {
-  const NormPrologue norm{x, norm_weight, eps, kNormOp};
+                                                    size_t workspace_bytes, cudaStream_t stream,
+                                                    const float* norm_partials) {
+  const NormPrologue norm{x, norm_weight, eps, kNormOp, norm_partials};
   return run(&tiling, epilogue, nullptr, w_packed, scales, out, M, N, K, group, scale_type, workspace, workspace_bytes,
              stream, nullptr, &norm);
 }
@@ -705,8 +747,8 @@ cudaError_t gemm_w4a16_rmsnorm_qkv_rope_append_with_tiling(
     size_t workspace_bytes, formats::KvFormat format, __nv_bfloat16* qkv, int n_heads, int n_kv_heads, int head_dim,
     const int32_t* positions, const float* inv_freq, const int32_t* row_page, const int32_t* row_slot,
     const uint16_t* key_anchors, const int32_t* row_anchor, uint8_t* kv_pool, int hadamard_block,
-    __nv_bfloat16* q_out, cudaStream_t stream) {
-  const NormPrologue norm{x, norm_weight, eps, kNormQkvOp};
+    __nv_bfloat16* q_out, cudaStream_t stream, const float* norm_partials) {
+  const NormPrologue norm{x, norm_weight, eps, kNormQkvOp, norm_partials};
   return run_qkv(&tiling, nullptr, w_packed, scales, M, K, group, scale_type, workspace, workspace_bytes, format, qkv,
                  n_heads, n_kv_heads, head_dim, positions, inv_freq, row_page, row_slot, key_anchors, row_anchor,
                  kv_pool, hadamard_block, q_out, stream, &norm);

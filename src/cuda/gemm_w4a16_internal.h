@@ -41,11 +41,13 @@ cudaError_t gemm_w4a16_with_tiling(const w4a16::Tiling& tiling, const __nv_bfloa
                                    cudaStream_t stream);
 
 // gemm_w4a16_with_tiling with an epilogue (gemm_w4a16_residual / gemm_w4a16_swiglu on a given tiling): `out` is y
-// (BF16 [M, N]), the fp32 residual [M, N] or h (BF16 [M, N / 2]) as `epilogue` says.
+// (BF16 [M, N]), the fp32 residual [M, N] or h (BF16 [M, N / 2]) as `epilogue` says. norm_partials (residual_f32
+// only): gemm_w4a16_residual_norm_partials on this tiling.
 cudaError_t gemm_w4a16_epilogue_with_tiling(const w4a16::Tiling& tiling, w4a16::Epilogue epilogue,
                                             const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
                                             void* out, int M, int N, int K, int group, formats::ScaleType scale_type,
-                                            void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                                            void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                                            float* norm_partials = nullptr);
 
 // gemm_w4a16_qkv_rope_append on a given tiling (splits > 1: the prologue in the reduce kernel; 1: GEMM store, then
 // qkv_rope_kv_append's kernel), with w4a16::tiling_is_valid and the tiling's workspace checked as above.
@@ -57,18 +59,20 @@ cudaError_t gemm_w4a16_qkv_rope_append_with_tiling(
     uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream);
 
 // The norm-prologue GEMMs (gemm_w4a16_rmsnorm*, futransformer/cuda/gemm_w4a16.h) on a given tiling, which must be v4
-// with rows8 (M <= 8): gemm_w4a16_epilogue_with_tiling's epilogues (residual_f32 included) and the qkv prologue.
+// with rows8 (M <= 8): gemm_w4a16_epilogue_with_tiling's epilogues (residual_f32 included) and the qkv prologue;
+// norm_partials as in the public launchers.
 cudaError_t gemm_w4a16_rmsnorm_epilogue_with_tiling(const w4a16::Tiling& tiling, w4a16::Epilogue epilogue,
                                                     const float* x, const float* norm_weight, float eps,
                                                     const uint32_t* w_packed, const uint16_t* scales, void* out, int M,
                                                     int N, int K, int group, formats::ScaleType scale_type,
-                                                    void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                                                    void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                                                    const float* norm_partials = nullptr);
 cudaError_t gemm_w4a16_rmsnorm_qkv_rope_append_with_tiling(
     const w4a16::Tiling& tiling, const float* x, const float* norm_weight, float eps, const uint32_t* w_packed,
     const uint16_t* scales, int M, int K, int group, formats::ScaleType scale_type, void* workspace,
     size_t workspace_bytes, formats::KvFormat format, __nv_bfloat16* qkv, int n_heads, int n_kv_heads, int head_dim,
     const int32_t* positions, const float* inv_freq, const int32_t* row_page, const int32_t* row_slot,
     const uint16_t* key_anchors, const int32_t* row_anchor, uint8_t* kv_pool, int hadamard_block,
-    __nv_bfloat16* q_out, cudaStream_t stream);
+    __nv_bfloat16* q_out, cudaStream_t stream, const float* norm_partials = nullptr);
 
 }  // namespace futransformer::cuda

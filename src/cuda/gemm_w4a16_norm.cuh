@@ -8,6 +8,8 @@
 //
 // Every CTA (every split-K slice as well) reads its rows in full for the sums: M x K x 4 bytes from L2, at most
 // 8 x 16 KB per CTA for an 8B layer's hidden 4096 — the price of not launching the norm kernel (3 us at batch 1).
+// Unless the launch brings the rows' norm partials (NormKernelArgs::norm_partials, written by the residual GEMM before
+// it: gemm_w4a16_reduce_residual_norm_kernel): then no CTA sums rows; each adds the partials in the same order.
 #pragma once
 
 #include "cuda/gemm_w4a16.cuh"
@@ -22,6 +24,9 @@ struct NormKernelArgs : KernelArgs {
   const float* x_f32;        // [M, K] fp32 rows (the residual stream), 16-byte aligned
   const float* norm_weight;  // [K] fp32, 16-byte aligned
   float eps;
+  // nullptr: pass 1 below sums the rows' squares. Otherwise the rows' partials as gemm_w4a16_residual_norm_partials
+  // wrote them ([M][norm_partials_per_row(K)], gemm_w4a16_layout.h "Norm partials"): pass 1 is skipped.
+  const float* norm_partials;
 };
 
 // After the weights and scales were issued (cp.async groups in flight): griddepcontrol.wait (x is the previous
@@ -42,6 +47,64 @@ __device__ __forceinline__ void wait_then_stage_norm_rows(const NormKernelArgs& 
   const int pairs = rows * vwarps;
   const float4* x4 = reinterpret_cast<const float4*>(args.x_f32);
 
+  const float4* w4 = reinterpret_cast<const float4*>(args.norm_weight);
+  const int row_chunks = slice_k / 8;
+  if (args.norm_partials != nullptr) {
+    // The sums come from the kernel that wrote x: no pass 1, no scratch and no barrier before pass 2. Each warp
+    // derives the row scales itself — lane r < rows adds row r's partials in virtual-warp order from 0.0f, as the
+    // threads below do from scratch, and a shuffle gives every lane all of them. This thread's first chunk of x is
+    // asked into L1 before that (its weight chunk before the wait), so its round trip to L2 overlaps the partials'.
+    // (Asking for every chunk this thread stages measured slower at batch 8: docs/results.md, eighteenth session.)
+    const int chunks = rows * row_chunks;
+    const bool has_chunk = tid < chunks;
+    const int64_t u0 = (k0 + (tid % row_chunks) * 8) / 4;
+    if (has_chunk) ptx::prefetch_l1(w4 + u0);  // constant: asked for before the wait
+    ptx::griddepcontrol_wait();
+    if (has_chunk) ptx::prefetch_l1(x4 + static_cast<int64_t>(tid / row_chunks) * units + u0);
+    float s_lane = 0.0f;
+    if (lane < rows) {
+      // Eight at a time (few registers: the 28-warp instances have 72 per thread): the first eight loads bring the
+      // row's 128-byte line into L1, where the later ones find it.
+      const float* p = args.norm_partials + norm_partial_index(lane, 0, vwarps);
+      float total = 0.0f;
+#pragma unroll 1
+      for (int w0 = 0; w0 < vwarps; w0 += 8) {
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = w0 + i < vwarps ? p[w0 + i] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          if (w0 + i < vwarps) total = __fadd_rn(total, v[i]);
+        }
+      }
+      s_lane = ops::rms_scale(total, K, args.eps);
+    }
+    float s_row[kNormMaxRows];
+#pragma unroll
+    for (int r = 0; r < kNormMaxRows; ++r) s_row[r] = __shfl_sync(0xffffffffu, s_lane, r);
+    auto scale_of = [&](int r) {  // s_row[r] without a local-memory array
+      float s = s_row[0];
+#pragma unroll
+      for (int i = 1; i < kNormMaxRows; ++i) s = r == i ? s_row[i] : s;
+      return s;
+    };
+    auto store_chunk = [&](int c, const float4& xa, const float4& xb, const float4& wa, const float4& wb) {
+      const int r = c / row_chunks, cc = c % row_chunks;
+      const float s = scale_of(r);
+      const uint2 lo = ops::rmsnorm_scale_bf16x4(xa, wa, s), hi = ops::rmsnorm_scale_bf16x4(xb, wb, s);
+      *reinterpret_cast<uint4*>(a_s + r * pitch + cc * 8) = make_uint4(lo.x, lo.y, hi.x, hi.y);
+    };
+#pragma unroll 2
+    for (int c = tid; c < chunks; c += kThreadsCta) {
+      const int r = c / row_chunks, cc = c % row_chunks;
+      const int64_t u = (k0 + cc * 8) / 4;
+      const float4* xr = x4 + static_cast<int64_t>(r) * units + u;
+      store_chunk(c, xr[0], xr[1], __ldg(w4 + u), __ldg(w4 + u + 1));
+    }
+    ptx::cp_async_wait_group<0>();  // the weight and scale groups (see wait_then_stage_rows)
+    __syncthreads();
+    return;
+  }
   ptx::griddepcontrol_wait();
   // Pass 1: kNormBatch (row, virtual warp) pairs per step, their loads independent of one another.
   for (int step = 0; norm_pair(warp, kRealWarps, step, 0) < pairs; ++step) {
@@ -83,8 +146,6 @@ __device__ __forceinline__ void wait_then_stage_norm_rows(const NormKernelArgs& 
 
   // Pass 2: the slice's columns k0 .. k0 + slice_k of each row, 8 per thread and step (16 bytes of a_s): the chunks
   // of stage_slice_rows. The weight is constant: read-only path.
-  const float4* w4 = reinterpret_cast<const float4*>(args.norm_weight);
-  const int row_chunks = slice_k / 8;
 #pragma unroll 2
   for (int c = tid; c < rows * row_chunks; c += kThreadsCta) {
     const int r = c / row_chunks, cc = c % row_chunks;

@@ -12,6 +12,7 @@
 #include "cuda/gemm_w4a16_epilogue.cuh"
 #include "cuda/gemm_w4a16_layout.h"
 #include "cuda/ptx/griddep.cuh"
+#include "cuda/rmsnorm_row.cuh"
 
 namespace futransformer::cuda::w4a16 {
 
@@ -77,6 +78,45 @@ __global__ void __launch_bounds__(256) gemm_w4a16_reduce_residual_kernel(const f
     r.w = residual_add(r.w, s.w);
     residual[i] = r;
   }
+}
+
+// The residual epilogue that also writes the RMSNorm partials of the rows it leaves (gemm_w4a16_residual_norm_partials,
+// layout "Norm partials" in gemm_w4a16_layout.h): thread (row, v) is virtual thread v of rmsnorm_kernel<true>'s
+// vthreads = T per row. It updates float4 units v, v + T, ... of its row as gemm_w4a16_reduce_residual_kernel does
+// (same additions, same bits) and sums the squares of the results in that order (sum_squares_add from 0.0f); each
+// warp, virtual warp v / 32 of the row (T % 32 == 0), reduces by warp_sum_xor and lane 0 stores the partial — the
+// value rmsnorm_kernel<true> would compute for it from the updated row. splits == 0: the GEMM added into the residual
+// itself (one K slice), so the rows are only read. units = N / 4; launched with rows * T threads (whole warps).
+// It releases its dependent before waiting, as rmsnorm_kernel does in the chain it replaces (decoder_ops.cuh,
+// pdl_release_then_wait): the norm-prologue GEMM after it launches during the GEMM before it and fills its weight ring
+// there. Safe: that GEMM's griddepcontrol.wait returns only after this grid has completed.
+__global__ void __launch_bounds__(256) gemm_w4a16_reduce_residual_norm_kernel(const float4* __restrict__ partial,
+                                                                               float4* __restrict__ residual,
+                                                                               float* __restrict__ norm_partials,
+                                                                               int rows, int units, int vthreads,
+                                                                               int splits) {
+  ptx::griddepcontrol_launch_dependents();
+  ptx::griddepcontrol_wait();
+  const int g = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (g >= rows * vthreads) return;  // whole warps: rows * vthreads is a multiple of 32
+  const int row = g / vthreads, v = g % vthreads;
+  const int64_t count4 = static_cast<int64_t>(rows) * units;
+  float ss = 0.0f;
+  for (int u = v; u < units; u += vthreads) {
+    const int64_t i = static_cast<int64_t>(row) * units + u;
+    float4 r = residual[i];
+    if (splits > 0) {
+      const float4 s = sum_slices(partial, i, count4, splits);
+      r.x = residual_add(r.x, s.x);
+      r.y = residual_add(r.y, s.y);
+      r.z = residual_add(r.z, s.z);
+      r.w = residual_add(r.w, s.w);
+      residual[i] = r;
+    }
+    ss = ops::sum_squares_add(ss, r);
+  }
+  ss = ops::warp_sum_xor(ss);
+  if (threadIdx.x % kWarpSize == 0) norm_partials[norm_partial_index(row, v / kWarpSize, vthreads / kWarpSize)] = ss;
 }
 
 // h[m, j .. j + 3] = bf16(silu(g) * u) (Epilogue::swiglu_bf16) for the gate|up partial sums of an interleaved

@@ -5,8 +5,8 @@
 // rows and a remainder), decode steps replayed as CUDA graphs, greedy ids chosen on the GPU, INT4 caches, FP8
 // prefill passes, and a real checkpoint. The op profile shows which kernels ran. A wide tiny model (K = 2048) makes the
 // qkv GEMM split K at 41..64 rows, so its passes of that size run the attention prologue in the split-K reduce.
-// CudaEngineOptions::fused_norm_prologue (the RMSNorms inside the qkv and gate|up GEMMs at <= 8 rows) is compared
-// with the default the same way.
+// CudaEngineOptions::fused_norm_prologue (the RMSNorms inside the qkv and gate|up GEMMs at <= 8 rows) and
+// fused_norm_partials (the same with the row sums from the residual GEMMs) are compared with the default the same way.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -92,25 +92,37 @@ TEST_P(CudaEngineEpilogues, NormPrologueEqualsSeparateNorms) {
   CudaEngineOptions co = cuda_engine_options(q.recipe);
   co.max_sequences = 4;
   EXPECT_FALSE(co.fused_norm_prologue) << "off by default until its GPU tests pass";
+  EXPECT_FALSE(co.fused_norm_partials) << "off by default until measured faster";
   std::unique_ptr<CudaEngine> plain = make_cuda_engine(q, co);
-  co.fused_norm_prologue = true;
-  std::unique_ptr<CudaEngine> norm = make_cuda_engine(q, co);
-  EXPECT_NE(norm->description().find("RMSNorm in the qkv / gate|up GEMMs"), std::string::npos) << norm->description();
   EXPECT_EQ(plain->description().find("RMSNorm in the qkv"), std::string::npos) << plain->description();
-  expect_identical(*norm, *plain, s.vocab, 11, 8);
+  // fused_norm_prologue (each GEMM sums its rows), then fused_norm_partials (the residual GEMMs' partials).
+  for (const bool partials : {false, true}) {
+    SCOPED_TRACE(partials ? "fused_norm_partials" : "fused_norm_prologue");
+    CudaEngineOptions nco = co;
+    nco.fused_norm_prologue = !partials;
+    nco.fused_norm_partials = partials;
+    std::unique_ptr<CudaEngine> norm = make_cuda_engine(q, nco);
+    // A fresh baseline per round: both engines see the same sequence of passes.
+    std::unique_ptr<CudaEngine> base = make_cuda_engine(q, co);
+    EXPECT_NE(norm->description().find("RMSNorm in the qkv / gate|up GEMMs"), std::string::npos)
+        << norm->description();
+    EXPECT_EQ(norm->description().find("row sums from the residual GEMMs") != std::string::npos, partials)
+        << norm->description();
+    expect_identical(*norm, *base, s.vocab, 11, 8);
 
-  std::mt19937 rng(13);
-  std::vector<SequenceChunk> one = {{3, test::random_token_ids(5, s.vocab, rng)}};
-  const std::vector<std::vector<float>> pn = norm->forward(one, true), pp = plain->forward(one, true);
-  ASSERT_EQ(pn.size(), 1u);
-  EXPECT_EQ(pn[0], pp[0]) << "5-row prompt pass";
-  one[0].tokens = {argmax(std::vector<float>(pn[0].end() - s.vocab, pn[0].end()))};
-  for (int k = 0; k < 8; ++k) {
-    const std::vector<std::vector<float>> ln = norm->forward(one), lp = plain->forward(one);
-    ASSERT_EQ(ln[0], lp[0]) << "batch-1 decode step " << k;
-    one[0].tokens = {argmax(ln[0])};
+    std::mt19937 rng(13);
+    std::vector<SequenceChunk> one = {{3, test::random_token_ids(5, s.vocab, rng)}};
+    const std::vector<std::vector<float>> pn = norm->forward(one, true), pp = base->forward(one, true);
+    ASSERT_EQ(pn.size(), 1u);
+    EXPECT_EQ(pn[0], pp[0]) << "5-row prompt pass";
+    one[0].tokens = {argmax(std::vector<float>(pn[0].end() - s.vocab, pn[0].end()))};
+    for (int k = 0; k < 8; ++k) {
+      const std::vector<std::vector<float>> ln = norm->forward(one), lp = base->forward(one);
+      ASSERT_EQ(ln[0], lp[0]) << "batch-1 decode step " << k;
+      one[0].tokens = {argmax(ln[0])};
+    }
+    EXPECT_EQ(norm->forward_greedy(one), base->forward_greedy(one));
   }
-  EXPECT_EQ(norm->forward_greedy(one), plain->forward_greedy(one));
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, CudaEngineEpilogues,
@@ -167,31 +179,35 @@ TEST(CudaEngineEpiloguesProfile, NormPrologueOpLabels) {
   FT_REQUIRE_HOPPER();
   const test::TinyLlama s = test::tiny_llama_w4a16_shape();
   const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 67)), "int4-rtn-g64+kv-bf16");
-  CudaEngineOptions co = cuda_engine_options(q.recipe);
-  std::unique_ptr<CudaEngine> plain = make_cuda_engine(q, co);
-  co.fused_norm_prologue = true;
-  co.profile_ops = true;
-  std::unique_ptr<CudaEngine> profiled = make_cuda_engine(q, co);
-  std::mt19937 rng(19);
-  const SequenceChunk prompt{0, test::random_token_ids(30, s.vocab, rng)};
-  EXPECT_EQ(plain->forward(std::span(&prompt, 1), true), profiled->forward(std::span(&prompt, 1), true));
-  const SequenceChunk step{0, {7}};
-  EXPECT_EQ(plain->forward(std::span(&step, 1)), profiled->forward(std::span(&step, 1)));
-  int64_t attn_norm = 0, mlp_norm = 0, qkv_norm = 0, gate_up_norm = 0, gate_up_plain = 0;
-  for (const CudaEngine::OpTime& t : profiled->op_profile()) {
-    if (t.op == "attention RMSNorm") attn_norm += t.calls;
-    if (t.op == "MLP RMSNorm") mlp_norm += t.calls;
-    if (t.op == "RMSNorm + qkv GEMM" || t.op == "RMSNorm + qkv GEMM + RoPE + KV append + q rotation")
-      qkv_norm += t.calls;
-    if (t.op == "RMSNorm + gate|up GEMM + SwiGLU") gate_up_norm += t.calls;
-    if (t.op == "gate|up GEMM + SwiGLU") gate_up_plain += t.calls;
+  for (const bool partials : {false, true}) {
+    SCOPED_TRACE(partials ? "fused_norm_partials" : "fused_norm_prologue");
+    CudaEngineOptions co = cuda_engine_options(q.recipe);
+    std::unique_ptr<CudaEngine> plain = make_cuda_engine(q, co);
+    co.fused_norm_prologue = !partials;
+    co.fused_norm_partials = partials;
+    co.profile_ops = true;
+    std::unique_ptr<CudaEngine> profiled = make_cuda_engine(q, co);
+    std::mt19937 rng(19);
+    const SequenceChunk prompt{0, test::random_token_ids(30, s.vocab, rng)};
+    EXPECT_EQ(plain->forward(std::span(&prompt, 1), true), profiled->forward(std::span(&prompt, 1), true));
+    const SequenceChunk step{0, {7}};
+    EXPECT_EQ(plain->forward(std::span(&step, 1)), profiled->forward(std::span(&step, 1)));
+    int64_t attn_norm = 0, mlp_norm = 0, qkv_norm = 0, gate_up_norm = 0, gate_up_plain = 0;
+    for (const CudaEngine::OpTime& t : profiled->op_profile()) {
+      if (t.op == "attention RMSNorm") attn_norm += t.calls;
+      if (t.op == "MLP RMSNorm") mlp_norm += t.calls;
+      if (t.op == "RMSNorm + qkv GEMM" || t.op == "RMSNorm + qkv GEMM + RoPE + KV append + q rotation")
+        qkv_norm += t.calls;
+      if (t.op == "RMSNorm + gate|up GEMM + SwiGLU") gate_up_norm += t.calls;
+      if (t.op == "gate|up GEMM + SwiGLU") gate_up_plain += t.calls;
+    }
+    const int64_t L = s.layers;
+    EXPECT_EQ(attn_norm, L + 1);  // the prompt pass: every layer; the step: the first layer only
+    EXPECT_EQ(mlp_norm, L);       // the prompt pass
+    EXPECT_EQ(qkv_norm, L - 1);   // the step, layers 1 .. L - 1
+    EXPECT_EQ(gate_up_norm, L);   // the step
+    EXPECT_EQ(gate_up_plain, L);  // the prompt pass
   }
-  const int64_t L = s.layers;
-  EXPECT_EQ(attn_norm, L + 1);  // the prompt pass: every layer; the step: the first layer only
-  EXPECT_EQ(mlp_norm, L);       // the prompt pass
-  EXPECT_EQ(qkv_norm, L - 1);   // the step, layers 1 .. L - 1
-  EXPECT_EQ(gate_up_norm, L);   // the step
-  EXPECT_EQ(gate_up_plain, L);  // the prompt pass
 }
 
 // hidden 2048 (qkv 2048 -> 3072: 32 / 8 heads of 64): on an H200 the W4A16 heuristic splits the qkv GEMM's K at

@@ -138,6 +138,7 @@ struct Case {
   DeviceBuffer<uint32_t> words, words_swiglu;
   DeviceBuffer<uint16_t> scales, scales_swiglu;
   DeviceBuffer<float> gamma, x;
+  std::vector<float> x_host;  // x's values, for the norm partials' twin
   Case(int N, int K, int group, ScaleType st, uint32_t seed)
       : w(random_weight(N, K, group, st, seed)),
         words(formats::repack_int4_for_mma(w, Int4MmaRows::canonical)),
@@ -145,12 +146,46 @@ struct Case {
         scales(formats::repack_int4_scales_for_mma(w, Int4MmaRows::canonical)),
         scales_swiglu(formats::repack_int4_scales_for_mma(w, Int4MmaRows::swiglu_interleaved)),
         gamma(random_norm_weight(K, seed + 1)),
-        x(random_rows(kMaxM, K, seed + 2)) {}
+        x(random_rows(kMaxM, K, seed + 2)),
+        x_host(random_rows(kMaxM, K, seed + 2)) {}
   int N() const { return static_cast<int>(w.rows); }
   int K() const { return static_cast<int>(w.cols); }
   int group() const { return static_cast<int>(w.group); }
   ScaleType st() const { return w.spec.scale_type; }
 };
+
+// CPU twin of the RMSNorm partials (gemm_w4a16_reduce_residual_norm_kernel, and the warp sums of rmsnorm_kernel<true>
+// they stand for): virtual thread v of T = 32 x gemm_w4a16_norm_partials_per_row(K) threads per row sums fmaf(x, x,
+// ss) from 0 over its float4 units v, v + T, ... element by element; each virtual warp reduces by the xor butterfly
+// 16, 8, 4, 2, 1 (every lane adds its partner's value, one fp32 rounding); lane 0's value is the partial.
+std::vector<float> norm_partials_twin(const float* x, int M, int K) {
+  const int per_row = cuda::gemm_w4a16_norm_partials_per_row(K), T = 32 * per_row, units = K / 4;
+  std::vector<float> out(static_cast<size_t>(M) * per_row);
+  for (int m = 0; m < M; ++m) {
+    const float* row = x + static_cast<size_t>(m) * K;
+    for (int vw = 0; vw < per_row; ++vw) {
+      float lanes[32];
+      for (int l = 0; l < 32; ++l) {
+        float ss = 0.0f;
+        for (int u = 32 * vw + l; u < units; u += T)
+          for (int e = 0; e < 4; ++e) ss = std::fmaf(row[4 * u + e], row[4 * u + e], ss);
+        lanes[l] = ss;
+      }
+      for (int off = 16; off > 0; off /= 2) {
+        float next[32];
+        for (int l = 0; l < 32; ++l) next[l] = lanes[l] + lanes[l ^ off];
+        std::copy(next, next + 32, lanes);
+      }
+      out[static_cast<size_t>(m) * per_row + vw] = lanes[0];
+    }
+  }
+  return out;
+}
+
+// The case's first M rows' partials (twin), on the device: what gemm_w4a16_residual_norm_partials writes for them.
+DeviceBuffer<float> case_partials(const Case& c, int M) {
+  return DeviceBuffer<float>(norm_partials_twin(c.x_host.data(), M, c.K()));
+}
 
 // rmsnorm_bf16 of the case's first M rows into a poisoned BF16 buffer (the unfused chain's first launch).
 void reference_norm(const Case& c, int M, DeviceBuffer<uint16_t>& xn) {
@@ -161,12 +196,17 @@ void reference_norm(const Case& c, int M, DeviceBuffer<uint16_t>& xn) {
 
 // Epilogue ep (store_bf16, swiglu_bf16 or residual_f32) of the case on tiling t (or the public launchers when t is
 // null): norm prologue vs rmsnorm_bf16 + the plain GEMM, bit for bit; the output is written everywhere.
-void check_epilogue(const w4::Tiling* t, w4::Epilogue ep, const Case& c, int M, uint32_t seed) {
+// With partials: the norm-prologue launch is given the rows' partials (the twin's, which the residual GEMM's are
+// checked equal to below) instead of summing the rows itself.
+void check_epilogue(const w4::Tiling* t, w4::Epilogue ep, const Case& c, int M, uint32_t seed, bool partials = false) {
   const int N = c.N(), K = c.K(), group = c.group();
   const ScaleType st = c.st();
   SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K << " group " << group << " scales "
                                   << (st == ScaleType::F16 ? "fp16" : "bf16") << " epilogue " << static_cast<int>(ep)
-                                  << " tiling " << (t ? describe(*t) : std::string("library")));
+                                  << " tiling " << (t ? describe(*t) : std::string("library"))
+                                  << (partials ? " with norm partials" : ""));
+  const DeviceBuffer<float> sums = partials ? case_partials(c, M) : DeviceBuffer<float>(1);
+  const float* const np = partials ? sums.p : nullptr;
   const bool swiglu = ep == w4::Epilogue::swiglu_bf16, residual = ep == w4::Epilogue::residual_f32;
   const uint32_t* words = swiglu ? c.words_swiglu.p : c.words.p;
   const uint16_t* scales = swiglu ? c.scales_swiglu.p : c.scales.p;
@@ -206,13 +246,13 @@ void check_epilogue(const w4::Tiling* t, w4::Epilogue ep, const Case& c, int M, 
   ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::gemm_w4a16_last_error();
   if (t) {
     e = cuda::gemm_w4a16_rmsnorm_epilogue_with_tiling(*t, ep, c.x.p, c.gamma.p, kEps, words, scales, out_got, M, N, K,
-                                                      group, st, ws_got.p, ws_bytes, nullptr);
+                                                      group, st, ws_got.p, ws_bytes, nullptr, np);
   } else if (swiglu) {
     e = cuda::gemm_w4a16_rmsnorm_swiglu(c.x.p, c.gamma.p, kEps, words, scales, bf(y_got.p), M, N, K, group, st,
-                                        ws_got.p, ws_bytes, nullptr);
+                                        ws_got.p, ws_bytes, nullptr, np);
   } else {
     e = cuda::gemm_w4a16_rmsnorm(c.x.p, c.gamma.p, kEps, words, scales, bf(y_got.p), M, N, K, group, st, ws_got.p,
-                                 ws_bytes, nullptr);
+                                 ws_bytes, nullptr, np);
   }
   ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::gemm_w4a16_last_error();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -306,14 +346,18 @@ test::QkvCaseMeta make_qkv_inputs(const QkvShape& s, int M, uint32_t seed) {
 
 // gemm_w4a16_rmsnorm_qkv_rope_append (tiling t, or the library's when null) vs rmsnorm_bf16 then
 // gemm_w4a16_qkv_rope_append on the same tiling: qkv, q_out and every page-pool byte.
-void check_qkv(const w4::Tiling* t, KvFormat format, const QkvShape& s, const Case& c, int M, uint32_t seed) {
+void check_qkv(const w4::Tiling* t, KvFormat format, const QkvShape& s, const Case& c, int M, uint32_t seed,
+               bool partials = false) {
+  const DeviceBuffer<float> sums = partials ? case_partials(c, M) : DeviceBuffer<float>(1);
+  const float* const np = partials ? sums.p : nullptr;
   const int N = c.N(), K = c.K(), group = c.group();
   const ScaleType st = c.st();
   const int hb = static_cast<int>(formats::kv_hadamard_block(format, s.head_dim));
   const bool hadamard = format == KvFormat::INT4_HADAMARD;
   SCOPED_TRACE(testing::Message() << formats::kv_format_name(format) << " heads " << s.n_heads << "/" << s.n_kv
                                   << " head_dim " << s.head_dim << " M " << M << " K " << K << " group " << group
-                                  << " tiling " << (t ? describe(*t) : std::string("library")) << " seed " << seed);
+                                  << " tiling " << (t ? describe(*t) : std::string("library")) << " seed " << seed
+                                  << (partials ? " with norm partials" : ""));
   const test::QkvCaseMeta in = make_qkv_inputs(s, M, seed);
   const formats::KvPageLayout L = formats::kv_page_layout(format, s.head_dim);
   const size_t pool_bytes = static_cast<size_t>(in.n_pages) * s.n_kv * static_cast<size_t>(L.page_bytes);
@@ -341,11 +385,11 @@ void check_qkv(const w4::Tiling* t, KvFormat format, const QkvShape& s, const Ca
   e = t ? cuda::gemm_w4a16_rmsnorm_qkv_rope_append_with_tiling(
               *t, c.x.p, c.gamma.p, kEps, c.words.p, c.scales.p, M, K, group, st, got.ws.p, ws_bytes, format,
               bf(got.qkv.p), s.n_heads, s.n_kv, s.head_dim, positions.p, inv_freq.p, page.p, slot.p, key_anchors, ra,
-              got.pool.p, hb, bf(got.q_out.p), nullptr)
+              got.pool.p, hb, bf(got.q_out.p), nullptr, np)
         : cuda::gemm_w4a16_rmsnorm_qkv_rope_append(c.x.p, c.gamma.p, kEps, c.words.p, c.scales.p, M, K, group, st,
                                                    got.ws.p, ws_bytes, format, bf(got.qkv.p), s.n_heads, s.n_kv,
                                                    s.head_dim, positions.p, inv_freq.p, page.p, slot.p, key_anchors,
-                                                   ra, got.pool.p, hb, bf(got.q_out.p), nullptr);
+                                                   ra, got.pool.p, hb, bf(got.q_out.p), nullptr, np);
   ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::gemm_w4a16_last_error();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
@@ -398,6 +442,139 @@ TEST(GemmW4A16NormGpu, QkvRopeAppendLlama8BShape) {
   uint32_t seed = 9900;
   for (KvFormat f : {KvFormat::INT4_HADAMARD, KvFormat::BF16})
     for (int M : {1, 3, 8}) check_qkv(nullptr, f, s, c, M, ++seed);
+}
+
+// --- norm partials -------------------------------------------------------------------------------------------------
+
+// The residual GEMM with norm partials (tiling t, or the public launcher when null) on fp32 rows r0 [M, N]: the
+// residual equals gemm_w4a16_residual's bit for bit, and the partials equal the twin's of those rows bit for bit;
+// nothing past [M, per_row] is written. Residual, partials and workspaces are poisoned first.
+void check_residual_partials(const w4::Tiling* t, const Case& c, int M, uint32_t seed) {
+  const int N = c.N(), K = c.K(), group = c.group();
+  const ScaleType st = c.st();
+  SCOPED_TRACE(testing::Message() << "residual with norm partials: M " << M << " N " << N << " K " << K << " group "
+                                  << group << " tiling " << (t ? describe(*t) : std::string("library")));
+  const int per_row = cuda::gemm_w4a16_norm_partials_per_row(N);
+  ASSERT_GT(per_row, 0);
+  const std::vector<float> r0 = random_rows(M, N, seed);
+  std::mt19937 rng(seed + 1);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<uint16_t> x(static_cast<size_t>(M) * K);
+  for (uint16_t& v : x) v = f32_to_bf16(dist(rng));
+  DeviceBuffer<uint16_t> xd(x);
+  const size_t ws_bytes = workspace_for(t, M, N, K);
+  DeviceBuffer<unsigned char> ws_ref(ws_bytes), ws_got(ws_bytes);
+  DeviceBuffer<float> r_ref(r0), r_got(r0), sums(static_cast<size_t>(M) * per_row + 16);
+  ASSERT_EQ(ws_ref.poison(), cudaSuccess);
+  ASSERT_EQ(ws_got.poison(), cudaSuccess);
+  ASSERT_EQ(sums.poison(), cudaSuccess);
+  cudaError_t e = t ? cuda::gemm_w4a16_epilogue_with_tiling(*t, w4::Epilogue::residual_f32, bf(xd.p), c.words.p,
+                                                            c.scales.p, r_ref.p, M, N, K, group, st, ws_ref.p,
+                                                            ws_bytes, nullptr)
+                    : cuda::gemm_w4a16_residual(bf(xd.p), c.words.p, c.scales.p, r_ref.p, M, N, K, group, st, ws_ref.p,
+                                                ws_bytes, nullptr);
+  ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::gemm_w4a16_last_error();
+  e = t ? cuda::gemm_w4a16_epilogue_with_tiling(*t, w4::Epilogue::residual_f32, bf(xd.p), c.words.p, c.scales.p,
+                                                r_got.p, M, N, K, group, st, ws_got.p, ws_bytes, nullptr, sums.p)
+        : cuda::gemm_w4a16_residual_norm_partials(bf(xd.p), c.words.p, c.scales.p, r_got.p, sums.p, M, N, K, group,
+                                                  st, ws_got.p, ws_bytes, nullptr);
+  ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::gemm_w4a16_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> a = r_ref.download(), b = r_got.download(), got = sums.download();
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_FALSE(std::isnan(a[i])) << "reference element " << i;
+  EXPECT_SAME_BITS(b, a, "residual");
+  std::vector<float> want = norm_partials_twin(a.data(), M, N);
+  const std::vector<float> got_rows(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(want.size()));
+  EXPECT_SAME_BITS(got_rows, want, "norm partial");
+  for (size_t i = want.size(); i < got.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &got[i], 4);
+    EXPECT_EQ(bits, 0xFFFFFFFFu) << "partial " << i << " past the rows was written";
+  }
+}
+
+// The twin itself: its partials add up to the rows' sum of squares (fp64, relative 1e-5: fp32 sums of <= 4096 terms
+// of one sign), and a row of width K has rmsnorm_bf16's warps per row.
+TEST(GemmW4A16NormPartialsHost, TwinSumsTheSquares) {
+  EXPECT_EQ(cuda::gemm_w4a16_norm_partials_per_row(576), 5);    // 144 float4: 160 threads
+  EXPECT_EQ(cuda::gemm_w4a16_norm_partials_per_row(64), 1);     // 16 float4: one warp
+  EXPECT_EQ(cuda::gemm_w4a16_norm_partials_per_row(4096), 32);  // 1024 threads
+  EXPECT_EQ(cuda::gemm_w4a16_norm_partials_per_row(8192), 32);  // capped at 1024 threads, two units each
+  EXPECT_EQ(cuda::gemm_w4a16_norm_partials_per_row(6), 0);
+  for (int K : {576, 4096, 8192, 14336}) {
+    const std::vector<float> x = random_rows(kMaxM, K, 5u + static_cast<uint32_t>(K));
+    const std::vector<float> p = norm_partials_twin(x.data(), kMaxM, K);
+    const int per_row = cuda::gemm_w4a16_norm_partials_per_row(K);
+    for (int m = 0; m < kMaxM; ++m) {
+      double want = 0.0, got = 0.0;
+      for (int k = 0; k < K; ++k) {
+        const double v = x[static_cast<size_t>(m) * K + k];
+        want += v * v;
+      }
+      for (int w = 0; w < per_row; ++w) got += p[static_cast<size_t>(m) * per_row + w];
+      EXPECT_NEAR(got, want, 1e-5 * want) << "K " << K << " row " << m;
+    }
+  }
+}
+
+// The residual GEMM's partials: N = 576 (5 virtual warps, a part-empty last one), 2048, 4096 (one unit per thread)
+// and 8192 (two), M = 1..8, one K slice (the partials kernel reads the rows back) and split K (the reduce writes
+// them), then the public launcher on the 8B o and down shapes.
+TEST(GemmW4A16NormPartialsGpu, ResidualGemmWritesTheTwinsPartials) {
+  FT_REQUIRE_HOPPER();
+  uint32_t seed = 12000;
+  for (int N : {576, 2048, 4096, 8192}) {
+    const Case c(N, 1024, 64, N == 576 ? ScaleType::F16 : ScaleType::BF16, seed += 10);
+    for (int M = 1; M <= kMaxM; ++M) {
+      w4::Tiling base;
+      ASSERT_EQ(cuda::gemm_w4a16_plan_config(M, N, 1024, 64, c.st(), w4::V4Config{}, &base), cudaSuccess);
+      std::vector<int> splits = {1, 3, base.splits};
+      for (int sp : splits) {
+        w4::Tiling t = base;
+        t.splits = sp;
+        check_residual_partials(&t, c, M, ++seed);
+      }
+    }
+  }
+  const Case o(4096, 4096, 128, ScaleType::BF16, 81), down(4096, 14336, 128, ScaleType::BF16, 82);
+  for (int M = 1; M <= kMaxM; ++M) {
+    check_residual_partials(nullptr, o, M, ++seed);
+    check_residual_partials(nullptr, down, M, ++seed);
+  }
+}
+
+// The norm-prologue GEMMs given the partials: bit for bit rmsnorm_bf16 + the GEMM, for every K of the sweep, the
+// three epilogues, M = 1..8, the default shape with one slice and the planner's split, and the public launchers.
+TEST(GemmW4A16NormPartialsGpu, PrologueWithPartialsMatchesRmsnormThenGemm) {
+  FT_REQUIRE_HOPPER();
+  uint32_t seed = 13000;
+  for (int K : kKs) {
+    const Case c(256, K, 64, K % 128 == 0 ? ScaleType::BF16 : ScaleType::F16, seed += 10);
+    for (int M = 1; M <= kMaxM; ++M) {
+      w4::Tiling base;
+      ASSERT_EQ(cuda::gemm_w4a16_plan_config(M, 256, K, 64, c.st(), w4::V4Config{}, &base), cudaSuccess);
+      for (int sp : {1, base.splits}) {
+        w4::Tiling t = base;
+        t.splits = sp;
+        if (w4::smem_layout(t, K, 64).total + w4::kNormScratchBytes > w4::DeviceLimits{}.smem_per_block) continue;
+        for (w4::Epilogue ep : {w4::Epilogue::store_bf16, w4::Epilogue::swiglu_bf16, w4::Epilogue::residual_f32})
+          check_epilogue(&t, ep, c, M, ++seed, true);
+      }
+    }
+  }
+  const Case qkv(6144, 4096, 128, ScaleType::BF16, 71);
+  const Case gate_up(2 * 14336, 4096, 128, ScaleType::F16, 72);
+  for (int M = 1; M <= kMaxM; ++M) {
+    check_epilogue(nullptr, w4::Epilogue::store_bf16, qkv, M, ++seed, true);
+    check_epilogue(nullptr, w4::Epilogue::swiglu_bf16, gate_up, M, ++seed, true);
+  }
+  const QkvShape s{32, 8, 128};
+  const Case c8b((s.n_heads + 2 * s.n_kv) * s.head_dim, 4096, 128, ScaleType::BF16, 77);
+  for (KvFormat f : {KvFormat::INT4_HADAMARD, KvFormat::BF16})
+    for (int M : {1, 3, 8}) check_qkv(nullptr, f, s, c8b, M, ++seed, true);
+  const QkvShape small{8, 2, 64};
+  const Case c576((small.n_heads + 2 * small.n_kv) * small.head_dim, 576, 64, ScaleType::F16, 78);
+  for (int M : {1, 5, 8}) check_qkv(nullptr, KvFormat::INT4, small, c576, M, ++seed, true);
 }
 
 // --- host checks (no device) -----------------------------------------------------------------------------------------
@@ -458,6 +635,15 @@ TEST(GemmW4A16NormHost, RejectsBadArguments) {
                                             nullptr, 0, nullptr),
             cudaErrorInvalidValue);
   expect_message("gemm_w4a16_rmsnorm_swiglu: M = 12");
+  EXPECT_EQ(cuda::gemm_w4a16_rmsnorm(x, gamma, kEps, words, scales, bf(y), M, N, K, group, ScaleType::F16, nullptr, 0,
+                                     nullptr, reinterpret_cast<const float*>(reinterpret_cast<const char*>(gamma) + 2)),
+            cudaErrorInvalidValue);
+  expect_message("norm_partials must be 4-byte aligned");
+  alignas(16) static float residual[8 * N];
+  EXPECT_EQ(cuda::gemm_w4a16_residual_norm_partials(bf(y), words, scales, residual, nullptr, M, N, K, group,
+                                                    ScaleType::F16, nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
+  expect_message("gemm_w4a16_residual_norm_partials: norm_partials must be non-null");
 }
 
 // The qkv variant's checks name it: qkv_rope_kv_append's pointer rules, the shape rules and M.

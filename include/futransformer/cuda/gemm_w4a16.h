@@ -51,6 +51,19 @@ cudaError_t gemm_w4a16(const __nv_bfloat16* x, const uint32_t* w_packed, const u
 cudaError_t gemm_w4a16_residual(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
                                 float* residual, int M, int N, int K, int group, formats::ScaleType scale_type,
                                 void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// The same, and the RMSNorm partial sums of the updated residual rows into norm_partials ([M,
+// gemm_w4a16_norm_partials_per_row(N)] fp32, non-null, 4-byte aligned): for each row, the warp partials of
+// rmsnorm_bf16's float4 kernel (its threads' sums of squares, each warp's butterfly) computed from the rows this call
+// leaves. A gemm_w4a16_rmsnorm* launch given them adds them in that kernel's order instead of reading its rows in
+// full: the same bits, without the row sums on its critical path. When K is split the reduce kernel writes them as it
+// adds; otherwise a small kernel after the GEMM reads the rows back (the GEMM's store stays as it is).
+cudaError_t gemm_w4a16_residual_norm_partials(const __nv_bfloat16* x, const uint32_t* w_packed,
+                                              const uint16_t* scales, float* residual, float* norm_partials, int M,
+                                              int N, int K, int group, formats::ScaleType scale_type, void* workspace,
+                                              size_t workspace_bytes, cudaStream_t stream);
+// fp32 norm partials per row of width K (gemm_w4a16_residual_norm_partials, the rmsnorm launchers' norm_partials):
+// rmsnorm_bf16's warps per row, at most 32; 0 when K is not a positive multiple of 4.
+int gemm_w4a16_norm_partials_per_row(int K);
 // h[m, j] = bf16(silu(g) * u), g and u the BF16-rounded gate and up outputs j, for a gate|up weight of N = 2 * inter
 // rows (gate rows first) packed in the SwiGLU-interleaved row order (formats::Int4MmaRows::swiglu_interleaved).
 // h: BF16 [M, N / 2] row-major, 8-byte aligned (= gemm_w4a16 on the canonical packing, then swiglu_bf16).
@@ -91,7 +104,9 @@ cudaError_t gemm_w4a16_qkv_rope_append_can_implement(int M, int K, int group, fo
 // order, emulated by the CTA's warps), so the result is bit for bit rmsnorm_bf16(x, norm_weight, ·, M, K, eps)
 // followed by the named GEMM on the same tiling. x and norm_weight: fp32, non-null, 16-byte aligned (with K % 32 == 0
 // the conditions under which rmsnorm_bf16 takes that order); eps finite and >= 0. Only M <= 8 (the v4 swapped path;
-// not under FT_W4A16_VARIANT=v2); every CTA reads its M rows in full for the sums (M x K x 4 bytes from L2).
+// not under FT_W4A16_VARIANT=v2); every CTA reads its M rows in full for the sums (M x K x 4 bytes from L2) — unless
+// norm_partials is given: then it holds x's partials as gemm_w4a16_residual_norm_partials wrote them ([M,
+// gemm_w4a16_norm_partials_per_row(K)]), each CTA adds those and reads only its K slice of x; same bits.
 // Other arguments, workspace (gemm_w4a16_workspace_bytes(M, N, K)) and errors as the GEMM named.
 //
 // cudaSuccess when the norm-prologue launchers take the GEMM shape; otherwise cudaErrorInvalidValue and, when why is
@@ -102,12 +117,12 @@ cudaError_t gemm_w4a16_rmsnorm_can_implement(int M, int N, int K, int group, for
 cudaError_t gemm_w4a16_rmsnorm(const float* x, const float* norm_weight, float eps, const uint32_t* w_packed,
                                const uint16_t* scales, __nv_bfloat16* y, int M, int N, int K, int group,
                                formats::ScaleType scale_type, void* workspace, size_t workspace_bytes,
-                               cudaStream_t stream);
+                               cudaStream_t stream, const float* norm_partials = nullptr);
 // = rmsnorm_bf16, then gemm_w4a16_swiglu into h (gate|up packed swiglu_interleaved).
 cudaError_t gemm_w4a16_rmsnorm_swiglu(const float* x, const float* norm_weight, float eps, const uint32_t* w_packed,
                                       const uint16_t* scales, __nv_bfloat16* h, int M, int N, int K, int group,
                                       formats::ScaleType scale_type, void* workspace, size_t workspace_bytes,
-                                      cudaStream_t stream);
+                                      cudaStream_t stream, const float* norm_partials = nullptr);
 // = rmsnorm_bf16, then gemm_w4a16_qkv_rope_append (split K: the prologue in the reduce; else the GEMM's store, then
 // qkv_rope_kv_append's kernel), with its arguments and checks.
 cudaError_t gemm_w4a16_rmsnorm_qkv_rope_append(
@@ -115,7 +130,8 @@ cudaError_t gemm_w4a16_rmsnorm_qkv_rope_append(
     int K, int group, formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, formats::KvFormat format,
     __nv_bfloat16* qkv, int n_heads, int n_kv_heads, int head_dim, const int32_t* positions, const float* inv_freq,
     const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors, const int32_t* row_anchor,
-    uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream);
+    uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream,
+    const float* norm_partials = nullptr);
 
 // Whether gemm_w4a16 (and every epilogue variant) splits K for this shape on the current device, i.e. whether
 // gemm_w4a16_qkv_rope_append runs its prologue in the split-K reduce. false for rejected shapes or without a device.

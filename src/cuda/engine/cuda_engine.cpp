@@ -259,6 +259,9 @@ class CudaEngineImpl final : public CudaEngine {
   DeviceArray<float> fp8_scales_;   // and its scales [rows]
   DeviceArray<float> fp8_block_scales_;  // fp8_block_swiglu: the down GEMM input's scales [rows, inter / 128]
   DeviceArray<float> rope_table_;        // fused FP8 qkv epilogue: the pass's RoPE (cos, sin) [rows, head_dim / 2, 2]
+  // fused_norm_partials: the residual stream's RMSNorm partials [kW4A16NormMaxM, gemm_w4a16_norm_partials_per_row]
+  // from the last residual GEMM, for the norm-prologue GEMM after it.
+  DeviceArray<float> norm_partials_;
   bool fp8_qkv_epilogue_ = false;        // FP8 passes run gemm_fp8_qkv (fused_fp8_qkv and the model / cache fit it)
   DeviceArray<int32_t> meta_, ids_;
   int32_t* meta_host_ = nullptr;      // pinned mirror of meta_
@@ -395,7 +398,9 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
                                                         : "fused (residual, SwiGLU, decode steps' qkv prologue in decode attention when K is split)")
                      : "fused (residual, SwiGLU, qkv prologue when K is split)")
               : "separate kernels");
-    if (opt_.fused_epilogues && opt_.fused_norm_prologue) d << " | RMSNorm in the qkv / gate|up GEMMs at <= 8 rows";
+    if (opt_.fused_epilogues && (opt_.fused_norm_prologue || opt_.fused_norm_partials))
+      d << " | RMSNorm in the qkv / gate|up GEMMs at <= 8 rows"
+        << (opt_.fused_norm_partials ? " (row sums from the residual GEMMs)" : "");
     if (dequant_min_rows_ > 0)
       d << " | INT4 passes of >= " << dequant_min_rows_ << " rows: dequantise to BF16 + cuBLAS";
     else
@@ -601,6 +606,10 @@ void CudaEngineImpl::allocate_buffers() {
                                  "FP8 down GEMM input block scales");
     }
   }
+  if (opt_.fused_norm_partials)
+    norm_partials_.allocate(static_cast<size_t>(std::min<int64_t>(R, cuda::kW4A16NormMaxM) *
+                                                cuda::gemm_w4a16_norm_partials_per_row(static_cast<int>(h))),
+                            "RMSNorm partials");
   const MetaLayout ml(R, S, pages_per_seq_);
   meta_.allocate(static_cast<size_t>(ml.total), "pass metadata");
   cuda_check(cudaMallocHost(reinterpret_cast<void**>(&meta_host_), static_cast<size_t>(ml.total) * sizeof(int32_t)),
@@ -609,7 +618,7 @@ void CudaEngineImpl::allocate_buffers() {
                                              qkv_.bytes() + q_.bytes() + att_.bytes() + delta_.bytes() +
                                              gate_up_.bytes() + act_.bytes() + ids_.bytes() + meta_.bytes() +
                                              fp8_codes_.bytes() + fp8_scales_.bytes() + fp8_block_scales_.bytes() + rope_table_.bytes() +
-                                             logits_bf16_.bytes());
+                                             logits_bf16_.bytes() + norm_partials_.bytes());
 
   size_t gemm_ws = 0;
   for (const DeviceLayer& l : layers_) {
@@ -811,7 +820,11 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
   // with fused epilogues): the norm runs inside the next GEMM's activation staging, from x_, instead of writing xn_.
   // Layer li > 0's attention norm goes into its qkv GEMM when the layer before ended with a fused down GEMM (which
   // then skips its norm kernel); the MLP norm into the gate|up GEMM after a fused o GEMM. Same bits either way.
-  const bool norm_prologue = !fp8 && opt_.fused_epilogues && opt_.fused_norm_prologue && rows <= cuda::kW4A16NormMaxM;
+  // With fused_norm_partials the residual GEMM before each such GEMM also writes the rows' norm partials
+  // (gemm_w4a16_residual_norm_partials) and the GEMM adds those instead of summing its rows' squares: same bits.
+  const bool norm_prologue = !fp8 && opt_.fused_epilogues &&
+                             (opt_.fused_norm_prologue || opt_.fused_norm_partials) && rows <= cuda::kW4A16NormMaxM;
+  float* const norm_partials = norm_prologue && opt_.fused_norm_partials ? norm_partials_.get() : nullptr;
   auto fused_down_of = [&](const DeviceLayer& l) {
     return opt_.fused_epilogues && l.down.kind() == DeviceLinear::Kind::Int4 && !l.down.dequant_path(rows, g);
   };
@@ -906,14 +919,14 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       p.hadamard_block = hadamard_block_;
       p.q_out = bf(q_);
       if (norm_in_qkv) {
-        l.qkv.forward_qkv_rope_append_rmsnorm(x_.get(), l.attn_norm.get(), eps, rows, bf(qkv_), p, g);
+        l.qkv.forward_qkv_rope_append_rmsnorm(x_.get(), l.attn_norm.get(), eps, rows, bf(qkv_), p, g, norm_partials);
         mark("RMSNorm + qkv GEMM + RoPE + KV append + q rotation");
       } else {
         l.qkv.forward_qkv_rope_append(bf(xn_), rows, bf(qkv_), p, g);
         mark("qkv GEMM + RoPE + KV append + q rotation");
       }
     } else if (norm_in_qkv) {
-      l.qkv.forward_rmsnorm(x_.get(), l.attn_norm.get(), eps, rows, bf(qkv_), g);
+      l.qkv.forward_rmsnorm(x_.get(), l.attn_norm.get(), eps, rows, bf(qkv_), g, norm_partials);
       mark("RMSNorm + qkv GEMM");
     } else {
       l.qkv.forward(bf(xn_), rows, qkv_.get(), false, g);
@@ -1086,7 +1099,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     const bool norm_in_gate_up =
         norm_prologue && fused_o && l.gate_up.swiglu_packed() && l.gate_up.norm_prologue(rows, g);
     if (fused_o) {
-      l.o.forward_residual(bf(att_), rows, x_.get(), bf(delta_), g);
+      l.o.forward_residual(bf(att_), rows, x_.get(), bf(delta_), g, norm_in_gate_up ? norm_partials : nullptr);
       mark("o GEMM + residual");
       if (!norm_in_gate_up)
         check_op(cuda::rmsnorm_bf16(x_.get(), l.mlp_norm.get(), bf(xn_), r, hh, eps, stream_), "MLP RMSNorm",
@@ -1098,7 +1111,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                "residual + MLP RMSNorm", cuda::fused_ops_last_error);
     }
     if (norm_in_gate_up) {
-      l.gate_up.forward_swiglu_rmsnorm(x_.get(), l.mlp_norm.get(), eps, rows, bf(act_), g);
+      l.gate_up.forward_swiglu_rmsnorm(x_.get(), l.mlp_norm.get(), eps, rows, bf(act_), g, norm_partials);
       mark("RMSNorm + gate|up GEMM + SwiGLU");
     } else if (l.gate_up.swiglu_packed()) {
       // On the dequantise + cuBLAS path: the GEMM into gate_up_ (canonical [gate | up] columns), then swiglu_bf16.
@@ -1111,7 +1124,8 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     }
     const bool last = li + 1 == layers_.size();
     if (fused_down) {
-      l.down.forward_residual(bf(act_), rows, x_.get(), bf(delta_), g);
+      l.down.forward_residual(bf(act_), rows, x_.get(), bf(delta_), g,
+                              !last && attn_norm_in_qkv(li + 1) ? norm_partials : nullptr);
       mark("down GEMM + residual");
       if (!last && !attn_norm_in_qkv(li + 1))
         check_op(cuda::rmsnorm_bf16(x_.get(), layers_[li + 1].attn_norm.get(), bf(xn_), r, hh, eps, stream_),

@@ -335,8 +335,10 @@ void DeviceLinear::forward(const __nv_bfloat16* x, int64_t M, void* y, bool y_f3
 
 
 void DeviceLinear::forward_residual(const __nv_bfloat16* x, int64_t M, float* residual, __nv_bfloat16* tmp,
-                                    const GemmContext& ctx) const {
+                                    const GemmContext& ctx, float* norm_partials) const {
   check(kind_ == Kind::Int4 && !swiglu_packed(), name_, ": forward_residual runs canonically packed INT4 weights");
+  check(norm_partials == nullptr || !dequant_path(M, ctx), "CUDA engine: ", name_,
+        ": norm partials at M = ", M, " would take the dequantise + cuBLAS path, which does not write them");
   if (dequant_path(M, ctx)) {
     check_tmp(tmp, residual, M * N_, M * N_ * static_cast<int64_t>(sizeof(float)), name_, "forward_residual");
     forward_dequant(x, M, tmp, ctx);
@@ -347,9 +349,16 @@ void DeviceLinear::forward_residual(const __nv_bfloat16* x, int64_t M, float* re
   }
   for (int64_t m0 = 0; m0 < M; m0 += kW4A16MaxM) {
     const int mc = static_cast<int>(std::min<int64_t>(kW4A16MaxM, M - m0));
-    const cudaError_t e = gemm_w4a16_residual(x + m0 * K_, packed_.get(), scales_.get(), residual + m0 * N_, mc,
-                                              static_cast<int>(N_), static_cast<int>(K_), static_cast<int>(group_),
-                                              scale_type_, ctx.workspace, ctx.workspace_bytes, ctx.stream);
+    const cudaError_t e =
+        norm_partials
+            ? gemm_w4a16_residual_norm_partials(
+                  x + m0 * K_, packed_.get(), scales_.get(), residual + m0 * N_,
+                  norm_partials + m0 * gemm_w4a16_norm_partials_per_row(static_cast<int>(N_)), mc,
+                  static_cast<int>(N_), static_cast<int>(K_), static_cast<int>(group_), scale_type_, ctx.workspace,
+                  ctx.workspace_bytes, ctx.stream)
+            : gemm_w4a16_residual(x + m0 * K_, packed_.get(), scales_.get(), residual + m0 * N_, mc,
+                                  static_cast<int>(N_), static_cast<int>(K_), static_cast<int>(group_), scale_type_,
+                                  ctx.workspace, ctx.workspace_bytes, ctx.stream);
     if (e != cudaSuccess) fail("CUDA engine: ", name_, ": W4A16 GEMM + residual (M ", mc, "): ",
                                e == cudaErrorInvalidValue ? gemm_w4a16_last_error() : cudaGetErrorString(e));
   }
@@ -412,38 +421,38 @@ bool DeviceLinear::norm_prologue(int64_t M, const GemmContext& ctx) const {
 }
 
 void DeviceLinear::forward_rmsnorm(const float* x, const float* norm_weight, float eps, int64_t M, __nv_bfloat16* y,
-                                   const GemmContext& ctx) const {
+                                   const GemmContext& ctx, const float* norm_partials) const {
   check(!swiglu_packed(), name_, ": packed SwiGLU-interleaved, so it runs through forward_swiglu_rmsnorm only");
   check(norm_prologue(M, ctx), "CUDA engine: ", name_, ": no RMSNorm prologue GEMM for M = ", M);
   const cudaError_t e = gemm_w4a16_rmsnorm(x, norm_weight, eps, packed_.get(), scales_.get(), y, static_cast<int>(M),
                                            static_cast<int>(N_), static_cast<int>(K_), static_cast<int>(group_),
-                                           scale_type_, ctx.workspace, ctx.workspace_bytes, ctx.stream);
+                                           scale_type_, ctx.workspace, ctx.workspace_bytes, ctx.stream, norm_partials);
   if (e != cudaSuccess) fail("CUDA engine: ", name_, ": RMSNorm + W4A16 GEMM (M ", M, "): ",
                              e == cudaErrorInvalidValue ? gemm_w4a16_last_error() : cudaGetErrorString(e));
 }
 
 void DeviceLinear::forward_swiglu_rmsnorm(const float* x, const float* norm_weight, float eps, int64_t M,
-                                          __nv_bfloat16* h, const GemmContext& ctx) const {
+                                          __nv_bfloat16* h, const GemmContext& ctx, const float* norm_partials) const {
   check(swiglu_packed(), name_, ": forward_swiglu_rmsnorm needs INT4 gate|up weights packed SwiGLU-interleaved");
   check(norm_prologue(M, ctx), "CUDA engine: ", name_, ": no RMSNorm prologue GEMM for M = ", M);
   const cudaError_t e = gemm_w4a16_rmsnorm_swiglu(x, norm_weight, eps, packed_.get(), scales_.get(), h,
                                                   static_cast<int>(M), static_cast<int>(N_), static_cast<int>(K_),
                                                   static_cast<int>(group_), scale_type_, ctx.workspace,
-                                                  ctx.workspace_bytes, ctx.stream);
+                                                  ctx.workspace_bytes, ctx.stream, norm_partials);
   if (e != cudaSuccess) fail("CUDA engine: ", name_, ": RMSNorm + W4A16 GEMM + SwiGLU (M ", M, "): ",
                              e == cudaErrorInvalidValue ? gemm_w4a16_last_error() : cudaGetErrorString(e));
 }
 
 void DeviceLinear::forward_qkv_rope_append_rmsnorm(const float* x, const float* norm_weight, float eps, int64_t M,
-                                                   __nv_bfloat16* qkv, const QkvRopeAppend& p,
-                                                   const GemmContext& ctx) const {
+                                                   __nv_bfloat16* qkv, const QkvRopeAppend& p, const GemmContext& ctx,
+                                                   const float* norm_partials) const {
   check(!swiglu_packed(), name_, ": forward_qkv_rope_append_rmsnorm runs canonically packed INT4 weights");
   check(norm_prologue(M, ctx), "CUDA engine: ", name_, ": no RMSNorm prologue GEMM for M = ", M);
   const cudaError_t e = gemm_w4a16_rmsnorm_qkv_rope_append(
       x, norm_weight, eps, packed_.get(), scales_.get(), static_cast<int>(M), static_cast<int>(K_),
       static_cast<int>(group_), scale_type_, ctx.workspace, ctx.workspace_bytes, p.format, qkv, p.n_heads,
       p.n_kv_heads, p.head_dim, p.positions, p.inv_freq, p.row_page, p.row_slot, p.key_anchors, p.row_anchor,
-      p.kv_pool, p.hadamard_block, p.q_out, ctx.stream);
+      p.kv_pool, p.hadamard_block, p.q_out, ctx.stream, norm_partials);
   if (e != cudaSuccess) fail("CUDA engine: ", name_, ": RMSNorm + W4A16 GEMM + RoPE + KV append (M ", M, "): ",
                              e == cudaErrorInvalidValue ? gemm_w4a16_last_error() : cudaGetErrorString(e));
 }

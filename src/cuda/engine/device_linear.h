@@ -111,8 +111,10 @@ class DeviceLinear {
   // When dequant_path(M, ctx) there is no fused epilogue: the GEMM writes BF16 [M, N] into tmp (16-byte aligned, not
   // overlapping the output; unused otherwise and then may be null) — gate|up dequantised in canonical [gate | up] row
   // order — and add_residual_bf16 / swiglu_bf16 follow: again forward + the separate op, bit for bit.
+  // norm_partials (not on the dequantise path, which throws Error then): the updated rows' RMSNorm partials as well,
+  // [M, gemm_w4a16_norm_partials_per_row(N)] fp32 (gemm_w4a16_residual_norm_partials), for a norm-prologue GEMM next.
   void forward_residual(const __nv_bfloat16* x, int64_t M, float* residual, __nv_bfloat16* tmp,
-                        const GemmContext& ctx) const;
+                        const GemmContext& ctx, float* norm_partials = nullptr) const;
   void forward_swiglu(const __nv_bfloat16* x, int64_t M, __nv_bfloat16* h, __nv_bfloat16* tmp,
                       const GemmContext& ctx) const;
   // Canonically packed INT4 [q | k | v] weights (N = (n_heads + 2 n_kv_heads) * head_dim): forward into qkv (BF16
@@ -126,15 +128,17 @@ class DeviceLinear {
   // The RMSNorm before this projection run inside its W4A16 GEMM (gemm_w4a16_rmsnorm*, futransformer/cuda/
   // gemm_w4a16.h): x is fp32 [M, K] (the residual stream), norm_weight fp32 [K], both 16-byte aligned. Bit for bit
   // rmsnorm_bf16(x, norm_weight, ·, M, K, eps) followed by forward / forward_swiglu / forward_qkv_rope_append on its
-  // output. Only where norm_prologue(M, ctx) holds; otherwise Error.
+  // output. Only where norm_prologue(M, ctx) holds; otherwise Error. norm_partials: x's partials from the
+  // forward_residual that wrote it (same bits, no row sums in the GEMM), or nullptr.
   // Whether these can run M rows: INT4, not the dequantise + cuBLAS path, M <= 8 and gemm_w4a16_rmsnorm_can_implement.
   bool norm_prologue(int64_t M, const GemmContext& ctx) const;
   void forward_rmsnorm(const float* x, const float* norm_weight, float eps, int64_t M, __nv_bfloat16* y,
-                       const GemmContext& ctx) const;
+                       const GemmContext& ctx, const float* norm_partials = nullptr) const;
   void forward_swiglu_rmsnorm(const float* x, const float* norm_weight, float eps, int64_t M, __nv_bfloat16* h,
-                              const GemmContext& ctx) const;
+                              const GemmContext& ctx, const float* norm_partials = nullptr) const;
   void forward_qkv_rope_append_rmsnorm(const float* x, const float* norm_weight, float eps, int64_t M,
-                                       __nv_bfloat16* qkv, const QkvRopeAppend& p, const GemmContext& ctx) const;
+                                       __nv_bfloat16* qkv, const QkvRopeAppend& p, const GemmContext& ctx,
+                                       const float* norm_partials = nullptr) const;
   // FP8 weights only: y BF16 [M, N] = (a_codes[M, K] · codesᵀ) · a_scales[m] · scales[n] (gemm_fp8), where a_codes /
   // a_scales are per-token FP8 (cuda/fp8_producers.h). Throws Error naming the projection when the GEMM refuses.
   void forward_fp8(const uint8_t* a_codes, const float* a_scales, int64_t M, __nv_bfloat16* y,

@@ -26,23 +26,35 @@ constexpr TunedV4Entry kEntries[] = {
     // M = 4 (thirteenth session, bench_gemm_w4a16-v13-sweep-m4-m8.json): o 8.71 -> 7.44 (w16s16n1), qkv 9.74 -> 9.21
     // (w24s8); at M = 8 neither beat the default by 4 % (qkv w24s8 10.38 -> 10.01, o level).
     {4096, 4096, 3, 5, "w16s16n1", 16, 16, 0, false, false, 1},
-    {6144, 4096, 3, 5, "w24s8", 24, 8, 0},
+    // qkv M = 1..8 on 24 warps, 8 slots: M = 4 from the thirteenth session's sweep (9.74 -> 9.21); M = 1..2 and 6..8
+    // from the eighteenth session's in-step sweep (FT_W4A16_TUNED_EXTRA, whole 8B step at batch 1 and 8, three
+    // alternating pairs: 1944, 1946, 1937 -> 1903, 1904, 1894 µs at batch 1 together with the down entry below,
+    // 2568, 2569, 2565 -> 2474, 2474, 2470 µs at batch 8; docs/results.md). Standalone the sweep had preferred w8s8
+    // at M = 1, which the step did not.
+    {6144, 4096, 1, 8, "w24s8", 24, 8, 0},
     {28672, 4096, 1, 2, "w28s8n7", 28, 8, 0, false, false, 7},  // gate_up M=1: 22.28 -> 19.87 (v11b; w24s8 21.27)
     {28672, 4096, 6, 8, "w28s8", 28, 8, 0},                 // gate_up M=8: 26.98 -> 20.97 (v11b; w24s8 22.52)
     {28672, 4096, 9, 16, "w16s16", 16, 16, 0},              // gate_up M=16: 33.23 -> 30.38
     {4096, 14336, 1, 2, "w24s8", 24, 8, 0},                 // down M=1: 18.52 -> 13.07 (v11; w16s16n1 14.85)
-    {4096, 14336, 6, 8, "wgmma_sx", 8, 8, 0, true, true},   // down M=8: 21.97 -> 17.39 (w8s8 19.37)
+    // down M=8: the warpgroup path measured 21.97 -> 17.39 µs standalone (w8s8 19.37), but in the step w24s8 took the
+    // 8B step at batch 8 from 2564, 2565 to 2490 µs (eighteenth session, same call).
+    {4096, 14336, 6, 8, "w24s8", 24, 8, 0},
     {4096, 14336, 9, 16, "wgmma_sx", 8, 8, 0, true, true},  // down M=16: 19.54 -> 18.87
     // INT4 LM head (vocabulary 128256), thirteenth session (bench_gemm_w4a16-v13-sweep-lm-head.json): at M = 1 the
     // default is best (82.90 µs, 78 % of 4.2 TB/s); at M = 32 the default is already wgmma_sx.
     {128256, 4096, 6, 8, "w8s8", 8, 8, 0},                  // lm_head M=8: 108.95 -> 85.85 (w24s8 90.97)
     // Llama-3.1-70B
-    {10240, 8192, 1, 2, "w8s8", 8, 8, 0},                   // qkv M=1: 21.72 -> 17.14
+    // qkv M=1: w8s8 measured 21.72 -> 17.14 standalone; in the 70B step w24s8 is faster (eighteenth session: 12216,
+    // 12233 -> 12001 µs at batch 1; with the o entry at M = 8 below, 12153, 12195 -> 12027, 12028 µs).
+    {10240, 8192, 1, 2, "w24s8", 24, 8, 0},
     {10240, 8192, 3, 5, "w16s16", 16, 16, 0},               // qkv M=4: 25.87 -> 23.41
     {10240, 8192, 6, 8, "w24s8", 24, 8, 0},                 // qkv M=8: 26.38 -> 20.29 (v11; wgmma_sx 22.44)
     {10240, 8192, 9, 16, "wgmma_sx", 8, 8, 0, true, true},  // qkv M=16: 26.06 -> 24.62
     {8192, 8192, 1, 2, "w24s8", 24, 8, 0},                  // o M=1: 20.33 -> 13.68 (v11; w16s16 14.47)
     {8192, 8192, 3, 5, "w24s8", 24, 8, 0},                  // o M=4: 16.76 -> 15.17 (v13; w28s8 15.47)
+    // o M=8: the 70B step at batch 8, 14400, 14404 -> 14150 µs (eighteenth session's in-step sweep; confirmed with the
+    // qkv entry above: 14395, 14381 -> 14072, 14067 µs).
+    {8192, 8192, 6, 8, "w24s8", 24, 8, 0},
     {8192, 8192, 9, 16, "wgmma_sx", 8, 8, 0, true, true},   // o M=16: 21.03 -> 20.06
     {57344, 8192, 1, 2, "w28s8n7", 28, 8, 0, false, false, 7},  // gate_up M=1: 78.36 -> 73.97 (v11b; w28s8 75.44)
     {57344, 8192, 3, 5, "w16s16", 16, 16, 0},               // gate_up M=4: 90.64 -> 84.70

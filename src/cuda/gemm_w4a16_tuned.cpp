@@ -33,8 +33,15 @@ constexpr TunedV4Entry kEntries[] = {
     // at M = 1, which the step did not.
     {6144, 4096, 1, 8, "w24s8", 24, 8, 0},
     {28672, 4096, 1, 2, "w28s8n7", 28, 8, 0, false, false, 7},  // gate_up M=1: 22.28 -> 19.87 (v11b; w24s8 21.27)
+    // gate_up M=4 and M=16 on w28s8, down M=4 on w28s8 and o M=16 on w16s16: the eighteenth session's in-step sweep,
+    // three alternating pairs each (8B step µs): batch 4 2443.9, 2439.8, 2441.3 -> 2292.2, 2295.8, 2295.7 (gate|up and
+    // down together; gate|up alone 2337.9); batch 16 3183.1, 3190.7, 3186.7 -> 3115.5, 3118.9, 3120.2 (gate|up and o;
+    // the M = 16 gate|up entry was w16s16, 33.23 -> 30.38 standalone).
+    {28672, 4096, 3, 5, "w28s8", 28, 8, 0},
     {28672, 4096, 6, 8, "w28s8", 28, 8, 0},                 // gate_up M=8: 26.98 -> 20.97 (v11b; w24s8 22.52)
-    {28672, 4096, 9, 16, "w16s16", 16, 16, 0},              // gate_up M=16: 33.23 -> 30.38
+    {28672, 4096, 9, 16, "w28s8", 28, 8, 0},
+    {4096, 14336, 3, 5, "w28s8", 28, 8, 0},
+    {4096, 4096, 9, 16, "w16s16", 16, 16, 0},
     {4096, 14336, 1, 2, "w24s8", 24, 8, 0},                 // down M=1: 18.52 -> 13.07 (v11; w16s16n1 14.85)
     // down M=8: the warpgroup path measured 21.97 -> 17.39 µs standalone (w8s8 19.37), but in the step w24s8 took the
     // 8B step at batch 8 from 2564, 2565 to 2490 µs (eighteenth session, same call).

@@ -164,4 +164,53 @@ TEST(W4A16NormOrder, TotalsMatchTheBlockReductionBitForBit) {
   EXPECT_GT(differing_orders, 0) << "the data never distinguishes summation orders: the check above is too weak";
 }
 
+// The norm partials written by the residual GEMM (gemm_w4a16_reduce_residual_norm_kernel, layout "Norm partials"):
+// global thread g of M * T is virtual thread v = g % T of row g / T; a real warp (32 consecutive g) is one virtual
+// warp of one row (T % 32 == 0), and lane 0 stores at norm_partial_index(row, v / 32, T / 32). Walked here: every
+// slot of [M][T / 32] written once, every unit summed once by virtual thread unit % T in round unit / T, and the
+// partials, added in order from 0, give rmsnorm_kernel's total bit for bit. norm_virtual_threads is T.
+TEST(W4A16NormOrder, ResidualKernelPartialsInRmsnormOrder) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int K : test_ks()) {
+    const int units = K / 4, T = virtual_threads(K);
+    ASSERT_EQ(w4::norm_virtual_threads(K), T) << "K " << K;
+    ASSERT_EQ(w4::norm_partials_per_row(K), T / kWarp) << "K " << K;
+    ASSERT_LE(w4::norm_partials_per_row(K), w4::kNormMaxVirtualWarps);
+    const int M = K % 3 == 0 ? 3 : 2;
+    std::vector<float> x(static_cast<size_t>(M) * K);
+    for (float& v : x) v = dist(rng) * 40.0f;
+    std::vector<float> partials(static_cast<size_t>(M) * (T / kWarp), std::nanf(""));
+    std::vector<int> writes(partials.size(), 0), visits(static_cast<size_t>(M) * units, 0);
+    for (int g0 = 0; g0 < M * T; g0 += kWarp) {  // one real warp
+      const int row = g0 / T;
+      std::vector<float> lanes(kWarp, 0.0f);
+      for (int lane = 0; lane < kWarp; ++lane) {
+        const int g = g0 + lane, v = g % T;
+        ASSERT_EQ(g / T, row) << "a warp spans two rows";
+        for (int u = v; u < units; u += T) {
+          ++visits[static_cast<size_t>(row) * units + u];
+          for (int e = 0; e < 4; ++e)
+            lanes[lane] = square_add(lanes[lane], x[static_cast<size_t>(row) * K + 4 * static_cast<size_t>(u) + e]);
+        }
+      }
+      const int slot = w4::norm_partial_index(row, (g0 % T) / kWarp, T / kWarp);
+      partials[static_cast<size_t>(slot)] = butterfly(lanes);
+      ++writes[static_cast<size_t>(slot)];
+    }
+    for (size_t i = 0; i < writes.size(); ++i) ASSERT_EQ(writes[i], 1) << "K " << K << " slot " << i;
+    for (size_t i = 0; i < visits.size(); ++i) ASSERT_EQ(visits[i], 1) << "K " << K << " unit " << i;
+    for (int m = 0; m < M; ++m) {
+      float total = 0.0f;
+      for (int w = 0; w < T / kWarp; ++w)
+        total = total + partials[static_cast<size_t>(w4::norm_partial_index(m, w, T / kWarp))];
+      const float want = block_total(&x[static_cast<size_t>(m) * K], K);
+      uint32_t a, b;
+      std::memcpy(&a, &total, 4);
+      std::memcpy(&b, &want, 4);
+      ASSERT_EQ(a, b) << "K " << K << " row " << m;
+    }
+  }
+}
+
 }  // namespace

@@ -60,6 +60,15 @@ __global__ void __launch_bounds__(256) gemm_w4a16_reduce_kernel(const float4* __
   }
 }
 
+// residual_add (gemm_w4a16_epilogue.cuh) on the four elements of a float4: r + float(bf16(s)) each.
+__device__ __forceinline__ float4 residual_add4(float4 r, const float4& s) {
+  r.x = residual_add(r.x, s.x);
+  r.y = residual_add(r.y, s.y);
+  r.z = residual_add(r.z, s.z);
+  r.w = residual_add(r.w, s.w);
+  return r;
+}
+
 // residual[m, n] += float(bf16(sum over slices)) (Epilogue::residual_f32); residual is [M, N] fp32 like the
 // partial sums, so float4 i of both is the same four elements.
 __global__ void __launch_bounds__(256) gemm_w4a16_reduce_residual_kernel(const float4* __restrict__ partial,
@@ -70,13 +79,8 @@ __global__ void __launch_bounds__(256) gemm_w4a16_reduce_residual_kernel(const f
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count4; i += stride) {
     // The residual is loaded before the slices, so its L2 round trip overlaps theirs (after the slice loop the
     // compiler would issue it only once the sums are done).
-    float4 r = residual[i];
-    const float4 s = sum_slices(partial, i, count4, splits);
-    r.x = residual_add(r.x, s.x);
-    r.y = residual_add(r.y, s.y);
-    r.z = residual_add(r.z, s.z);
-    r.w = residual_add(r.w, s.w);
-    residual[i] = r;
+    const float4 r = residual[i];
+    residual[i] = residual_add4(r, sum_slices(partial, i, count4, splits));
   }
 }
 
@@ -106,11 +110,7 @@ __global__ void __launch_bounds__(256) gemm_w4a16_reduce_residual_norm_kernel(co
     const int64_t i = static_cast<int64_t>(row) * units + u;
     float4 r = residual[i];
     if (splits > 0) {
-      const float4 s = sum_slices(partial, i, count4, splits);
-      r.x = residual_add(r.x, s.x);
-      r.y = residual_add(r.y, s.y);
-      r.z = residual_add(r.z, s.z);
-      r.w = residual_add(r.w, s.w);
+      r = residual_add4(r, sum_slices(partial, i, count4, splits));
       residual[i] = r;
     }
     ss = ops::sum_squares_add(ss, r);

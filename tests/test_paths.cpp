@@ -28,6 +28,8 @@ bool file_exists(const std::string& path) {
 
 std::string cli_path() { return FT_CLI_PATH; }
 
+std::string source_path(const std::string& relative) { return std::string(FT_SOURCE_DIR) + "/" + relative; }
+
 std::string make_temp_dir(const std::string& tag) {
   std::random_device rd;
   const auto dir = std::filesystem::temp_directory_path() /

@@ -15,6 +15,8 @@ std::string smollm2_gguf_path();
 bool file_exists(const std::string& path);
 // The futransformer executable built alongside the tests.
 std::string cli_path();
+// A file of this source tree (scripts, docs): the configured source directory + "/" + relative.
+std::string source_path(const std::string& relative);
 // A fresh empty temporary directory (removed at process exit is not guaranteed; it lives under /tmp).
 std::string make_temp_dir(const std::string& tag);
 

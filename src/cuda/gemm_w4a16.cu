@@ -266,7 +266,7 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   if (launched != cudaSuccess) return launched;
   if (norm_out) {
     // The residual rows' norm partials: rows * T threads of rmsnorm_kernel<true>'s T per row, whole warps.
-    const int vthreads = w4a16::norm_virtual_threads(N);
+    const int vthreads = ops::rmsnorm_threads(N, true);
     const int threads = M * vthreads;
     cudaLaunchAttribute nattr;
     cudaLaunchConfig_t ncfg{};
@@ -592,7 +592,7 @@ cudaError_t gemm_w4a16_residual(const __nv_bfloat16* x, const uint32_t* w_packed
 }
 
 int gemm_w4a16_norm_partials_per_row(int K) {
-  return K >= 4 && K % 4 == 0 ? w4a16::norm_partials_per_row(K) : 0;
+  return K >= 4 && K % 4 == 0 ? ops::rmsnorm_threads(K, true) / w4a16::kWarpSize : 0;
 }
 
 cudaError_t gemm_w4a16_residual_norm_partials(const __nv_bfloat16* x, const uint32_t* w_packed,

@@ -335,13 +335,7 @@ FT_HD int norm_partial_index(int row, int vw, int vwarps) { return row * vwarps 
 FT_HD int norm_scale_index(int row) { return kNormMaxRows * kNormMaxVirtualWarps + row; }
 // Norm partials in global memory (gemm_w4a16_residual_norm_partials writes them, a norm-prologue GEMM given them
 // reads them instead of running its pass 1): for each row of width K, the T / 32 virtual-warp partials above, row-major
-// at norm_partial_index(row, vw, T / 32). T = rmsnorm_threads(K, true) (gemm_w4a16.cu checks the two agree).
-FT_HD int norm_virtual_threads(int K) {
-  const int units = K / 4;
-  const int threads = (units + kWarpSize - 1) / kWarpSize * kWarpSize;
-  return threads < kNormMaxVirtualWarps * kWarpSize ? threads : kNormMaxVirtualWarps * kWarpSize;
-}
-FT_HD int norm_partials_per_row(int K) { return norm_virtual_threads(K) / kWarpSize; }
+// at norm_partial_index(row, vw, T / 32), T = rmsnorm_threads(K, true) as everywhere in this section.
 
 // --- Fused epilogues --------------------------------------------------------------------------------------
 // What the GEMM does with an output element acc[m, n] instead of storing bf16(acc) (with one K slice in the final

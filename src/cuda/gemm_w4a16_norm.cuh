@@ -25,7 +25,7 @@ struct NormKernelArgs : KernelArgs {
   const float* norm_weight;  // [K] fp32, 16-byte aligned
   float eps;
   // nullptr: pass 1 below sums the rows' squares. Otherwise the rows' partials as gemm_w4a16_residual_norm_partials
-  // wrote them ([M][norm_partials_per_row(K)], gemm_w4a16_layout.h "Norm partials"): pass 1 is skipped.
+  // wrote them ([M][rmsnorm_threads(K, true) / 32], gemm_w4a16_layout.h "Norm partials"): pass 1 is skipped.
   const float* norm_partials;
 };
 

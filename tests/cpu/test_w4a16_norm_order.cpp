@@ -168,15 +168,13 @@ TEST(W4A16NormOrder, TotalsMatchTheBlockReductionBitForBit) {
 // global thread g of M * T is virtual thread v = g % T of row g / T; a real warp (32 consecutive g) is one virtual
 // warp of one row (T % 32 == 0), and lane 0 stores at norm_partial_index(row, v / 32, T / 32). Walked here: every
 // slot of [M][T / 32] written once, every unit summed once by virtual thread unit % T in round unit / T, and the
-// partials, added in order from 0, give rmsnorm_kernel's total bit for bit. norm_virtual_threads is T.
+// partials, added in order from 0, give rmsnorm_kernel's total bit for bit.
 TEST(W4A16NormOrder, ResidualKernelPartialsInRmsnormOrder) {
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (int K : test_ks()) {
     const int units = K / 4, T = virtual_threads(K);
-    ASSERT_EQ(w4::norm_virtual_threads(K), T) << "K " << K;
-    ASSERT_EQ(w4::norm_partials_per_row(K), T / kWarp) << "K " << K;
-    ASSERT_LE(w4::norm_partials_per_row(K), w4::kNormMaxVirtualWarps);
+    ASSERT_LE(T / kWarp, w4::kNormMaxVirtualWarps);
     const int M = K % 3 == 0 ? 3 : 2;
     std::vector<float> x(static_cast<size_t>(M) * K);
     for (float& v : x) v = dist(rng) * 40.0f;

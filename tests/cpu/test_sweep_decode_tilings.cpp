@@ -88,24 +88,24 @@ TEST(SweepDecodeTilingsScript, AlternatesRunsAndTabulatesTheStepRows) {
 TEST(SweepDecodeTilingsScript, RejectsBadArguments) {
   const std::string dir = futransformer::test::make_temp_dir("sweep-bad");
   const std::string bench = write_stand_in(dir), out = quote(dir + "/out");
-  SweepResult r = sweep(bench, "/no-build " + out);
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("no candidate given"), std::string::npos) << r.err;
-  r = sweep(bench, "/no-build " + out + " fast");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("'fast' is not LABEL=ASSIGNMENTS"), std::string::npos) << r.err;
-  r = sweep(bench, "/no-build " + out + " --pairs 0 a=B=1");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("--pairs must be a positive count"), std::string::npos) << r.err;
-  r = sweep(bench, "/no-build " + out + " --warmup 3 a=B=1");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("unknown option --warmup"), std::string::npos) << r.err;
-  r = sweep(bench, "/no-build " + out + " 'a b=B=1'");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("label 'a b' must be"), std::string::npos) << r.err;
-  r = sweep(dir + "/missing-bench", "/no-build " + out + " a=B=1");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("is not an executable"), std::string::npos) << r.err;
+  struct Case {
+    std::string bench, args;
+    int exit_code;
+    const char* message;
+  };
+  const Case cases[] = {
+      {bench, "", 2, "no candidate given"},
+      {bench, " fast", 2, "'fast' is not LABEL=ASSIGNMENTS"},
+      {bench, " --pairs 0 a=B=1", 2, "--pairs must be a positive count"},
+      {bench, " --warmup 3 a=B=1", 2, "unknown option --warmup"},
+      {bench, " 'a b=B=1'", 2, "label 'a b' must be"},
+      {dir + "/missing-bench", " a=B=1", 1, "is not an executable"},
+  };
+  for (const Case& c : cases) {
+    const SweepResult r = sweep(c.bench, "/no-build " + out + c.args);
+    EXPECT_EQ(r.exit_code, c.exit_code) << c.args;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << ": " << r.err;
+  }
 }
 
 }  // namespace

@@ -137,17 +137,17 @@ struct Case {
   Int4Weight w;
   DeviceBuffer<uint32_t> words, words_swiglu;
   DeviceBuffer<uint16_t> scales, scales_swiglu;
-  DeviceBuffer<float> gamma, x;
   std::vector<float> x_host;  // x's values, for the norm partials' twin
+  DeviceBuffer<float> gamma, x;
   Case(int N, int K, int group, ScaleType st, uint32_t seed)
       : w(random_weight(N, K, group, st, seed)),
         words(formats::repack_int4_for_mma(w, Int4MmaRows::canonical)),
         words_swiglu(formats::repack_int4_for_mma(w, Int4MmaRows::swiglu_interleaved)),
         scales(formats::repack_int4_scales_for_mma(w, Int4MmaRows::canonical)),
         scales_swiglu(formats::repack_int4_scales_for_mma(w, Int4MmaRows::swiglu_interleaved)),
+        x_host(random_rows(kMaxM, K, seed + 2)),
         gamma(random_norm_weight(K, seed + 1)),
-        x(random_rows(kMaxM, K, seed + 2)),
-        x_host(random_rows(kMaxM, K, seed + 2)) {}
+        x(x_host) {}
   int N() const { return static_cast<int>(w.rows); }
   int K() const { return static_cast<int>(w.cols); }
   int group() const { return static_cast<int>(w.group); }

@@ -6,11 +6,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "cuda/gemm_w4a16.cuh"
@@ -109,8 +113,9 @@ using w4a16::KernelFn;
 // The kernel instance for a tiling; nullptr for a v4 (warps, stages) shape or m-tile count that is not compiled
 // (tiling_is_valid refuses those first).
 template <bool kF16>
-KernelFn pick_kernel(const Tiling& t) {
-  if (t.variant == w4a16::Variant::v4) return w4a16::v4_kernel_any(t, kF16);
+KernelFn pick_kernel(const Tiling& t, bool cluster) {  // cluster: the cluster-reduce instance (gemm_w4a16_cluster.cuh)
+  if (t.variant == w4a16::Variant::v4) return w4a16::v4_kernel_any(t, kF16, cluster);
+  if (cluster) return !t.rows8 && t.m_tiles == 1 ? w4a16::gemm_w4a16_kernel<1, false, kF16, true> : nullptr;
   if (t.rows8) return w4a16::gemm_w4a16_kernel<1, true, kF16>;
   switch (t.m_tiles) {
     case 1: return w4a16::gemm_w4a16_kernel<1, false, kF16>;
@@ -217,8 +222,34 @@ struct NormPrologue {
   const float* partials = nullptr;  // the rows' norm partials (gemm_w4a16_residual_norm_partials), or none
 };
 
-// Launches a tiling that fits the device (smem checked by the callers) after the workspace check; `out` is y (BF16
-// [M, N]), the fp32 residual [M, N] or h (BF16 [M, N / 2]) as the epilogue says. With qkv (ep store_bf16, out = qkv's
+std::atomic<int> g_cluster_reduce_override{-1};  // set_gemm_w4a16_cluster_reduce; -1: the environment's
+
+// Whether the device can place at least one cluster of cfg's shape for this kernel (clusters must fit one GPC),
+// cached per (kernel, block, shared memory, cluster size).
+bool cluster_fits(const void* entry, const cudaLaunchConfig_t& cfg) {
+  struct Key {
+    const void* entry;
+    unsigned threads, cluster;
+    size_t smem;
+    bool operator<(const Key& o) const {
+      return std::tie(entry, threads, cluster, smem) < std::tie(o.entry, o.threads, o.cluster, o.smem);
+    }
+  };
+  static std::mutex mu;
+  static std::map<Key, bool> cache;
+  const Key key{entry, cfg.blockDim.x, cfg.attrs[cfg.numAttrs - 1].val.clusterDim.y, cfg.dynamicSmemBytes};
+  std::lock_guard<std::mutex> lock(mu);
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  int clusters = 0;
+  bool ok = cudaOccupancyMaxActiveClusters(&clusters, entry, &cfg) == cudaSuccess && clusters > 0;
+  if (!ok) (void)cudaGetLastError();  // a refused query leaves no sticky error behind
+  cache.emplace(key, ok);
+  return ok;
+}
+
+// Launches a tiling that fits the device (smem checked by the callers) after the workspace check; a split K is
+// finished inside clusters where w4a16::cluster_reduce_applies and gemm_w4a16_cluster_reduce(), otherwise by the
+// reduce kernel; `out` is y (BF16 [M, N]), the fp32 residual [M, N] or h (BF16 [M, N / 2]) as the epilogue says. With qkv (ep store_bf16, out = qkv's
 // BF16 buffer): the split-K reduce is gemm_w4a16_reduce_qkv_kernel, and without a split the GEMM's BF16 store is
 // followed by qkv_rope_kv_append's kernel (see gemm_w4a16_qkv_rope_append). With norm: the norm-prologue instance of
 // the (v4 rows8) tiling, with kNormScratchBytes more shared memory after the ring. With norm_out (residual_f32 only):
@@ -241,7 +272,43 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   const KernelArgs args{x, reinterpret_cast<const uint4*>(w_packed), scales, y, static_cast<float*>(workspace),
                         M, N, K, group, t, residual, ep};
   const bool f16 = scale_type == formats::ScaleType::F16;
-  const KernelFn kernel = norm ? nullptr : (f16 ? pick_kernel<true>(t) : pick_kernel<false>(t));
+  // Split-K inside clusters of the column block's slices (gemm_w4a16_cluster.cuh) where it applies and the device
+  // can place such a cluster: the cluster-reduce instance, and no reduce kernel below.
+  bool cluster = norm == nullptr && qkv == nullptr && norm_out == nullptr && gemm_w4a16_cluster_reduce() &&
+                 w4a16::cluster_reduce_applies(t, M, K, group);
+  KernelFn kernel = norm ? nullptr : (f16 ? pick_kernel<true>(t, cluster) : pick_kernel<false>(t, cluster));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(N / (w4a16::kBlockN * t.warps_n)), static_cast<unsigned>(t.splits));
+  cfg.blockDim = dim3(static_cast<unsigned>(t.warps * w4a16::kWarpSize));
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  // Under programmatic_launch() the GEMM is a programmatic dependent of the kernel before it: its CTAs fetch
+  // weights and scales before griddepcontrol.wait and stage the activations after it (see the kernels).
+  cudaLaunchAttribute gemm_attr[2];
+  add_programmatic_attribute(&cfg, &gemm_attr[0]);
+  if (cluster && kernel == nullptr) {  // no cluster-reduce instance for this path: the reduce kernel
+    cluster = false;
+    kernel = f16 ? pick_kernel<true>(t, false) : pick_kernel<false>(t, false);
+  }
+  if (cluster) {
+    if (smem > 48 * 1024) {
+      if (const cudaError_t e = allow_smem(reinterpret_cast<const void*>(kernel), dev, d.smem_per_block);
+          e != cudaSuccess)
+        return e;
+    }
+    cudaLaunchAttribute& c = gemm_attr[cfg.numAttrs];
+    c.id = cudaLaunchAttributeClusterDimension;
+    c.val.clusterDim.x = 1;
+    c.val.clusterDim.y = static_cast<unsigned>(t.splits);
+    c.val.clusterDim.z = 1;
+    cfg.attrs = gemm_attr;
+    cfg.numAttrs += 1;
+    if (!cluster_fits(reinterpret_cast<const void*>(kernel), cfg)) {
+      cfg.numAttrs -= 1;
+      cluster = false;
+      kernel = f16 ? pick_kernel<true>(t, false) : pick_kernel<false>(t, false);
+    }
+  }
   const w4a16::NormKernelFn norm_kernel = norm ? w4a16::v4_norm_kernel_any(t, f16) : nullptr;
   const void* const entry = norm ? reinterpret_cast<const void*>(norm_kernel) : reinterpret_cast<const void*>(kernel);
   if (entry == nullptr)
@@ -250,15 +317,6 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   if (smem > 48 * 1024) {
     if (const cudaError_t e = allow_smem(entry, dev, d.smem_per_block); e != cudaSuccess) return e;
   }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(N / (w4a16::kBlockN * t.warps_n)), static_cast<unsigned>(t.splits));
-  cfg.blockDim = dim3(static_cast<unsigned>(t.warps * w4a16::kWarpSize));
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  // Under programmatic_launch() the GEMM is a programmatic dependent of the kernel before it: its CTAs fetch
-  // weights and scales before griddepcontrol.wait and stage the activations after it (see the kernels).
-  cudaLaunchAttribute gemm_attr;
-  add_programmatic_attribute(&cfg, &gemm_attr);
   const cudaError_t launched =
       norm ? cudaLaunchKernelEx(&cfg, norm_kernel,
                                 w4a16::NormKernelArgs{args, norm->x, norm->weight, norm->eps, norm->partials})
@@ -279,6 +337,7 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
                               N / 4, vthreads, t.splits == 1 ? 0 : t.splits);
   }
   if (t.splits == 1) return qkv ? fused::launch_qkv_kernel(qkv->args, qkv->format, M, true, stream) : cudaSuccess;
+  if (cluster) return cudaSuccess;  // finished inside the clusters
 
   // The reduce kernel applies the epilogue: one launch either way (N % 32 == 0, so M * N / 4 is exact).
   const int64_t count4 = static_cast<int64_t>(M) * N / 4;
@@ -754,5 +813,16 @@ cudaError_t gemm_w4a16_rmsnorm_qkv_rope_append_with_tiling(
                  kv_pool, hadamard_block, q_out, stream, &norm);
 }
 
+
+bool gemm_w4a16_cluster_reduce() {
+  static const bool env = [] {
+    const char* v = std::getenv("FT_W4A16_CLUSTER_REDUCE");
+    return v == nullptr || v[0] != '0';
+  }();
+  const int o = g_cluster_reduce_override.load();
+  return o >= 0 ? o == 1 : env;
+}
+
+void set_gemm_w4a16_cluster_reduce(int on) { g_cluster_reduce_override.store(on < 0 ? -1 : (on ? 1 : 0)); }
 
 }  // namespace futransformer::cuda

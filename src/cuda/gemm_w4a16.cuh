@@ -15,7 +15,9 @@
 //   exact), activations come from shared memory through ldmatrix, products accumulate in fp32 per group and
 //   are scaled in fp32 when a group ends, so FP16 scales are applied exactly as well.
 // - warps_k > 1 warps are reduced through shared memory in warp order; split-K slices write fp32 partial sums
-//   that gemm_w4a16_reduce_kernel (gemm_w4a16_reduce.cuh) adds in slice order: the result is deterministic.
+//   that gemm_w4a16_reduce_kernel (gemm_w4a16_reduce.cuh) adds in slice order: the result is deterministic. The
+//   kCluster instances (M = 9..16) keep the slices' sums in shared memory instead and finish them inside the
+//   cluster of the column block's slices, in the same order (gemm_w4a16_cluster.cuh).
 // - The final store applies the launch's epilogue (gemm_w4a16_epilogue.cuh): BF16 y, an fp32 residual add, or
 //   SwiGLU of an interleaved gate|up weight; with split-K the reduce kernel applies it instead.
 #pragma once
@@ -26,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cuda/gemm_w4a16_cluster.cuh"
 #include "cuda/gemm_w4a16_epilogue.cuh"
 #include "cuda/gemm_w4a16_layout.h"
 #include "cuda/ptx/bits.cuh"
@@ -49,6 +52,28 @@ struct KernelArgs {
 
   __device__ EpilogueOut out() const { return EpilogueOut{epilogue, y, residual, partial, M, N, tiling.splits}; }
 };
+
+// The epilogue outputs of a CTA of a cluster-reduce instance (kCluster): its slice's sums go to its shared memory,
+// from the start of the dynamic window (cluster_reduce_applies: the launcher checked that the tile fits there).
+__device__ __forceinline__ EpilogueOut cta_epilogue_out(const KernelArgs& args, unsigned char* smem) {
+  EpilogueOut o = args.out();
+  o.tile = reinterpret_cast<float*>(smem);
+  o.tile_cols = kBlockN * args.tiling.warps_n;
+  o.col0 = static_cast<int64_t>(blockIdx.x) * o.tile_cols;
+  return o;
+}
+
+// The end of a cluster-reduce instance (kCluster; launched in clusters of the column block's K slices): once every
+// warp is done with the shared memory the tile overlays (the staged rows, the ring, the reduction buffer), the
+// storing warps (`stores`: warp row wk == 0) put the CTA's sums into the tile through store(o), and the cluster
+// finishes them (cluster_finish). A separate instance, so the kernels without it keep their registers and code.
+template <class Store>
+__device__ __forceinline__ void cluster_tail(const KernelArgs& args, unsigned char* smem, bool stores, Store store) {
+  __syncthreads();
+  const EpilogueOut o = cta_epilogue_out(args, smem);
+  if (stores) store(o);
+  cluster_finish(o, static_cast<int>(blockDim.x), static_cast<int>(threadIdx.x));
+}
 
 // bf16x2 {u_lo - 8, u_hi - 8} from slot `kShift / 4` of a packed word.
 template <int kShift>
@@ -115,7 +140,7 @@ __device__ __forceinline__ void wait_then_stage_rows(const KernelArgs& args, int
   __syncthreads();
 }
 
-template <int kMT, bool kRows8, bool kF16Scales>
+template <int kMT, bool kRows8, bool kF16Scales, bool kCluster = false>
 __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_kernel(const KernelArgs args) {
   static_assert(kMT >= 1 && kMT <= kMaxMTiles, "m tiles must cover 16..64 rows");
   static_assert(!kRows8 || kMT == 1, "the 8-row activation path serves M <= 8 only");
@@ -261,12 +286,17 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kMT)) gemm_w4a16_k
       }
     }
   }
-  if (wk != 0) return;
-
-  const EpilogueOut o = args.out();
+  auto store = [&](const EpilogueOut& o) {
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-    store_c16_tile(o, nb, lane, mt, blockIdx.y, [&](int tile, int e) { return acc[mt][tile][e]; });
+    for (int mt = 0; mt < kMT; ++mt)
+      store_c16_tile(o, nb, lane, mt, blockIdx.y, [&](int tile, int e) { return acc[mt][tile][e]; });
+  };
+  if constexpr (kCluster) {
+    cluster_tail(args, smem, wk == 0, store);
+  } else {
+    if (wk != 0) return;
+    store(args.out());
+  }
 }
 
 }  // namespace futransformer::cuda::w4a16

@@ -31,6 +31,11 @@ struct EpilogueOut {
   float* residual;   // residual_f32: [M, N] fp32, read and written
   float* partial;    // [splits, M, N] fp32 when splits > 1 (the epilogue is then the reduce kernel's)
   int M, N, splits;
+  // Split-K finished inside a thread-block cluster (gemm_w4a16_cluster.cuh): with tile set, a K slice's sums go to
+  // this CTA's shared tile [M][tile_cols] (output column col0 + c at c) instead of partial.
+  float* tile = nullptr;
+  int64_t col0 = 0;
+  int tile_cols = 0;
 };
 
 // Stores of one 16-row m tile in the mma C layout (v2, and v4's 16-row path): acc(tile, e) is C element e of
@@ -45,7 +50,12 @@ __device__ __forceinline__ void store_c16_tile(const EpilogueOut& o, int64_t nb,
     const int row = mt * 16 + c_frag_row(lane, 2 * r);
     if (row >= o.M) continue;
     const int64_t col0 = nb * kBlockN + c_frag_col(lane, 0);  // + tile * 8
-    if (o.splits > 1) {
+    if (o.splits > 1 && o.tile != nullptr) {
+#pragma unroll
+      for (int tile = 0; tile < kTilesPerBlock; ++tile)
+        *reinterpret_cast<float2*>(o.tile + static_cast<int64_t>(row) * o.tile_cols + (col0 - o.col0) + tile * 8) =
+            make_float2(acc(tile, 2 * r), acc(tile, 2 * r + 1));
+    } else if (o.splits > 1) {
 #pragma unroll
       for (int tile = 0; tile < kTilesPerBlock; ++tile)
         *reinterpret_cast<float2*>(o.partial + (static_cast<int64_t>(slice) * o.M + row) * N + col0 + tile * 8) =
@@ -107,7 +117,9 @@ __device__ __forceinline__ void store_swapped(const EpilogueOut& o, int64_t nb, 
         const int m = 8 * mt + swap_c_m(lane, e);
         if (m >= o.M) continue;
         const int64_t n = nb * kBlockN + swap_c_n(lane, np, e);
-        if (o.splits > 1) {
+        if (o.splits > 1 && o.tile != nullptr) {
+          o.tile[static_cast<int64_t>(m) * o.tile_cols + (n - o.col0)] = acc(j, e);
+        } else if (o.splits > 1) {
           o.partial[(static_cast<int64_t>(slice) * o.M + m) * N + n] = acc(j, e);
         } else if (o.epilogue == Epilogue::store_bf16) {
           o.y[static_cast<int64_t>(m) * N + n] = __float2bfloat16_rn(acc(j, e));

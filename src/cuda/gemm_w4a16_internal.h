@@ -33,6 +33,15 @@ cudaError_t gemm_w4a16_plan(int M, int N, int K, int group, formats::ScaleType s
 cudaError_t gemm_w4a16_plan_config(int M, int N, int K, int group, formats::ScaleType scale_type,
                                    const w4a16::V4Config& config, w4a16::Tiling* tiling);
 
+// Split-K finished inside thread-block clusters (gemm_w4a16_cluster.cuh) instead of by the reduce kernel, for
+// launches that w4a16::cluster_reduce_applies to (2..kMaxClusterSplits K slices, M = kClusterMinRows..kClusterMaxRows,
+// the tile fits the shared memory), with the BF16 / residual / SwiGLU epilogues (not the qkv prologue nor the norm
+// partials) and a cluster the device can place. Process-wide: FT_W4A16_CLUSTER_REDUCE=0 turns it off (read once;
+// default on), set_gemm_w4a16_cluster_reduce overrides (tests; 0 / 1, -1 back to the environment's). The results are
+// the reduce kernel's bits either way.
+bool gemm_w4a16_cluster_reduce();
+void set_gemm_w4a16_cluster_reduce(int on);
+
 // gemm_w4a16 with an explicit tiling: the same argument checks, plus w4a16::tiling_is_valid and the tiling's
 // workspace (w4a16::workspace_bytes_for); cudaErrorInvalidValue with gemm_w4a16_last_error() otherwise.
 cudaError_t gemm_w4a16_with_tiling(const w4a16::Tiling& tiling, const __nv_bfloat16* x, const uint32_t* w_packed,

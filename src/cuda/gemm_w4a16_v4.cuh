@@ -133,7 +133,8 @@ struct GroupCursor {
 // m tiles those rows span, which sizes the register cap and the cross-warp reduction buffer). kCtaWarps warps per
 // CTA, kRing cp.async slots per thread. kNormRows: the RMSNorm prologue (one activation tile only); its dynamic shared
 // memory has kNormScratchBytes more after the ring (smem_layout(...).total).
-template <int kMT, int kSwapTiles, bool kF16Scales, int kCtaWarps = kWarps, int kRing = kStages, bool kNormRows = false>
+template <int kMT, int kSwapTiles, bool kF16Scales, int kCtaWarps = kWarps, int kRing = kStages, bool kNormRows = false,
+          bool kCluster = false>
 __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, kCtaWarps, kSwapTiles == 2))
     gemm_w4a16_v4_kernel(const std::conditional_t<kNormRows, NormKernelArgs, KernelArgs> args) {
   static_assert(kMT >= 1 && kMT <= kMaxMTiles, "m tiles must cover 16..64 rows");
@@ -458,21 +459,27 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
       }
     }
   }
-  if (wk != 0) return;
-
-  const EpilogueOut o = args.out();
-  if constexpr (kSwap32) {
-    // nb again from the block index: kept live across the main loop (two registers), it made swap32, at its cap of
-    // 128, spill 8 bytes.
-    const int64_t nb_out = static_cast<int64_t>(ptx::ctaid_x_reread()) * args.tiling.warps_n + wn;
-    store_swapped<kSwapTiles>(o, nb_out, lane, blockIdx.y, [&](int j, int e) { return acc[j][e]; });
-  } else if constexpr (kSwap) {
-    store_swapped<kSwapTiles>(o, nb, lane, blockIdx.y, [&](int j, int e) { return acc[j][e]; });
-  } else {
+  // The stores of warp row wk == 0 into `o` (the split-K workspace, the output or, kCluster, the CTA's tile).
+  auto store = [&](const EpilogueOut& o) {
+    if constexpr (kSwap32) {
+      // nb again from the block index: kept live across the main loop (two registers), it made swap32, at its cap
+      // of 128, spill 8 bytes.
+      const int64_t nb_out = static_cast<int64_t>(ptx::ctaid_x_reread()) * args.tiling.warps_n + wn;
+      store_swapped<kSwapTiles>(o, nb_out, lane, blockIdx.y, [&](int j, int e) { return acc[j][e]; });
+    } else if constexpr (kSwap) {
+      store_swapped<kSwapTiles>(o, nb, lane, blockIdx.y, [&](int j, int e) { return acc[j][e]; });
+    } else {
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-      store_c16_tile(o, nb, lane, mt, blockIdx.y,
-                     [&](int tile, int e) { return acc[mt * kTilesPerBlock + tile][e]; });
+      for (int mt = 0; mt < kMT; ++mt)
+        store_c16_tile(o, nb, lane, mt, blockIdx.y,
+                       [&](int tile, int e) { return acc[mt * kTilesPerBlock + tile][e]; });
+    }
+  };
+  if constexpr (kCluster) {
+    cluster_tail(args, smem, wk == 0, store);
+  } else {
+    if (wk != 0) return;
+    store(args.out());
   }
 }
 

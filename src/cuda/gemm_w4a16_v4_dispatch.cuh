@@ -13,11 +13,18 @@ using KernelFn = void (*)(KernelArgs);
 // The instance for a v4 tiling of shape (kCtaWarps, kRing): the swapped paths (rows8, swap16, swap32 with three or
 // four activation tiles), the 16-row path with t.m_tiles tiles. Non-default shapes serve M <= 16 only (one m tile):
 // nullptr for more.
-template <int kCtaWarps, int kRing, bool kF16>
+// kCluster: the cluster-reduce instance, compiled only for the paths cluster_reduce_applies allows (M = 9..16: swap16
+// and the one-tile 16-row path); nullptr for the others.
+template <int kCtaWarps, int kRing, bool kF16, bool kCluster>
 KernelFn v4_kernel_for_scales(const Tiling& t) {
-  if (t.rows8) return gemm_w4a16_v4_kernel<1, 1, kF16, kCtaWarps, kRing>;
-  if (t.swap16) return gemm_w4a16_v4_kernel<1, 2, kF16, kCtaWarps, kRing>;
-  if constexpr (kCtaWarps == kWarps && kRing == kStages) {
+  if (t.rows8) {
+    if constexpr (kCluster) return nullptr;
+    else return gemm_w4a16_v4_kernel<1, 1, kF16, kCtaWarps, kRing>;
+  }
+  if (t.swap16) return gemm_w4a16_v4_kernel<1, 2, kF16, kCtaWarps, kRing, false, kCluster>;
+  if constexpr (kCluster) {
+    return t.m_tiles == 1 && !t.swap32 ? gemm_w4a16_v4_kernel<1, 0, kF16, kCtaWarps, kRing, false, true> : nullptr;
+  } else if constexpr (kCtaWarps == kWarps && kRing == kStages) {
     if (t.swap32)
       return swap_tiles(false, false, true, t.rows) == 3 ? gemm_w4a16_v4_kernel<2, 3, kF16>
                                                           : gemm_w4a16_v4_kernel<2, 4, kF16>;
@@ -32,9 +39,14 @@ KernelFn v4_kernel_for_scales(const Tiling& t) {
   }
 }
 
+// cluster: the instance that finishes split-K inside a cluster of the column block's slices (gemm_w4a16_cluster.cuh).
 template <int kCtaWarps, int kRing>
-KernelFn v4_kernel(const Tiling& t, bool f16_scales) {
-  return f16_scales ? v4_kernel_for_scales<kCtaWarps, kRing, true>(t) : v4_kernel_for_scales<kCtaWarps, kRing, false>(t);
+KernelFn v4_kernel(const Tiling& t, bool f16_scales, bool cluster) {
+  if (cluster)
+    return f16_scales ? v4_kernel_for_scales<kCtaWarps, kRing, true, true>(t)
+                      : v4_kernel_for_scales<kCtaWarps, kRing, false, true>(t);
+  return f16_scales ? v4_kernel_for_scales<kCtaWarps, kRing, true, false>(t)
+                    : v4_kernel_for_scales<kCtaWarps, kRing, false, false>(t);
 }
 
 using NormKernelFn = void (*)(NormKernelArgs);
@@ -47,12 +59,12 @@ NormKernelFn v4_norm_kernel(bool f16_scales) {
 }
 
 // Defined (explicitly instantiated) in the per-shape files; other translation units only call them.
-extern template KernelFn v4_kernel<8, 16>(const Tiling&, bool);
-extern template KernelFn v4_kernel<8, 32>(const Tiling&, bool);
-extern template KernelFn v4_kernel<16, 16>(const Tiling&, bool);
-extern template KernelFn v4_kernel<8, 8>(const Tiling&, bool);
-extern template KernelFn v4_kernel<24, 8>(const Tiling&, bool);
-extern template KernelFn v4_kernel<28, 8>(const Tiling&, bool);
+extern template KernelFn v4_kernel<8, 16>(const Tiling&, bool, bool);
+extern template KernelFn v4_kernel<8, 32>(const Tiling&, bool, bool);
+extern template KernelFn v4_kernel<16, 16>(const Tiling&, bool, bool);
+extern template KernelFn v4_kernel<8, 8>(const Tiling&, bool, bool);
+extern template KernelFn v4_kernel<24, 8>(const Tiling&, bool, bool);
+extern template KernelFn v4_kernel<28, 8>(const Tiling&, bool, bool);
 extern template NormKernelFn v4_norm_kernel<8, 16>(bool);
 extern template NormKernelFn v4_norm_kernel<8, 32>(bool);
 extern template NormKernelFn v4_norm_kernel<16, 16>(bool);
@@ -64,17 +76,17 @@ static_assert(sizeof(kV4KernelShapes) / sizeof(kV4KernelShapes[0]) == 6,
 
 // The warpgroup path's instance for a tiling with wgmma set (gemm_w4a16_wg.cu): one per activation tile count and
 // scale type; nullptr for M > kWgMaxM or a CTA shape other than the default.
-KernelFn wg_kernel_any(const Tiling& t, bool f16_scales);
+KernelFn wg_kernel_any(const Tiling& t, bool f16_scales, bool cluster);
 
-// The instance for any v4 tiling, nullptr when its shape is not compiled.
-inline KernelFn v4_kernel_any(const Tiling& t, bool f16_scales) {
-  if (t.wgmma) return wg_kernel_any(t, f16_scales);
-  if (t.warps == 8 && t.stages == 16) return v4_kernel<8, 16>(t, f16_scales);
-  if (t.warps == 8 && t.stages == 32) return v4_kernel<8, 32>(t, f16_scales);
-  if (t.warps == 16 && t.stages == 16) return v4_kernel<16, 16>(t, f16_scales);
-  if (t.warps == 8 && t.stages == 8) return v4_kernel<8, 8>(t, f16_scales);
-  if (t.warps == 24 && t.stages == 8) return v4_kernel<24, 8>(t, f16_scales);
-  if (t.warps == 28 && t.stages == 8) return v4_kernel<28, 8>(t, f16_scales);
+// The instance for any v4 tiling (cluster: its cluster-reduce instance), nullptr when its shape is not compiled.
+inline KernelFn v4_kernel_any(const Tiling& t, bool f16_scales, bool cluster = false) {
+  if (t.wgmma) return wg_kernel_any(t, f16_scales, cluster);
+  if (t.warps == 8 && t.stages == 16) return v4_kernel<8, 16>(t, f16_scales, cluster);
+  if (t.warps == 8 && t.stages == 32) return v4_kernel<8, 32>(t, f16_scales, cluster);
+  if (t.warps == 16 && t.stages == 16) return v4_kernel<16, 16>(t, f16_scales, cluster);
+  if (t.warps == 8 && t.stages == 8) return v4_kernel<8, 8>(t, f16_scales, cluster);
+  if (t.warps == 24 && t.stages == 8) return v4_kernel<24, 8>(t, f16_scales, cluster);
+  if (t.warps == 28 && t.stages == 8) return v4_kernel<28, 8>(t, f16_scales, cluster);
   return nullptr;
 }
 

@@ -3,7 +3,7 @@
 
 namespace futransformer::cuda::w4a16 {
 
-template KernelFn v4_kernel<16, 16>(const Tiling&, bool);
+template KernelFn v4_kernel<16, 16>(const Tiling&, bool, bool);
 template NormKernelFn v4_norm_kernel<16, 16>(bool);
 
 }  // namespace futransformer::cuda::w4a16

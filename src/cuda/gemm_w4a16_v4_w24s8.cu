@@ -6,7 +6,7 @@
 
 namespace futransformer::cuda::w4a16 {
 
-template KernelFn v4_kernel<24, 8>(const Tiling&, bool);
+template KernelFn v4_kernel<24, 8>(const Tiling&, bool, bool);
 template NormKernelFn v4_norm_kernel<24, 8>(bool);
 
 }  // namespace futransformer::cuda::w4a16

@@ -96,7 +96,7 @@ __device__ __forceinline__ void wg_stage_panel(const WgPanelCopy& pc, int j, uin
 
 // kStream: activations streamed through the panel ring (Tiling::stream_x: warps_k = 1, kWgStreamStages weight slots)
 // instead of staged for the whole slice.
-template <int kTiles, bool kF16Scales, bool kStream = false>
+template <int kTiles, bool kF16Scales, bool kStream = false, bool kCluster = false>
 __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_kernel(const KernelArgs args) {
   static_assert(kTiles >= 1 && kTiles <= kWgMaxM / 8, "one to four n = 8 activation tiles");
   constexpr int kAccRegs = 4 * kTiles;  // fp32 registers of one m64n(8 kTiles) accumulator per thread
@@ -288,8 +288,13 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
       }
     }
   }
-  if (wk != 0) return;
-  store_swapped<kTiles>(args.out(), nb, lane, blockIdx.y, acc_at);
+  if constexpr (kCluster) {
+    cluster_tail(args, smem, wk == 0,
+                 [&](const EpilogueOut& o) { store_swapped<kTiles>(o, nb, lane, blockIdx.y, acc_at); });
+  } else {
+    if (wk != 0) return;
+    store_swapped<kTiles>(args.out(), nb, lane, blockIdx.y, acc_at);
+  }
 }
 
 }  // namespace futransformer::cuda::w4a16

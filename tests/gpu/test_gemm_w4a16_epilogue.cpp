@@ -5,7 +5,8 @@
 // reached: v4 swapped (M <= 8), v4 swapped two-tile (swap16), three/four-tile (swap32, M = 17..32), v4 and v2 16-row
 // tiles (one to four), each with one K
 // slice (epilogue in the GEMM kernel) and with split-K (epilogue in the reduce kernel). Outputs and the split-K
-// workspace are NaN-poisoned before each launch. The plain GEMM itself is checked against the CPU twin in
+// workspace are NaN-poisoned before each launch. Split-K finished inside clusters is checked against the reduce kernel
+// (ClusterSplitKEqualsReduceKernel). The plain GEMM itself is checked against the CPU twin in
 // test_gemm_w4a16.cpp; here the residual chain is also checked against the host's fp32 add of its BF16 y.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -281,6 +282,87 @@ TEST(GemmW4A16EpilogueGpu, LlamaDecodeShapes) {
   for (int M : {1, 4, 16}) {
     check_swiglu(nullptr, canon, inter_p, gu, M, 310 + M);
     check_residual(nullptr, dp, down, M, 330 + M);
+  }
+}
+
+// One launch on tiling t with epilogue ep (store_bf16: the plain GEMM) into a poisoned `out` (residual_f32: r0 first)
+// and a poisoned workspace; returns the output's bytes and sets *ws_untouched to whether every workspace byte is
+// still the poison.
+std::vector<unsigned char> run_on_tiling(const w4::Tiling& t, w4::Epilogue ep, const Packed& p, const Int4Weight& w,
+                                         const DeviceBuffer<uint16_t>& x, int M, const std::vector<float>& r0,
+                                         bool* ws_untouched) {
+  const int N = static_cast<int>(w.rows), K = static_cast<int>(w.cols), group = static_cast<int>(w.group);
+  const size_t ws_bytes = workspace_for(&t, M, N, K);
+  DeviceBuffer<unsigned char> ws(ws_bytes);
+  EXPECT_EQ(ws.poison(), cudaSuccess);
+  const size_t out_bytes = ep == w4::Epilogue::residual_f32 ? static_cast<size_t>(M) * N * 4
+                           : ep == w4::Epilogue::swiglu_bf16 ? static_cast<size_t>(M) * N
+                                                              : static_cast<size_t>(M) * N * 2;
+  DeviceBuffer<unsigned char> out(out_bytes);
+  if (ep == w4::Epilogue::residual_f32) {
+    EXPECT_EQ(cudaMemcpy(out.p, r0.data(), out_bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  } else {
+    EXPECT_EQ(out.poison(), cudaSuccess);
+  }
+  const cudaError_t e =
+      ep == w4::Epilogue::store_bf16
+          ? cuda::gemm_w4a16_with_tiling(t, bf(x.p), p.words.p, p.scales.p, reinterpret_cast<__nv_bfloat16*>(out.p),
+                                         M, N, K, group, w.spec.scale_type, ws.p, ws_bytes, nullptr)
+          : cuda::gemm_w4a16_epilogue_with_tiling(t, ep, bf(x.p), p.words.p, p.scales.p, out.p, M, N, K, group,
+                                                  w.spec.scale_type, ws.p, ws_bytes, nullptr);
+  EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::gemm_w4a16_last_error();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<unsigned char> wsh = ws.download();
+  *ws_untouched = std::all_of(wsh.begin(), wsh.end(), [](unsigned char b) { return b == 0xFF; });
+  return out.download();
+}
+
+// Split-K finished inside thread-block clusters (gemm_w4a16_cluster.cuh) against the reduce kernel it replaces, on the
+// same tilings: for 2, 3 and 8 K slices on every path tilings_for reaches at M = kClusterMinRows..kClusterMaxRows (v4
+// swap16, v4 and v2 16-row tiles, the warpgroup path; M = 8 and 17 check that the reduce kernel stays outside), the
+// three epilogues give the same bytes with the cluster path as without (which
+// the tests above check against the unfused chain). The cluster path leaves the fp32 workspace untouched (still
+// poisoned) — which shows it ran — and the reduce-kernel path writes it.
+TEST(GemmW4A16EpilogueGpu, ClusterSplitKEqualsReduceKernel) {
+  FT_REQUIRE_CUDA_DEVICE();
+  struct Restore {
+    ~Restore() { cuda::set_gemm_w4a16_cluster_reduce(-1); }
+  } restore;
+  const int N = 1024, K = 1024, group = 128;  // 8 groups: up to 8 slices
+  uint32_t seed = 700;
+  for (ScaleType st : {ScaleType::F16, ScaleType::BF16}) {
+    const Int4Weight w = random_weight(N, K, group, st, ++seed);
+    const Packed canon(w, Int4MmaRows::canonical), inter_p(w, Int4MmaRows::swiglu_interleaved);
+    for (int M : {8, 9, 12, 16, 17}) {
+      const DeviceBuffer<uint16_t> x(random_x(M, K, ++seed));
+      const std::vector<float> r0 = random_residual(static_cast<size_t>(M) * N, ++seed);
+      std::vector<w4::Tiling> bases;
+      for (const w4::Tiling& t : tilings_for(M, N, K, group, st))
+        if (t.splits == 1) bases.push_back(t);
+      for (w4::Tiling t : bases) {
+        for (int splits : {2, 3, 8}) {
+          t.splits = splits;
+          if (!w4::tiling_is_valid(t, M, N, K, group, w4::DeviceLimits{}, nullptr)) continue;
+          for (w4::Epilogue ep : {w4::Epilogue::store_bf16, w4::Epilogue::residual_f32, w4::Epilogue::swiglu_bf16}) {
+            SCOPED_TRACE(testing::Message() << "M " << M << " scales " << (st == ScaleType::F16 ? "fp16" : "bf16")
+                                            << " epilogue " << static_cast<int>(ep) << " tiling " << describe(t));
+            const Packed& p = ep == w4::Epilogue::swiglu_bf16 ? inter_p : canon;
+            bool ws_untouched = false;
+            cuda::set_gemm_w4a16_cluster_reduce(0);
+            const std::vector<unsigned char> want = run_on_tiling(t, ep, p, w, x, M, r0, &ws_untouched);
+            EXPECT_FALSE(ws_untouched) << "the reduce-kernel path should write its partial sums";
+            cuda::set_gemm_w4a16_cluster_reduce(1);
+            const std::vector<unsigned char> got = run_on_tiling(t, ep, p, w, x, M, r0, &ws_untouched);
+            // Above kClusterMaxRows rows (and where the tile does not fit) the reduce kernel stays.
+            EXPECT_EQ(ws_untouched, w4::cluster_reduce_applies(t, M, K, group))
+                << "the cluster path (and only it) leaves the workspace untouched";
+            ASSERT_EQ(got.size(), want.size());
+            for (size_t i = 0; i < got.size(); ++i)
+              ASSERT_EQ(got[i], want[i]) << "byte " << i << " of the output";
+          }
+        }
+      }
+    }
   }
 }
 

@@ -55,14 +55,14 @@ __device__ __forceinline__ void cluster_finish(const EpilogueOut& o, int threads
   const uint32_t tile_addr = static_cast<uint32_t>(__cvta_generic_to_shared(o.tile));
   const int rank = static_cast<int>(ptx::cluster_ctarank());
   for (int u = rank * threads + tid; u < units; u += splits * threads) {
-    const int m = u * 4 / C, c = u * 4 % C;
+    const int m = cluster_unit_row(u, C), c = cluster_unit_col(u, C);
     const int64_t n = o.col0 + c;
     if (o.epilogue == Epilogue::swiglu_bf16) {
       // Gate columns are the first kSwiGluRun of every 2 kSwiGluRun packed columns, their up partners the next
       // kSwiGluRun: a gate float4 writes four consecutive outputs, an up float4 is read by its gate's thread.
-      if (c % (2 * kSwiGluRun) >= kSwiGluRun) continue;
+      if (cluster_unit_is_up(c)) continue;
       const float4 g = cluster_sum(tile_addr, u, splits);
-      const float4 up = cluster_sum(tile_addr, u + kSwiGluRun / 4, splits);
+      const float4 up = cluster_sum(tile_addr, cluster_up_unit(u), splits);
       __nv_bfloat162* out =
           reinterpret_cast<__nv_bfloat162*>(o.y + static_cast<int64_t>(m) * (o.N / 2) + swiglu_out_col(n));
       out[0] = __floats2bfloat162_rn(swiglu_value(g.x, up.x), swiglu_value(g.y, up.y));

@@ -384,6 +384,15 @@ FT_HD int swiglu_gate_tile(int p) { return 2 * p; }
 FT_HD int swiglu_up_tile(int p) { return 2 * p + 1; }
 FT_HD int swiglu_up_elem(int e) { return e + 2; }
 
+// The units of a cluster tile (gemm_w4a16_cluster.cuh): float4 u of an [M][C] fp32 tile (C = 32 warps_n) holds row
+// cluster_unit_row, columns cluster_unit_col .. + 3; rank r of `splits` CTAs of T threads finishes units r T + tid,
+// r T + tid + splits T, ... With SwiGLU, a unit whose columns are up columns is read by the thread of its gate unit,
+// cluster_up_unit(gate) (kSwiGluRun columns further, same row: C is a multiple of 2 kSwiGluRun).
+FT_HD int cluster_unit_row(int u, int C) { return u * 4 / C; }
+FT_HD int cluster_unit_col(int u, int C) { return u * 4 % C; }
+FT_HD bool cluster_unit_is_up(int c) { return c % (2 * kSwiGluRun) >= kSwiGluRun; }
+FT_HD int cluster_up_unit(int u) { return u + kSwiGluRun / 4; }
+
 // QKV epilogue (gemm_w4a16_reduce_qkv_kernel): float4 j (< head_dim / 4) of head item `item` of token row r, in a
 // qkv row of row_width = (n_heads + 2 n_kv_heads) * head_dim columns, is float4 index qkv_head_float4(...) of the
 // [M, N = row_width] partial sums — the index gemm_w4a16_reduce_kernel gives the same four elements (its BF16 pairs

@@ -249,12 +249,13 @@ bool cluster_fits(const void* entry, const cudaLaunchConfig_t& cfg) {
 
 // Launches a tiling that fits the device (smem checked by the callers) after the workspace check; a split K is
 // finished inside clusters where w4a16::cluster_reduce_applies and gemm_w4a16_cluster_reduce(), otherwise by the
-// reduce kernel; `out` is y (BF16 [M, N]), the fp32 residual [M, N] or h (BF16 [M, N / 2]) as the epilogue says. With qkv (ep store_bf16, out = qkv's
-// BF16 buffer): the split-K reduce is gemm_w4a16_reduce_qkv_kernel, and without a split the GEMM's BF16 store is
-// followed by qkv_rope_kv_append's kernel (see gemm_w4a16_qkv_rope_append). With norm: the norm-prologue instance of
-// the (v4 rows8) tiling, with kNormScratchBytes more shared memory after the ring. With norm_out (residual_f32 only):
-// the residual rows' norm partials are written too, by gemm_w4a16_reduce_residual_norm_kernel — as the split-K reduce,
-// or after an unsplit GEMM as a kernel that only reads the rows back.
+// reduce kernel; `out` is y (BF16 [M, N]), the fp32 residual [M, N] or h (BF16 [M, N / 2]) as the epilogue says.
+// With qkv (ep store_bf16, out = qkv's BF16 buffer): the split-K reduce is gemm_w4a16_reduce_qkv_kernel, and without
+// a split the GEMM's BF16 store is followed by qkv_rope_kv_append's kernel (see gemm_w4a16_qkv_rope_append). With
+// norm: the norm-prologue instance of the (v4 rows8) tiling, with kNormScratchBytes more shared memory after the
+// ring. With norm_out (residual_f32 only): the residual rows' norm partials are written too, by
+// gemm_w4a16_reduce_residual_norm_kernel — as the split-K reduce, or after an unsplit GEMM as a kernel that only
+// reads the rows back.
 cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16::Epilogue ep, const __nv_bfloat16* x,
                    const uint32_t* w_packed, const uint16_t* scales, void* out, int M, int N, int K, int group,
                    formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, cudaStream_t stream,

@@ -31,7 +31,8 @@ __device__ __forceinline__ float4 cluster_sum(uint32_t tile_addr, int unit, int 
     float4 v[kClusterLoadsInFlight];
 #pragma unroll
     for (int k = 0; k < kClusterLoadsInFlight; ++k)
-      if (base + k < splits) v[k] = ptx::ld_shared_cluster_f4(ptx::map_shared_rank(addr, static_cast<uint32_t>(base + k)));
+      if (base + k < splits)
+        v[k] = ptx::ld_shared_cluster_f4(ptx::map_shared_rank(addr, static_cast<uint32_t>(base + k)));
 #pragma unroll
     for (int k = 0; k < kClusterLoadsInFlight; ++k) {
       if (base + k < splits) {

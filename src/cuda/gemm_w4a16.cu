@@ -115,7 +115,11 @@ using w4a16::KernelFn;
 template <bool kF16>
 KernelFn pick_kernel(const Tiling& t, bool cluster) {  // cluster: the cluster-reduce instance (gemm_w4a16_cluster.cuh)
   if (t.variant == w4a16::Variant::v4) return w4a16::v4_kernel_any(t, kF16, cluster);
-  if (cluster) return !t.rows8 && t.m_tiles == 1 ? w4a16::gemm_w4a16_kernel<1, false, kF16, true> : nullptr;
+  if (cluster) {
+    if (t.rows8) return nullptr;
+    return t.m_tiles == 1 ? w4a16::gemm_w4a16_kernel<1, false, kF16, true>
+                          : (t.m_tiles == 2 ? w4a16::gemm_w4a16_kernel<2, false, kF16, true> : nullptr);
+  }
   if (t.rows8) return w4a16::gemm_w4a16_kernel<1, true, kF16>;
   switch (t.m_tiles) {
     case 1: return w4a16::gemm_w4a16_kernel<1, false, kF16>;
@@ -223,9 +227,12 @@ struct NormPrologue {
 };
 
 std::atomic<int> g_cluster_reduce_override{-1};  // set_gemm_w4a16_cluster_reduce; -1: the environment's
+std::atomic<int> g_cluster_rows_override{0};     // set_gemm_w4a16_cluster_limits; 0: the environment's
+std::atomic<int> g_cluster_splits_override{0};
 
-// Whether the device can place at least one cluster of cfg's shape for this kernel (clusters must fit one GPC),
-// cached per (kernel, block, shared memory, cluster size).
+// Whether the device can place at least one cluster of cfg's shape for this kernel (clusters must fit one GPC;
+// above the portable size of 8 the kernel is first allowed non-portable ones), cached per (kernel, block, shared
+// memory, cluster size).
 bool cluster_fits(const void* entry, const cudaLaunchConfig_t& cfg) {
   struct Key {
     const void* entry;
@@ -240,8 +247,11 @@ bool cluster_fits(const void* entry, const cudaLaunchConfig_t& cfg) {
   const Key key{entry, cfg.blockDim.x, cfg.attrs[cfg.numAttrs - 1].val.clusterDim.y, cfg.dynamicSmemBytes};
   std::lock_guard<std::mutex> lock(mu);
   if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  const unsigned size = key.cluster;
+  bool ok = size <= static_cast<unsigned>(w4a16::kMaxClusterSplits) ||
+            cudaFuncSetAttribute(entry, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
   int clusters = 0;
-  bool ok = cudaOccupancyMaxActiveClusters(&clusters, entry, &cfg) == cudaSuccess && clusters > 0;
+  ok = ok && cudaOccupancyMaxActiveClusters(&clusters, entry, &cfg) == cudaSuccess && clusters > 0;
   if (!ok) (void)cudaGetLastError();  // a refused query leaves no sticky error behind
   cache.emplace(key, ok);
   return ok;
@@ -275,8 +285,10 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   const bool f16 = scale_type == formats::ScaleType::F16;
   // Split-K inside clusters of the column block's slices (gemm_w4a16_cluster.cuh) where it applies and the device
   // can place such a cluster: the cluster-reduce instance, and no reduce kernel below.
+  int max_rows = 0, max_splits = 0;
+  gemm_w4a16_cluster_limits(&max_rows, &max_splits);
   bool cluster = norm == nullptr && qkv == nullptr && norm_out == nullptr && gemm_w4a16_cluster_reduce() &&
-                 w4a16::cluster_reduce_applies(t, M, K, group);
+                 w4a16::cluster_reduce_applies(t, M, K, group, max_rows, max_splits);
   KernelFn kernel = norm ? nullptr : (f16 ? pick_kernel<true>(t, cluster) : pick_kernel<false>(t, cluster));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(N / (w4a16::kBlockN * t.warps_n)), static_cast<unsigned>(t.splits));
@@ -825,5 +837,27 @@ bool gemm_w4a16_cluster_reduce() {
 }
 
 void set_gemm_w4a16_cluster_reduce(int on) { g_cluster_reduce_override.store(on < 0 ? -1 : (on ? 1 : 0)); }
+
+void gemm_w4a16_cluster_limits(int* max_rows, int* max_splits) {
+  auto env_int = [](const char* name, int lo, int hi, int fallback) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || v[0] == '\0') return fallback;
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    return *end == '\0' && x >= lo && x <= hi ? static_cast<int>(x) : fallback;
+  };
+  static const int env_rows =
+      env_int("FT_W4A16_CLUSTER_MAX_ROWS", w4a16::kClusterMaxRows, w4a16::kClusterLimitRows, w4a16::kClusterMaxRows);
+  static const int env_splits =
+      env_int("FT_W4A16_CLUSTER_MAX_SPLITS", 2, w4a16::kClusterLimitSplits, w4a16::kMaxClusterSplits);
+  const int r = g_cluster_rows_override.load(), s = g_cluster_splits_override.load();
+  *max_rows = r > 0 ? r : env_rows;
+  *max_splits = s > 0 ? s : env_splits;
+}
+
+void set_gemm_w4a16_cluster_limits(int max_rows, int max_splits) {
+  g_cluster_rows_override.store(max_rows > 0 ? std::min(max_rows, w4a16::kClusterLimitRows) : 0);
+  g_cluster_splits_override.store(max_splits > 0 ? std::min(max_splits, w4a16::kClusterLimitSplits) : 0);
+}
 
 }  // namespace futransformer::cuda

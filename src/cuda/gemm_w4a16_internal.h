@@ -41,6 +41,12 @@ cudaError_t gemm_w4a16_plan_config(int M, int N, int K, int group, formats::Scal
 // the reduce kernel's bits either way.
 bool gemm_w4a16_cluster_reduce();
 void set_gemm_w4a16_cluster_reduce(int on);
+// The rule's row and slice limits, for measurements: FT_W4A16_CLUSTER_MAX_ROWS (16..kClusterLimitRows) and
+// FT_W4A16_CLUSTER_MAX_SPLITS (2..kClusterLimitSplits; above 8 the clusters are non-portable), read once; unset or
+// out of range: w4a16::kClusterMaxRows / kMaxClusterSplits (the measured rule). set_gemm_w4a16_cluster_limits
+// overrides both (tests; 0 or less: back to the environment's).
+void gemm_w4a16_cluster_limits(int* max_rows, int* max_splits);
+void set_gemm_w4a16_cluster_limits(int max_rows, int max_splits);
 
 // gemm_w4a16 with an explicit tiling: the same argument checks, plus w4a16::tiling_is_valid and the tiling's
 // workspace (w4a16::workspace_bytes_for); cudaErrorInvalidValue with gemm_w4a16_last_error() otherwise.

@@ -238,21 +238,26 @@ FT_HD SmemLayout smem_layout(const Tiling& t, int64_t K, int group) {
   return s;
 }
 
-// Split-K inside thread-block clusters (gemm_w4a16_cluster.cuh): the largest cluster the launcher forms (the portable
-// cluster size; more slices keep the reduce kernel), the rows it is used for, and the shared memory a CTA needs for
-// its tile of sums, M rows x 32 warps_n columns of fp32, which must fit in the tiling's own (smem_layout). Rows: the
-// 8B decode step (nineteenth session, docs/results.md) was 4.3 % faster at batch 16 with it (the o and gate|up GEMMs
-// split 4 and 2 ways) and 0.5-1 % slower at batch 8 (the down GEMM's 6 slices on the M <= 8 path) and at batch 32;
-// so M = 9..16, the 16-row and swap16 paths and the warpgroup path's two-tile instance.
+// Split-K inside thread-block clusters (gemm_w4a16_cluster.cuh): the largest cluster the launcher forms by default
+// (the portable cluster size; more slices keep the reduce kernel), the rows it is used for, and the shared memory a
+// CTA needs for its tile of sums, M rows x 32 warps_n columns of fp32, which must fit in the tiling's own
+// (smem_layout). Rows: the 8B decode step (nineteenth session, docs/results.md) was 4.3 % faster at batch 16 with it
+// (the o and gate|up GEMMs split 4 and 2 ways) and 0.5-1 % slower at batch 8 (the down GEMM's 6 slices on the M <= 8
+// path) and at batch 32; so M = 9..16. For measurements the launcher can raise both limits (up to
+// kClusterLimitRows rows and kClusterLimitSplits slices, non-portable clusters above 8; gemm_w4a16_internal.h).
 constexpr int kMaxClusterSplits = 8;
 constexpr int kClusterMinRows = 9;
 constexpr int kClusterMaxRows = 16;
+constexpr int kClusterLimitRows = 32;    // the cluster-reduce instances cover M <= 32
+constexpr int kClusterLimitSplits = 16;  // the largest non-portable cluster on Hopper
 FT_HD constexpr int64_t cluster_tile_bytes(int M, int warps_n) { return int64_t{M} * kBlockN * warps_n * 4; }
-// Whether a launch of tiling t for M rows finishes its split inside clusters (the launcher also needs an epilogue
-// other than the qkv prologue and the norm partials, the switch on, and a device that can place the cluster).
-FT_HD bool cluster_reduce_applies(const Tiling& t, int M, int64_t K, int group) {
-  return t.splits >= 2 && t.splits <= kMaxClusterSplits && M >= kClusterMinRows && M <= kClusterMaxRows &&
-         t.m_tiles == 1 && smem_layout(t, K, group).total >= cluster_tile_bytes(M, t.warps_n);
+// Whether a launch of tiling t for M rows finishes its split inside clusters, with the default limits or raised ones
+// (the launcher also needs an epilogue other than the qkv prologue and the norm partials, the switch on, and a device
+// that can place the cluster).
+FT_HD bool cluster_reduce_applies(const Tiling& t, int M, int64_t K, int group, int max_rows = kClusterMaxRows,
+                                  int max_splits = kMaxClusterSplits) {
+  return t.splits >= 2 && t.splits <= max_splits && M >= kClusterMinRows && M <= max_rows &&
+         smem_layout(t, K, group).total >= cluster_tile_bytes(M, t.warps_n);
 }
 
 // Element offset in staged activations of the address a lane gives ldmatrix for m tile mt at slice column k;

@@ -13,8 +13,8 @@ using KernelFn = void (*)(KernelArgs);
 // The instance for a v4 tiling of shape (kCtaWarps, kRing): the swapped paths (rows8, swap16, swap32 with three or
 // four activation tiles), the 16-row path with t.m_tiles tiles. Non-default shapes serve M <= 16 only (one m tile):
 // nullptr for more.
-// kCluster: the cluster-reduce instance, compiled only for the paths cluster_reduce_applies allows (M = 9..16: swap16
-// and the one-tile 16-row path); nullptr for the others.
+// kCluster: the cluster-reduce instance, compiled for the paths of M = 9..32 (cluster_reduce_applies and its raised
+// limits: swap16, the 16-row path with one or two tiles, swap32); nullptr for the others (rows8, M > 32).
 template <int kCtaWarps, int kRing, bool kF16, bool kCluster>
 KernelFn v4_kernel_for_scales(const Tiling& t) {
   if (t.rows8) {
@@ -23,6 +23,14 @@ KernelFn v4_kernel_for_scales(const Tiling& t) {
   }
   if (t.swap16) return gemm_w4a16_v4_kernel<1, 2, kF16, kCtaWarps, kRing, false, kCluster>;
   if constexpr (kCluster) {
+    if constexpr (kCtaWarps == kWarps && kRing == kStages) {
+      if (t.swap32) {
+        const bool three = swap_tiles(false, false, true, t.rows) == 3;
+        return three ? gemm_w4a16_v4_kernel<2, 3, kF16, kWarps, kStages, false, true>
+                     : gemm_w4a16_v4_kernel<2, 4, kF16, kWarps, kStages, false, true>;
+      }
+      if (t.m_tiles == 2) return gemm_w4a16_v4_kernel<2, 0, kF16, kWarps, kStages, false, true>;
+    }
     return t.m_tiles == 1 && !t.swap32 ? gemm_w4a16_v4_kernel<1, 0, kF16, kCtaWarps, kRing, false, true> : nullptr;
   } else if constexpr (kCtaWarps == kWarps && kRing == kStages) {
     if (t.swap32)

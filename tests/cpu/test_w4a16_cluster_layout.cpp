@@ -15,14 +15,14 @@ namespace w4 = futransformer::cuda::w4a16;
 // The CTA sizes of the instances with a cluster path: 8 warps (v2, the warpgroup path, v4 w8s*), 16, 24, 28.
 constexpr int kThreadCounts[] = {256, 512, 768, 896};
 
-// Every float4 unit of an [M][C] tile is finished by exactly one (rank, thread) for 2..8 ranks; with SwiGLU every
-// output column of the tile's range is written once, from a gate unit and its up unit in the same row.
+// Every float4 unit of an [M][C] tile (M = 9..32) is finished by exactly one (rank, thread) for 2..16 ranks; with
+// SwiGLU every output column of the tile's range is written once, from a gate unit and its up unit in the same row.
 TEST(W4A16ClusterLayout, RanksCoverEveryUnitOnceAndSwiGluPairsStayInTheirRow) {
   for (int warps_n : {1, 2, 4, 7, 8, 14}) {
     const int C = w4::kBlockN * warps_n;
-    for (int M = w4::kClusterMinRows; M <= w4::kClusterMaxRows; ++M) {
+    for (int M = w4::kClusterMinRows; M <= w4::kClusterLimitRows; ++M) {
       const int units = M * C / 4;
-      for (int splits = 2; splits <= w4::kMaxClusterSplits; ++splits) {
+      for (int splits = 2; splits <= w4::kClusterLimitSplits; ++splits) {
         for (int T : kThreadCounts) {
           SCOPED_TRACE(testing::Message() << "C " << C << " M " << M << " splits " << splits << " threads " << T);
           std::vector<int> finished(static_cast<size_t>(units), 0);
@@ -53,8 +53,9 @@ TEST(W4A16ClusterLayout, RanksCoverEveryUnitOnceAndSwiGluPairsStayInTheirRow) {
   }
 }
 
-// The rule: 2..kMaxClusterSplits slices, M = kClusterMinRows..kClusterMaxRows, one m tile, and the [M][C] fp32 tile
-// within the tiling's shared memory.
+// The rule: 2..kMaxClusterSplits slices, M = kClusterMinRows..kClusterMaxRows, and the [M][C] fp32 tile within the
+// tiling's shared memory; with raised limits (for measurements) up to kClusterLimitSplits slices and kClusterLimitRows
+// rows.
 TEST(W4A16ClusterLayout, AppliesToTwoToEightSlicesAtNineToSixteenRows) {
   w4::Tiling t;
   t.variant = w4::Variant::v4;
@@ -71,6 +72,17 @@ TEST(W4A16ClusterLayout, AppliesToTwoToEightSlicesAtNineToSixteenRows) {
       t.splits = splits;
       const bool want = splits >= 2 && splits <= 8 && M >= 9 && M <= 16;
       EXPECT_EQ(w4::cluster_reduce_applies(t, M, K, group), want) << "M " << M << " splits " << splits;
+    }
+  }
+  // Raised limits (measurements): up to kClusterLimitRows rows and kClusterLimitSplits slices, still from 9 rows.
+  for (int M = 1; M <= 32; ++M) {
+    t.rows = M;
+    t.m_tiles = (M + 15) / 16;
+    for (int splits = 1; splits <= 20; ++splits) {
+      t.splits = splits;
+      const bool want = splits >= 2 && splits <= 16 && M >= 9 && M <= 32;
+      EXPECT_EQ(w4::cluster_reduce_applies(t, M, K, group, w4::kClusterLimitRows, w4::kClusterLimitSplits), want)
+          << "raised limits, M " << M << " splits " << splits;
     }
   }
   // A tile larger than the tiling's shared memory keeps the reduce kernel.

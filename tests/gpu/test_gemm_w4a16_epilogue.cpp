@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -360,6 +361,60 @@ TEST(GemmW4A16EpilogueGpu, ClusterSplitKEqualsReduceKernel) {
             for (size_t i = 0; i < got.size(); ++i)
               ASSERT_EQ(got[i], want[i]) << "byte " << i << " of the output";
           }
+        }
+      }
+    }
+  }
+}
+
+// The same comparison with the rule's limits raised as a measurement would raise them (FT_W4A16_CLUSTER_MAX_ROWS=32,
+// FT_W4A16_CLUSTER_MAX_SPLITS=16): the M = 17..32 instances (v4 16-row with two tiles, swap32, v2, the warpgroup path
+// with three and four tiles) and clusters of 16 slices (non-portable). Up to 8 slices the cluster path must run
+// where the rule applies; a cluster of 16 may be refused by the device (cudaOccupancyMaxActiveClusters), in which
+// case the reduce kernel runs, so there only the outputs are compared.
+TEST(GemmW4A16EpilogueGpu, ClusterSplitKRaisedLimitsEqualsReduceKernel) {
+  FT_REQUIRE_CUDA_DEVICE();
+  struct Restore {
+    ~Restore() {
+      cuda::set_gemm_w4a16_cluster_reduce(-1);
+      cuda::set_gemm_w4a16_cluster_limits(0, 0);
+    }
+  } restore;
+  cuda::set_gemm_w4a16_cluster_limits(w4::kClusterLimitRows, w4::kClusterLimitSplits);
+  const int N = 1024, K = 2048, group = 128;  // 16 groups: up to 16 slices
+  uint32_t seed = 800;
+  const ScaleType st = ScaleType::F16;
+  const Int4Weight w = random_weight(N, K, group, st, ++seed);
+  const Packed canon(w, Int4MmaRows::canonical), inter_p(w, Int4MmaRows::swiglu_interleaved);
+  for (int M : {9, 16, 17, 24, 32}) {
+    const DeviceBuffer<uint16_t> x(random_x(M, K, ++seed));
+    const std::vector<float> r0 = random_residual(static_cast<size_t>(M) * N, ++seed);
+    std::vector<w4::Tiling> bases;
+    for (const w4::Tiling& t : tilings_for(M, N, K, group, st))
+      if (t.splits == 1) bases.push_back(t);
+    for (w4::Tiling t : bases) {
+      for (int splits : {2, 8, 16}) {
+        t.splits = splits;
+        if (!w4::tiling_is_valid(t, M, N, K, group, w4::DeviceLimits{}, nullptr)) continue;
+        for (w4::Epilogue ep : {w4::Epilogue::store_bf16, w4::Epilogue::residual_f32, w4::Epilogue::swiglu_bf16}) {
+          SCOPED_TRACE(testing::Message() << "M " << M << " epilogue " << static_cast<int>(ep) << " tiling "
+                                          << describe(t));
+          const Packed& p = ep == w4::Epilogue::swiglu_bf16 ? inter_p : canon;
+          bool ws_untouched = false;
+          cuda::set_gemm_w4a16_cluster_reduce(0);
+          const std::vector<unsigned char> want = run_on_tiling(t, ep, p, w, x, M, r0, &ws_untouched);
+          cuda::set_gemm_w4a16_cluster_reduce(1);
+          const std::vector<unsigned char> got = run_on_tiling(t, ep, p, w, x, M, r0, &ws_untouched);
+          const bool applies =
+              w4::cluster_reduce_applies(t, M, K, group, w4::kClusterLimitRows, w4::kClusterLimitSplits);
+          if (splits <= w4::kMaxClusterSplits) {
+            EXPECT_EQ(ws_untouched, applies) << "the cluster path (and only it) leaves the workspace untouched";
+          } else if (applies && !ws_untouched) {
+            std::printf("note: the device refused a cluster of %d for %s; the reduce kernel ran\n", splits,
+                        describe(t).c_str());
+          }
+          ASSERT_EQ(got.size(), want.size());
+          for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "byte " << i << " of the output";
         }
       }
     }

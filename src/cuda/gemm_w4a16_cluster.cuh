@@ -22,28 +22,13 @@ namespace futransformer::cuda::w4a16 {
 // Slices loaded per distributed-shared-memory round trip by cluster_sum (16 registers of loads in flight).
 constexpr int kClusterLoadsInFlight = 4;
 
-// Float4 `unit` of the tile summed over the cluster's `splits` CTAs in rank (= slice) order: sum_slices' additions,
-// the loads issued kClusterLoadsInFlight at a time.
+// Float4 `unit` of the tile summed over the cluster's `splits` CTAs in rank (= slice) order: the reduce kernel's
+// additions (sum_in_slice_order), the loads from the slices' shared memory.
 __device__ __forceinline__ float4 cluster_sum(uint32_t tile_addr, int unit, int splits) {
   const uint32_t addr = tile_addr + static_cast<uint32_t>(unit) * 16u;
-  float4 s = ptx::ld_shared_cluster_f4(ptx::map_shared_rank(addr, 0u));
-  for (int base = 1; base < splits; base += kClusterLoadsInFlight) {
-    float4 v[kClusterLoadsInFlight];
-#pragma unroll
-    for (int k = 0; k < kClusterLoadsInFlight; ++k)
-      if (base + k < splits)
-        v[k] = ptx::ld_shared_cluster_f4(ptx::map_shared_rank(addr, static_cast<uint32_t>(base + k)));
-#pragma unroll
-    for (int k = 0; k < kClusterLoadsInFlight; ++k) {
-      if (base + k < splits) {
-        s.x += v[k].x;
-        s.y += v[k].y;
-        s.z += v[k].z;
-        s.w += v[k].w;
-      }
-    }
-  }
-  return s;
+  return sum_in_slice_order<kClusterLoadsInFlight>(splits, [&](int s) {
+    return ptx::ld_shared_cluster_f4(ptx::map_shared_rank(addr, static_cast<uint32_t>(s)));
+  });
 }
 
 // Every thread of every CTA of the cluster calls this once its CTA's sums are in o.tile (stored before by the

@@ -24,6 +24,32 @@ __device__ __forceinline__ float swiglu_value(float gate_acc, float up_acc) {
   return ops::silu_mul(bf16_round(gate_acc), bf16_round(up_acc));
 }
 
+// The split-K result's one order of additions: the slices' float4 of one output quad added in slice order from slice
+// 0 (load(s) returns slice s's), the loads of kInFlight slices issued before their additions so each batch costs one
+// round trip. The reduce kernels (from the fp32 workspace) and the cluster finish (from the slices' shared memory)
+// both sum through it, so they give the same bits.
+template <int kInFlight, class Load>
+__device__ __forceinline__ float4 sum_in_slice_order(int splits, Load load) {
+  float4 s = load(0);
+  for (int base = 1; base < splits; base += kInFlight) {
+    float4 v[kInFlight];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      if (base + k < splits) v[k] = load(base + k);
+    }
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      if (base + k < splits) {
+        s.x += v[k].x;
+        s.y += v[k].y;
+        s.z += v[k].z;
+        s.w += v[k].w;
+      }
+    }
+  }
+  return s;
+}
+
 // The output pointers of one launch (one of y / residual is used, by `epilogue`).
 struct EpilogueOut {
   Epilogue epilogue;

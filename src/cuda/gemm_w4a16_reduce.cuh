@@ -20,29 +20,10 @@ namespace futransformer::cuda::w4a16 {
 // batch holds them all. Each lane keeps kSlicesInFlight float4 in registers (64 registers at 16).
 constexpr int kSlicesInFlight = 16;
 
-// Slices 0, 1, ... of float4 i added in that order; count4 = M * N / 4 is the slice stride. The loads of a batch of
-// kSlicesInFlight slices are all issued before the first of their additions: one dependent L2 round trip per batch
-// instead of one per couple of slices, and the same order of additions, so the same bits.
+// Slices 0, 1, ... of float4 i added in that order (sum_in_slice_order); count4 = M * N / 4 is the slice stride.
 __device__ __forceinline__ float4 sum_slices(const float4* __restrict__ partial, int64_t i, int64_t count4,
                                              int splits) {
-  float4 s = partial[i];
-  for (int base = 1; base < splits; base += kSlicesInFlight) {
-    float4 v[kSlicesInFlight];
-#pragma unroll
-    for (int k = 0; k < kSlicesInFlight; ++k) {
-      if (base + k < splits) v[k] = partial[(base + k) * count4 + i];
-    }
-#pragma unroll
-    for (int k = 0; k < kSlicesInFlight; ++k) {
-      if (base + k < splits) {
-        s.x += v[k].x;
-        s.y += v[k].y;
-        s.z += v[k].z;
-        s.w += v[k].w;
-      }
-    }
-  }
-  return s;
+  return sum_in_slice_order<kSlicesInFlight>(splits, [&](int s) { return partial[s * count4 + i]; });
 }
 
 // y = bf16(sum over slices of partial[s]); count4 = M * N / 4.

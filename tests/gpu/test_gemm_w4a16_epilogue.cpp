@@ -319,94 +319,44 @@ std::vector<unsigned char> run_on_tiling(const w4::Tiling& t, w4::Epilogue ep, c
 }
 
 // Split-K finished inside thread-block clusters (gemm_w4a16_cluster.cuh) against the reduce kernel it replaces, on the
-// same tilings: for 2, 3 and 8 K slices on every path tilings_for reaches at M = kClusterMinRows..kClusterMaxRows (v4
-// swap16, v4 and v2 16-row tiles, the warpgroup path; M = 8 and 17 check that the reduce kernel stays outside), the
-// three epilogues give the same bytes with the cluster path as without (which
-// the tests above check against the unfused chain). The cluster path leaves the fp32 workspace untouched (still
-// poisoned) — which shows it ran — and the reduce-kernel path writes it.
-TEST(GemmW4A16EpilogueGpu, ClusterSplitKEqualsReduceKernel) {
-  FT_REQUIRE_CUDA_DEVICE();
-  struct Restore {
-    ~Restore() { cuda::set_gemm_w4a16_cluster_reduce(-1); }
-  } restore;
-  const int N = 1024, K = 1024, group = 128;  // 8 groups: up to 8 slices
-  uint32_t seed = 700;
-  for (ScaleType st : {ScaleType::F16, ScaleType::BF16}) {
-    const Int4Weight w = random_weight(N, K, group, st, ++seed);
-    const Packed canon(w, Int4MmaRows::canonical), inter_p(w, Int4MmaRows::swiglu_interleaved);
-    for (int M : {8, 9, 12, 16, 17}) {
-      const DeviceBuffer<uint16_t> x(random_x(M, K, ++seed));
-      const std::vector<float> r0 = random_residual(static_cast<size_t>(M) * N, ++seed);
-      std::vector<w4::Tiling> bases;
-      for (const w4::Tiling& t : tilings_for(M, N, K, group, st))
-        if (t.splits == 1) bases.push_back(t);
-      for (w4::Tiling t : bases) {
-        for (int splits : {2, 3, 8}) {
-          t.splits = splits;
-          if (!w4::tiling_is_valid(t, M, N, K, group, w4::DeviceLimits{}, nullptr)) continue;
-          for (w4::Epilogue ep : {w4::Epilogue::store_bf16, w4::Epilogue::residual_f32, w4::Epilogue::swiglu_bf16}) {
-            SCOPED_TRACE(testing::Message() << "M " << M << " scales " << (st == ScaleType::F16 ? "fp16" : "bf16")
-                                            << " epilogue " << static_cast<int>(ep) << " tiling " << describe(t));
-            const Packed& p = ep == w4::Epilogue::swiglu_bf16 ? inter_p : canon;
-            bool ws_untouched = false;
-            cuda::set_gemm_w4a16_cluster_reduce(0);
-            const std::vector<unsigned char> want = run_on_tiling(t, ep, p, w, x, M, r0, &ws_untouched);
-            EXPECT_FALSE(ws_untouched) << "the reduce-kernel path should write its partial sums";
-            cuda::set_gemm_w4a16_cluster_reduce(1);
-            const std::vector<unsigned char> got = run_on_tiling(t, ep, p, w, x, M, r0, &ws_untouched);
-            // Above kClusterMaxRows rows (and where the tile does not fit) the reduce kernel stays.
-            EXPECT_EQ(ws_untouched, w4::cluster_reduce_applies(t, M, K, group))
-                << "the cluster path (and only it) leaves the workspace untouched";
-            ASSERT_EQ(got.size(), want.size());
-            for (size_t i = 0; i < got.size(); ++i)
-              ASSERT_EQ(got[i], want[i]) << "byte " << i << " of the output";
-          }
-        }
-      }
-    }
-  }
-}
-
-// The same comparison with the rule's limits raised as a measurement would raise them (FT_W4A16_CLUSTER_MAX_ROWS=32,
-// FT_W4A16_CLUSTER_MAX_SPLITS=16): the M = 17..32 instances (v4 16-row with two tiles, swap32, v2, the warpgroup path
-// with three and four tiles) and clusters of 16 slices (non-portable). Up to 8 slices the cluster path must run
-// where the rule applies; a cluster of 16 may be refused by the device (cudaOccupancyMaxActiveClusters), in which
-// case the reduce kernel runs, so there only the outputs are compared.
-TEST(GemmW4A16EpilogueGpu, ClusterSplitKRaisedLimitsEqualsReduceKernel) {
-  FT_REQUIRE_CUDA_DEVICE();
+// same tilings: for each M and each slice count, every path tilings_for reaches, the three epilogues, clusters off then
+// on under the rule's limits (max_rows, max_splits): the same output bytes. The reduce-kernel path writes the fp32
+// workspace; the cluster path leaves it untouched (still poisoned), which shows it ran. Up to kMaxClusterSplits slices
+// the cluster path must run exactly where w4a16::cluster_reduce_applies; a larger (non-portable) cluster may be
+// refused by the device (cudaOccupancyMaxActiveClusters), and then the reduce kernel runs: only the bytes are checked.
+void check_cluster_against_reduce(int N, int K, ScaleType st, uint32_t seed, const std::vector<int>& Ms,
+                                  const std::vector<int>& slice_counts, int max_rows, int max_splits) {
   struct Restore {
     ~Restore() {
       cuda::set_gemm_w4a16_cluster_reduce(-1);
       cuda::set_gemm_w4a16_cluster_limits(0, 0);
     }
   } restore;
-  cuda::set_gemm_w4a16_cluster_limits(w4::kClusterLimitRows, w4::kClusterLimitSplits);
-  const int N = 1024, K = 2048, group = 128;  // 16 groups: up to 16 slices
-  uint32_t seed = 800;
-  const ScaleType st = ScaleType::F16;
+  cuda::set_gemm_w4a16_cluster_limits(max_rows, max_splits);
+  const int group = 128;
   const Int4Weight w = random_weight(N, K, group, st, ++seed);
   const Packed canon(w, Int4MmaRows::canonical), inter_p(w, Int4MmaRows::swiglu_interleaved);
-  for (int M : {9, 16, 17, 24, 32}) {
+  for (int M : Ms) {
     const DeviceBuffer<uint16_t> x(random_x(M, K, ++seed));
     const std::vector<float> r0 = random_residual(static_cast<size_t>(M) * N, ++seed);
     std::vector<w4::Tiling> bases;
     for (const w4::Tiling& t : tilings_for(M, N, K, group, st))
       if (t.splits == 1) bases.push_back(t);
     for (w4::Tiling t : bases) {
-      for (int splits : {2, 8, 16}) {
+      for (int splits : slice_counts) {
         t.splits = splits;
         if (!w4::tiling_is_valid(t, M, N, K, group, w4::DeviceLimits{}, nullptr)) continue;
+        const bool applies = w4::cluster_reduce_applies(t, M, K, group, max_rows, max_splits);
         for (w4::Epilogue ep : {w4::Epilogue::store_bf16, w4::Epilogue::residual_f32, w4::Epilogue::swiglu_bf16}) {
-          SCOPED_TRACE(testing::Message() << "M " << M << " epilogue " << static_cast<int>(ep) << " tiling "
-                                          << describe(t));
+          SCOPED_TRACE(testing::Message() << "M " << M << " scales " << (st == ScaleType::F16 ? "fp16" : "bf16")
+                                          << " epilogue " << static_cast<int>(ep) << " tiling " << describe(t));
           const Packed& p = ep == w4::Epilogue::swiglu_bf16 ? inter_p : canon;
           bool ws_untouched = false;
           cuda::set_gemm_w4a16_cluster_reduce(0);
           const std::vector<unsigned char> want = run_on_tiling(t, ep, p, w, x, M, r0, &ws_untouched);
+          EXPECT_FALSE(ws_untouched) << "the reduce-kernel path should write its partial sums";
           cuda::set_gemm_w4a16_cluster_reduce(1);
           const std::vector<unsigned char> got = run_on_tiling(t, ep, p, w, x, M, r0, &ws_untouched);
-          const bool applies =
-              w4::cluster_reduce_applies(t, M, K, group, w4::kClusterLimitRows, w4::kClusterLimitSplits);
           if (splits <= w4::kMaxClusterSplits) {
             EXPECT_EQ(ws_untouched, applies) << "the cluster path (and only it) leaves the workspace untouched";
           } else if (applies && !ws_untouched) {
@@ -419,6 +369,24 @@ TEST(GemmW4A16EpilogueGpu, ClusterSplitKRaisedLimitsEqualsReduceKernel) {
       }
     }
   }
+}
+
+// The rule as measured: 2, 3 and 8 slices at M = 9..16 on v4 swap16 and 16-row, v2 and the warpgroup path, both scale
+// types; at M = 8 and 17 the reduce kernel stays.
+TEST(GemmW4A16EpilogueGpu, ClusterSplitKEqualsReduceKernel) {
+  FT_REQUIRE_CUDA_DEVICE();
+  for (ScaleType st : {ScaleType::F16, ScaleType::BF16})
+    check_cluster_against_reduce(1024, 1024, st, st == ScaleType::F16 ? 700 : 750, {8, 9, 12, 16, 17}, {2, 3, 8},
+                                 w4::kClusterMaxRows, w4::kMaxClusterSplits);
+}
+
+// The limits raised as a measurement would raise them (FT_W4A16_CLUSTER_MAX_ROWS=32, FT_W4A16_CLUSTER_MAX_SPLITS=16):
+// the M = 17..32 instances (v4 16-row with two tiles, swap32, v2, the warpgroup path with three and four tiles) and
+// clusters of 16 slices (K = 2048: 16 groups).
+TEST(GemmW4A16EpilogueGpu, ClusterSplitKRaisedLimitsEqualsReduceKernel) {
+  FT_REQUIRE_CUDA_DEVICE();
+  check_cluster_against_reduce(1024, 2048, ScaleType::F16, 800, {9, 16, 17, 24, 32}, {2, 8, 16},
+                               w4::kClusterLimitRows, w4::kClusterLimitSplits);
 }
 
 // The checks of the output pointer run before anything touches the device: a rejected call names the parameter.

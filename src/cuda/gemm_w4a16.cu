@@ -230,10 +230,10 @@ std::atomic<int> g_cluster_reduce_override{-1};  // set_gemm_w4a16_cluster_reduc
 std::atomic<int> g_cluster_rows_override{0};     // set_gemm_w4a16_cluster_limits; 0: the environment's
 std::atomic<int> g_cluster_splits_override{0};
 
-// Whether the device can place at least one cluster of cfg's shape for this kernel (clusters must fit one GPC;
-// above the portable size of 8 the kernel is first allowed non-portable ones), cached per (kernel, block, shared
-// memory, cluster size).
-bool cluster_fits(const void* entry, const cudaLaunchConfig_t& cfg) {
+// Whether the device can place at least one cluster of `size` CTAs of cfg's shape for this kernel (clusters must fit
+// one GPC; above the portable size of 8 the kernel is first allowed non-portable ones), cached per (kernel, block,
+// shared memory, cluster size). cfg carries the cluster attribute.
+bool cluster_fits(const void* entry, const cudaLaunchConfig_t& cfg, unsigned size) {
   struct Key {
     const void* entry;
     unsigned threads, cluster;
@@ -244,10 +244,9 @@ bool cluster_fits(const void* entry, const cudaLaunchConfig_t& cfg) {
   };
   static std::mutex mu;
   static std::map<Key, bool> cache;
-  const Key key{entry, cfg.blockDim.x, cfg.attrs[cfg.numAttrs - 1].val.clusterDim.y, cfg.dynamicSmemBytes};
+  const Key key{entry, cfg.blockDim.x, size, cfg.dynamicSmemBytes};
   std::lock_guard<std::mutex> lock(mu);
   if (const auto it = cache.find(key); it != cache.end()) return it->second;
-  const unsigned size = key.cluster;
   bool ok = size <= static_cast<unsigned>(w4a16::kMaxClusterSplits) ||
             cudaFuncSetAttribute(entry, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
   int clusters = 0;
@@ -255,6 +254,27 @@ bool cluster_fits(const void* entry, const cudaLaunchConfig_t& cfg) {
   if (!ok) (void)cudaGetLastError();  // a refused query leaves no sticky error behind
   cache.emplace(key, ok);
   return ok;
+}
+
+// Makes cfg (attrs = `attrs`, room for one more) a cluster launch of `kernel` over the t.splits K slices of a column
+// block when the device can place such clusters; false (cfg unchanged) when it cannot.
+bool add_cluster_attribute(const void* kernel, const Tiling& t, int dev, const w4a16::DeviceLimits& d,
+                           cudaLaunchConfig_t* cfg, cudaLaunchAttribute* attrs) {
+  // The occupancy query needs the kernel's shared-memory allowance first.
+  if (cfg->dynamicSmemBytes > 48 * 1024 && allow_smem(kernel, dev, d.smem_per_block) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  cudaLaunchAttribute& c = attrs[cfg->numAttrs];
+  c.id = cudaLaunchAttributeClusterDimension;
+  c.val.clusterDim.x = 1;
+  c.val.clusterDim.y = static_cast<unsigned>(t.splits);
+  c.val.clusterDim.z = 1;
+  cfg->attrs = attrs;
+  cfg->numAttrs += 1;
+  if (cluster_fits(kernel, *cfg, static_cast<unsigned>(t.splits))) return true;
+  cfg->numAttrs -= 1;
+  return false;
 }
 
 // Launches a tiling that fits the device (smem checked by the callers) after the workspace check; a split K is
@@ -289,7 +309,6 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   gemm_w4a16_cluster_limits(&max_rows, &max_splits);
   bool cluster = norm == nullptr && qkv == nullptr && norm_out == nullptr && gemm_w4a16_cluster_reduce() &&
                  w4a16::cluster_reduce_applies(t, M, K, group, max_rows, max_splits);
-  KernelFn kernel = norm ? nullptr : (f16 ? pick_kernel<true>(t, cluster) : pick_kernel<false>(t, cluster));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(N / (w4a16::kBlockN * t.warps_n)), static_cast<unsigned>(t.splits));
   cfg.blockDim = dim3(static_cast<unsigned>(t.warps * w4a16::kWarpSize));
@@ -299,29 +318,13 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   // weights and scales before griddepcontrol.wait and stage the activations after it (see the kernels).
   cudaLaunchAttribute gemm_attr[2];
   add_programmatic_attribute(&cfg, &gemm_attr[0]);
-  if (cluster && kernel == nullptr) {  // no cluster-reduce instance for this path: the reduce kernel
-    cluster = false;
-    kernel = f16 ? pick_kernel<true>(t, false) : pick_kernel<false>(t, false);
-  }
+  KernelFn kernel = nullptr;
   if (cluster) {
-    if (smem > 48 * 1024) {
-      if (const cudaError_t e = allow_smem(reinterpret_cast<const void*>(kernel), dev, d.smem_per_block);
-          e != cudaSuccess)
-        return e;
-    }
-    cudaLaunchAttribute& c = gemm_attr[cfg.numAttrs];
-    c.id = cudaLaunchAttributeClusterDimension;
-    c.val.clusterDim.x = 1;
-    c.val.clusterDim.y = static_cast<unsigned>(t.splits);
-    c.val.clusterDim.z = 1;
-    cfg.attrs = gemm_attr;
-    cfg.numAttrs += 1;
-    if (!cluster_fits(reinterpret_cast<const void*>(kernel), cfg)) {
-      cfg.numAttrs -= 1;
-      cluster = false;
-      kernel = f16 ? pick_kernel<true>(t, false) : pick_kernel<false>(t, false);
-    }
+    kernel = f16 ? pick_kernel<true>(t, true) : pick_kernel<false>(t, true);
+    cluster = kernel != nullptr &&
+              add_cluster_attribute(reinterpret_cast<const void*>(kernel), t, dev, d, &cfg, gemm_attr);
   }
+  if (!cluster && norm == nullptr) kernel = f16 ? pick_kernel<true>(t, false) : pick_kernel<false>(t, false);
   const w4a16::NormKernelFn norm_kernel = norm ? w4a16::v4_norm_kernel_any(t, f16) : nullptr;
   const void* const entry = norm ? reinterpret_cast<const void*>(norm_kernel) : reinterpret_cast<const void*>(kernel);
   if (entry == nullptr)

@@ -12,6 +12,9 @@
 //   bench_prefill [--json PATH] [--iters N] [--kv bf16|int4|int4-hadamard] [--configs a,b] [--tokens 2048,8192]
 //                 [--no-loop]   (skip the INT4 64-row-loop engine)
 //                 [--profile]   (also per-op GPU times of the one-layer blocks, bench_op_profile.h)
+//                 [--trace PATH] (the kernel timeline of one whole-model FP8 prefill per token count, through CUPTI
+//                                 (bench/kernel_trace.h): per-name totals, busy / idle time and the mean layer kernel
+//                                 by kernel, printed and written to PATH as JSON; needs a build with CUPTI)
 // Environment: FT_FP8_BLOCK_SWIGLU=1 runs the FP8 engine with CudaEngineOptions::fp8_block_swiglu (the down input per
 // token per 128 channels; SwiGLU → FP8 in the gate|up GEMM's epilogue); FT_PREFILL_UNROTATE=1 every engine with
 // CudaEngineOptions::fused_prefill_unrotation (int4-hadamard output un-rotated in the prefill attention's store);
@@ -32,6 +35,7 @@
 
 #include "bench_common.h"
 #include "bench_op_profile.h"
+#include "kernel_trace.h"
 #include "cuda/engine/int4_dequant_heuristics.h"
 #include "futransformer/cuda_engine.h"
 #include "futransformer/formats/kv_cache.h"
@@ -45,6 +49,16 @@ struct Row {
   std::string shape;  // "llama-3.1-8b step" / "llama-3.1-8b block"
   int layers = 0, tokens = 0;
   double int4_us = 0, loop_us = 0, fp8_us = 0, flops = 0;  // loop_us 0: not measured
+};
+
+// --trace: the kernels of one whole-model FP8 prefill (host-launched, so every kernel of the pass is in the window).
+struct TraceRow {
+  std::string shape;
+  int layers = 0, tokens = 0;
+  double wall_us = 0;  // wall clock of the traced forward (CUPTI adds a little per kernel)
+  size_t dropped = 0, incomplete = 0;
+  bench::Timeline timeline;
+  std::optional<bench::LayerPattern> layer_pattern;
 };
 
 double projection_flops(const ModelConfig& c, int tokens) {
@@ -73,7 +87,7 @@ double time_prefill(CudaEngine& e, const std::vector<int32_t>& prompt, int iters
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json_path, kv_name = "int4-hadamard", configs = "llama-3.1-8b", token_list = "2048,8192";
+  std::string json_path, trace_path, kv_name = "int4-hadamard", configs = "llama-3.1-8b", token_list = "2048,8192";
   int iters = 5;
   bool profile = false, loop = true;
   for (int i = 1; i < argc; ++i) {
@@ -84,13 +98,19 @@ int main(int argc, char** argv) {
     else if (a == "--configs" && i + 1 < argc) configs = argv[++i];
     else if (a == "--tokens" && i + 1 < argc) token_list = argv[++i];
     else if (a == "--profile") profile = true;
+    else if (a == "--trace" && i + 1 < argc) trace_path = argv[++i];
     else if (a == "--no-loop") loop = false;
     else {
       std::fprintf(stderr, "usage: %s [--json PATH] [--iters N] [--kv bf16|int4|int4-hadamard] "
-                           "[--configs llama-3.1-8b,llama-3.1-70b] [--tokens 2048,8192] [--no-loop] [--profile]\n",
+                           "[--configs llama-3.1-8b,llama-3.1-70b] [--tokens 2048,8192] [--no-loop] [--profile] "
+                           "[--trace PATH]\n",
                    argv[0]);
       return 2;
     }
+  }
+  if (!trace_path.empty() && !bench::KernelTrace::available()) {
+    std::fprintf(stderr, "bench_prefill: --trace: %s\n", bench::kNoCuptiReason);
+    return 2;
   }
   constexpr int kGroup = 128;
   constexpr int kWholeModelTokens = 2048;  // the whole model runs at this prompt length only
@@ -103,6 +123,7 @@ int main(int argc, char** argv) {
     for (const std::string& t : bench::split_list(token_list)) token_counts.push_back(std::atoi(t.c_str()));
 
     std::vector<Row> rows;
+    std::vector<TraceRow> trace_rows;
     for (const std::string& name : bench::split_list(configs)) {
       for (const bool block : {false, true}) {
         ModelConfig c = synthetic_config(name);
@@ -150,6 +171,32 @@ int main(int argc, char** argv) {
             std::vector<int32_t> prompt(static_cast<size_t>(t));
             for (int32_t& id : prompt) id = tok(rng);
             times.push_back(time_prefill(*e, prompt, iters));
+            if (!trace_path.empty() && fp8 && !block) {
+              TraceRow tr;
+              tr.shape = name + " step";
+              tr.layers = static_cast<int>(c.num_hidden_layers);
+              tr.tokens = t;
+              const SequenceChunk chunk{0, prompt};
+              e->reset(0);
+              bench::KernelTrace trace;
+              trace.start();
+              const auto t0 = std::chrono::steady_clock::now();
+              e->forward(std::span(&chunk, 1));
+              tr.wall_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+              std::vector<bench::KernelRecord> records = trace.stop();
+              tr.dropped = trace.dropped();
+              tr.incomplete = trace.incomplete();
+              e->reset(0);
+              tr.timeline = bench::make_timeline(std::move(records));
+              tr.layer_pattern = bench::find_layer_pattern(tr.timeline, static_cast<size_t>(tr.layers));
+              char title[160];
+              std::snprintf(title, sizeof title, "%s, FP8 prefill of %d tokens (traced wall %.1f µs)",
+                            tr.shape.c_str(), t, tr.wall_us);
+              bench::print_timeline(tr.timeline, title, false);
+              if (tr.layer_pattern) bench::print_layer_positions(tr.timeline, *tr.layer_pattern);
+              else std::printf("no repeated layer sequence found among %zu kernels\n", tr.timeline.kernels.size());
+              trace_rows.push_back(std::move(tr));
+            }
           }
           // --profile: the one-layer blocks once more with per-op events (a separate engine: events change timing).
           if (profile && block) {
@@ -214,6 +261,25 @@ int main(int argc, char** argv) {
                      r.loop_us > 0 ? std::to_string(r.loop_us).c_str() : "null", r.fp8_us, r.flops);
       };
       if (!bench::write_json(json_path, "prefill", d, sm_now, std::nullopt, extra, rows.size(), row)) return 1;
+    }
+    if (!trace_path.empty()) {
+      auto extra = [&](FILE* f) {
+        std::fprintf(f, "  \"kv\": \"%s\",\n  \"int4_group\": %d,\n", kv_name.c_str(), kGroup);
+      };
+      auto row = [&](FILE* f, size_t i) {
+        const TraceRow& r = trace_rows[i];
+        std::fprintf(f,
+                     "    {\"shape\": \"%s\", \"layers\": %d, \"tokens\": %d, \"traced_wall_us\": %.1f, "
+                     "\"dropped_records\": %zu, \"records_without_timestamps\": %zu,\n     ",
+                     r.shape.c_str(), r.layers, r.tokens, r.wall_us, r.dropped, r.incomplete);
+        if (r.layer_pattern)
+          std::fprintf(f, "\"layer_pattern\": {\"first\": %zu, \"period\": %zu, \"repeats\": %zu},\n     ",
+                       r.layer_pattern->first, r.layer_pattern->period, r.layer_pattern->repeats);
+        bench::write_timeline_json(f, r.timeline);
+        std::fprintf(f, "}");
+      };
+      if (!bench::write_json(trace_path, "prefill_trace", d, sm_now, std::nullopt, extra, trace_rows.size(), row))
+        return 1;
     }
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "bench_prefill: %s\n", ex.what());

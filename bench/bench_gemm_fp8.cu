@@ -1,6 +1,11 @@
 // Benchmark of the FP8 prefill GEMM against cuBLASLt (FP8 and BF16) on Llama-3.1-8B / 70B projection shapes.
 //   bench_gemm_fp8 [--json PATH] [--iters N]
 //   FT_BENCH_ONLY=8B.gate_up:2048 runs that one shape and M (for profilers: ncu, nsys).
+//   bench_gemm_fp8 --chain [--json PATH] [--iters N]: instead of the table, the projections of a whole 8B-shaped
+//   prefill of 2048 tokens back to back (32 layers x qkv, o, gate|up, down; kChainWeightSets weight sets in turn, so
+//   no layer finds its weights in L2), ours against cuBLASLt FP8 with the same scaling, alternating chain by chain:
+//   what the GEMMs alone cost at the clocks a sustained prefill runs at (the H200 lowers its SM clock under a long
+//   FP8 load; single L2-flushed launches run near 1980 MHz). Per GEMM: µs per layer (event pairs around each launch).
 // Each row: median of N (default 20) launches, each timed by its own pair of CUDA events after the L2 was flushed
 // (a 2x L2-sized memset between launches, outside the timed interval), after warm-up. TFLOP/s counts 2 M N K.
 // Baselines, same data and layout (A [M, K], B [N, K], both K-major: cuBLASLt's "TN"):
@@ -124,6 +129,23 @@ struct LtGemm {
   void run(const void* w, const void* x, void* d, cudaStream_t s) { CHECK_CUBLAS(try_run(w, x, d, s)); }
 };
 
+// cuBLASLt FP8 for D[M, N] = A[M, K] * B[N, K]^T with outer-vector scaling if this cuBLASLt offers it for the shape
+// (our semantics), else per-tensor scalars (sa / sb then hold one value each); an algorithm the heuristic offers must
+// also run, so it is probed once (b8 / a8 / d: operands of the shape). *outer says which mode it got.
+std::unique_ptr<LtGemm> make_lt_fp8(cublasLtHandle_t lt, int M, int N, int K, bool fast, const float* sb,
+                                    const float* sa, void* lt_ws, const uint8_t* b8, const uint8_t* a8, uint16_t* d,
+                                    cudaStream_t stream, bool* outer) {
+  auto g = std::make_unique<LtGemm>(lt, M, N, K, CUDA_R_8F_E4M3, fast, sb, sa, true, lt_ws);
+  g->ok = g->ok && g->try_run(b8, a8, d, stream) == CUBLAS_STATUS_SUCCESS && cudaStreamSynchronize(stream) == cudaSuccess;
+  *outer = g->ok;
+  if (!g->ok) g = std::make_unique<LtGemm>(lt, M, N, K, CUDA_R_8F_E4M3, fast, sb, sa, false, lt_ws);
+  if (!g->ok) {
+    std::fprintf(stderr, "cuBLASLt found no FP8 algorithm for M=%d N=%d K=%d\n", M, N, K);
+    std::exit(1);
+  }
+  return g;
+}
+
 // max |a - b| / max |b| over two BF16 device arrays.
 double relative_max_diff(const uint16_t* a, const uint16_t* b, size_t n) {
   std::vector<uint16_t> ha(n), hb(n);
@@ -151,10 +173,155 @@ struct Row {
 
 double tflops(const Row& r, double us) { return 2.0 * r.M * r.N * r.K / (us * 1e-6) / 1e12; }
 
+// --chain (see the top of the file).
+constexpr int kChainLayers = 32, kChainM = 2048, kChainWeightSets = 4;
+
+int run_chain(const DeviceInfo& d, cudaStream_t stream, cublasLtHandle_t lt, void* lt_ws, int iters,
+              const std::string& json_path) {
+  struct Op {
+    const Shape* shape;
+    uint8_t* a = nullptr;
+    std::vector<uint8_t*> b;
+    float* sb = nullptr;
+    std::unique_ptr<LtGemm> lt_gemm;
+    bool outer = false;
+  };
+  std::vector<Op> ops(4);
+  for (int i = 0; i < 4; ++i) ops[static_cast<size_t>(i)].shape = &kShapes[i];  // 8B qkv, o, gate_up, down
+  size_t d_n = 0;
+  for (const Op& op : ops) d_n = std::max(d_n, static_cast<size_t>(kChainM) * op.shape->N);
+  uint16_t* dst = nullptr;
+  float* sa = nullptr;
+  CHECK_CUDA(cudaMalloc(&dst, d_n * 2));
+  CHECK_CUDA(cudaMalloc(&sa, size_t{kChainM} * 4));
+  fill_f32<<<64, 256, 0, stream>>>(sa, size_t{kChainM}, kScaleA);
+  uint64_t seed = 100;
+  for (Op& op : ops) {
+    const size_t a_n = size_t{kChainM} * op.shape->K, b_n = static_cast<size_t>(op.shape->N) * op.shape->K;
+    CHECK_CUDA(cudaMalloc(&op.a, a_n));
+    fill_codes<<<1024, 256, 0, stream>>>(op.a, a_n, seed++);
+    for (int w = 0; w < kChainWeightSets; ++w) {
+      uint8_t* b = nullptr;
+      CHECK_CUDA(cudaMalloc(&b, b_n));
+      fill_codes<<<1024, 256, 0, stream>>>(b, b_n, seed++);
+      op.b.push_back(b);
+    }
+    CHECK_CUDA(cudaMalloc(&op.sb, static_cast<size_t>(op.shape->N) * 4));
+    fill_f32<<<64, 256, 0, stream>>>(op.sb, static_cast<size_t>(op.shape->N), kScaleB);
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    op.lt_gemm = make_lt_fp8(lt, kChainM, op.shape->N, op.shape->K, false, op.sb, sa, lt_ws, op.b[0], op.a, dst,
+                             stream, &op.outer);
+  }
+  // One chain: events before the first launch and after each; returns the chain's µs and adds each GEMM's µs to
+  // per_op (indexed like ops), plus the NVML SM clock read right after the chain.
+  std::vector<cudaEvent_t> ev(size_t{kChainLayers} * ops.size() + 1);
+  for (cudaEvent_t& e : ev) CHECK_CUDA(cudaEventCreate(&e));
+  auto chain = [&](bool ours, std::vector<double>& per_op, int* mhz) {
+    size_t k = 0;
+    CHECK_CUDA(cudaEventRecord(ev[k++], stream));
+    for (int l = 0; l < kChainLayers; ++l)
+      for (Op& op : ops) {
+        const uint8_t* b = op.b[static_cast<size_t>(l % kChainWeightSets)];
+        if (ours)
+          CHECK_CUDA(futransformer::cuda::gemm_fp8(op.a, b, sa, op.sb, reinterpret_cast<__nv_bfloat16*>(dst), kChainM,
+                                                   op.shape->N, op.shape->K, stream));
+        else
+          op.lt_gemm->run(b, op.a, dst, stream);
+        CHECK_CUDA(cudaEventRecord(ev[k++], stream));
+      }
+    CHECK_CUDA(cudaEventSynchronize(ev.back()));
+    *mhz = nvml_sm_clock_mhz(d.dev);
+    for (size_t i = 1; i < ev.size(); ++i) {
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, ev[i - 1], ev[i]));
+      per_op[(i - 1) % ops.size()] += ms * 1e3;
+    }
+    float total = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&total, ev.front(), ev.back()));
+    return static_cast<double>(total) * 1e3;
+  };
+  struct Side {
+    std::vector<double> chain_us, mhz;
+    std::vector<std::vector<double>> per_op;  // [run][op], µs summed over the layers
+  };
+  Side side[2];  // 0: ours, 1: cuBLASLt
+  for (int warm = 0; warm < 2; ++warm) {
+    std::vector<double> scratch(ops.size());
+    int mhz = 0;
+    chain(warm == 0, scratch, &mhz);
+  }
+  for (int it = 0; it < iters; ++it)
+    for (int who = 0; who < 2; ++who) {
+      std::vector<double> per_op(ops.size(), 0.0);
+      int mhz = 0;
+      side[who].chain_us.push_back(chain(who == 0, per_op, &mhz));
+      side[who].mhz.push_back(mhz);
+      side[who].per_op.push_back(per_op);
+    }
+  double flops_layer = 0;
+  for (const Op& op : ops) flops_layer += 2.0 * kChainM * op.shape->N * op.shape->K;
+  // The median run by chain time, per side; per-op µs per layer from that run.
+  auto median_run = [](const std::vector<double>& v) {
+    std::vector<size_t> order(v.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return v[a] < v[b]; });
+    return order[(order.size() - 1) / 2];
+  };
+  const size_t med[2] = {median_run(side[0].chain_us), median_run(side[1].chain_us)};
+  std::printf("\nGEMM chain: %d layers x (qkv, o, gate|up, down) at M = %d, %d weight sets in turn; median of %d "
+              "chains per side, alternating\n",
+              kChainLayers, kChainM, kChainWeightSets, iters);
+  std::printf("| | ours | cuBLASLt FP8 (%s) | cuBLASLt / ours |\n|---|---|---|---|\n",
+              ops[0].outer ? "outer_vec" : "per_tensor");
+  const double t0 = side[0].chain_us[med[0]], t1 = side[1].chain_us[med[1]];
+  std::printf("| chain ms | %.2f | %.2f | %.3f |\n", t0 / 1e3, t1 / 1e3, t1 / t0);
+  std::printf("| TFLOP/s | %.0f | %.0f | |\n", flops_layer * kChainLayers / (t0 * 1e-6) / 1e12,
+              flops_layer * kChainLayers / (t1 * 1e-6) / 1e12);
+  std::printf("| SM MHz right after (median run) | %.0f | %.0f | |\n", side[0].mhz[med[0]], side[1].mhz[med[1]]);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const double a = side[0].per_op[med[0]][i] / kChainLayers, b = side[1].per_op[med[1]][i] / kChainLayers;
+    std::printf("| %s µs per layer | %.1f | %.1f | %.3f |\n", ops[i].shape->name, a, b, b / a);
+  }
+  const int sm_mhz_now = report_sm_clock_after_runs(d.dev);
+  int rc = 0;
+  if (!json_path.empty()) {
+    const auto extra = [&](FILE* f) {
+      std::fprintf(f,
+                   "  \"mode\": \"chain\",\n  \"layers\": %d,\n  \"M\": %d,\n  \"weight_sets\": %d,\n  "
+                   "\"chains_per_side\": %d,\n  \"cublaslt_fp8_scale_mode\": \"%s\",\n",
+                   kChainLayers, kChainM, kChainWeightSets, iters, ops[0].outer ? "outer_vec" : "per_tensor");
+    };
+    const auto row = [&](FILE* f, size_t who) {
+      const Side& sd = side[who];
+      std::fprintf(f, "    {\"library\": \"%s\", \"chain_us_median\": %.1f, \"tflops\": %.1f, \"sm_mhz_after\": %.0f, "
+                      "\"chain_us\": [",
+                   who == 0 ? "futransformer gemm_fp8" : "cublaslt_fp8", sd.chain_us[med[who]],
+                   flops_layer * kChainLayers / (sd.chain_us[med[who]] * 1e-6) / 1e12, sd.mhz[med[who]]);
+      for (size_t i = 0; i < sd.chain_us.size(); ++i) std::fprintf(f, "%s%.1f", i ? ", " : "", sd.chain_us[i]);
+      std::fprintf(f, "], \"per_layer_us\": {");
+      for (size_t i = 0; i < ops.size(); ++i)
+        std::fprintf(f, "%s\"%s\": %.2f", i ? ", " : "", ops[i].shape->name,
+                     sd.per_op[med[who]][i] / kChainLayers);
+      std::fprintf(f, "}}");
+    };
+    if (!write_json(json_path, "gemm_fp8_chain", d, sm_mhz_now, std::nullopt, extra, 2, row)) rc = 1;
+  }
+  for (cudaEvent_t e : ev) CHECK_CUDA(cudaEventDestroy(e));
+  for (Op& op : ops) {
+    CHECK_CUDA(cudaFree(op.a));
+    CHECK_CUDA(cudaFree(op.sb));
+    for (uint8_t* b : op.b) CHECK_CUDA(cudaFree(b));
+  }
+  CHECK_CUDA(cudaFree(dst));
+  CHECK_CUDA(cudaFree(sa));
+  return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parse_args(argc, argv, 20, 5);
+  const Args args = parse_args(argc, argv, 20, 5, "--chain");
   const int iters = args.iters;
   const DeviceInfo d = query_device();
   cudaStream_t stream;
@@ -163,6 +330,15 @@ int main(int argc, char** argv) {
   CHECK_CUBLAS(cublasLtCreate(&lt));
   void* lt_ws = nullptr;
   CHECK_CUDA(cudaMalloc(&lt_ws, 32u << 20));
+  if (args.flag) {
+    print_device_summary(d);
+    std::printf("\n");
+    const int rc = run_chain(d, stream, lt, lt_ws, args.iters, args.json_path);
+    CHECK_CUDA(cudaFree(lt_ws));
+    cublasLtDestroy(lt);
+    CHECK_CUDA(cudaStreamDestroy(stream));
+    return rc;
+  }
   const L2Flush flush(d.l2_bytes);
 
   print_device_summary(d);
@@ -209,19 +385,8 @@ int main(int argc, char** argv) {
         CHECK_CUDA(futransformer::cuda::gemm_fp8(a8, b8, sa, sb, reinterpret_cast<__nv_bfloat16*>(d_ours), M, s.N,
                                                  s.K, stream));
       });
-      // Outer-vector scaling if offered (our semantics), else per-tensor scalars: sa / sb hold one value each.
       auto make_fp8 = [&](bool fast, bool* outer) {
-        auto g = std::make_unique<LtGemm>(lt, M, s.N, s.K, CUDA_R_8F_E4M3, fast, sb, sa, true, lt_ws);
-        // An algorithm the heuristic offers must also run: probe it once before trusting the mode.
-        g->ok = g->ok && g->try_run(b8, a8, d_lt, stream) == CUBLAS_STATUS_SUCCESS &&
-                cudaStreamSynchronize(stream) == cudaSuccess;
-        *outer = g->ok;
-        if (!g->ok) g = std::make_unique<LtGemm>(lt, M, s.N, s.K, CUDA_R_8F_E4M3, fast, sb, sa, false, lt_ws);
-        if (!g->ok) {
-          std::fprintf(stderr, "cuBLASLt found no FP8 algorithm for M=%d N=%d K=%d\n", M, s.N, s.K);
-          std::exit(1);
-        }
-        return g;
+        return make_lt_fp8(lt, M, s.N, s.K, fast, sb, sa, lt_ws, b8, a8, d_lt, stream, outer);
       };
       bool outer = false, outer_fast = false;
       auto fp8 = make_fp8(false, &outer);

@@ -25,11 +25,13 @@
 // Compare each with a run without it in the same call.
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -51,11 +53,12 @@ struct Row {
   double int4_us = 0, loop_us = 0, fp8_us = 0, flops = 0;  // loop_us 0: not measured
 };
 
-// --trace: the kernels of one whole-model FP8 prefill (host-launched, so every kernel of the pass is in the window).
+// --trace: the kernels of one whole-model FP8 prefill (host-launched, so every kernel of the pass is in the window;
+// the second of two passes traced back to back).
 struct TraceRow {
   std::string shape;
   int layers = 0, tokens = 0;
-  double wall_us = 0;  // wall clock of the traced forward (CUPTI adds a little per kernel)
+  double wall_us = 0;  // wall clock of the second traced forward (CUPTI adds a little per kernel)
   size_t dropped = 0, incomplete = 0;
   bench::Timeline timeline;
   std::optional<bench::LayerPattern> layer_pattern;
@@ -178,8 +181,13 @@ int main(int argc, char** argv) {
               tr.tokens = t;
               const SequenceChunk chunk{0, prompt};
               e->reset(0);
+              // CUPTI's first launches after start() delay the pass's first kernels by a few ms (3.56 ms before
+              // layer 0 in the twentieth session's trace), so the window holds two passes and only the second
+              // one's kernels are kept: both launch the same kernels, so they are the later half by start time.
               bench::KernelTrace trace;
               trace.start();
+              e->forward(std::span(&chunk, 1));
+              e->reset(0);
               const auto t0 = std::chrono::steady_clock::now();
               e->forward(std::span(&chunk, 1));
               tr.wall_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
@@ -187,6 +195,14 @@ int main(int argc, char** argv) {
               tr.dropped = trace.dropped();
               tr.incomplete = trace.incomplete();
               e->reset(0);
+              std::stable_sort(records.begin(), records.end(),
+                               [](const bench::KernelRecord& a, const bench::KernelRecord& b) {
+                                 return a.start_ns < b.start_ns;
+                               });
+              if (records.size() % 2 != 0)
+                throw std::runtime_error("--trace: " + std::to_string(records.size()) +
+                                         " kernel records for two identical passes (expected an even count)");
+              records.erase(records.begin(), records.begin() + static_cast<std::ptrdiff_t>(records.size() / 2));
               tr.timeline = bench::make_timeline(std::move(records));
               tr.layer_pattern = bench::find_layer_pattern(tr.timeline, static_cast<size_t>(tr.layers));
               char title[160];

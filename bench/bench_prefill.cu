@@ -25,10 +25,10 @@
 // Compare each with a run without it in the same call.
 #include <algorithm>
 #include <chrono>
-#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
               e->reset(0);
               // CUPTI's first launches after start() delay the pass's first kernels by a few ms (3.56 ms before
               // layer 0 in the twentieth session's trace), so the window holds two passes and only the second
-              // one's kernels are kept: both launch the same kernels, so they are the later half by start time.
+              // one's kernels are kept (bench::last_of_identical_passes).
               bench::KernelTrace trace;
               trace.start();
               e->forward(std::span(&chunk, 1));
@@ -195,15 +195,11 @@ int main(int argc, char** argv) {
               tr.dropped = trace.dropped();
               tr.incomplete = trace.incomplete();
               e->reset(0);
-              std::stable_sort(records.begin(), records.end(),
-                               [](const bench::KernelRecord& a, const bench::KernelRecord& b) {
-                                 return a.start_ns < b.start_ns;
-                               });
-              if (records.size() % 2 != 0)
-                throw std::runtime_error("--trace: " + std::to_string(records.size()) +
-                                         " kernel records for two identical passes (expected an even count)");
-              records.erase(records.begin(), records.begin() + static_cast<std::ptrdiff_t>(records.size() / 2));
-              tr.timeline = bench::make_timeline(std::move(records));
+              std::string why;
+              std::optional<std::vector<bench::KernelRecord>> second =
+                  bench::last_of_identical_passes(std::move(records), 2, &why);
+              if (!second) throw std::runtime_error("--trace: " + why);
+              tr.timeline = bench::make_timeline(std::move(*second));
               tr.layer_pattern = bench::find_layer_pattern(tr.timeline, static_cast<size_t>(tr.layers));
               char title[160];
               std::snprintf(title, sizeof title, "%s, FP8 prefill of %d tokens (traced wall %.1f µs)",

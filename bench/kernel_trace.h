@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -341,6 +342,34 @@ inline std::string short_kernel_name(const std::string& demangled, size_t max_ch
   if (qual != std::string::npos) s.erase(0, qual + 2);
   if (s.size() > max_chars && max_chars > 3) s = s.substr(0, max_chars - 3) + "...";
   return s;
+}
+
+// The kernels of the last of `passes` identical host-launched passes traced in one window (bench_prefill --trace:
+// CUPTI's first launches after start() delay the first pass's kernels by milliseconds, so a second pass is the one
+// to read). The records are sorted by start and cut into `passes` equal runs; every run must launch the same kernels
+// in the same order (name, grid, block), else nullopt with the reason in *why.
+inline std::optional<std::vector<KernelRecord>> last_of_identical_passes(std::vector<KernelRecord> records,
+                                                                         size_t passes, std::string* why) {
+  auto fail = [&](const std::string& reason) -> std::optional<std::vector<KernelRecord>> {
+    if (why) *why = reason;
+    return std::nullopt;
+  };
+  if (passes == 0) return fail("no passes");
+  if (records.empty() || records.size() % passes != 0)
+    return fail(std::to_string(records.size()) + " kernel records for " + std::to_string(passes) +
+                " identical passes (expected a positive multiple)");
+  std::stable_sort(records.begin(), records.end(),
+                   [](const KernelRecord& a, const KernelRecord& b) { return a.start_ns < b.start_ns; });
+  const size_t n = records.size() / passes;
+  for (size_t p = 1; p < passes; ++p)
+    for (size_t i = 0; i < n; ++i) {
+      const KernelRecord &a = records[i], &b = records[p * n + i];
+      if (a.name != b.name || !std::equal(a.grid, a.grid + 3, b.grid) || !std::equal(a.block, a.block + 3, b.block))
+        return fail("pass " + std::to_string(p) + " differs from pass 0 at kernel " + std::to_string(i) + " (" +
+                    a.name + " against " + b.name + ")");
+    }
+  records.erase(records.begin(), records.begin() + static_cast<std::ptrdiff_t>(n * (passes - 1)));
+  return records;
 }
 
 // One replay as a timeline: offsets from its first kernel's start; gap = this kernel's start − the previous

@@ -1,5 +1,6 @@
-// The analysis half of bench/kernel_trace.h (bench_decode_step --trace) on made-up CUPTI records: cutting graph
-// replays apart, the median replay, kernel names, the timeline's offsets / gaps / busy time, and the repeating layer.
+// The analysis half of bench/kernel_trace.h (bench_decode_step / bench_prefill --trace) on made-up CUPTI records:
+// cutting graph replays apart, the median replay, kernel names, the timeline's offsets / gaps / busy time, the
+// repeating layer, and the last of several identical passes.
 // The CUPTI half needs a GPU; this half decides what the printed tables and the JSON say.
 #include <gtest/gtest.h>
 
@@ -154,6 +155,46 @@ TEST(KernelTraceAnalysis, FindsTheRepeatingLayer) {
   EXPECT_EQ(lp->repeats, 3u);
   EXPECT_FALSE(kt::find_layer_pattern(tl, 4).has_value());  // no sequence repeats four times
   EXPECT_FALSE(kt::find_layer_pattern(tl, 1).has_value());  // one layer: nothing to find
+}
+
+// bench_prefill --trace: two passes of the same kernels in one window, the first delayed by CUPTI's start-up;
+// the records arrive out of order. The second pass's kernels come back in start order, and a window whose passes
+// differ (a kernel missing, another grid) or whose count does not divide is refused with a reason.
+TEST(KernelTraceAnalysis, LastOfIdenticalPasses) {
+  std::vector<KernelRecord> v;
+  uint64_t t = 5'000'000;  // the first pass starts late
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int k = 0; k < 3; ++k) {
+      v.push_back(rec("k" + std::to_string(k), t, t + 100, 0, 0, 0, 10 + k));
+      t += 200;
+    }
+    t += 1000;
+  }
+  std::vector<KernelRecord> shuffled = {v[4], v[1], v[5], v[0], v[3], v[2]};
+  std::string why;
+  const auto last = kt::last_of_identical_passes(shuffled, 2, &why);
+  ASSERT_TRUE(last.has_value()) << why;
+  ASSERT_EQ(last->size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((*last)[i].start_ns, v[3 + i].start_ns);
+    EXPECT_EQ((*last)[i].name, "k" + std::to_string(i));
+  }
+  const auto one = kt::last_of_identical_passes(v, 1, &why);  // one pass: everything, sorted
+  ASSERT_TRUE(one.has_value());
+  EXPECT_EQ(one->size(), 6u);
+
+  EXPECT_FALSE(kt::last_of_identical_passes({v[0], v[1], v[2], v[3], v[4]}, 2, &why).has_value());
+  EXPECT_NE(why.find("5 kernel records for 2 identical passes"), std::string::npos) << why;
+  std::vector<KernelRecord> other_grid = v;
+  other_grid[4].grid[0] = 99;
+  EXPECT_FALSE(kt::last_of_identical_passes(other_grid, 2, &why).has_value());
+  EXPECT_NE(why.find("pass 1 differs from pass 0 at kernel 1"), std::string::npos) << why;
+  std::vector<KernelRecord> other_name = v;
+  other_name[3].name = "k9";
+  EXPECT_FALSE(kt::last_of_identical_passes(other_name, 2, &why).has_value());
+  EXPECT_NE(why.find("at kernel 0 (k0 against k9)"), std::string::npos) << why;
+  EXPECT_FALSE(kt::last_of_identical_passes({}, 2, &why).has_value());
+  EXPECT_FALSE(kt::last_of_identical_passes(v, 0, &why).has_value());
 }
 
 }  // namespace

@@ -20,7 +20,8 @@
 // CudaEngineOptions::fused_prefill_unrotation (int4-hadamard output un-rotated in the prefill attention's store);
 // FT_UNROTATE_FP8=0 every engine without CudaEngineOptions::fused_unrotate_fp8 (un-rotation + FP8 of the o GEMM's
 // input in one kernel, the default); FT_FP8_QKV_EPILOGUE=1 with CudaEngineOptions::fused_fp8_qkv (RoPE, q rotation and
-// INT4 cache placement in the FP8 qkv GEMM's epilogue);
+// INT4 cache placement in the FP8 qkv GEMM's epilogue); FT_FP8_ROPE=1 with CudaEngineOptions::fused_fp8_rope (RoPE
+// alone in the FP8 qkv GEMM's epilogue);
 // FT_PREFILL_ATTENTION and FT_QKV_QUAD choose kernels (src/cuda/attention_prefill_internal.h, fused_ops_internal.h).
 // Compare each with a run without it in the same call.
 #include <algorithm>
@@ -161,6 +162,8 @@ int main(int argc, char** argv) {
           o.fused_unrotate_fp8 = !(unrot8 != nullptr && unrot8[0] == '0');
           const char* qkv_epi = std::getenv("FT_FP8_QKV_EPILOGUE");  // CudaEngineOptions::fused_fp8_qkv
           o.fused_fp8_qkv = qkv_epi != nullptr && qkv_epi[0] == '1';
+          const char* rope8 = std::getenv("FT_FP8_ROPE");  // CudaEngineOptions::fused_fp8_rope
+          o.fused_fp8_rope = rope8 != nullptr && rope8[0] == '1';
           o.int4_dequant_min_rows = path == Path::loop ? 0 : -1;
           std::vector<double>& times = fp8 ? fp8_us : (path == Path::loop ? loop_us : int4_us);
           const char* label = fp8 ? "FP8 prefill" : (path == Path::loop ? "INT4 64-row loop" : "INT4 path");

@@ -125,13 +125,13 @@ cudaError_t launch_persistent(void (*kernel)(Params...), int grid, int threads, 
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
-template <int kBlockN, bool kResidual, bool kBlockScaledA, bool kOverlap = false>
+template <int kBlockN, bool kResidual, bool kBlockScaledA, bool kOverlap = false, bool kRope = false>
 cudaError_t launch(const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& md, const fp8::KernelParams& p,
-                   const Config& c, cudaStream_t stream) {
+                   const Config& c, cudaStream_t stream, const fp8::RopeParams& rope = {}) {
   constexpr int kStages = fp8::stages_for(kBlockN);
   constexpr uint32_t smem = fp8::smem_layout(kBlockN, kStages).alloc_bytes;
-  return launch_persistent(fp8::gemm_fp8_kernel<kBlockN, kStages, kResidual, kBlockScaledA, kOverlap>, c.grid,
-                           fp8::kThreads, smem, stream, ma, mb, md, p);
+  return launch_persistent(fp8::gemm_fp8_kernel<kBlockN, kStages, kResidual, kBlockScaledA, kOverlap, kRope>, c.grid,
+                           fp8::kThreads, smem, stream, ma, mb, md, p, rope);
 }
 
 // The per-token BF16-store GEMM at block_n 128 runs the two-accumulator main loop (kOverlap; same bits): measured
@@ -209,11 +209,13 @@ cudaError_t dispatch(const CUtensorMap& ma, const CUtensorMap& mb, const CUtenso
 // Every entry point: D (BF16 store) or, with `residual_mode`, residual (fp32 in-place add); a_scale per row or,
 // with `block_a`, per row per 128-deep K block. Shapes are checked before pointers, so a bad shape is named whatever
 // the pointers are.
+// `rope` (gemm_fp8_rope, BF16 store only): RoPE on columns [0, rope.cols) in the epilogue, at 128-column tiles.
 cudaError_t run_gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale,
                          __nv_bfloat16* D, float* residual, bool residual_mode, bool block_a, int M, int N, int K,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const fp8::RopeParams& rope = {}) {
   g_last_error.clear();
   if (gemm_fp8_can_implement(M, N, K, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
+  const bool rope_mode = rope.cs != nullptr;  // gemm_fp8_rope checked its own arguments
   if (!A || !B || !a_scale || !b_scale || !aligned(A, 16) || !aligned(B, 16) || !aligned(a_scale, 4) ||
       !aligned(b_scale, 4)) {
     return reject(&g_last_error,
@@ -230,7 +232,7 @@ cudaError_t run_gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scal
   if (!hopper) {
     return reject(&g_last_error, "gemm_fp8: the kernel is built for sm_90a (H100/H200) only");
   }
-  const Config c = fp8::choose_config(M, N, K, d, forced_block_n());
+  const Config c = fp8::choose_config(M, N, K, d, rope_mode ? fp8::kRopeHeadDim : forced_block_n());
   if (print_heuristics()) std::fprintf(stderr, "%s\n", fp8::describe_config(c, M, N, K, d).c_str());
   if (static_cast<int64_t>(fp8::smem_layout(c.block_n, c.stages).alloc_bytes) > d.smem_per_block) {
     return reject(&g_last_error, "gemm_fp8: the tile needs " +
@@ -249,6 +251,12 @@ cudaError_t run_gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scal
 
   const int a_kblocks = (K + fp8::kBlockK - 1) / fp8::kBlockK;
   const fp8::KernelParams p{a_scale, b_scale, M, N, K, c.m_blocks, c.n_blocks, c.group_m, residual, a_kblocks};
+  if (rope_mode) {
+    if (c.block_n != fp8::kRopeHeadDim)
+      return reject(&g_last_error, "gemm_fp8_rope: the tile heuristic did not take 128-column tiles");
+    return overlap_enabled() ? launch<128, false, false, true, true>(ma, mb, md, p, c, stream, rope)
+                             : launch<128, false, false, false, true>(ma, mb, md, p, c, stream, rope);
+  }
   if (block_a) {
     return residual_mode ? dispatch<true, true>(ma, mb, md, p, c, stream) : dispatch<false, true>(ma, mb, md, p, c, stream);
   }
@@ -267,6 +275,22 @@ cudaError_t run_gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scal
 cudaError_t gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale, __nv_bfloat16* D,
                      int M, int N, int K, cudaStream_t stream) {
   return run_gemm_fp8(A, B, a_scale, b_scale, D, nullptr, false, false, M, N, K, stream);
+}
+
+cudaError_t gemm_fp8_rope(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale,
+                          __nv_bfloat16* D, const float* rope_cos_sin, int rope_heads, int M, int N, int K,
+                          cudaStream_t stream) {
+  g_last_error.clear();
+  if (gemm_fp8_can_implement(M, N, K, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
+  constexpr int kHd = fp8::kRopeHeadDim;
+  if (N % kHd != 0 || rope_heads < 1 || rope_heads > N / kHd)
+    return reject(&g_last_error, "gemm_fp8_rope: rope_heads = " + std::to_string(rope_heads) + " with N = " +
+                                     std::to_string(N) + ", expected N a multiple of " + std::to_string(kHd) +
+                                     " (head_dim) and 1 .. N / " + std::to_string(kHd) + " heads");
+  if (!rope_cos_sin || !aligned(rope_cos_sin, 16))
+    return reject(&g_last_error, "gemm_fp8_rope: rope_cos_sin must be non-null and 16-byte aligned");
+  const fp8::RopeParams rope{reinterpret_cast<const float2*>(rope_cos_sin), rope_heads * kHd};
+  return run_gemm_fp8(A, B, a_scale, b_scale, D, nullptr, false, false, M, N, K, stream, rope);
 }
 
 cudaError_t gemm_fp8_residual(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale,

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "cuda/decoder_ops.cuh"
 #include "cuda/gemm_fp8_layout.h"
 #include "cuda/gemm_fp8_pipeline.cuh"
 #include "cuda/ptx/ldmatrix.cuh"
@@ -45,6 +46,15 @@ struct KernelParams {
   int a_scale_kblocks;  // kBlockScaledA: ceil(K / kBlockK), the row stride of a_scale
 };
 
+// kRope (gemm_fp8_rope): HF rotate-half RoPE on the q and k heads in the BF16 epilogue. The tile is 128 columns and
+// head_dim is 128, so a tile column block below `cols` is one head, and column c < 64 and its partner c + 64 sit in
+// one thread's accumulators (8-column groups j and j + 8).
+constexpr int kRopeHeadDim = 128;
+struct RopeParams {
+  const float2* cs;  // the pass's (cos, sin) table (rope_cos_sin_table): [M][kRopeHeadDim / 2], 16-byte aligned
+  int cols;          // columns [0, cols) are q and k heads (a multiple of kRopeHeadDim); later ones are stored as is
+};
+
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low 16 bits
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -62,10 +72,13 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // K block kb + 1's wgmmas run while kb is added. Same additions in the same order, so the same bits as the
 // one-accumulator loop (mainloop_per_token), which the residual instances keep by default (the warp-specialised
 // residual kernel's consumers have 168 registers, not 3 x 64 + more).
-template <int kBlockN, int kStages, bool kResidual = false, bool kBlockScaledA = false, bool kOverlap = false>
+template <int kBlockN, int kStages, bool kResidual = false, bool kBlockScaledA = false, bool kOverlap = false,
+          bool kRope = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_fp8_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
-                    const __grid_constant__ CUtensorMap tma_d, const KernelParams p) {
+                    const __grid_constant__ CUtensorMap tma_d, const KernelParams p, const RopeParams rope) {
+  static_assert(!kRope || (kBlockN == kRopeHeadDim && !kResidual && !kBlockScaledA),
+                "kRope: BF16 store of per-token A at 128-column tiles (one head per tile)");
   static_assert(kBlockN % kDBoxCols == 0 && kBlockN >= 64 && kBlockN <= 256, "block_n: a multiple of 64 up to 256");
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
   constexpr SmemLayout L = smem_layout(kBlockN, kStages);
@@ -270,14 +283,51 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float sa_lo = ptx::ld_shared_f32(scales + 4u * (cw * kWgmmaM + r_lo));  // 0 past M
     const float sa_hi = ptx::ld_shared_f32(scales + 4u * (cw * kWgmmaM + r_hi));
     ptx::bar_sync(1 + cw, 128);
+    bool plain_store = true;
+    if constexpr (kRope) {
+      if (n0 < rope.cols) {
+        plain_store = false;
+        // One q or k head: each value rounded to BF16 as the plain store rounds it, then rope_qk_bf16's arithmetic
+        // (ops::rope_lo / rope_hi with the table's fp64-derived (cos, sin)) and a second BF16 rounding. Rows past M
+        // read row M - 1's angles; TMA never stores them.
+        const float2* cs_lo = rope.cs + static_cast<int64_t>(min(m0 + r_lo, p.M - 1)) * (kRopeHeadDim / 2);
+        const float2* cs_hi = rope.cs + static_cast<int64_t>(min(m0 + r_hi, p.M - 1)) * (kRopeHeadDim / 2);
+        const auto bf = [](float v) { return __bfloat162float(__float2bfloat16_rn(v)); };
 #pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-      const int c = acc_col(lane, 4 * j);
-      const float2 sb = ptx::ld_shared_v2_f32(scales + 4u * (kBlockM + c));  // columns c, c + 1; 0 past N
-      ptx::st_shared_b32(d_stage + d_stage_offset(r_lo, c),
-                         pack_bf16x2(sum[4 * j] * sa_lo * sb.x, sum[4 * j + 1] * sa_lo * sb.y));
-      ptx::st_shared_b32(d_stage + d_stage_offset(r_hi, c),
-                         pack_bf16x2(sum[4 * j + 2] * sa_hi * sb.x, sum[4 * j + 3] * sa_hi * sb.y));
+        for (int j = 0; j < kBlockN / 16; ++j) {
+          const int c = acc_col(lane, 4 * j);  // c, c + 1 < 64; partners c + 64, c + 65 in group j + 8
+          const int jp = j + kBlockN / 16;
+          const float2 sb = ptx::ld_shared_v2_f32(scales + 4u * (kBlockM + c));
+          const float2 sp = ptx::ld_shared_v2_f32(scales + 4u * (kBlockM + c + kRopeHeadDim / 2));
+          const float4 lo = *reinterpret_cast<const float4*>(cs_lo + c);  // (cos, sin) of c, then of c + 1
+          const float4 hi = *reinterpret_cast<const float4*>(cs_hi + c);
+          const float2 l0 = make_float2(lo.x, lo.y), l1 = make_float2(lo.z, lo.w);
+          const float2 h0 = make_float2(hi.x, hi.y), h1 = make_float2(hi.z, hi.w);
+          const float a0 = bf(sum[4 * j] * sa_lo * sb.x), b0 = bf(sum[4 * jp] * sa_lo * sp.x);
+          const float a1 = bf(sum[4 * j + 1] * sa_lo * sb.y), b1 = bf(sum[4 * jp + 1] * sa_lo * sp.y);
+          const float a2 = bf(sum[4 * j + 2] * sa_hi * sb.x), b2 = bf(sum[4 * jp + 2] * sa_hi * sp.x);
+          const float a3 = bf(sum[4 * j + 3] * sa_hi * sb.y), b3 = bf(sum[4 * jp + 3] * sa_hi * sp.y);
+          ptx::st_shared_b32(d_stage + d_stage_offset(r_lo, c),
+                             pack_bf16x2(ops::rope_lo(a0, b0, l0), ops::rope_lo(a1, b1, l1)));
+          ptx::st_shared_b32(d_stage + d_stage_offset(r_lo, c + kRopeHeadDim / 2),
+                             pack_bf16x2(ops::rope_hi(a0, b0, l0), ops::rope_hi(a1, b1, l1)));
+          ptx::st_shared_b32(d_stage + d_stage_offset(r_hi, c),
+                             pack_bf16x2(ops::rope_lo(a2, b2, h0), ops::rope_lo(a3, b3, h1)));
+          ptx::st_shared_b32(d_stage + d_stage_offset(r_hi, c + kRopeHeadDim / 2),
+                             pack_bf16x2(ops::rope_hi(a2, b2, h0), ops::rope_hi(a3, b3, h1)));
+        }
+      }
+    }
+    if (plain_store) {
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        const int c = acc_col(lane, 4 * j);
+        const float2 sb = ptx::ld_shared_v2_f32(scales + 4u * (kBlockM + c));  // columns c, c + 1; 0 past N
+        ptx::st_shared_b32(d_stage + d_stage_offset(r_lo, c),
+                           pack_bf16x2(sum[4 * j] * sa_lo * sb.x, sum[4 * j + 1] * sa_lo * sb.y));
+        ptx::st_shared_b32(d_stage + d_stage_offset(r_hi, c),
+                           pack_bf16x2(sum[4 * j + 2] * sa_hi * sb.x, sum[4 * j + 3] * sa_hi * sb.y));
+      }
     }
     // This thread has read its scales: every consumer thread's arrival frees the slot.
     ptx::mbarrier_arrive(scale_empty);

@@ -528,6 +528,60 @@ TEST(CudaEngineFp8, QkvEpilogueEqualsTheSeparateKernels) {
   }
 }
 
+// CudaEngineOptions::fused_fp8_rope: where RoPE runs as its own kernel (a prompt that starts an int4-hadamard
+// sequence: its keys wait for the anchors), the FP8 qkv GEMM applies it in its epilogue (gemm_fp8_rope) — bit for
+// bit the GEMM + rope_qk_bf16, so the logits and the greedy steps equal the separate kernels'. The profile shows
+// "qkv GEMM (FP8) + RoPE" once per layer (the prompt; the continuation takes the one-kernel prologue) and no "RoPE".
+TEST(CudaEngineFp8, RopeInTheQkvGemmEqualsTheSeparateKernel) {
+  FT_REQUIRE_HOPPER();
+  test::TinyLlama s;
+  s.hidden = 256;
+  s.inter = 512;
+  s.heads = 2;
+  s.kv_heads = 1;
+  s.head_dim = 128;
+  s.layers = 2;
+  s.vocab = 500;
+  const Model model = test::bf16_model(test::make_tiny_llama(s, 43));
+  const quant::QuantizedModel dec = quantise(model, kDecodeRecipe), pre = quantise(model, kPrefillRecipe);
+  for (const bool fused_epilogues : {true, false}) {
+    SCOPED_TRACE(fused_epilogues ? "fused epilogues" : "unfused epilogues");
+    CudaEngineOptions co;
+    co.kv = formats::KvFormat::INT4_HADAMARD;
+    co.fused_epilogues = fused_epilogues;
+    co.fused_fp8_rope = true;
+    co.profile_ops = true;  // both engines without CUDA graphs (see QkvEpilogueEqualsTheSeparateKernels)
+    std::unique_ptr<CudaEngine> fused = make_cuda_engine(dec, pre, co);
+    EXPECT_NE(fused->description().find("RoPE in the qkv GEMM's epilogue"), std::string::npos) << fused->description();
+    CudaEngineOptions uo = co;
+    uo.fused_fp8_rope = false;
+    std::unique_ptr<CudaEngine> plain = make_cuda_engine(dec, pre, uo);
+    std::mt19937 rng(15);
+    for (int64_t n : {150, 70}) {  // a prompt (two 128-row tiles), then a chunk continuing the same sequence
+      const SequenceChunk chunk{0, test::random_token_ids(n, model.config.vocab_size, rng)};
+      const std::vector<float> lf = fused->forward(std::span(&chunk, 1), true)[0];
+      const std::vector<float> lp = plain->forward(std::span(&chunk, 1), true)[0];
+      expect_same_logit_bits(lf, lp, "chunk of " + std::to_string(n) + " tokens, ", "fused", "separate");
+      if (HasFatalFailure()) return;
+    }
+    int32_t token = 1;
+    for (int step = 0; step < 4; ++step) {
+      const SequenceChunk next{0, {token}};
+      const std::vector<int32_t> tf = fused->forward_greedy(std::span(&next, 1));
+      const std::vector<int32_t> tp = plain->forward_greedy(std::span(&next, 1));
+      ASSERT_EQ(tf, tp) << "decode step " << step;
+      token = tf[0];
+    }
+    int64_t fused_rope = 0, rope = 0;
+    for (const CudaEngine::OpTime& t : fused->op_profile()) {
+      if (t.op == "qkv GEMM (FP8) + RoPE") fused_rope += t.calls;
+      if (t.op == "RoPE") rope += t.calls;
+    }
+    EXPECT_EQ(fused_rope, model.config.num_hidden_layers);
+    EXPECT_EQ(rope, 0);
+  }
+}
+
 // No device needed from here on: the refusals come before any GPU work.
 void expect_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
   try {

@@ -321,4 +321,74 @@ TEST(Fp8QkvHost, RejectsMissingPointersAndOtherCaches) {
       << cuda::decoder_ops_last_error();
 }
 
+// gemm_fp8_rope (the engine's fused_fp8_rope): bit for bit gemm_fp8 + rope_qk_bf16 over the whole poisoned output —
+// the q and k heads rotated, the v heads stored as gemm_fp8 stores them — at row counts with tails and three GQA
+// shapes, from the pass's table (rope_cos_sin_table).
+TEST(GemmFp8RopeGpu, BitIdenticalToGemmThenRope) {
+  FT_REQUIRE_HOPPER();
+  for (const Case& c : {Case{KvFormat::INT4, 4, 2, 1, 256, 0, false}, Case{KvFormat::INT4, 8, 2, 65, 512, 0, false},
+                        Case{KvFormat::INT4, 4, 1, 300, 1040, 0, false}}) {
+    SCOPED_TRACE(testing::Message() << "gemm_fp8_rope heads " << c.n_heads << "/" << c.n_kv << " rows " << c.rows
+                                    << " K " << c.K);
+    const Inputs in = make_inputs(c, 900u + static_cast<uint32_t>(c.rows));
+    const size_t elems = static_cast<size_t>(c.rows) * in.N;
+    DeviceBuffer<uint8_t> a(in.a), b(in.b);
+    DeviceBuffer<float> sa(in.sa), sb(in.sb), inv_freq(in.meta.inv_freq);
+    DeviceBuffer<int32_t> positions(in.meta.positions);
+    DeviceBuffer<uint16_t> ref(elems), got(elems);
+    DeviceBuffer<float> table(static_cast<size_t>(c.rows) * kHeadDim);
+    ASSERT_EQ(ref.poison(), cudaSuccess);
+    ASSERT_EQ(got.poison(), cudaSuccess);
+    ASSERT_EQ(table.poison(), cudaSuccess);
+    auto bf = [](DeviceBuffer<uint16_t>& d) { return reinterpret_cast<__nv_bfloat16*>(d.p); };
+    ASSERT_EQ(cuda::rope_cos_sin_table(positions.p, inv_freq.p, c.rows, kHeadDim, table.p, nullptr), cudaSuccess)
+        << cuda::decoder_ops_last_error();
+    ASSERT_EQ(cuda::gemm_fp8(a.p, b.p, sa.p, sb.p, bf(ref), c.rows, in.N, c.K, nullptr), cudaSuccess)
+        << cuda::gemm_fp8_last_error();
+    ASSERT_EQ(cuda::rope_qk_bf16(bf(ref), positions.p, inv_freq.p, c.rows, c.n_heads, c.n_kv, kHeadDim, nullptr),
+              cudaSuccess)
+        << cuda::decoder_ops_last_error();
+    ASSERT_EQ(cuda::gemm_fp8_rope(a.p, b.p, sa.p, sb.p, bf(got), table.p, c.n_heads + c.n_kv, c.rows, in.N, c.K,
+                                  nullptr),
+              cudaSuccess)
+        << cuda::gemm_fp8_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<uint16_t> r = ref.download(), g = got.download();
+    size_t mismatches = 0, first = elems;
+    for (size_t i = 0; i < elems; ++i)
+      if (r[i] != g[i] && mismatches++ == 0) first = i;
+    EXPECT_EQ(mismatches, 0u) << "first at row " << first / static_cast<size_t>(in.N) << " column "
+                              << first % static_cast<size_t>(in.N);
+  }
+}
+
+// Refusals name the argument and write nothing: rope_heads out of 1 .. N / 128, N not a multiple of 128, a null or
+// misaligned table, and gemm_fp8's own shape checks first.
+TEST(GemmFp8RopeGpu, RejectedCallsLeaveTheOutputUntouched) {
+  FT_REQUIRE_HOPPER();
+  const Case c{KvFormat::INT4, 4, 2, 4, 256, 0, false};
+  const Inputs in = make_inputs(c, 950);
+  DeviceBuffer<uint8_t> a(in.a), b(in.b);
+  DeviceBuffer<float> sa(in.sa), sb(in.sb), table(static_cast<size_t>(c.rows) * kHeadDim + 4);
+  DeviceBuffer<uint16_t> d(static_cast<size_t>(c.rows) * in.N);
+  ASSERT_EQ(d.poison(), cudaSuccess);
+  auto* out = reinterpret_cast<__nv_bfloat16*>(d.p);
+  struct Bad {
+    const float* table;
+    int heads, N, K;
+    const char* needle;
+  };
+  for (const Bad& x : {Bad{table.p, 0, in.N, c.K, "rope_heads = 0"}, Bad{table.p, 9, in.N, c.K, "rope_heads = 9"},
+                       Bad{table.p, 1, 1000, c.K, "N = 1000"}, Bad{nullptr, 6, in.N, c.K, "rope_cos_sin"},
+                       Bad{table.p + 2, 6, in.N, c.K, "16-byte aligned"}, Bad{table.p, 6, in.N, 200, "K = 200"}}) {
+    EXPECT_EQ(cuda::gemm_fp8_rope(a.p, b.p, sa.p, sb.p, out, x.table, x.heads, c.rows, x.N, x.K, nullptr),
+              cudaErrorInvalidValue)
+        << x.needle;
+    EXPECT_NE(std::string(cuda::gemm_fp8_last_error()).find(x.needle), std::string::npos)
+        << "message '" << cuda::gemm_fp8_last_error() << "' lacks '" << x.needle << "'";
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (uint16_t v : d.download()) ASSERT_EQ(v, 0xFFFF);
+}
+
 }  // namespace

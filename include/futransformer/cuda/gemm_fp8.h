@@ -34,6 +34,17 @@ cudaError_t gemm_fp8_can_implement(int M, int N, int K, std::string* why);
 cudaError_t gemm_fp8(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale, __nv_bfloat16* D,
                      int M, int N, int K, cudaStream_t stream);
 
+// The q|k|v projection of a prefill pass with RoPE in its epilogue: D as gemm_fp8 stores it, except that the first
+// rope_heads heads of 128 columns (q and k: n_heads + n_kv_heads) are rotated by HF rotate-half RoPE at each row's
+// angles, with rope_qk_bf16's arithmetic on the BF16-rounded values and a second BF16 rounding — bit-identical to
+// gemm_fp8 followed by rope_qk_bf16 at head_dim 128. rope_cos_sin: the pass's table from rope_cos_sin_table
+// (decoder_ops.h), [M, 64] (cos, sin) fp32 pairs, 16-byte aligned. gemm_fp8's shapes and pointers, plus N a multiple
+// of 128 and 1 <= rope_heads <= N / 128; otherwise cudaErrorInvalidValue with the reason in gemm_fp8_last_error().
+// Runs at 128-column tiles.
+cudaError_t gemm_fp8_rope(const uint8_t* A, const uint8_t* B, const float* a_scale, const float* b_scale,
+                          __nv_bfloat16* D, const float* rope_cos_sin, int rope_heads, int M, int N, int K,
+                          cudaStream_t stream);
+
 // The o / down projection epilogue: residual[m][n] += float(bf16(D[m][n])) in place (fp32 [M, N] row-major, 8-byte
 // aligned, not overlapping the inputs) instead of storing D — bit-identical to gemm_fp8 into a BF16 buffer followed
 // by add_residual_bf16, without D's pass through memory or the second kernel. Same shapes and errors as gemm_fp8.

@@ -263,6 +263,7 @@ class CudaEngineImpl final : public CudaEngine {
   // from the last residual GEMM, for the norm-prologue GEMM after it.
   DeviceArray<float> norm_partials_;
   bool fp8_qkv_epilogue_ = false;        // FP8 passes run gemm_fp8_qkv (fused_fp8_qkv and the model / cache fit it)
+  bool fp8_rope_ = false;                // FP8 passes with a separate RoPE run it in the qkv GEMM (fused_fp8_rope)
   DeviceArray<int32_t> meta_, ids_;
   int32_t* meta_host_ = nullptr;      // pinned mirror of meta_
   DeviceArray<uint8_t> gemm_ws_, attn_ws_;
@@ -374,6 +375,8 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
       cuda::gemm_fp8_qkv_can_implement(opt_.kv, 1, static_cast<int>(c.num_attention_heads),
                                        static_cast<int>(c.num_key_value_heads), static_cast<int>(c.head_dim),
                                        static_cast<int>(c.hidden_size), hadamard_block_, nullptr) == cudaSuccess;
+  // RoPE in the FP8 qkv GEMM's epilogue (gemm_fp8_rope): one head per 128-column tile.
+  fp8_rope_ = fp8_prefill_ && opt_.fused_fp8_rope && !fp8_qkv_epilogue_ && c.head_dim == 128;
   upload_weights(src);
   allocate_buffers();
   // A synthetic model's cache is never read before it is written except through append_synthetic_context: fill it
@@ -411,7 +414,8 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
       << (opt_.fp8_block_swiglu ? (opt_.fused_epilogues ? "; SwiGLU to FP8 per 128 channels in the gate|up GEMM"
                                                         : "; SwiGLU to FP8 per 128 channels")
                                 : "")
-      << (fp8_qkv_epilogue_ ? "; RoPE, q rotation and INT4 cache placement in the qkv GEMM's epilogue" : "") << ")";
+      << (fp8_qkv_epilogue_ ? "; RoPE, q rotation and INT4 cache placement in the qkv GEMM's epilogue" : "")
+      << (fp8_rope_ ? "; RoPE in the qkv GEMM's epilogue where it runs alone" : "") << ")";
   }
   if (lm_head_.kind() == DeviceLinear::Kind::Int4) d << " | LM head W4A16 INT4 g" << head_group_;
   description_ = d.str();
@@ -600,7 +604,7 @@ void CudaEngineImpl::allocate_buffers() {
   if (fp8_prefill_) {
     fp8_codes_.allocate(static_cast<size_t>(R * std::max({h, q_width_, inter})), "FP8 GEMM input codes");
     fp8_scales_.allocate(static_cast<size_t>(R), "FP8 GEMM input scales");
-    if (fp8_qkv_epilogue_) rope_table_.allocate(static_cast<size_t>(R * c.head_dim), "RoPE table of a pass");
+    if (fp8_qkv_epilogue_ || fp8_rope_) rope_table_.allocate(static_cast<size_t>(R * c.head_dim), "RoPE table of a pass");
     if (opt_.fp8_block_swiglu) {
       fp8_block_scales_.allocate(static_cast<size_t>(R * inter / cuda::kFp8SwigluChannelMultiple),
                                  "FP8 down GEMM input block scales");
@@ -805,7 +809,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                                  stream_),
            "embedding", decoder_ops_last_error);
   check(!fp8 || fp8_prefill_, "CUDA engine: an FP8 pass needs the FP8 prefill weights");
-  if (fp8 && fp8_qkv_epilogue_)  // once per pass: every layer's qkv epilogue reads the same positions' cos / sin
+  if (fp8 && (fp8_qkv_epilogue_ || fp8_rope_))  // once per pass: every layer's qkv epilogue reads the same cos / sin
     check_op(cuda::rope_cos_sin_table(m + ml.positions, inv_freq_.get(), r, hd, rope_table_.get(), stream_),
              "RoPE table", decoder_ops_last_error);
   // FP8 passes (docs/design.md "FP8 prefill"): each projection reads per-token FP8 codes written by the op before
@@ -874,6 +878,8 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     // pass that starts int4-hadamard sequences come out as RoPE'd BF16 in qkv_ (their anchors are a mean over the
     // chunk's keys), then the anchors and the keys-only append.
     const bool qkv_epilogue = fp8 && fp8_qkv_epilogue_;
+    // RoPE as its own kernel (below) moves into the FP8 qkv GEMM's epilogue with fused_fp8_rope.
+    const bool rope_in_fp8_gemm = fp8 && fp8_rope_ && !qkv_epilogue && !prologue_one_kernel;
     if (qkv_epilogue) {
       const bool keys_later = anchors && n_new > 0;
       cuda::GemmFp8QkvArgs qa;
@@ -900,6 +906,9 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       } else {
         mark("qkv GEMM (FP8) + RoPE + KV append + q rotation");
       }
+    } else if (rope_in_fp8_gemm) {
+      l.qkv8.forward_fp8_rope(codes, scales, rows, bf(qkv_), rope_table_.get(), static_cast<int>(nh + nkv), g);
+      mark("qkv GEMM (FP8) + RoPE");
     } else if (fp8) {
       l.qkv8.forward_fp8(codes, scales, rows, bf(qkv_), g);
       mark("qkv GEMM (FP8)");
@@ -941,8 +950,9 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                                         bf(q_), stream_),
                "RoPE + KV append + q rotation", cuda::fused_ops_last_error);
     } else {
-      check_op(cuda::rope_qk_bf16(bf(qkv_), m + ml.positions, inv_freq_.get(), r, nh, nkv, hd, stream_), "RoPE",
-               decoder_ops_last_error);
+      if (!rope_in_fp8_gemm)
+        check_op(cuda::rope_qk_bf16(bf(qkv_), m + ml.positions, inv_freq_.get(), r, nh, nkv, hd, stream_), "RoPE",
+                 decoder_ops_last_error);
       if (anchors && n_new > 0) compute_new_anchors();
       if (fused_qkv_) {
         check_op(cuda::kv_append_rotate_q(opt_.kv, bf(qkv_), r, nh, nkv, hd, m + ml.row_page, m + ml.row_slot, anchors,

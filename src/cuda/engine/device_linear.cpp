@@ -261,6 +261,16 @@ void DeviceLinear::forward_fp8(const uint8_t* a_codes, const float* a_scales, in
                              e == cudaErrorInvalidValue ? gemm_fp8_last_error() : cudaGetErrorString(e));
 }
 
+void DeviceLinear::forward_fp8_rope(const uint8_t* a_codes, const float* a_scales, int64_t M, __nv_bfloat16* y,
+                                    const float* rope_cos_sin, int rope_heads, const GemmContext& ctx) const {
+  check(kind_ == Kind::Fp8 && !fp8_swiglu_packed_, name_, ": forward_fp8_rope needs canonical FP8 weights");
+  const cudaError_t e = gemm_fp8_rope(a_codes, fp8_codes_.get(), a_scales, fp8_scales_.get(), y, rope_cos_sin,
+                                      rope_heads, static_cast<int>(M), static_cast<int>(N_), static_cast<int>(K_),
+                                      ctx.stream);
+  if (e != cudaSuccess) fail("CUDA engine: ", name_, ": FP8 GEMM + RoPE (M ", M, "): ",
+                             e == cudaErrorInvalidValue ? gemm_fp8_last_error() : cudaGetErrorString(e));
+}
+
 void DeviceLinear::forward_fp8_residual(const uint8_t* a_codes, const float* a_scales, int64_t M, float* residual,
                                         const GemmContext& ctx) const {
   check(kind_ == Kind::Fp8 && !fp8_swiglu_packed_, name_, ": forward_fp8_residual needs canonical FP8 weights");

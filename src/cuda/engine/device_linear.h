@@ -143,6 +143,10 @@ class DeviceLinear {
   // a_scales are per-token FP8 (cuda/fp8_producers.h). Throws Error naming the projection when the GEMM refuses.
   void forward_fp8(const uint8_t* a_codes, const float* a_scales, int64_t M, __nv_bfloat16* y,
                    const GemmContext& ctx) const;
+  // FP8 qkv weights at head_dim 128: forward_fp8 with RoPE on the first rope_heads heads of y in the GEMM's epilogue
+  // (gemm_fp8_rope; bit for bit forward_fp8 + rope_qk_bf16), rope_cos_sin the pass's table (rope_cos_sin_table).
+  void forward_fp8_rope(const uint8_t* a_codes, const float* a_scales, int64_t M, __nv_bfloat16* y,
+                        const float* rope_cos_sin, int rope_heads, const GemmContext& ctx) const;
   // FP8 weights only: residual fp32 [M, N] += the BF16-rounded forward_fp8 result, in the GEMM's epilogue
   // (gemm_fp8_residual; bit-identical to forward_fp8 + add_residual_bf16).
   void forward_fp8_residual(const uint8_t* a_codes, const float* a_scales, int64_t M, float* residual,

@@ -1,6 +1,8 @@
 // Benchmark of the FP8 prefill GEMM against cuBLASLt (FP8 and BF16) on Llama-3.1-8B / 70B projection shapes.
 //   bench_gemm_fp8 [--json PATH] [--iters N]
 //   FT_BENCH_ONLY=8B.gate_up:2048 runs that one shape and M (for profilers: ncu, nsys).
+//   The qkv shapes also time RoPE on the q and k heads (8 KV heads of 128): gemm_fp8 + rope_qk_bf16 against
+//   gemm_fp8_rope (RoPE in the GEMM's epilogue), L2-flushed, with their outputs compared bit for bit.
 //   bench_gemm_fp8 --chain [--json PATH] [--iters N]: instead of the table, the projections of a whole 8B-shaped
 //   prefill of 2048 tokens back to back (32 layers x qkv, o, gate|up, down; kChainWeightSets weight sets in turn, so
 //   no layer finds its weights in L2), ours against cuBLASLt FP8 with the same scaling, alternating chain by chain:
@@ -29,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "futransformer/cuda/decoder_ops.h"
 #include "futransformer/cuda/gemm_fp8.h"
 
 #define FT_BENCH_LAST_ERROR() futransformer::cuda::gemm_fp8_last_error()
@@ -169,7 +172,12 @@ struct Row {
   std::string shape, scale_mode;
   int M, K, N;
   double ours_us, lt_fp8_us, lt_fp8_fast_us, lt_bf16_us, agree;
+  // qkv shapes: gemm_fp8 + rope_qk_bf16, and gemm_fp8_rope (0: not timed), and whether their outputs are identical.
+  double rope_separate_us = 0, rope_fused_us = 0;
+  bool rope_identical = false;
 };
+constexpr int kRopeKvHeads = 8;  // Llama-3.1 8B and 70B
+constexpr int kRopeHeadDim = 128;
 
 double tflops(const Row& r, double us) { return 2.0 * r.M * r.N * r.K / (us * 1e-6) / 1e12; }
 
@@ -403,6 +411,40 @@ int main(int argc, char** argv) {
         return 1;
       }
       r.lt_bf16_us = time_median_flushed_us(iters, stream, flush, [&] { bf.run(b16, a16, d_lt, stream); });
+      if (std::string(s.name).find(".qkv") != std::string::npos) {
+        const int rope_heads = s.N / kRopeHeadDim - kRopeKvHeads;  // q and k heads
+        std::vector<int32_t> pos(static_cast<size_t>(M));
+        for (int i = 0; i < M; ++i) pos[static_cast<size_t>(i)] = 3 * i + 7;
+        std::vector<float> inv(kRopeHeadDim / 2);
+        for (int i = 0; i < kRopeHeadDim / 2; ++i)
+          inv[static_cast<size_t>(i)] = static_cast<float>(std::pow(500000.0, -2.0 * i / kRopeHeadDim));
+        int32_t* d_pos = nullptr;
+        float *d_inv = nullptr, *table = nullptr;
+        CHECK_CUDA(cudaMalloc(&d_pos, pos.size() * 4));
+        CHECK_CUDA(cudaMalloc(&d_inv, inv.size() * 4));
+        CHECK_CUDA(cudaMalloc(&table, static_cast<size_t>(M) * kRopeHeadDim * 4));
+        CHECK_CUDA(cudaMemcpy(d_pos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMemcpy(d_inv, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+        CHECK_CUDA(futransformer::cuda::rope_cos_sin_table(d_pos, d_inv, M, kRopeHeadDim, table, stream));
+        auto* ours = reinterpret_cast<__nv_bfloat16*>(d_ours);
+        auto* fused = reinterpret_cast<__nv_bfloat16*>(d_lt);
+        r.rope_separate_us = time_median_flushed_us(iters, stream, flush, [&] {
+          CHECK_CUDA(futransformer::cuda::gemm_fp8(a8, b8, sa, sb, ours, M, s.N, s.K, stream));
+          CHECK_CUDA(futransformer::cuda::rope_qk_bf16(ours, d_pos, d_inv, M, rope_heads - kRopeKvHeads, kRopeKvHeads,
+                                                       kRopeHeadDim, stream));
+        });
+        r.rope_fused_us = time_median_flushed_us(iters, stream, flush, [&] {
+          CHECK_CUDA(futransformer::cuda::gemm_fp8_rope(a8, b8, sa, sb, fused, table, rope_heads, M, s.N, s.K, stream));
+        });
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        // Both buffers hold one launch's output (each timed launch rewrites the whole of it).
+        std::vector<uint16_t> h1(static_cast<size_t>(M) * s.N), h2(h1.size());
+        CHECK_CUDA(cudaMemcpy(h1.data(), d_ours, h1.size() * 2, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaMemcpy(h2.data(), d_lt, h2.size() * 2, cudaMemcpyDeviceToHost));
+        r.rope_identical = h1 == h2;
+        for (void* q : {static_cast<void*>(d_pos), static_cast<void*>(d_inv), static_cast<void*>(table)})
+          CHECK_CUDA(cudaFree(q));
+      }
       std::printf("%-12s %5d %6d %6d | %9.1f %7.0f | %9.1f %7.0f %5.2fx %-9s| %7.0f | %7.0f | %8.1e\n", r.shape.c_str(),
                   M, s.K, s.N, r.ours_us, tflops(r, r.ours_us), r.lt_fp8_us, tflops(r, r.lt_fp8_us),
                   r.lt_fp8_us / r.ours_us, r.scale_mode.c_str(), tflops(r, r.lt_fp8_fast_us), tflops(r, r.lt_bf16_us),
@@ -413,6 +455,14 @@ int main(int argc, char** argv) {
                     static_cast<void*>(d_ours), static_cast<void*>(d_lt), static_cast<void*>(sa),
                     static_cast<void*>(sb)})
       CHECK_CUDA(cudaFree(p));
+  }
+  if (std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.rope_fused_us > 0; })) {
+    std::printf("\nqkv with RoPE on the q and k heads (L2-flushed medians)\n%-12s %5s | %16s | %14s | %6s | %s\n",
+                "shape", "M", "gemm + rope us", "gemm_fp8_rope", "ratio", "bits");
+    for (const Row& r : rows)
+      if (r.rope_fused_us > 0)
+        std::printf("%-12s %5d | %16.1f | %14.1f | %5.3fx | %s\n", r.shape.c_str(), r.M, r.rope_separate_us,
+                    r.rope_fused_us, r.rope_separate_us / r.rope_fused_us, r.rope_identical ? "identical" : "DIFFER");
   }
   const int sm_mhz_now = report_sm_clock_after_runs(d.dev);
 
@@ -425,10 +475,14 @@ int main(int argc, char** argv) {
                    "\"cublaslt_fp8_us\": %.3f, \"cublaslt_fp8_tflops\": %.1f, \"cublaslt_fp8_scale_mode\": \"%s\", "
                    "\"ratio_vs_cublaslt_fp8\": %.4f, \"cublaslt_fp8_fast_accum_us\": %.3f, "
                    "\"cublaslt_fp8_fast_accum_tflops\": %.1f, \"cublaslt_bf16_us\": %.3f, "
-                   "\"cublaslt_bf16_tflops\": %.1f, \"max_rel_diff_vs_cublaslt_fp8\": %.3e}",
+                   "\"cublaslt_bf16_tflops\": %.1f, \"max_rel_diff_vs_cublaslt_fp8\": %.3e",
                    r.shape.c_str(), r.M, r.K, r.N, r.ours_us, tflops(r, r.ours_us), r.lt_fp8_us,
                    tflops(r, r.lt_fp8_us), r.scale_mode.c_str(), r.lt_fp8_us / r.ours_us, r.lt_fp8_fast_us,
                    tflops(r, r.lt_fp8_fast_us), r.lt_bf16_us, tflops(r, r.lt_bf16_us), r.agree);
+      if (r.rope_fused_us > 0)
+        std::fprintf(f, ", \"gemm_then_rope_us\": %.3f, \"gemm_fp8_rope_us\": %.3f, \"rope_outputs_identical\": %s",
+                     r.rope_separate_us, r.rope_fused_us, r.rope_identical ? "true" : "false");
+      std::fprintf(f, "}");
     };
     if (!write_json(args.json_path, "gemm_fp8", d, sm_mhz_now, std::nullopt, extra, rows.size(), row)) return 1;
   }

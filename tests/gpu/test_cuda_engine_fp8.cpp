@@ -462,6 +462,29 @@ TEST(CudaEngineFp8, SyntheticFp8PrefillRuns) {
   for (float v : lg) ASSERT_TRUE(std::isfinite(v));
 }
 
+// A prompt of 150 tokens (two 128-row tiles), a 70-token chunk continuing it, then `steps` greedy steps, on two
+// engines with the same weights: the chunks' logits bit for bit, the steps' tokens equal (the steps read the cache
+// the chunks wrote). Both engines must profile, so neither decodes through CUDA graphs (see
+// QkvEpilogueEqualsTheSeparateKernels).
+void expect_same_chunks_and_steps(CudaEngine& fused, CudaEngine& plain, int64_t vocab, uint32_t seed, int steps) {
+  std::mt19937 rng(seed);
+  for (int64_t n : {150, 70}) {
+    const SequenceChunk chunk{0, test::random_token_ids(static_cast<size_t>(n), vocab, rng)};
+    const std::vector<float> lf = fused.forward(std::span(&chunk, 1), true)[0];
+    const std::vector<float> lp = plain.forward(std::span(&chunk, 1), true)[0];
+    expect_same_logit_bits(lf, lp, "chunk of " + std::to_string(n) + " tokens, ", "fused", "separate");
+    if (testing::Test::HasFatalFailure()) return;
+  }
+  int32_t token = 1;
+  for (int step = 0; step < steps; ++step) {
+    const SequenceChunk next{0, {token}};
+    const std::vector<int32_t> tf = fused.forward_greedy(std::span(&next, 1));
+    const std::vector<int32_t> tp = plain.forward_greedy(std::span(&next, 1));
+    ASSERT_EQ(tf, tp) << "decode step " << step;
+    token = tf[0];
+  }
+}
+
 // CudaEngineOptions::fused_fp8_qkv: the qkv GEMM's epilogue runs RoPE, the q rotation and the INT4 cache placement
 // (gemm_fp8_qkv) — bit for bit the GEMM + rope_qk_bf16 + kv_append_rotate_q, so the logits equal the separate
 // kernels' bit for bit: a prompt (new sequences: keys via BF16, anchors, keys-only append) and a continuation chunk
@@ -494,23 +517,9 @@ TEST(CudaEngineFp8, QkvEpilogueEqualsTheSeparateKernels) {
     uo.fused_fp8_qkv = false;
     std::unique_ptr<CudaEngine> plain = make_cuda_engine(dec, pre, uo);
     EXPECT_EQ(plain->description().find("qkv GEMM's epilogue"), std::string::npos) << plain->description();
-    std::mt19937 rng(14);
-    for (int64_t n : {150, 70}) {  // a prompt (two 128-row tiles), then a chunk continuing the same sequence
-      const SequenceChunk chunk{0, test::random_token_ids(n, model.config.vocab_size, rng)};
-      const std::vector<float> lf = fused->forward(std::span(&chunk, 1), true)[0];
-      const std::vector<float> lp = plain->forward(std::span(&chunk, 1), true)[0];
-      expect_same_logit_bits(lf, lp, "chunk of " + std::to_string(n) + " tokens, ", "fused", "separate");
-      if (HasFatalFailure()) return;
-    }
     // Greedy steps after the prompt read the cache the epilogue wrote.
-    int32_t token = 1;
-    for (int step = 0; step < 8; ++step) {
-      const SequenceChunk next{0, {token}};
-      const std::vector<int32_t> tf = fused->forward_greedy(std::span(&next, 1));
-      const std::vector<int32_t> tp = plain->forward_greedy(std::span(&next, 1));
-      ASSERT_EQ(tf, tp) << "decode step " << step;
-      token = tf[0];
-    }
+    expect_same_chunks_and_steps(*fused, *plain, model.config.vocab_size, 14, 8);
+    if (HasFatalFailure()) return;
     int64_t with_keys = 0, keys_later = 0, k_appends = 0, rope = 0;
     for (const CudaEngine::OpTime& t : fused->op_profile()) {
       if (t.op == "qkv GEMM (FP8) + RoPE + KV append + q rotation") with_keys += t.calls;
@@ -556,22 +565,8 @@ TEST(CudaEngineFp8, RopeInTheQkvGemmEqualsTheSeparateKernel) {
     CudaEngineOptions uo = co;
     uo.fused_fp8_rope = false;
     std::unique_ptr<CudaEngine> plain = make_cuda_engine(dec, pre, uo);
-    std::mt19937 rng(15);
-    for (int64_t n : {150, 70}) {  // a prompt (two 128-row tiles), then a chunk continuing the same sequence
-      const SequenceChunk chunk{0, test::random_token_ids(n, model.config.vocab_size, rng)};
-      const std::vector<float> lf = fused->forward(std::span(&chunk, 1), true)[0];
-      const std::vector<float> lp = plain->forward(std::span(&chunk, 1), true)[0];
-      expect_same_logit_bits(lf, lp, "chunk of " + std::to_string(n) + " tokens, ", "fused", "separate");
-      if (HasFatalFailure()) return;
-    }
-    int32_t token = 1;
-    for (int step = 0; step < 4; ++step) {
-      const SequenceChunk next{0, {token}};
-      const std::vector<int32_t> tf = fused->forward_greedy(std::span(&next, 1));
-      const std::vector<int32_t> tp = plain->forward_greedy(std::span(&next, 1));
-      ASSERT_EQ(tf, tp) << "decode step " << step;
-      token = tf[0];
-    }
+    expect_same_chunks_and_steps(*fused, *plain, model.config.vocab_size, 15, 4);
+    if (HasFatalFailure()) return;
     int64_t fused_rope = 0, rope = 0;
     for (const CudaEngine::OpTime& t : fused->op_profile()) {
       if (t.op == "qkv GEMM (FP8) + RoPE") fused_rope += t.calls;

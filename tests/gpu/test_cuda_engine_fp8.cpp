@@ -462,6 +462,19 @@ TEST(CudaEngineFp8, SyntheticFp8PrefillRuns) {
   for (float v : lg) ASSERT_TRUE(std::isfinite(v));
 }
 
+// A two-layer tiny Llama with head_dim 128 (a 128-column FP8 GEMM tile per head), 2 query heads over 1 KV head.
+Model head_dim_128_model(uint32_t seed) {
+  test::TinyLlama s;
+  s.hidden = 256;
+  s.inter = 512;
+  s.heads = 2;
+  s.kv_heads = 1;
+  s.head_dim = 128;
+  s.layers = 2;
+  s.vocab = 500;
+  return test::bf16_model(test::make_tiny_llama(s, seed));
+}
+
 // A prompt of 150 tokens (two 128-row tiles), a 70-token chunk continuing it, then `steps` greedy steps, on two
 // engines with the same weights: the chunks' logits bit for bit, the steps' tokens equal (the steps read the cache
 // the chunks wrote). Both engines must profile, so neither decodes through CUDA graphs (see
@@ -492,15 +505,7 @@ void expect_same_chunks_and_steps(CudaEngine& fused, CudaEngine& plain, int64_t 
 // shows the fused ops once per layer and pass.
 TEST(CudaEngineFp8, QkvEpilogueEqualsTheSeparateKernels) {
   FT_REQUIRE_HOPPER();
-  test::TinyLlama s;
-  s.hidden = 256;
-  s.inter = 512;
-  s.heads = 2;
-  s.kv_heads = 1;
-  s.head_dim = 128;
-  s.layers = 2;
-  s.vocab = 500;
-  const Model model = test::bf16_model(test::make_tiny_llama(s, 41));
+  const Model model = head_dim_128_model(41);
   const quant::QuantizedModel dec = quantise(model, kDecodeRecipe), pre = quantise(model, kPrefillRecipe);
   for (formats::KvFormat kv : {formats::KvFormat::INT4_HADAMARD, formats::KvFormat::INT4}) {
     SCOPED_TRACE(formats::kv_format_name(kv));
@@ -543,15 +548,7 @@ TEST(CudaEngineFp8, QkvEpilogueEqualsTheSeparateKernels) {
 // "qkv GEMM (FP8) + RoPE" once per layer (the prompt; the continuation takes the one-kernel prologue) and no "RoPE".
 TEST(CudaEngineFp8, RopeInTheQkvGemmEqualsTheSeparateKernel) {
   FT_REQUIRE_HOPPER();
-  test::TinyLlama s;
-  s.hidden = 256;
-  s.inter = 512;
-  s.heads = 2;
-  s.kv_heads = 1;
-  s.head_dim = 128;
-  s.layers = 2;
-  s.vocab = 500;
-  const Model model = test::bf16_model(test::make_tiny_llama(s, 43));
+  const Model model = head_dim_128_model(43);
   const quant::QuantizedModel dec = quantise(model, kDecodeRecipe), pre = quantise(model, kPrefillRecipe);
   for (const bool fused_epilogues : {true, false}) {
     SCOPED_TRACE(fused_epilogues ? "fused epilogues" : "unfused epilogues");

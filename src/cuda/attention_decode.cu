@@ -40,13 +40,20 @@ cudaError_t device_limits(attn::DeviceLimits* d) {
 using DecodeFn = void (*)(attn::DecodeArgs, fused::QkvArgs);
 using CombineFn = void (*)(const float*, const float*, __nv_bfloat16*, int, int, float);
 
-DecodeFn pick_decode(bool int4, int head_dim, const fused::QkvArgs* pro, KvFormat pro_format) {
+// warps: the plan's (8 only where attn::has_eight_warp_instances: INT4, head_dim 128).
+DecodeFn pick_decode(bool int4, int head_dim, const fused::QkvArgs* pro, KvFormat pro_format, int warps) {
+  using attn::Prologue;
   if (pro) {  // the launcher checked: INT4 formats, head_dim 128
-    return pro_format == KvFormat::INT4_HADAMARD
-               ? attn::attention_decode_kernel<true, 128, attn::Prologue::kInt4Hadamard>
-               : attn::attention_decode_kernel<true, 128, attn::Prologue::kInt4>;
+    if (pro_format == KvFormat::INT4_HADAMARD)
+      return warps == 8 ? attn::attention_decode_kernel<true, 128, Prologue::kInt4Hadamard, 8>
+                        : attn::attention_decode_kernel<true, 128, Prologue::kInt4Hadamard>;
+    return warps == 8 ? attn::attention_decode_kernel<true, 128, Prologue::kInt4, 8>
+                      : attn::attention_decode_kernel<true, 128, Prologue::kInt4>;
   }
-  if (int4) return head_dim == 128 ? attn::attention_decode_kernel<true, 128> : attn::attention_decode_kernel<true, 64>;
+  if (int4 && head_dim == 128)
+    return warps == 8 ? attn::attention_decode_kernel<true, 128, Prologue::kNone, 8>
+                      : attn::attention_decode_kernel<true, 128>;
+  if (int4) return attn::attention_decode_kernel<true, 64>;
   return head_dim == 128 ? attn::attention_decode_kernel<false, 128> : attn::attention_decode_kernel<false, 64>;
 }
 CombineFn pick_combine(int head_dim, bool unrotate) {
@@ -119,7 +126,7 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
                               plan.splits,
                               static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim))),
                               (pro != nullptr || early_copies) ? 1 : 0};
-  const DecodeFn kernel = pick_decode(int4, head_dim, pro, pro_format);
+  const DecodeFn kernel = pick_decode(int4, head_dim, pro, pro_format, plan.warps);
   if (plan.smem_bytes + static_smem > 48 * 1024) {
     // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
     if (const cudaError_t e =
@@ -130,7 +137,7 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
   cudaLaunchConfig_t cfg{};
   cfg.gridDim =
       dim3(static_cast<unsigned>(plan.splits), static_cast<unsigned>(n_kv_heads), static_cast<unsigned>(batch));
-  cfg.blockDim = dim3(attn::kThreads);
+  cfg.blockDim = dim3(static_cast<unsigned>(plan.warps * attn::kWarpSize));
   cfg.dynamicSmemBytes = static_cast<size_t>(plan.smem_bytes);
   cfg.stream = stream;
   // Under programmatic_launch() the attention kernel is a programmatic dependent of the kernel before it (it

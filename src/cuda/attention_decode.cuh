@@ -288,16 +288,17 @@ struct PrologueSmem {
 // The RoPE'd q and k are not written back into qkv and no q_out is written. Cache tiles that do not hold the new token
 // are copied before griddepcontrol.wait, and the key anchor prefetched into L1 (in a decode step no kernel writes
 // either), so their latency overlaps the kernel before (the QKV GEMM).
-template <bool kInt4, int kD, Prologue kP = Prologue::kNone>
-__global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm))
+template <bool kInt4, int kD, Prologue kP = Prologue::kNone, int kW = kWarps>
+__global__ void __launch_bounds__(CtaShape<kInt4, kD, kW>::kThreadsPerCta, (CtaShape<kInt4, kD, kW>::kMinCtasPerSm))
     attention_decode_kernel(const DecodeArgs args, const fused::QkvArgs pro) {
   using Geo = Geometry<kInt4, kD>;
+  constexpr int kCtaThreads = CtaShape<kInt4, kD, kW>::kThreadsPerCta;
   using T = Tile<kInt4, kD>;
   constexpr bool kPro = kP != Prologue::kNone;
   constexpr formats::KvFormat kFormat =
       kP == Prologue::kInt4Hadamard ? formats::KvFormat::INT4_HADAMARD : formats::KvFormat::INT4;
   static_assert(!kPro || (kInt4 && kD == fused::kQuadHeadDim), "the fused prologue is the quad path's: INT4, hd 128");
-  static_assert(kMaxGqa <= kWarpSize / 4 && kWarps >= 3, "warp 0's quads hold the query heads; warps 1, 2 k and v");
+  static_assert(kMaxGqa <= kWarpSize / 4 && kW >= 3, "warp 0's quads hold the query heads; warps 1, 2 k and v");
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(16) unsigned char pro_smem[kPro ? sizeof(PrologueSmem) : 16];
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
@@ -307,8 +308,8 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
   // wait, so its latency overlaps the previous kernel under programmatic launch.
   const int len = max(0, min(args.seq_lens[b], args.max_pages * kPageTokens));
   const Range tiles = split_range(tiles_for(len), args.splits, split);
-  const int first = tiles.begin + warp;  // this warp's tiles: first, first + kWarps, ...
-  const int n_mine = first < tiles.end ? (tiles.end - first + kWarps - 1) / kWarps : 0;
+  const int first = tiles.begin + warp;  // this warp's tiles: first, first + kW, ...
+  const int n_mine = first < tiles.end ? (tiles.end - first + kW - 1) / kW : 0;
 
   unsigned char* ring = smem + warp * Geo::kStages * Geo::kStageBytes;
   const uint32_t ring_s = ptx::smem_addr(ring);
@@ -325,10 +326,10 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
     }
   }
   // The page id of this warp's tile k (the block table is a pass input no kernel writes).
-  auto page_of = [&](int k) { return __ldg(bt + static_cast<unsigned>(first + k * kWarps) / kTilesPerPage); };
+  auto page_of = [&](int k) { return __ldg(bt + static_cast<unsigned>(first + k * kW) / kTilesPerPage); };
   // Tile k of this warp, on page page_id, into ring stage `stage` (= k % kStages).
   auto issue_at = [&](int k, int stage, int page_id) {
-    const unsigned tile = static_cast<unsigned>(first + k * kWarps);
+    const unsigned tile = static_cast<unsigned>(first + k * kW);
     const uint8_t* page = args.pool + (int64_t{page_id} * args.n_kv_heads + kvh) * Geo::kPageBytes;
     const int slot0 = static_cast<int>(tile % kTilesPerPage) * kTile;
     const uint32_t dst = ring_s + static_cast<uint32_t>(stage * Geo::kStageBytes);
@@ -364,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
 #pragma unroll
     for (int k = 0; k < Geo::kStages - 1; ++k) {
       if (k < n_mine) {
-        if (first + k * kWarps == new_tile) {
+        if (first + k * kW == new_tile) {
           deferred = k;
         } else {
           issue(k, k);
@@ -448,8 +449,8 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
     __syncwarp();  // ... and every other lane's
   };
   float* red_o = reinterpret_cast<float*>(smem);  // merge buffers, overlaying the rings once every warp is done
-  float* red_m = red_o + kWarps * kMaxGqa * kD;
-  float* red_l = red_m + kWarps * kMaxGqa;
+  float* red_m = red_o + kW * kMaxGqa * kD;
+  float* red_l = red_m + kW * kMaxGqa;
   if constexpr (kInt4) {
     using I = Int4Tile<kD>;
     // Lane (g, t) keeps the state of heads 2t and 2t + 1 (j = 0, 1); m is the same on the 8 lanes of a t, l is this
@@ -462,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
       wait_tile(k);
       const unsigned char* st = ring + stage * Geo::kStageBytes;
       const uint32_t st_s = ring_s + static_cast<uint32_t>(stage * Geo::kStageBytes);
-      const int tok0 = (first + k * kWarps) * kTile;
+      const int tok0 = (first + k * kW) * kTile;
       float s[4];
       I::scores(st, st_s, lane, qa, s);
       // Online softmax per head column over the tile's 16 tokens (every processed tile holds a valid token).
@@ -527,7 +528,7 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
     for (int k = 0; k < n_mine; ++k) {
       wait_tile(k);
       const uint32_t st_s = ring_s + static_cast<uint32_t>(stage * Geo::kStageBytes);
-      const int tok0 = (first + k * kWarps) * kTile;
+      const int tok0 = (first + k * kW) * kTile;
       float s[2][2];
       T::scores(st_s, lane, qa, s);
       // Online softmax of row g over the tile's tokens (every processed tile holds at least one valid token).
@@ -577,15 +578,15 @@ __global__ void __launch_bounds__(kThreads, (Geometry<kInt4, kD>::kMinCtasPerSm)
     }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < G * kD; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < G * kD; idx += kCtaThreads) {
     const int h = idx / kD, c = idx % kD;
     float mx = kNegInf;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_m[w * kMaxGqa + h]);
+    for (int w = 0; w < kW; ++w) mx = fmaxf(mx, red_m[w * kMaxGqa + h]);
     float num = 0.0f, den = 0.0f;
     if (mx != kNegInf) {  // otherwise the split holds no token (or the sequence is empty)
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = 0; w < kW; ++w) {
         const float wt = ptx::ex2_approx(red_m[w * kMaxGqa + h] - mx);  // 0 for a warp without tiles
         num = fmaf(wt, red_o[(w * kMaxGqa + h) * kD + c], num);
         den = fmaf(wt, red_l[w * kMaxGqa + h], den);

@@ -61,18 +61,20 @@ struct KernelShape {
   int stage_bytes, stages, smem, max_ctas_per_sm;  // the last: the register cap of __launch_bounds__
 };
 
-KernelShape kernel_shape(bool int4, int head_dim) {
-  auto make = [](auto geo) {
-    using Geo = decltype(geo);
-    return KernelShape{Geo::kStageBytes, Geo::kStages, Geo::kSmemBytes, Geo::kMinCtasPerSm};
+KernelShape kernel_shape(bool int4, int head_dim, int warps) {
+  auto make = [](auto cta) {
+    using Cta = decltype(cta);
+    return KernelShape{Cta::Geo::kStageBytes, Cta::Geo::kStages, Cta::kSmemBytes, Cta::kMinCtasPerSm};
   };
-  if (int4) return head_dim == 128 ? make(Geometry<true, 128>{}) : make(Geometry<true, 64>{});
-  return head_dim == 128 ? make(Geometry<false, 128>{}) : make(Geometry<false, 64>{});
+  if (int4 && head_dim == 128) return warps == 8 ? make(CtaShape<true, 128, 8>{}) : make(CtaShape<true, 128>{});
+  if (int4) return make(CtaShape<true, 64>{});
+  return head_dim == 128 ? make(CtaShape<false, 128>{}) : make(CtaShape<false, 64>{});
 }
 
 // What the models need about one problem.
 struct Problem {
   KernelShape k;
+  int warps;  // per CTA (kWarps, or 8 for the INT4 head_dim 128 instances)
   int head_dim, batch, n_kv_heads, tiles;
   int ctas_per_sm;    // resident CTAs per SM (shared memory, then the register cap)
   int64_t cap;        // resident CTAs on the device
@@ -80,9 +82,11 @@ struct Problem {
   int sm_count;
 };
 
-Problem make_problem(bool int4, int head_dim, int batch, int n_kv_heads, int max_seq_len, const DeviceLimits& d) {
+Problem make_problem(bool int4, int head_dim, int batch, int n_kv_heads, int max_seq_len, const DeviceLimits& d,
+                     int warps) {
   Problem p{};
-  p.k = kernel_shape(int4, head_dim);
+  p.warps = warps;
+  p.k = kernel_shape(int4, head_dim, warps);
   p.head_dim = head_dim;
   p.batch = batch;
   p.n_kv_heads = n_kv_heads;
@@ -91,7 +95,7 @@ Problem make_problem(bool int4, int head_dim, int batch, int n_kv_heads, int max
   p.ctas_per_sm =
       static_cast<int>(std::clamp<int64_t>(d.smem_per_sm / (p.k.smem + kSmemReservePerCta), 1, p.k.max_ctas_per_sm));
   p.cap = int64_t{d.sm_count} * p.ctas_per_sm;
-  const double in_flight_per_cta = static_cast<double>(kWarps) * (p.k.stages - 1) * p.k.stage_bytes;
+  const double in_flight_per_cta = static_cast<double>(p.warps) * (p.k.stages - 1) * p.k.stage_bytes;
   p.saturation = d.sm_count * std::max(1.0, kBytesInFlightPerSm / in_flight_per_cta);
   return p;
 }
@@ -123,6 +127,7 @@ Plan base_plan(const Problem& p) {
   Plan plan;
   plan.smem_bytes = p.k.smem;
   plan.ctas_per_sm = p.ctas_per_sm;
+  plan.warps = p.warps;
   return plan;
 }
 
@@ -146,7 +151,7 @@ Plan occupancy_plan(const Problem& p) {
   Plan plan = base_plan(p);
   const double groups = static_cast<double>(p.batch) * p.n_kv_heads;  // CTAs of one split
   const auto fill = static_cast<int64_t>(std::lround(kTargetCtasPerSm * static_cast<double>(p.sm_count) / groups));
-  const int64_t walk = p.tiles / (kWarps * kMinTilesPerWarp);
+  const int64_t walk = p.tiles / (p.warps * kMinTilesPerWarp);
   const int64_t s = std::min<int64_t>({fill, kMaxPlanSplits, walk});
   plan.splits = static_cast<int>(std::clamp<int64_t>(s, 1, max_splits(p)));
   plan.model = PlanModel::kOccupancy;
@@ -161,6 +166,19 @@ Plan best_plan(PlanModel model, const Problem& p) {
 constexpr int kUnset = -1;
 std::atomic<int> g_forced_splits{kUnset};
 std::atomic<int> g_model{kUnset};
+std::atomic<int> g_forced_warps{kUnset};
+
+int env_forced_warps() {
+  static const int v = [] {
+    const char* e = std::getenv("FT_ATTN_DECODE_WARPS");
+    if (e == nullptr || e[0] == '\0' || std::strcmp(e, "0") == 0) return 0;
+    if (std::strcmp(e, "4") == 0) return 4;
+    if (std::strcmp(e, "8") == 0) return 8;
+    std::fprintf(stderr, "FT_ATTN_DECODE_WARPS='%s' is not 0 (the rule), 4 or 8; ignored\n", e);
+    return 0;
+  }();
+  return v;
+}
 
 int env_forced_splits() {
   static const int v = [] {
@@ -206,20 +224,39 @@ PlanModel plan_model() {
 
 void set_plan_model(PlanModel model) { g_model.store(static_cast<int>(model), std::memory_order_relaxed); }
 
+int forced_warps() {
+  const int v = g_forced_warps.load(std::memory_order_relaxed);
+  return v == kUnset ? env_forced_warps() : v;
+}
+
+void set_forced_warps(int n) { g_forced_warps.store(n == 4 || n == 8 ? n : 0, std::memory_order_relaxed); }
+
 void reset_plan_knobs() {
   g_forced_splits.store(kUnset, std::memory_order_relaxed);
   g_model.store(kUnset, std::memory_order_relaxed);
+  g_forced_warps.store(kUnset, std::memory_order_relaxed);
 }
 
-int smem_bytes_for(bool int4, int head_dim) { return kernel_shape(int4, head_dim).smem; }
+bool has_eight_warp_instances(bool int4, int head_dim) { return int4 && head_dim == 128; }
+
+int cta_warps(bool int4, int head_dim, int batch, int n_kv_heads, const DeviceLimits& d) {
+  if (!has_eight_warp_instances(int4, head_dim)) return kWarps;
+  if (const int forced = forced_warps(); forced > 0) return forced;
+  (void)batch, (void)n_kv_heads, (void)d;
+  return kWarps;
+}
+
+int smem_bytes_for(bool int4, int head_dim, int warps) { return kernel_shape(int4, head_dim, warps).smem; }
 
 Plan model_plan(PlanModel model, bool int4, int head_dim, int batch, int n_kv_heads, int max_seq_len,
                 const DeviceLimits& d) {
-  return best_plan(model, make_problem(int4, head_dim, batch, n_kv_heads, max_seq_len, d));
+  const int warps = cta_warps(int4, head_dim, batch, n_kv_heads, d);
+  return best_plan(model, make_problem(int4, head_dim, batch, n_kv_heads, max_seq_len, d, warps));
 }
 
 Plan choose_plan(bool int4, int head_dim, int batch, int n_kv_heads, int max_seq_len, const DeviceLimits& d) {
-  const Problem p = make_problem(int4, head_dim, batch, n_kv_heads, max_seq_len, d);
+  const int warps = cta_warps(int4, head_dim, batch, n_kv_heads, d);
+  const Problem p = make_problem(int4, head_dim, batch, n_kv_heads, max_seq_len, d, warps);
   if (const int forced = forced_splits(); forced > 0) {
     Plan plan = base_plan(p);
     plan.splits = std::min(forced, max_splits(p));
@@ -244,9 +281,9 @@ std::string describe_plan(const Plan& p, bool int4, int head_dim, int batch, int
   char buf[384];
   std::snprintf(buf, sizeof(buf),
                 "attention_decode %s B=%d heads=%d kv_heads=%d head_dim=%d max_seq_len=%d: splits=%d (%s) "
-                "grid=%dx%dx%d smem=%d B ctas/sm=%d workspace=%lld B (sm=%d)",
+                "grid=%dx%dx%d warps=%d smem=%d B ctas/sm=%d workspace=%lld B (sm=%d)",
                 int4 ? "int4" : "bf16", batch, n_heads, n_kv_heads, head_dim, max_seq_len, p.splits,
-                p.forced ? "forced" : plan_model_name(p.model), p.splits, n_kv_heads, batch, p.smem_bytes,
+                p.forced ? "forced" : plan_model_name(p.model), p.splits, n_kv_heads, batch, p.warps, p.smem_bytes,
                 p.ctas_per_sm, static_cast<long long>(workspace_bytes_for(p, batch, n_heads, head_dim)), d.sm_count);
   return buf;
 }

@@ -34,6 +34,7 @@ struct Plan {
   int splits = 1;       // CTAs per (sequence, KV head); > 1 needs the workspace and the combine kernel
   int smem_bytes = 0;   // dynamic shared memory of one CTA
   int ctas_per_sm = 1;  // resident CTAs per SM (shared memory, then the register cap)
+  int warps = 4;        // per CTA: kWarps, or 8 (INT4 head_dim 128 only; cta_warps)
   bool forced = false;  // splits came from FT_ATTN_DECODE_SPLITS / set_forced_splits
   PlanModel model = PlanModel::kOccupancy;  // the model that chose (when not forced)
 };
@@ -45,8 +46,17 @@ void set_forced_splits(int n);
 // The model choose_plan uses: set_plan_model wins over FT_ATTN_DECODE_MODEL (occupancy | dram, read once).
 PlanModel plan_model();
 void set_plan_model(PlanModel model);
-// Back to the environment's values for both (undoes set_forced_splits and set_plan_model).
+// Warps per CTA (INT4 caches at head_dim 128 only; every other instance has kWarps = 4): set_forced_warps(4 | 8)
+// wins over FT_ATTN_DECODE_WARPS (4 | 8; 0 or unset: the rule in cta_warps), read once; 0 from either: the rule.
+int forced_warps();
+void set_forced_warps(int n);
+// Back to the environment's values for all three (undoes set_forced_splits, set_plan_model and set_forced_warps).
 void reset_plan_knobs();
+
+// Whether a format / head_dim has 8-warp instances, and the warps per CTA a plan for the shape uses (the forced
+// count where one applies, else the rule).
+bool has_eight_warp_instances(bool int4, int head_dim);
+int cta_warps(bool int4, int head_dim, int batch, int n_kv_heads, const DeviceLimits& limits);
 
 // Plan for a shape attention_decode_can_implement accepts (int4: true for INT4 / INT4_HADAMARD, false for BF16):
 // the forced split count when one is set, else the choice of plan_model().
@@ -61,7 +71,7 @@ int64_t workspace_bytes_for(const Plan& plan, int batch, int n_heads, int head_d
 int64_t workspace_lse_offset(const Plan& plan, int batch, int n_heads, int head_dim);
 
 // Shared memory of the kernel instance (ring or merge buffers, whichever is larger).
-int smem_bytes_for(bool int4, int head_dim);
+int smem_bytes_for(bool int4, int head_dim, int warps = 4);
 
 // One line describing the choice, for FT_PRINT_HEURISTICS.
 std::string describe_plan(const Plan& plan, bool int4, int head_dim, int batch, int n_heads, int n_kv_heads,

@@ -91,12 +91,24 @@ struct Geometry {
   // Pipeline depth: about 10-12 KB of stages per warp for INT4 (several tiles in flight), 3-4 stages of the
   // 4-8 KB BF16 tiles (the ring must still leave room for two CTAs per SM).
   static constexpr int kStages = kInt4 ? (kD == 128 ? 5 : 8) : (kD == 128 ? 3 : 4);
-  // Register cap for __launch_bounds__: the head_dim 128 instances need up to ~168 registers (three CTAs per SM:
-  // still 12 warps and over 100 KB of copies in flight per SM), the head_dim 64 ones fit in 128 (four CTAs).
-  static constexpr int kMinCtasPerSm = kD == 128 ? 3 : 4;
-  static constexpr int kRingBytes = kWarps * kStages * kStageBytes;
+};
+
+// One CTA of the decode kernel: kW warps, each walking its own share of the split's tiles (round-robin) through its
+// own ring of Geometry::kStages stages, then one cross-warp merge. kW = kWarps (4) everywhere; the INT4 head_dim 128
+// instances also come with 8 warps (CtaWarps choice in the plan, attention_decode_heuristics.h), for grids that leave
+// too few warps per SM to hide the per-tile latency chains.
+template <bool kInt4, int kD, int kW = kWarps>
+struct CtaShape {
+  static_assert(kW == 4 || kW == 8, "4 or 8 warps per CTA");
+  using Geo = Geometry<kInt4, kD>;
+  static constexpr int kThreadsPerCta = kW * kWarpSize;
+  // Register cap for __launch_bounds__: with 4 warps the head_dim 128 instances need up to ~168 registers (three
+  // CTAs per SM: still 12 warps and over 100 KB of copies in flight per SM), the head_dim 64 ones fit in 128 (four
+  // CTAs). With 8 warps: two CTAs per SM (128 registers; ptxas reports no spills for the INT4 head_dim 128 ones).
+  static constexpr int kMinCtasPerSm = kW == 8 ? 2 : (kD == 128 ? 3 : 4);
+  static constexpr int kRingBytes = kW * Geo::kStages * Geo::kStageBytes;
   // Cross-warp merge buffers (they reuse the ring once every warp is done): O [warp][head][channel], m and l.
-  static constexpr int kMergeBytes = kWarps * kMaxGqa * (kD + 2) * 4;
+  static constexpr int kMergeBytes = kW * kMaxGqa * (kD + 2) * 4;
   static constexpr int kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
 };
 

@@ -168,6 +168,41 @@ TEST(AttentionDecodeGpu, ForcedSplitsMatchTheTwin) {
   }
 }
 
+// 8-warp CTAs (INT4 caches at head_dim 128): the same attention as the twin, under the split plans and forced counts
+// (the merge then adds 8 warps' partial sums, so it is checked against the twin, not the 4-warp bits).
+TEST(AttentionDecodeGpu, EightWarpCtasMatchTheTwin) {
+  FT_REQUIRE_CUDA_DEVICE();
+  const PlanKnobs knobs;
+  attn::set_forced_warps(8);
+  uint32_t seed = 900;
+  for (KvFormat f : {KvFormat::INT4, KvFormat::INT4_HADAMARD}) {
+    check_against_twin(f, 128, 32, 8, lens_for(32, 0), ++seed);  // batch 32: the unsplit plan
+    check_against_twin(f, 128, 32, 8, {1024}, ++seed);            // batch 1: a split plan
+    check_against_twin(f, 128, 16, 2, lens_for(8, 1), ++seed);
+    check_against_twin(f, 128, 8, 8, {1, 17, 64, 65, 3000}, ++seed);  // G = 1; fewer tiles than warps
+  }
+  for (int forced : {1, 3, 16}) {
+    attn::set_forced_splits(forced);
+    SCOPED_TRACE(testing::Message() << "forced splits " << forced);
+    check_against_twin(KvFormat::INT4, 128, 64, 8, {1000, 17, 4097}, ++seed);  // G = 8
+  }
+}
+
+// Formats and head_dims without 8-warp instances keep 4 whatever is forced; the plan's shared memory follows.
+TEST(AttentionDecodeHost, EightWarpsOnlyWhereInstancesExist) {
+  const PlanKnobs knobs;
+  const attn::DeviceLimits h200;
+  attn::set_forced_warps(8);
+  EXPECT_EQ(attn::choose_plan(true, 128, 32, 8, 1024, h200).warps, 8);
+  EXPECT_EQ(attn::choose_plan(true, 64, 32, 8, 1024, h200).warps, attn::kWarps);
+  EXPECT_EQ(attn::choose_plan(false, 128, 32, 8, 1024, h200).warps, attn::kWarps);
+  const attn::Plan p8 = attn::choose_plan(true, 128, 32, 8, 1024, h200);
+  EXPECT_EQ(p8.smem_bytes, attn::smem_bytes_for(true, 128, 8));
+  EXPECT_EQ(p8.ctas_per_sm, 2) << attn::describe_plan(p8, true, 128, 32, 32, 8, 1024, h200);
+  attn::set_forced_warps(4);
+  EXPECT_EQ(attn::choose_plan(true, 128, 32, 8, 1024, h200).warps, 4);
+}
+
 // A forced count larger than the model's: the workspace query follows it, and the model-sized workspace is refused.
 TEST(AttentionDecodeGpu, ForcedSplitsWorkspaceAgreesWithTheLaunch) {
   FT_REQUIRE_CUDA_DEVICE();
@@ -273,7 +308,8 @@ TEST(AttentionDecodeHost, HeuristicPlansAreLaunchable) {
               ASSERT_GE(p.splits, 1);
               ASSERT_LE(p.splits, attn::kMaxSplits);
               ASSERT_LE(p.splits, attn::tiles_for(len));
-              ASSERT_EQ(p.smem_bytes, attn::smem_bytes_for(int4, hd));
+              ASSERT_EQ(p.smem_bytes, attn::smem_bytes_for(int4, hd, p.warps));
+              ASSERT_EQ(p.warps, attn::cta_warps(int4, hd, batch, n_kv, h200));
               ASSERT_FALSE(p.forced);
               ASSERT_EQ(p.model, model);
               ASSERT_EQ(p.splits, attn::model_plan(model, int4, hd, batch, n_kv, len, h200).splits);

@@ -215,6 +215,26 @@ TEST(AttentionDecodePrologueGpu, ForcedSplits) {
   attn::reset_plan_knobs();
 }
 
+// 8-warp CTAs: the prologue instances against the two kernels (append, then the 8-warp plain kernel).
+TEST(AttentionDecodePrologueGpu, EightWarpCtas) {
+  FT_REQUIRE_HOPPER();
+  attn::set_forced_warps(8);
+  uint32_t seed = 1500;
+  std::vector<int32_t> mixed;
+  for (int i = 0; i < 32; ++i) mixed.push_back(1 + (i * 89) % 1100);
+  for (KvFormat f : {KvFormat::INT4_HADAMARD, KvFormat::INT4}) {
+    check_case(f, 32, 8, mixed, ++seed);
+    check_case(f, 32, 8, {1024}, ++seed);
+    check_case(f, 16, 2, {17, 0, 64, 65, 3000}, ++seed);
+  }
+  for (int splits : {1, 5, 16}) {
+    SCOPED_TRACE(testing::Message() << "forced splits " << splits);
+    attn::set_forced_splits(splits);
+    check_case(KvFormat::INT4_HADAMARD, 32, 8, {1024, 77, 500}, ++seed);
+  }
+  attn::reset_plan_knobs();
+}
+
 // --- Host-only: rejected arguments name what is wrong, before anything touches the device. ---
 
 TEST(AttentionDecodePrologueHost, RejectsUnsupportedArguments) {

@@ -1,8 +1,8 @@
 // Split choice for the paged decode attention: how many CTAs share one (sequence, KV head).
 //
 // Occupancy rule (PlanModel::kOccupancy, the default):
-//   splits = clamp(min(round(kTargetCtasPerSm * SMs / (batch * KV heads)), kMaxPlanSplits,
-//                      tiles / (kWarps * kMinTilesPerWarp)),
+//   splits = clamp(min(round(kTargetWarpsPerSm / warps * SMs / (batch * KV heads)), kMaxPlanSplits,
+//                      tiles / (warps * kMinTilesPerWarp)),
 //                  1, min(tiles, kMaxSplits))
 // Measured on the H200 by
 //   bench_attention_decode --sweep-splits 1,2,3,4,6,8,12,16   (docs/results/bench_attention_decode-v10-splits.json)
@@ -48,7 +48,10 @@ constexpr int64_t kSmemReservePerCta = 1024;  // the driver keeps 1 KB per resid
 // CTAs per SM over the whole grid: batch 8 (64 CTAs a split) is best at 4 splits at 8k and 32k (256 CTAs, ~2 per
 // SM) and 1.01-1.12x slower at 6 (a third CTA per SM); batch 32 (256 CTAs unsplit, ~2 per SM) is best unsplit at
 // 1k and 8k and within 2% of the best at 32k.
-constexpr int kTargetCtasPerSm = 2;
+// With 4-warp CTAs that is 8 warps per SM; 8-warp CTAs (cta_warps) aim at the same warps, one CTA per SM (their
+// standalone sweep, bench_attention_decode --sweep-splits with FT_ATTN_DECODE_WARPS=8: best at 2 / 1 / 1 splits for
+// batch 8 / 16 / 32 at 1k, 1.20x faster unsplit than at 2 splits for batch 16).
+constexpr int kTargetWarpsPerSm = 2 * kWarps;
 // Splits at most: batch 1 (8 CTAs a split) gains 13% / 22% from 12 to 16 splits at 8k / 32k, while 18 / 19 (the
 // DRAM model's choices in the same run) put a second CTA on some SMs and were 1.22-1.26x slower than 16.
 constexpr int kMaxPlanSplits = 16;
@@ -56,6 +59,15 @@ constexpr int kMaxPlanSplits = 16;
 // tiles) is best at 8 splits, 2 tiles a warp, and 1.07-1.08x slower at 12 and 16 (1-2 and 1 tile a warp): below
 // two the ring's fill and the warps' merge are not amortised.
 constexpr int kMinTilesPerWarp = 2;
+// Warps per CTA (cta_warps): the INT4 head_dim 128 instances take 8-warp CTAs once one split's grid has at least this
+// many CTAs. In the whole decode step (scripts/sweep_decode_tilings.sh, FT_ATTN_DECODE_WARPS=8 against 4, two
+// alternating pairs; docs/results.md, twenty-first session) 8 warps gave 8B -0.2 / -1.4 / -0.6 % at batch 8 / 16 / 32
+// (64 / 128 / 256 CTAs a split) and +1.3 % at batch 1, 70B -1.0 / -0.5 % at batch 8 / 32. There the attention copies
+// its first kStages - 1 tiles per warp before its griddepcontrol.wait (early copies), so 8 warps have twice the cache
+// in flight while the kernel before runs. Alone and without early copies (bench_attention_decode) 8 warps were 1-10 %
+// slower at batch 8-32: the rule follows the step. One rule for every launcher, so the fused-prologue, early-copy and
+// plain launches keep the same bits.
+constexpr int64_t kEightWarpMinGroups = 64;
 
 struct KernelShape {
   int stage_bytes, stages, smem, max_ctas_per_sm;  // the last: the register cap of __launch_bounds__
@@ -150,7 +162,7 @@ Plan dram_plan(const Problem& p) {
 Plan occupancy_plan(const Problem& p) {
   Plan plan = base_plan(p);
   const double groups = static_cast<double>(p.batch) * p.n_kv_heads;  // CTAs of one split
-  const auto fill = static_cast<int64_t>(std::lround(kTargetCtasPerSm * static_cast<double>(p.sm_count) / groups));
+  const auto fill = static_cast<int64_t>(std::lround(kTargetWarpsPerSm / static_cast<double>(p.warps) * p.sm_count / groups));
   const int64_t walk = p.tiles / (p.warps * kMinTilesPerWarp);
   const int64_t s = std::min<int64_t>({fill, kMaxPlanSplits, walk});
   plan.splits = static_cast<int>(std::clamp<int64_t>(s, 1, max_splits(p)));
@@ -239,23 +251,22 @@ void reset_plan_knobs() {
 
 bool has_eight_warp_instances(bool int4, int head_dim) { return int4 && head_dim == 128; }
 
-int cta_warps(bool int4, int head_dim, int batch, int n_kv_heads, const DeviceLimits& d) {
+int cta_warps(bool int4, int head_dim, int batch, int n_kv_heads) {
   if (!has_eight_warp_instances(int4, head_dim)) return kWarps;
   if (const int forced = forced_warps(); forced > 0) return forced;
-  (void)batch, (void)n_kv_heads, (void)d;
-  return kWarps;
+  return int64_t{batch} * n_kv_heads >= kEightWarpMinGroups ? 8 : kWarps;
 }
 
 int smem_bytes_for(bool int4, int head_dim, int warps) { return kernel_shape(int4, head_dim, warps).smem; }
 
 Plan model_plan(PlanModel model, bool int4, int head_dim, int batch, int n_kv_heads, int max_seq_len,
                 const DeviceLimits& d) {
-  const int warps = cta_warps(int4, head_dim, batch, n_kv_heads, d);
+  const int warps = cta_warps(int4, head_dim, batch, n_kv_heads);
   return best_plan(model, make_problem(int4, head_dim, batch, n_kv_heads, max_seq_len, d, warps));
 }
 
 Plan choose_plan(bool int4, int head_dim, int batch, int n_kv_heads, int max_seq_len, const DeviceLimits& d) {
-  const int warps = cta_warps(int4, head_dim, batch, n_kv_heads, d);
+  const int warps = cta_warps(int4, head_dim, batch, n_kv_heads);
   const Problem p = make_problem(int4, head_dim, batch, n_kv_heads, max_seq_len, d, warps);
   if (const int forced = forced_splits(); forced > 0) {
     Plan plan = base_plan(p);

@@ -53,10 +53,11 @@ void set_forced_warps(int n);
 // Back to the environment's values for all three (undoes set_forced_splits, set_plan_model and set_forced_warps).
 void reset_plan_knobs();
 
-// Whether a format / head_dim has 8-warp instances, and the warps per CTA a plan for the shape uses (the forced
-// count where one applies, else the rule).
+// Whether a format / head_dim has 8-warp instances, and the warps per CTA a plan for the shape uses: the forced
+// count where one applies, else the rule (8 when batch * KV heads >= 64, 4 below; measured on the H200, see the .cpp).
+// Warps change the merge order, so the bits: every launcher plans the same way for the same shape.
 bool has_eight_warp_instances(bool int4, int head_dim);
-int cta_warps(bool int4, int head_dim, int batch, int n_kv_heads, const DeviceLimits& limits);
+int cta_warps(bool int4, int head_dim, int batch, int n_kv_heads);
 
 // Plan for a shape attention_decode_can_implement accepts (int4: true for INT4 / INT4_HADAMARD, false for BF16):
 // the forced split count when one is set, else the choice of plan_model().

@@ -309,7 +309,7 @@ TEST(AttentionDecodeHost, HeuristicPlansAreLaunchable) {
               ASSERT_LE(p.splits, attn::kMaxSplits);
               ASSERT_LE(p.splits, attn::tiles_for(len));
               ASSERT_EQ(p.smem_bytes, attn::smem_bytes_for(int4, hd, p.warps));
-              ASSERT_EQ(p.warps, attn::cta_warps(int4, hd, batch, n_kv, h200));
+              ASSERT_EQ(p.warps, attn::cta_warps(int4, hd, batch, n_kv));
               ASSERT_FALSE(p.forced);
               ASSERT_EQ(p.model, model);
               ASSERT_EQ(p.splits, attn::model_plan(model, int4, hd, batch, n_kv, len, h200).splits);
@@ -330,9 +330,11 @@ TEST(AttentionDecodeHost, HeuristicPlansAreLaunchable) {
 }
 
 // The H200 split sweep (bench_attention_decode --sweep-splits 1,2,3,4,6,8,12,16, INT4, head_dim 128, 32 / 8 heads,
-// every sequence at the full context; docs/results/bench_attention_decode-v10-splits.json): the occupancy rule picks
-// these counts, each within 1.02x of the best measured one (in a comment where that differs).
+// every sequence at the full context; docs/results/bench_attention_decode-v10-splits.json, 4-warp CTAs): the
+// occupancy rule picks these counts, each within 1.02x of the best measured one (in a comment where that differs).
 TEST(AttentionDecodeHost, OccupancyRuleReproducesTheH200Sweep) {
+  const PlanKnobs knobs;
+  attn::set_forced_warps(4);  // the sweep's CTAs
   const attn::DeviceLimits h200;
   struct Point {
     int ctx, batch, splits;
@@ -347,8 +349,29 @@ TEST(AttentionDecodeHost, OccupancyRuleReproducesTheH200Sweep) {
   }
 }
 
-// Each term of the rule binds where it should, and the clamp keeps the count in [1, min(tiles, kMaxSplits)].
+// The same sweep with 8-warp CTAs (FT_ATTN_DECODE_WARPS=8, twenty-first session,
+// docs/results/bench_attention_decode-v21-w8-sweep.json): the rule aims at one CTA per SM and picks the best count.
+TEST(AttentionDecodeHost, OccupancyRuleWithEightWarpCtas) {
+  const PlanKnobs knobs;
+  attn::set_forced_warps(0);  // the rule's own warps, whatever FT_ATTN_DECODE_WARPS says
+  const attn::DeviceLimits h200;
+  struct Point {
+    int ctx, batch, warps, splits;
+  };
+  for (const Point& m : {Point{1024, 1, 4, 8}, Point{1024, 8, 8, 2}, Point{1024, 16, 8, 1}, Point{1024, 32, 8, 1},
+                         Point{8192, 1, 4, 16}, Point{8192, 8, 8, 2}, Point{8192, 16, 8, 1}, Point{8192, 32, 8, 1}}) {
+    const attn::Plan p = attn::model_plan(attn::PlanModel::kOccupancy, true, 128, m.batch, 8, m.ctx, h200);
+    SCOPED_TRACE(attn::describe_plan(p, true, 128, m.batch, 32, 8, m.ctx, h200));
+    EXPECT_EQ(p.warps, m.warps);
+    EXPECT_EQ(p.splits, m.splits);
+  }
+}
+
+// Each term of the rule binds where it should, and the clamp keeps the count in [1, min(tiles, kMaxSplits)] (4-warp
+// CTAs, forced, so every batch follows the two-CTAs-per-SM arithmetic below).
 TEST(AttentionDecodeHost, OccupancyRuleClamps) {
+  const PlanKnobs knobs;
+  attn::set_forced_warps(4);
   const attn::DeviceLimits h200;
   const auto splits = [&](int batch, int n_kv, int len) {
     return attn::model_plan(attn::PlanModel::kOccupancy, true, 128, batch, n_kv, len, h200).splits;
@@ -391,7 +414,7 @@ TEST(AttentionDecodeHost, ForcedSplitsAreClampedAndSizeTheWorkspace) {
       SCOPED_TRACE(attn::describe_plan(p, int4, 128, 3, 32, 8, w.len, h200));
       EXPECT_TRUE(p.forced);
       EXPECT_EQ(p.splits, w.splits) << "forced " << w.forced;
-      EXPECT_EQ(p.smem_bytes, attn::smem_bytes_for(int4, 128));
+      EXPECT_EQ(p.smem_bytes, attn::smem_bytes_for(int4, 128, p.warps));
       const int64_t want_ws = w.splits == 1 ? 0 : int64_t{3} * 32 * w.splits * (128 + 1) * 4;
       EXPECT_EQ(attn::workspace_bytes_for(p, 3, 32, 128), want_ws);
       EXPECT_EQ(attn::workspace_lse_offset(p, 3, 32, 128), w.splits == 1 ? 0 : int64_t{3} * 32 * w.splits * 128 * 4);

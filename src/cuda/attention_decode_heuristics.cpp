@@ -1,7 +1,7 @@
 // Split choice for the paged decode attention: how many CTAs share one (sequence, KV head).
 //
 // Occupancy rule (PlanModel::kOccupancy, the default):
-//   splits = clamp(min(round(kTargetWarpsPerSm / warps * SMs / (batch * KV heads)), kMaxPlanSplits,
+//   splits = clamp(min(round(kTargetCtasPerSm * SMs / (batch * KV heads)), kMaxPlanSplits,
 //                      tiles / (warps * kMinTilesPerWarp)),
 //                  1, min(tiles, kMaxSplits))
 // Measured on the H200 by
@@ -48,10 +48,10 @@ constexpr int64_t kSmemReservePerCta = 1024;  // the driver keeps 1 KB per resid
 // CTAs per SM over the whole grid: batch 8 (64 CTAs a split) is best at 4 splits at 8k and 32k (256 CTAs, ~2 per
 // SM) and 1.01-1.12x slower at 6 (a third CTA per SM); batch 32 (256 CTAs unsplit, ~2 per SM) is best unsplit at
 // 1k and 8k and within 2% of the best at 32k.
-// With 4-warp CTAs that is 8 warps per SM; 8-warp CTAs (cta_warps) aim at the same warps, one CTA per SM (their
-// standalone sweep, bench_attention_decode --sweep-splits with FT_ATTN_DECODE_WARPS=8: best at 2 / 1 / 1 splits for
-// batch 8 / 16 / 32 at 1k, 1.20x faster unsplit than at 2 splits for batch 16).
-constexpr int kTargetWarpsPerSm = 2 * kWarps;
+// The same target holds for 8-warp CTAs (cta_warps), measured in the whole decode step: aiming at one 8-warp CTA per
+// SM instead (2 / 1 splits at batch 8 / 16, the best counts of their standalone sweep) made the 8B step 1.5 / 3.3 %
+// slower than 4-warp CTAs, and 1.7 / 4.6 % slower than two 8-warp CTAs per SM (twenty-first session).
+constexpr int kTargetCtasPerSm = 2;
 // Splits at most: batch 1 (8 CTAs a split) gains 13% / 22% from 12 to 16 splits at 8k / 32k, while 18 / 19 (the
 // DRAM model's choices in the same run) put a second CTA on some SMs and were 1.22-1.26x slower than 16.
 constexpr int kMaxPlanSplits = 16;
@@ -162,7 +162,7 @@ Plan dram_plan(const Problem& p) {
 Plan occupancy_plan(const Problem& p) {
   Plan plan = base_plan(p);
   const double groups = static_cast<double>(p.batch) * p.n_kv_heads;  // CTAs of one split
-  const auto fill = static_cast<int64_t>(std::lround(kTargetWarpsPerSm / static_cast<double>(p.warps) * p.sm_count / groups));
+  const auto fill = static_cast<int64_t>(std::lround(kTargetCtasPerSm * static_cast<double>(p.sm_count) / groups));
   const int64_t walk = p.tiles / (p.warps * kMinTilesPerWarp);
   const int64_t s = std::min<int64_t>({fill, kMaxPlanSplits, walk});
   plan.splits = static_cast<int>(std::clamp<int64_t>(s, 1, max_splits(p)));

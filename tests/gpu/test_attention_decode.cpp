@@ -349,8 +349,8 @@ TEST(AttentionDecodeHost, OccupancyRuleReproducesTheH200Sweep) {
   }
 }
 
-// The same sweep with 8-warp CTAs (FT_ATTN_DECODE_WARPS=8, twenty-first session,
-// docs/results/bench_attention_decode-v21-w8-sweep.json): the rule aims at one CTA per SM and picks the best count.
+// 8-warp CTAs from 64 CTAs a split on, with the same two-CTAs-per-SM target: in the whole decode step that beat both
+// 4-warp CTAs and one 8-warp CTA per SM (twenty-first session, docs/results.md), though alone one per SM was faster.
 TEST(AttentionDecodeHost, OccupancyRuleWithEightWarpCtas) {
   const PlanKnobs knobs;
   attn::set_forced_warps(0);  // the rule's own warps, whatever FT_ATTN_DECODE_WARPS says
@@ -358,8 +358,9 @@ TEST(AttentionDecodeHost, OccupancyRuleWithEightWarpCtas) {
   struct Point {
     int ctx, batch, warps, splits;
   };
-  for (const Point& m : {Point{1024, 1, 4, 8}, Point{1024, 8, 8, 2}, Point{1024, 16, 8, 1}, Point{1024, 32, 8, 1},
-                         Point{8192, 1, 4, 16}, Point{8192, 8, 8, 2}, Point{8192, 16, 8, 1}, Point{8192, 32, 8, 1}}) {
+  for (const Point& m : {Point{1024, 1, 4, 8}, Point{1024, 4, 4, 8}, Point{1024, 8, 8, 4}, Point{1024, 16, 8, 2},
+                         Point{1024, 32, 8, 1}, Point{8192, 1, 4, 16}, Point{8192, 8, 8, 4}, Point{8192, 16, 8, 2},
+                         Point{8192, 32, 8, 1}, Point{256, 8, 8, 1} /* 16 tiles: the walk term, 2 a warp */}) {
     const attn::Plan p = attn::model_plan(attn::PlanModel::kOccupancy, true, 128, m.batch, 8, m.ctx, h200);
     SCOPED_TRACE(attn::describe_plan(p, true, 128, m.batch, 32, 8, m.ctx, h200));
     EXPECT_EQ(p.warps, m.warps);

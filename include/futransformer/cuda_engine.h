@@ -95,9 +95,10 @@ struct CudaEngineOptions {
   bool fused_fp8_qkv = false;
   // FP8 prefill passes at head_dim 128 that run RoPE as its own kernel (passes that start int4-hadamard sequences,
   // whose keys wait for the anchors; models qkv_rope_kv_append does not take): the qkv GEMM applies RoPE to q and k
-  // in its epilogue instead (cuda::gemm_fp8_rope; bit for bit forward_fp8 + rope_qk_bf16 by construction). Built
-  // after the twentieth session's last device call and not yet run on a GPU, so off; bench_prefill turns it on with
-  // FT_FP8_ROPE=1.
+  // in its epilogue instead (cuda::gemm_fp8_rope; bit for bit forward_fp8 + rope_qk_bf16 by construction, GPU-tested).
+  // Off: on the H200 (twenty-first session, docs/results.md) it was 1.08x faster than the two kernels alone, but in a
+  // whole 8B pass the RoPE kernel mostly overlaps the GEMM's tail and the gain (~3 µs per layer in a CUPTI trace) stayed
+  // inside the run-to-run spread (34.18 vs 34.27 ms). bench_prefill turns it on with FT_FP8_ROPE=1.
   bool fused_fp8_rope = false;
   // With fused_epilogues: run the attention prologue (RoPE, cache append, q rotation) inside the qkv GEMM's split-K
   // reduce when every W4A16 launch of the pass splits K (gemm_w4a16_qkv_rope_append; bit-identical by construction,

@@ -297,15 +297,15 @@ std::vector<uint8_t> fill_stage(const PagedKvCase& c, int b, int kvh, int tile, 
 // One warp of the INT4 kernel (transposed products, attention_decode_layout.h): Sᵀ = K·Qᵀ, softmax per head column,
 // Oᵀ += Vᵀ·P'ᵀ with P' moved into the B layout by movmatrix.
 template <int kD>
-void emulate_warp_int4(const PagedKvCase& c, int b, int kvh, int warp, attn::Range tiles, int len, float score_scale,
-                       int G, const std::array<std::array<std::array<uint32_t, 2>, kD / 16>, 32>& qa, Merge& mg) {
+void emulate_warp_int4(const PagedKvCase& c, int b, int kvh, int warp, int warps, attn::Range tiles, int len,
+                       float score_scale, int G, const std::array<std::array<std::array<uint32_t, 2>, kD / 16>, 32>& qa, Merge& mg) {
   using Geo = attn::Geometry<true, kD>;
   constexpr int G4 = Geo::kGroups, kMT = kD / 16;
   std::array<std::array<float, 2>, 32> m, l;
   for (auto& x : m) x = {-INFINITY, -INFINITY};
   for (auto& x : l) x = {0.0f, 0.0f};
   std::array<std::array<std::array<float, 4>, kMT>, 32> o{};
-  for (int tile = tiles.begin + warp; tile < tiles.end; tile += attn::kWarps) {
+  for (int tile = tiles.begin + warp; tile < tiles.end; tile += warps) {
     const std::vector<uint8_t> st = fill_stage<true, kD>(c, b, kvh, tile, len);
     const int tok0 = tile * attn::kTile;
     std::array<int, 32> addr{};
@@ -424,15 +424,15 @@ void emulate_warp_int4(const PagedKvCase& c, int b, int kvh, int warp, attn::Ran
 
 // One warp of the BF16 kernel (S = Q·Kᵀ with A rows 8..15 empty).
 template <int kD>
-void emulate_warp_bf16(const PagedKvCase& c, int b, int kvh, int warp, attn::Range tiles, int len, float score_scale,
-                       int G, const std::array<std::array<std::array<uint32_t, 2>, kD / 16>, 32>& qa, Merge& mg) {
+void emulate_warp_bf16(const PagedKvCase& c, int b, int kvh, int warp, int warps, attn::Range tiles, int len,
+                       float score_scale, int G, const std::array<std::array<std::array<uint32_t, 2>, kD / 16>, 32>& qa, Merge& mg) {
   using Geo = attn::Geometry<false, kD>;
   constexpr int kKSteps = kD / 16, kNTiles = kD / 8;
   std::array<float, 32> m, l;
   m.fill(-INFINITY);
   l.fill(0.0f);
   std::array<std::array<std::array<float, 2>, kNTiles>, 32> o{};
-  for (int tile = tiles.begin + warp; tile < tiles.end; tile += attn::kWarps) {
+  for (int tile = tiles.begin + warp; tile < tiles.end; tile += warps) {
     const std::vector<uint8_t> st = fill_stage<false, kD>(c, b, kvh, tile, len);
     const int tok0 = tile * attn::kTile;
     std::array<int, 32> addr{};
@@ -510,7 +510,7 @@ void emulate_warp_bf16(const PagedKvCase& c, int b, int kvh, int warp, attn::Ran
 }
 
 template <bool kInt4, int kD>
-void emulate_cta(const PagedKvCase& c, int b, int kvh, int split, int splits, Outputs& res) {
+void emulate_cta(const PagedKvCase& c, int b, int kvh, int split, int splits, int warps, Outputs& res) {
   using Geo = attn::Geometry<kInt4, kD>;
   constexpr int kKSteps = kD / 16, G4 = Geo::kGroups;
   const int G = c.n_heads / c.n_kv_heads;
@@ -539,23 +539,24 @@ void emulate_cta(const PagedKvCase& c, int b, int kvh, int split, int splits, Ou
     }
   }
 
-  Merge mg{std::vector<float>(attn::kWarps * 8, -INFINITY), std::vector<float>(attn::kWarps * 8, 0.0f),
-           std::vector<float>(static_cast<size_t>(attn::kWarps) * 8 * kD, 0.0f)};
-  for (int warp = 0; warp < attn::kWarps; ++warp) {
+  Merge mg{std::vector<float>(static_cast<size_t>(warps) * 8, -INFINITY),
+           std::vector<float>(static_cast<size_t>(warps) * 8, 0.0f),
+           std::vector<float>(static_cast<size_t>(warps) * 8 * kD, 0.0f)};
+  for (int warp = 0; warp < warps; ++warp) {
     if constexpr (kInt4) {
-      emulate_warp_int4<kD>(c, b, kvh, warp, tiles, len, score_scale, G, qa, mg);
+      emulate_warp_int4<kD>(c, b, kvh, warp, warps, tiles, len, score_scale, G, qa, mg);
     } else {
-      emulate_warp_bf16<kD>(c, b, kvh, warp, tiles, len, score_scale, G, qa, mg);
+      emulate_warp_bf16<kD>(c, b, kvh, warp, warps, tiles, len, score_scale, G, qa, mg);
     }
   }
   const std::vector<float>&red_m = mg.m, &red_l = mg.l, &red_o = mg.o;
   for (int h = 0; h < G; ++h) {
     float mx = -INFINITY;
-    for (int w = 0; w < attn::kWarps; ++w) mx = std::max(mx, red_m[w * 8 + h]);
+    for (int w = 0; w < warps; ++w) mx = std::max(mx, red_m[w * 8 + h]);
     for (int ch = 0; ch < kD; ++ch) {
       float num = 0.0f, den = 0.0f;
       if (mx != -INFINITY) {
-        for (int w = 0; w < attn::kWarps; ++w) {
+        for (int w = 0; w < warps; ++w) {
           const float wt = std::exp2(red_m[w * 8 + h] - mx);
           num = std::fma(wt, red_o[(static_cast<size_t>(w) * 8 + h) * kD + ch], num);
           den = std::fma(wt, red_l[w * 8 + h], den);
@@ -577,7 +578,7 @@ void emulate_cta(const PagedKvCase& c, int b, int kvh, int split, int splits, Ou
 }
 
 template <bool kInt4, int kD>
-std::vector<float> emulate(const PagedKvCase& c, int splits) {
+std::vector<float> emulate(const PagedKvCase& c, int splits, int warps) {
   Outputs res;
   const size_t n = static_cast<size_t>(c.batch) * c.n_heads * kD;
   res.out.assign(n, std::numeric_limits<float>::quiet_NaN());
@@ -586,7 +587,7 @@ std::vector<float> emulate(const PagedKvCase& c, int splits) {
   res.writes.assign(splits > 1 ? n * splits : n, 0);
   for (int b = 0; b < c.batch; ++b)
     for (int kvh = 0; kvh < c.n_kv_heads; ++kvh)
-      for (int sp = 0; sp < splits; ++sp) emulate_cta<kInt4, kD>(c, b, kvh, sp, splits, res);
+      for (int sp = 0; sp < splits; ++sp) emulate_cta<kInt4, kD>(c, b, kvh, sp, splits, warps, res);
   for (int w : res.writes) EXPECT_EQ(w, 1) << "an output element written " << w << " times";
   if (splits > 1) {  // the combine kernel, one (b, head) row at a time
     for (size_t bh = 0; bh < n / kD; ++bh) {
@@ -608,16 +609,18 @@ std::vector<float> emulate(const PagedKvCase& c, int splits) {
   return res.out;
 }
 
+// warps: the CTA's (attn::kWarps, or 8 for the INT4 head_dim 128 instances; attn::CtaShape).
 void check_case(KvFormat format, int d, int n_heads, int n_kv, const std::vector<int32_t>& lens, int splits,
-                uint32_t seed) {
+                uint32_t seed, int warps = attn::kWarps) {
   SCOPED_TRACE(testing::Message() << formats::kv_format_name(format) << " head_dim " << d << " heads " << n_heads << "/"
-                                  << n_kv << " splits " << splits << " seed " << seed);
+                                  << n_kv << " splits " << splits << " warps " << warps << " seed " << seed);
   const PagedKvCase c = test::make_paged_kv_case(format, d, n_heads, n_kv, lens, seed);
   std::vector<float> abs_ref;
   const std::vector<float> ref = ref::paged_decode_attention(c.cache(), c.seq_lens, c.q, n_heads, &abs_ref);
   const bool int4 = format != KvFormat::BF16;
-  const std::vector<float> got = int4 ? (d == 128 ? emulate<true, 128>(c, splits) : emulate<true, 64>(c, splits))
-                                      : (d == 128 ? emulate<false, 128>(c, splits) : emulate<false, 64>(c, splits));
+  const std::vector<float> got =
+      int4 ? (d == 128 ? emulate<true, 128>(c, splits, warps) : emulate<true, 64>(c, splits, warps))
+           : (d == 128 ? emulate<false, 128>(c, splits, warps) : emulate<false, 64>(c, splits, warps));
   ASSERT_EQ(got.size(), ref.size());
   double err2 = 0.0, ref2 = 0.0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -638,6 +641,14 @@ TEST(AttentionDecodeEmulation, Int4HeadDim128) {
   check_case(KvFormat::INT4, 128, 8, 1, kLens, 3, 12);
   check_case(KvFormat::INT4, 128, 2, 2, {700, 33}, 5, 13);
   check_case(KvFormat::INT4, 128, 4, 1, {4097, 1, 65}, 9, 14);  // page-crossing splits, more splits than tiles
+}
+
+// The 8-warp CTAs (attn::CtaShape<true, 128, 8>): tiles dealt round-robin to 8 warps, 8 partial states merged.
+TEST(AttentionDecodeEmulation, Int4HeadDim128EightWarps) {
+  static_assert(attn::CtaShape<true, 128, 8>::kThreadsPerCta == 8 * attn::kWarpSize);
+  check_case(KvFormat::INT4, 128, 16, 2, kLens, 1, 41, 8);
+  check_case(KvFormat::INT4_HADAMARD, 128, 8, 1, {700, 5, 129}, 3, 42, 8);  // warps with no tile in a split
+  check_case(KvFormat::INT4, 128, 4, 4, {4097, 1}, 9, 43, 8);
 }
 
 TEST(AttentionDecodeEmulation, Int4HadamardHeadDim128AndHeadDim64) {

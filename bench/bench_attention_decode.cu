@@ -8,7 +8,9 @@
 // reads the cache from DRAM. Effective bandwidth counts the cache bytes each launch must read once (K and V
 // codes plus INT4 scales and zeros; queries and outputs are tiny and left out). Cache contents are hashed
 // bytes: timing does not depend on the values. The git commit in the JSON comes from -DFT_GIT_COMMIT=... or
-// the FT_GIT_COMMIT environment variable.
+// the FT_GIT_COMMIT environment variable. The INT4 rows name the plan's split count and warps per CTA (4, or 8 from
+// 64 CTAs a split; FT_ATTN_DECODE_WARPS=4|8 forces one). These launches do not copy early (no kernel before them), so
+// the 8-warp rows read slower here than inside a decode step (docs/kernels.md, "Split choice").
 //
 // --sweep-splits: INT4 cache only; for each (context, batch) the launch is timed at each forced split count
 // (attn::set_forced_splits, the FT_ATTN_DECODE_SPLITS knob) and at the occupancy rule's and the DRAM model's own
@@ -59,6 +61,7 @@ __global__ void fill_hash(uint32_t* p, size_t words, uint32_t seed) {
 struct Result {
   double us, tbps;
   int splits;
+  int warps;  // per CTA (attn::cta_warps)
 };
 
 // The device's limits as the launcher reads them (the plan printed next to a time is the one that ran).
@@ -136,7 +139,7 @@ class Case {
                           kHeads, kKvHeads, kHeadDim, pages_per_seq_, ctx_, ws_, ws_bytes_, stream_, false));
     });
     const attn::Plan plan = attn::choose_plan(int4, kHeadDim, batch_, kKvHeads, ctx_, device_limits());
-    return Result{us, bytes_ / (us * 1e-6) / 1e12, plan.splits};
+    return Result{us, bytes_ / (us * 1e-6) / 1e12, plan.splits, plan.warps};
   }
 
  private:
@@ -339,8 +342,8 @@ int main(int argc, char** argv) {
         return 1;
     }
   } else {
-    std::printf("%6s %5s | %9s %7s %6s %6s | %9s %7s %6s | %7s\n", "ctx", "batch", "int4 us", "TB/s", "of4.2T",
-                "splits", "bf16 us", "TB/s", "splits", "speedup");
+    std::printf("%6s %5s | %9s %7s %6s %6s %5s | %9s %7s %6s | %7s\n", "ctx", "batch", "int4 us", "TB/s", "of4.2T",
+                "splits", "warps", "bf16 us", "TB/s", "splits", "speedup");
     struct Row {
       int ctx, batch;
       Result i4, bf;
@@ -350,8 +353,9 @@ int main(int argc, char** argv) {
       for (int batch : opt.batches) {
         Row r{ctx, batch, bench_format(KvFormat::INT4, ctx, batch, rotate_bytes, iters, q, out, stream),
               bench_format(KvFormat::BF16, ctx, batch, rotate_bytes, iters, q, out, stream)};
-        std::printf("%6d %5d | %9.2f %7.2f %5.0f%% %6d | %9.2f %7.2f %6d | %6.2fx\n", ctx, batch, r.i4.us, r.i4.tbps,
-                    100.0 * r.i4.tbps / kNominalTBps, r.i4.splits, r.bf.us, r.bf.tbps, r.bf.splits, r.bf.us / r.i4.us);
+        std::printf("%6d %5d | %9.2f %7.2f %5.0f%% %6d %5d | %9.2f %7.2f %6d | %6.2fx\n", ctx, batch, r.i4.us,
+                    r.i4.tbps, 100.0 * r.i4.tbps / kNominalTBps, r.i4.splits, r.i4.warps, r.bf.us, r.bf.tbps, r.bf.splits,
+                    r.bf.us / r.i4.us);
         rows.push_back(r);
       }
     }
@@ -362,8 +366,9 @@ int main(int argc, char** argv) {
         std::fprintf(
             f,
             "    {\"context\": %d, \"batch\": %d, \"int4_us\": %.3f, \"int4_tbps\": %.4f, \"int4_splits\": %d, "
-            "\"bf16_us\": %.3f, \"bf16_tbps\": %.4f, \"bf16_splits\": %d, \"speedup\": %.3f}",
-            r.ctx, r.batch, r.i4.us, r.i4.tbps, r.i4.splits, r.bf.us, r.bf.tbps, r.bf.splits, r.bf.us / r.i4.us);
+            "\"int4_warps\": %d, \"bf16_us\": %.3f, \"bf16_tbps\": %.4f, \"bf16_splits\": %d, \"speedup\": %.3f}",
+            r.ctx, r.batch, r.i4.us, r.i4.tbps, r.i4.splits, r.i4.warps, r.bf.us, r.bf.tbps, r.bf.splits,
+            r.bf.us / r.i4.us);
       };
       if (!write_json(opt.json_path, "attention_decode", d, sm_mhz_now, copy_tbps, extra, rows.size(), row)) return 1;
     }

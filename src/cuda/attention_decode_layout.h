@@ -53,8 +53,7 @@ constexpr int kTilesPerPage = kPageTokens / kTile;
 constexpr int kGroup = 32;  // formats::kKvInt4Group
 constexpr int kChunk = 16;  // bytes per cp.async / ldmatrix row
 constexpr int kMaxGqa = 8;  // query heads per KV head: rows 0..7 of the A operand
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kWarps = 4;  // warps per CTA, the default CtaShape (INT4 head_dim 128 also has 8: cta_warps)
 constexpr int kMaxSplits = 64;  // the combine kernel keeps one weight per split in shared memory
 
 constexpr uint32_t kBf16Magic = 0x43004300u;  // bf16x2 {128, 128}: 0x4300 | u is 128 + u for u < 128

@@ -94,7 +94,7 @@ struct Geometry {
 
 // One CTA of the decode kernel: kW warps, each walking its own share of the split's tiles (round-robin) through its
 // own ring of Geometry::kStages stages, then one cross-warp merge. kW = kWarps (4) everywhere; the INT4 head_dim 128
-// instances also come with 8 warps (CtaWarps choice in the plan, attention_decode_heuristics.h), for grids that leave
+// instances also come with 8 warps (the plan's choice, cta_warps in attention_decode_heuristics.h), for grids that leave
 // too few warps per SM to hide the per-tile latency chains.
 template <bool kInt4, int kD, int kW = kWarps>
 struct CtaShape {

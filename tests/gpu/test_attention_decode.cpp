@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_decode_plan_knobs.h"
 #include "cuda/attention_decode_heuristics.h"
 #include "cuda/attention_decode_layout.h"
 #include "futransformer/cuda/attention_decode.h"
@@ -21,6 +22,7 @@ namespace {
 using namespace futransformer;
 using formats::KvFormat;
 using test::PagedKvCase;
+using test::PlanKnobs;
 namespace attn = futransformer::cuda::attn;
 
 using test::DeviceBuffer;
@@ -144,14 +146,6 @@ TEST(AttentionDecodeGpu, DeterministicAcrossRuns) {
     }
   }
 }
-
-// Restores the plan knobs (forced split count, model) to the environment's values when a test ends.
-struct PlanKnobs {
-  PlanKnobs() { attn::reset_plan_knobs(); }
-  ~PlanKnobs() { attn::reset_plan_knobs(); }
-  PlanKnobs(const PlanKnobs&) = delete;
-  PlanKnobs& operator=(const PlanKnobs&) = delete;
-};
 
 // Every split count bench_attention_decode --sweep-splits may force computes the same attention, in the workspace
 // attention_decode_workspace_bytes asks for under that count (check_against_twin sizes it so; a short one is

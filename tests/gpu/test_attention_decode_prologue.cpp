@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_decode_plan_knobs.h"
 #include "cuda/attention_decode_heuristics.h"
 #include "futransformer/cuda/attention_decode.h"
 #include "futransformer/cuda/fused_ops.h"
@@ -206,18 +207,19 @@ TEST(AttentionDecodePrologueGpu, LlamaShapes) {
 // Every forced split count: the new token's tile falls at every ring position of the owning warp.
 TEST(AttentionDecodePrologueGpu, ForcedSplits) {
   FT_REQUIRE_HOPPER();
+  const test::PlanKnobs knobs;
   uint32_t seed = 1400;
   for (int splits : {1, 2, 3, 5, 8, 13, 16, 31, 64}) {
     SCOPED_TRACE(testing::Message() << "forced splits " << splits);
     attn::set_forced_splits(splits);
     check_case(KvFormat::INT4_HADAMARD, 32, 8, {1024, 77, 500}, ++seed);
   }
-  attn::reset_plan_knobs();
 }
 
 // 8-warp CTAs: the prologue instances against the two kernels (append, then the 8-warp plain kernel).
 TEST(AttentionDecodePrologueGpu, EightWarpCtas) {
   FT_REQUIRE_HOPPER();
+  const test::PlanKnobs knobs;
   attn::set_forced_warps(8);
   uint32_t seed = 1500;
   std::vector<int32_t> mixed;
@@ -232,7 +234,6 @@ TEST(AttentionDecodePrologueGpu, EightWarpCtas) {
     attn::set_forced_splits(splits);
     check_case(KvFormat::INT4_HADAMARD, 32, 8, {1024, 77, 500}, ++seed);
   }
-  attn::reset_plan_knobs();
 }
 
 // --- Host-only: rejected arguments name what is wrong, before anything touches the device. ---

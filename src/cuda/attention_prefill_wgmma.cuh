@@ -120,24 +120,42 @@ struct Producer {
 
   // INT4: raw page bytes -> stage as f16 values (u − z) · s, the code difference exact (magic-number conversion,
   // 1024 + u − (1024 + z)), the product rounded once to f16. Tokens at or past `valid` get zeros (their page
-  // bytes may be anything). A thread takes one (row, 32-channel group) at a time: 16 bytes of codes, one zero-point
-  // and one scale, four 16-byte chunks out (a warp's loads are 512 contiguous bytes, its stores conflict-free).
+  // bytes may be anything). A thread takes kUnits (row, 32-channel group) units: 16 bytes of codes, one zero-point
+  // and one scale each, four 16-byte chunks out (a warp's loads are 512 contiguous bytes, its stores
+  // conflict-free). All of a thread's shared-memory loads are issued before its first store: the compiler cannot
+  // move a load of the raw buffer above a store to the stage (it cannot prove they do not alias), so a loop that
+  // loads and stores unit by unit pays the load latency once per unit (ncu, twenty-second session: the producer's
+  // first use of each LDS was its hottest instruction and the consumers waited for `full` ~19 % of their time).
+  // kPartial: the page may hold fewer than kRows valid tokens (the last block); the other blocks take the
+  // instance without the per-unit branch, whose loads the compiler would otherwise sink into it.
+  template <bool kPartial>
   static __device__ __forceinline__ void dequantise(const unsigned char* raw, unsigned char* stage, int valid,
                                                     int tid) {
     constexpr int kPartUnits = kRows * L::kGroups;
-#pragma unroll 2  // unroll 4 measured slower (2048 tokens: 176.5 vs 158.6 µs)
-    for (int i = tid; i < 2 * kPartUnits; i += kWarpgroupThreads) {
+    constexpr int kUnits = 2 * kPartUnits / kWarpgroupThreads;  // 4 (head_dim 128) or 2 (64)
+    static_assert(2 * kPartUnits % kWarpgroupThreads == 0, "units split evenly over the producer's threads");
+    uint4 code[kUnits];
+    uint32_t zero[kUnits], scale_bits[kUnits];
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k) {
+      const int i = tid + k * kWarpgroupThreads;
       const int part = i / kPartUnits, row = (i % kPartUnits) / L::kGroups, grp = i % L::kGroups;
       const unsigned char* src = raw + part * Page::kPagePartBytes;
+      const int group = row * L::kGroups + grp;
+      // Rows at or past `valid` are loaded too (the raw buffer is always whole page bytes) and not used.
+      code[k] = *reinterpret_cast<const uint4*>(src + row * (kD / 2) + 16 * grp);
+      zero[k] = src[Page::kPageCodeBytes + Page::kPageScaleBytes + group];
+      scale_bits[k] = *reinterpret_cast<const uint16_t*>(src + Page::kPageCodeBytes + 2 * group);
+    }
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k) {
+      const int i = tid + k * kWarpgroupThreads;
+      const int part = i / kPartUnits, row = (i % kPartUnits) / L::kGroups, grp = i % L::kGroups;
       unsigned char* dst = stage + part * L::kPartBytes;
-      if (row < valid) {
-        const uint4 code = *reinterpret_cast<const uint4*>(src + row * (kD / 2) + 16 * grp);
-        const int group = row * L::kGroups + grp;
-        const uint32_t z = src[Page::kPageCodeBytes + Page::kPageScaleBytes + group];
-        const uint32_t s = *reinterpret_cast<const uint16_t*>(src + Page::kPageCodeBytes + 2 * group);
-        const uint32_t bias = f16_bias_pair(z);    // f16x2 {1024 + z, 1024 + z}
-        const uint32_t scale = f16_scale_pair(s);  // f16x2 {s, s}
-        const uint32_t words[4] = {code.x, code.y, code.z, code.w};
+      if (!kPartial || row < valid) {
+        const uint32_t bias = f16_bias_pair(zero[k]);         // f16x2 {1024 + z, 1024 + z}
+        const uint32_t scale = f16_scale_pair(scale_bits[k]);  // f16x2 {s, s}
+        const uint32_t words[4] = {code[k].x, code[k].y, code[k].z, code[k].w};
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
           const uint32_t hi = words[w] >> 4;
@@ -232,27 +250,36 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
       const uint32_t raw_s = base_s + L::kRawOffset;
       constexpr int kRaw = L::kRawBuffers;  // raw page buffers: kRaw − 1 pages in flight ahead of the dequantisation
       auto raw_index = [](int j) { return kRaw == 2 ? (j & 1) : static_cast<int>(static_cast<unsigned>(j) % kRaw); };
-      auto issue_raw = [&](int j) {
-        const uint8_t* page = page_of(j);
+      auto issue_raw = [&](int j, const uint8_t* page) {
         const uint32_t dst = raw_s + raw_index(j) * L::kRawPageBytes;
         for (int i = tid; i < L::kRawPageBytes / 16; i += kWarpgroupThreads) ptx::cp_async_16(dst + 16 * i, page + 16 * i);
       };
-      issue_raw(0);  // work.blocks >= 1
+      issue_raw(0, page_of(0));  // work.blocks >= 1
       ptx::cp_async_commit_group();
 #pragma unroll
       for (int p = 1; p < kRaw - 1; ++p) {  // one commit group per page, empty past the last: uniform counting
-        if (work.blocks > p) issue_raw(p);
+        if (work.blocks > p) issue_raw(p, page_of(p));
         ptx::cp_async_commit_group();
       }
+      // The page of the next block to copy, read from the block table one iteration ahead (its global load's
+      // latency then hides under a dequantisation instead of stalling the copy issue).
+      const uint8_t* next_page = work.blocks > kRaw - 1 ? page_of(kRaw - 1) : nullptr;
       for (int j = 0; j < work.blocks; ++j) {
         ptx::cp_async_wait_group<kRaw - 2>();  // this thread's copies of page j have landed (later ones may not)
         // everyone's; and everyone is done with page j − 1
         asm volatile("bar.sync %0, %1;\n" ::"n"(kProducerBarrier), "n"(kWarpgroupThreads) : "memory");
-        if (j + kRaw - 1 < work.blocks) issue_raw(j + kRaw - 1);  // into the buffer page j − 1 used
+        if (j + kRaw - 1 < work.blocks) issue_raw(j + kRaw - 1, next_page);  // into the buffer page j − 1 used
         ptx::cp_async_commit_group();
+        if (j + kRaw < work.blocks) next_page = page_of(j + kRaw);
         wait_empty(j);
-        P::dequantise(base + L::kRawOffset + raw_index(j) * L::kRawPageBytes,
-                      base + L::kStageOffset + (j % kStages) * L::kStageBytes, work.kv_len - j * kBlockTokens, tid);
+        unsigned char* const raw = base + L::kRawOffset + raw_index(j) * L::kRawPageBytes;
+        unsigned char* const stage = base + L::kStageOffset + (j % kStages) * L::kStageBytes;
+        const int valid = work.kv_len - j * kBlockTokens;
+        if (valid >= kBlockTokens) {
+          P::template dequantise<false>(raw, stage, valid, tid);
+        } else {
+          P::template dequantise<true>(raw, stage, valid, tid);
+        }
         ptx::fence_proxy_async_shared();  // generic-proxy stores -> the consumers' wgmma reads
         ptx::mbarrier_arrive(bar_s + 8 * (j % kStages));
       }

@@ -130,7 +130,7 @@ struct Producer {
   // instance without the per-unit branch, whose loads the compiler would otherwise sink into it.
   template <bool kPartial>
   static __device__ __forceinline__ void dequantise(const unsigned char* raw, unsigned char* stage, int valid,
-                                                    int tid) {
+                                                    int tid, uint32_t raw_empty) {
     constexpr int kPartUnits = kRows * L::kGroups;
     constexpr int kUnits = 2 * kPartUnits / kWarpgroupThreads;  // 4 (head_dim 128) or 2 (64)
     static_assert(2 * kPartUnits % kWarpgroupThreads == 0, "units split evenly over the producer's threads");
@@ -147,6 +147,7 @@ struct Producer {
       zero[k] = src[Page::kPageCodeBytes + Page::kPageScaleBytes + group];
       scale_bits[k] = *reinterpret_cast<const uint16_t*>(src + Page::kPageCodeBytes + 2 * group);
     }
+    ptx::mbarrier_arrive(raw_empty);  // this thread is done with the raw buffer (release: its loads come first)
 #pragma unroll
     for (int k = 0; k < kUnits; ++k) {
       const int i = tid + k * kWarpgroupThreads;
@@ -229,6 +230,11 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
       ptx::mbarrier_init(bar_s + 8 * s, kWarpgroupThreads);
       ptx::mbarrier_init(bar_s + 8 * (kStages + s), kConsumers * kWarpgroupThreads);
     }
+#pragma unroll
+    for (int b = 0; b < L::kRawBuffers; ++b) {
+      ptx::mbarrier_init(bar_s + 8 * (L::kRawFullBarrier + b), 1);
+      ptx::mbarrier_init(bar_s + 8 * (L::kRawEmptyBarrier + b), kWarpgroupThreads);
+    }
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -247,43 +253,46 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
     // ---------------- producer ----------------
     ptx::setmaxnreg_dec<Sh::kProducerRegs>();
     if constexpr (kInt4) {
+      // Raw pages: thread 0 fills raw buffer j % kRaw with page j by one bulk copy (raw_full[b]: one arrival and
+      // the page's bytes), kRaw − 1 pages ahead of the dequantisation; every producer thread arrives on
+      // raw_empty[b] once it has loaded its units of the page, and thread 0 waits for that before it refills b.
       const uint32_t raw_s = base_s + L::kRawOffset;
-      constexpr int kRaw = L::kRawBuffers;  // raw page buffers: kRaw − 1 pages in flight ahead of the dequantisation
-      auto raw_index = [](int j) { return kRaw == 2 ? (j & 1) : static_cast<int>(static_cast<unsigned>(j) % kRaw); };
-      auto issue_raw = [&](int j, const uint8_t* page) {
-        const uint32_t dst = raw_s + raw_index(j) * L::kRawPageBytes;
-        for (int i = tid; i < L::kRawPageBytes / 16; i += kWarpgroupThreads) ptx::cp_async_16(dst + 16 * i, page + 16 * i);
+      constexpr int kRaw = L::kRawBuffers;
+      const uint32_t raw_full_s = bar_s + 8 * L::kRawFullBarrier, raw_empty_s = bar_s + 8 * L::kRawEmptyBarrier;
+      auto issue_raw = [&](int j, const uint8_t* page) {  // thread 0
+        const int b = j % kRaw;
+        if (j >= kRaw) ptx::mbarrier_wait_parity(raw_empty_s + 8 * b, ((j / kRaw) - 1) & 1);
+        ptx::mbarrier_arrive_expect_tx(raw_full_s + 8 * b, L::kRawPageBytes);
+        ptx::bulk_load(raw_s + b * L::kRawPageBytes, page, L::kRawPageBytes, raw_full_s + 8 * b);
       };
-      issue_raw(0, page_of(0));  // work.blocks >= 1
-      ptx::cp_async_commit_group();
-#pragma unroll
-      for (int p = 1; p < kRaw - 1; ++p) {  // one commit group per page, empty past the last: uniform counting
-        if (work.blocks > p) issue_raw(p, page_of(p));
-        ptx::cp_async_commit_group();
-      }
       // The page of the next block to copy, read from the block table one iteration ahead (its global load's
       // latency then hides under a dequantisation instead of stalling the copy issue).
-      const uint8_t* next_page = work.blocks > kRaw - 1 ? page_of(kRaw - 1) : nullptr;
+      const uint8_t* next_page = nullptr;
+      if (tid == 0) {
+#pragma unroll
+        for (int p = 0; p < kRaw - 1; ++p)
+          if (p < work.blocks) issue_raw(p, page_of(p));
+        if (work.blocks > kRaw - 1) next_page = page_of(kRaw - 1);
+      }
       for (int j = 0; j < work.blocks; ++j) {
-        ptx::cp_async_wait_group<kRaw - 2>();  // this thread's copies of page j have landed (later ones may not)
-        // everyone's; and everyone is done with page j − 1
-        asm volatile("bar.sync %0, %1;\n" ::"n"(kProducerBarrier), "n"(kWarpgroupThreads) : "memory");
-        if (j + kRaw - 1 < work.blocks) issue_raw(j + kRaw - 1, next_page);  // into the buffer page j − 1 used
-        ptx::cp_async_commit_group();
-        if (j + kRaw < work.blocks) next_page = page_of(j + kRaw);
+        if (tid == 0) {
+          if (j + kRaw - 1 < work.blocks) issue_raw(j + kRaw - 1, next_page);  // into the buffer page j − 1 used
+          if (j + kRaw < work.blocks) next_page = page_of(j + kRaw);
+        }
+        ptx::mbarrier_wait_parity(raw_full_s + 8 * (j % kRaw), (j / kRaw) & 1);
         wait_empty(j);
-        unsigned char* const raw = base + L::kRawOffset + raw_index(j) * L::kRawPageBytes;
+        unsigned char* const raw = base + L::kRawOffset + (j % kRaw) * L::kRawPageBytes;
         unsigned char* const stage = base + L::kStageOffset + (j % kStages) * L::kStageBytes;
         const int valid = work.kv_len - j * kBlockTokens;
+        const uint32_t raw_empty = raw_empty_s + 8 * (j % kRaw);
         if (valid >= kBlockTokens) {
-          P::template dequantise<false>(raw, stage, valid, tid);
+          P::template dequantise<false>(raw, stage, valid, tid, raw_empty);
         } else {
-          P::template dequantise<true>(raw, stage, valid, tid);
+          P::template dequantise<true>(raw, stage, valid, tid, raw_empty);
         }
         ptx::fence_proxy_async_shared();  // generic-proxy stores -> the consumers' wgmma reads
         ptx::mbarrier_arrive(bar_s + 8 * (j % kStages));
       }
-      ptx::cp_async_wait_group<0>();
     } else {
       // Block j's copies are issued before block j − 1's are waited for: two blocks in flight.
       for (int j = 0; j < work.blocks; ++j) {

@@ -94,7 +94,8 @@ FT_HD uint32_t element_offset(int row, int channel) {
   return operand_offset(row, channel >> 3) + static_cast<uint32_t>((channel & 7) * 2);
 }
 
-// INT4: kRawPages raw page buffers in the producer (two pages in flight ahead of the dequantisation).
+// INT4: kRawPages raw page buffers in the producer (two pages in flight ahead of the dequantisation), each filled
+// by one bulk copy (cp.async.bulk) that signals its raw_full barrier.
 template <bool kInt4, int kD>
 struct Layout {
   using S = Shape;
@@ -113,7 +114,11 @@ struct Layout {
   static constexpr int kRawOffset = kStageOffset + kStages * kStageBytes;  // INT4: the raw page buffers
   static constexpr int kRawBuffers = kInt4 ? kRawPages : 0;
   static constexpr int kBarOffset = kRawOffset + kRawBuffers * kRawPageBytes;
-  static constexpr int kBytes = kBarOffset + S::kBarriers * 8;
+  // INT4: after the stages' barriers, raw_full[b] (one arrival + the page's bytes) and raw_empty[b] (every producer
+  // thread's arrival once it has read raw buffer b) for each raw page buffer.
+  static constexpr int kRawFullBarrier = S::kBarriers;
+  static constexpr int kRawEmptyBarrier = S::kBarriers + kRawBuffers;
+  static constexpr int kBytes = kBarOffset + (S::kBarriers + 2 * kRawBuffers) * 8;
   static constexpr int kAllocBytes = kBytes + kAlign;  // the dynamic window is only guaranteed 16-byte aligned
   static_assert(kStageOffset % kAlign == 0 && kStageBytes % kAlign == 0, "operands stay 1024-byte aligned");
   static_assert(kRawPageBytes % 16 == 0 && kBarOffset % 8 == 0);

@@ -137,7 +137,12 @@ void check_regions() {
   EXPECT_EQ(L::kRawOffset, L::kStageOffset + L::kStages * L::kStageBytes);
   EXPECT_EQ(L::kBarOffset, L::kRawOffset + (kInt4 ? L::kRawPages * L::kRawPageBytes : 0));  // the raw page buffers
   EXPECT_GE(L::kRawPages, 2);
-  EXPECT_EQ(L::kBytes, L::kBarOffset + 8 * S::kBarriers);
+  // the stages' full/empty barriers, then (INT4) raw_full and raw_empty per raw page buffer
+  EXPECT_EQ(L::kRawFullBarrier, S::kBarriers);
+  EXPECT_EQ(L::kRawEmptyBarrier, S::kBarriers + L::kRawBuffers);
+  EXPECT_EQ(L::kRawBuffers, kInt4 ? L::kRawPages : 0);
+  EXPECT_EQ(L::kBytes, L::kBarOffset + 8 * (S::kBarriers + 2 * L::kRawBuffers));
+  EXPECT_EQ(L::kRawPageBytes % 16, 0);  // one bulk copy per page: a multiple of 16 bytes
   EXPECT_LE(S::kMinCtasPerSm * (L::kAllocBytes + 1024), 228 * 1024);
   EXPECT_LE(S::kProducerRegs + S::kConsumers * S::kConsumerRegs, 65536 / S::kMinCtasPerSm / pw::kWarpgroupThreads);
   EXPECT_EQ(S::kThreads, 128 * (1 + S::kConsumers));

@@ -404,12 +404,22 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
         for (int e = 0; e < 4; ++e) {
           float& x = sacc[4 * nt + e];
           x = kb + 8 * nt + 2 * t + (e & 1) > pos[e >> 1] ? kNegInf : x;
-          bmax[e >> 1] = fmaxf(bmax[e >> 1], x);
         }
       }
-    } else {
+    }
+    // Each row's 16 scores reduced as a tree (max is exact and order-free: the same value as a chain, four
+    // dependent steps instead of sixteen).
 #pragma unroll
-      for (int i = 0; i < 32; ++i) bmax[(i >> 1) & 1] = fmaxf(bmax[(i >> 1) & 1], sacc[i]);
+    for (int r = 0; r < 2; ++r) {
+      float v[8];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) v[nt] = fmaxf(sacc[4 * nt + 2 * r], sacc[4 * nt + 2 * r + 1]);
+#pragma unroll
+      for (int w = 4; w >= 1; w >>= 1) {
+#pragma unroll
+        for (int k = 0; k < w; ++k) v[k] = fmaxf(v[k], v[k + w]);
+      }
+      bmax[r] = fmaxf(bmax[r], v[0]);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) bmax[r] *= args.score_scale;  // −inf stays −inf

@@ -80,6 +80,9 @@ struct Mma16<false> {
   static __device__ __forceinline__ void rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
     ptx::wgmma_bf16_rs_m64n64k16(d, a, db, true);
   }
+  static __device__ __forceinline__ void rs_k_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db, uint32_t acc) {
+    ptx::wgmma_bf16_rs_kmajor_m64n64k16(d, a, db, acc);
+  }
   static __device__ __forceinline__ void rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
     ptx::wgmma_bf16_rs_m64n128k16(d, a, db, true);
   }
@@ -92,6 +95,9 @@ struct Mma16<true> {
   }
   static __device__ __forceinline__ void rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
     ptx::wgmma_f16_rs_m64n64k16(d, a, db, true);
+  }
+  static __device__ __forceinline__ void rs_k_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db, uint32_t acc) {
+    ptx::wgmma_f16_rs_kmajor_m64n64k16(d, a, db, acc);
   }
   static __device__ __forceinline__ void rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
     ptx::wgmma_f16_rs_m64n128k16(d, a, db, true);
@@ -355,6 +361,14 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
     asm volatile("bar.sync %0, %1;\n" ::"n"(kConsumerBarrier + 1), "n"(kWarpgroupThreads) : "memory");
   }
 
+  // Q's A fragments for S = Q·Kᵀ, held in registers for the whole tile (so S's wgmmas read only the keys from
+  // shared memory): k-step ks is the mma.m16n8k16 A fragment of this warp's 16 rows, channels 16 ks .. 16 ks + 15 —
+  // one ldmatrix.x4 per k-step (a_fragment_row_offset).
+  uint32_t qa[kD / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ++ks)
+    ptx::ldmatrix_x4(qa[ks], q_s + a_fragment_row_offset(warp, lane, ks));
+
   // This lane's two rows (warp rows g, g + 8): their positions; the consumer's first and last positions.
   int pos[2];
 #pragma unroll
@@ -375,8 +389,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
   auto release = [&](int j) { ptx::mbarrier_arrive(bar_s + 8 * (kStages + j % kStages)); };
   float sacc[32];  // S, then P: register 4 nt + e is row g + 8 (e >> 1), token 8 nt + 2 t + (e & 1) of the block
   // S(j) = Q·Kᵀ into sacc: issued and committed as one group.
-  // Descriptors of Q and of stage 0's K and V, once; a stage and a k step only add to the start-address field.
-  const uint64_t q_desc = make_desc(q_s, kLboKMajor);
+  // Descriptors of stage 0's K and V, once; a stage and a k step only add to the start-address field.
   const uint64_t k_desc0 = make_desc(stage_addr(0), kLboKMajor);
   const uint64_t v_desc0 = make_desc(stage_addr(0) + L::kPartBytes, kLboNMajor);
   auto issue_s = [&](int j) {
@@ -384,8 +397,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
     ptx::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks)
-      M::ss_n64(sacc, advance_desc(q_desc, kmajor_step_offset(ks >> 1, ks & 1)),
-                advance_desc(k_desc, kmajor_step_offset(ks >> 1, ks & 1)), ks > 0);
+      M::rs_k_n64(sacc, qa[ks], advance_desc(k_desc, kmajor_step_offset(ks >> 1, ks & 1)), ks > 0 ? 1u : 0u);
     ptx::wgmma_commit_group();
   };
   // Mask and online softmax of block j (exp2 domain, exactly as the mma.sync kernel per row): sacc becomes the

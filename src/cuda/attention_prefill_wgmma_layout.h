@@ -89,6 +89,13 @@ FT_HD uint32_t operand_offset(int row, int chunk8) {
          swizzle64(static_cast<uint32_t>(row * kRowBytes + (chunk8 & 3) * 16));
 }
 
+// ldmatrix.x4 row address (byte offset in a K-major operand) of lane `lane` for the mma.m16n8k16 A fragment of
+// rows 16 warp .. 16 warp + 15, channels 16 ks .. 16 ks + 15: matrices (rows 0-7, chunk 2 ks), (rows 8-15, chunk
+// 2 ks), (rows 0-7, chunk 2 ks + 1), (rows 8-15, chunk 2 ks + 1) are a0..a3 (the consumers' Q fragments).
+FT_HD uint32_t a_fragment_row_offset(int warp, int lane, int ks) {
+  return operand_offset(16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * ks + (lane >> 4));
+}
+
 // Byte offset of element (row, channel) of an operand (the CPU test's view; the kernel moves 16-byte chunks).
 FT_HD uint32_t element_offset(int row, int channel) {
   return operand_offset(row, channel >> 3) + static_cast<uint32_t>((channel & 7) * 2);

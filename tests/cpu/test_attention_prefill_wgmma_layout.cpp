@@ -192,6 +192,28 @@ void check_advanced_descriptors() {
   }
 }
 
+// The consumers' Q fragments: ldmatrix.x4 (lane l addresses row l % 8 of matrix l / 8; thread T receives elements
+// (T / 4, 2 (T % 4)) and (T / 4, 2 (T % 4) + 1) of matrix j in register j) from a_fragment_row_offset must deliver the
+// mma.m16n8k16 A fragment of the warp's rows: a0 (g, 2t), a1 (g + 8, 2t), a2 (g, 2t + 8), a3 (g + 8, 2t + 8), where
+// g = T / 4, t = T % 4, row offset 16 warp and channel offset 16 ks.
+TEST(AttentionPrefillWgmmaLayout, QFragmentAddressesDeliverTheAFragments) {
+  for (int warp = 0; warp < 4; ++warp) {
+    for (int ks = 0; ks < 8; ++ks) {
+      for (int T = 0; T < 32; ++T) {
+        const int g = T / 4, t = T % 4;
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t row_addr = pw::a_fragment_row_offset(warp, 8 * j + g, ks);  // matrix j, row g
+          for (int e = 0; e < 2; ++e) {
+            const int row = 16 * warp + g + 8 * (j & 1), channel = 16 * ks + 2 * t + 8 * (j >> 1) + e;
+            ASSERT_EQ(row_addr + static_cast<uint32_t>(2 * (2 * t + e)), pw::element_offset(row, channel))
+                << "warp " << warp << " ks " << ks << " thread " << T << " register " << j << " element " << e;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(AttentionPrefillWgmmaLayout, AdvancedDescriptorsEqualEncodedOnes) {
   check_advanced_descriptors<true, 128>();
   check_advanced_descriptors<true, 64>();

@@ -5,15 +5,15 @@
 // - A CTA is a producer warpgroup and two consumer warpgroups (Shape) and owns a tile of 128 query vectors — (row,
 //   query head) pairs of one chunk, all G heads of one KV head.
 //   The producer puts each key block (page) into a ring of stages in the swizzled operand layout — BF16 pages by
-//   cp.async straight into place; INT4 pages through raw page buffers (cp.async ahead), then dequantised to f16
-//   values (u − z) · s — and hands stages over with mbarriers. Each consumer runs S = Q·Kᵀ and O += P·V as wgmma
+//   cp.async straight into place; INT4 pages through raw page buffers (one bulk copy per page, two pages ahead),
+//   then dequantised to f16 values (u − z) · s — and hands stages over with mbarriers. Each consumer runs S = Q·Kᵀ and O += P·V as wgmma
 //   (fp32 accumulate) for its 64 vectors, online softmax in registers. So the INT4 dequantisation of the next block
 //   overlaps the MMAs of the current one, once per CTA instead of once per warp.
 // - Operand type: BF16 caches — bf16 (the cache's own values, q as given, P rounded to bf16). INT4 caches — f16:
 //   keys and values (u − z) · s rounded once to f16 (2^-11 relative), q converted from bf16 to f16 (exact for
 //   2^-14 ≤ |q| ≤ 65504), P rounded to f16. The scales therefore ride in the operands and the consumer is one path.
-// - S: eight (head_dim 128) m64n64k16 SS wgmmas, Q and K from shared memory. P·V: the S accumulator is P's A
-//   fragment (RS wgmma), m64n(head_dim)k16 per 16 tokens.
+// - S: eight (head_dim 128) m64n64k16 RS wgmmas, Q's A fragments from registers (loaded once per tile), K from
+//   shared memory. P·V: the S accumulator is P's A fragment (RS wgmma), m64n(head_dim)k16 per 16 tokens.
 // - The consumers are software-pipelined: block j's S is issued with block j − 1's P·V (see the loop). The softmax
 //   is lean: the score scale rides in the exponent's FMA, the mask only in blocks that reach past a row's position,
 //   O's rescale is skipped when no row's max moved. Variant (template flag): kUnrotate (int4-hadamard output
@@ -104,7 +104,6 @@ struct Mma16<true> {
   }
 };
 
-constexpr int kProducerBarrier = 1;  // named barrier of the producer warpgroup (0 is __syncthreads')
 constexpr int kConsumerBarrier = 2;  // named barriers of the consumer warpgroups: 2, 3
 constexpr int kTurnBarrier = 4;      // ping-pong: consumer c waits for its turn on 4 + c (both warpgroups take part)
 

@@ -133,9 +133,11 @@ struct Producer {
   // first use of each LDS was its hottest instruction and the consumers waited for `full` ~19 % of their time).
   // kPartial: the page may hold fewer than kRows valid tokens (the last block); the other blocks take the
   // instance without the per-unit branch, whose loads the compiler would otherwise sink into it.
-  template <bool kPartial>
+  // `stage_free()` is called between the loads and the first store: it waits until the consumers have released the
+  // stage, so the raw loads' latency overlaps that wait.
+  template <bool kPartial, class StageFree>
   static __device__ __forceinline__ void dequantise(const unsigned char* raw, unsigned char* stage, int valid,
-                                                    int tid, uint32_t raw_empty) {
+                                                    int tid, uint32_t raw_empty, StageFree&& stage_free) {
     constexpr int kPartUnits = kRows * L::kGroups;
     constexpr int kUnits = 2 * kPartUnits / kWarpgroupThreads;  // 4 (head_dim 128) or 2 (64)
     static_assert(2 * kPartUnits % kWarpgroupThreads == 0, "units split evenly over the producer's threads");
@@ -153,6 +155,7 @@ struct Producer {
       scale_bits[k] = *reinterpret_cast<const uint16_t*>(src + Page::kPageCodeBytes + 2 * group);
     }
     ptx::mbarrier_arrive(raw_empty);  // this thread is done with the raw buffer (release: its loads come first)
+    stage_free();
 #pragma unroll
     for (int k = 0; k < kUnits; ++k) {
       const int i = tid + k * kWarpgroupThreads;
@@ -285,15 +288,15 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinCtasPerSm)
           if (j + kRaw < work.blocks) next_page = page_of(j + kRaw);
         }
         ptx::mbarrier_wait_parity(raw_full_s + 8 * (j % kRaw), (j / kRaw) & 1);
-        wait_empty(j);
         unsigned char* const raw = base + L::kRawOffset + (j % kRaw) * L::kRawPageBytes;
         unsigned char* const stage = base + L::kStageOffset + (j % kStages) * L::kStageBytes;
         const int valid = work.kv_len - j * kBlockTokens;
         const uint32_t raw_empty = raw_empty_s + 8 * (j % kRaw);
+        const auto stage_free = [&] { wait_empty(j); };
         if (valid >= kBlockTokens) {
-          P::template dequantise<false>(raw, stage, valid, tid, raw_empty);
+          P::template dequantise<false>(raw, stage, valid, tid, raw_empty, stage_free);
         } else {
-          P::template dequantise<true>(raw, stage, valid, tid, raw_empty);
+          P::template dequantise<true>(raw, stage, valid, tid, raw_empty, stage_free);
         }
         ptx::fence_proxy_async_shared();  // generic-proxy stores -> the consumers' wgmma reads
         ptx::mbarrier_arrive(bar_s + 8 * (j % kStages));

@@ -35,7 +35,7 @@ using test::DeviceBuffer;
 // within a few fp32 ulps (relative ~2^-21) of each other. Two fp32 values that close round to the same BF16 or to
 // adjacent ones (a BF16 ulp is 2^-8 relative), never further apart:
 //   rmsnorm: the sum of squares in fp32 by a block tree (twin: fp64), so the scale differs by ~1e-6 relative;
-//   swiglu:  the device expf is within 2 fp32 ulps of the C library's.
+//   swiglu:  ops::silu_mul (SFU exponential and reciprocal) is within 2^-21 relative of exact arithmetic.
 constexpr int kRmsnormMaxUlps = 1;
 constexpr int kSwigluMaxUlps = 1;
 // Exact (bit for bit): embed (BF16 -> fp32 is exact), the residual add (one fp32 rounding on both sides), RoPE

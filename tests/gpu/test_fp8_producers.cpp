@@ -43,8 +43,8 @@ using test::DeviceBuffer;
 // differ by ~1e-6 relative (decoder_ops' test bounds the same difference by one BF16 ulp). 2^-16 leaves a wide
 // margin and is still 2^12 times finer than an E4M3 step (2^-3 relative), so a real error cannot hide under it.
 constexpr double kRmsnormYRelTol = 0x1p-16;
-// swiglu: the device expf is within 2 fp32 ulps of the C library's exp; through 1 + e, the division and the product
-// y stays within ~4 ulps (2^-21 relative); 2^-20 = 8 ulps.
+// swiglu: ops::silu_mul's SFU exponential and reciprocal (decoder_ops.cuh) keep y within 2^-21 of exact arithmetic
+// (ex2.approx 2^-22, rcp.approx 1 ulp, five roundings), the C library's exp and division within ~2 ulps; 2^-20 = 8 ulps.
 constexpr double kSwigluYRelTol = 0x1p-20;
 // Codes of y values that close differ by at most one step of the E4M3 grid (adjacent codes).
 constexpr int kMaxCodeSteps = 1;

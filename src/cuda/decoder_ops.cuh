@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "cuda/ptx/griddep.cuh"
+#include "cuda/ptx/math.cuh"
 #include "cuda/rmsnorm_row.cuh"
 
 namespace futransformer::cuda::ops {
@@ -202,7 +203,7 @@ __global__ void __launch_bounds__(kEltThreads) add_residual_kernel(float* x, con
 // ---------------------------------------------------------------------------------------------------------------
 // silu(g) · u as ref::silu / ref::swiglu compute it — g / (1 + exp(−g)), then the product — with the two special
 // functions on the SFU instead of expf and an IEEE division (at 2048 prompt rows the FP8 SwiGLU producer was bound
-// by their ~60 instructions per value: 54 -> 43 µs per 8B layer with SFU ones, twenty-third session):
+// by their ~60 instructions per value: 54 -> 47 µs per 8B layer with these, twenty-third session):
 //   e = 2^(−g·log2 e): the product split into hi = RN(−g·L2E) and its exact remainder lo (one FMA, plus the tail of
 //       log2 e), e = ex2.approx(hi) · (1 + lo·ln 2); without the remainder the exponent's rounding alone would cost
 //       |g|·2^-24 relative (2^-17.5 at |g| = 88);
@@ -215,25 +216,15 @@ namespace silu_detail {
 constexpr float kLog2e = 0x1.715476p+0f;      // RN(log2 e)
 constexpr float kLog2eLo = 0x1.4ae0c0p-26f;   // log2 e − kLog2e
 constexpr float kLn2 = 0x1.62e430p-1f;        // RN(ln 2)
-__device__ __forceinline__ float ex2_approx_ftz(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ float rcp_approx(float x) {  // not .ftz: subnormal results are kept
-  float r;
-  asm("rcp.approx.f32 %0, %1;\n" : "=f"(r) : "f"(x));
-  return r;
-}
 }  // namespace silu_detail
 __device__ __forceinline__ float silu_mul(float g, float u) {
   using namespace silu_detail;
   const float a = -g;
   const float hi = __fmul_rn(a, kLog2e);
   const float lo = __fmaf_rn(a, kLog2eLo, __fmaf_rn(a, kLog2e, -hi));
-  const float e0 = ex2_approx_ftz(hi);
+  const float e0 = ptx::ex2_approx(hi);
   const float e = isinf(e0) ? e0 : __fmaf_rn(e0, __fmul_rn(lo, kLn2), e0);
-  return __fmul_rn(__fmul_rn(g, rcp_approx(__fadd_rn(1.0f, e))), u);
+  return __fmul_rn(__fmul_rn(g, ptx::rcp_approx(__fadd_rn(1.0f, e))), u);
 }
 
 // grid = (column chunks, rows). gate_up row r: [gate | up], each `inter` wide.

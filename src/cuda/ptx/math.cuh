@@ -11,4 +11,12 @@ __device__ __forceinline__ float ex2_approx(float x) {
   return r;
 }
 
+// rcp.approx.f32: 1 / x on the SFU (max error 1 ulp; not .ftz, so subnormal results are kept: 1 / x for
+// 2^126 < |x| < 2^128 is the subnormal it should be, not 0).
+__device__ __forceinline__ float rcp_approx(float x) {
+  float r;
+  asm("rcp.approx.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
 }  // namespace futransformer::cuda::ptx

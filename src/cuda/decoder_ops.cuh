@@ -203,7 +203,8 @@ __global__ void __launch_bounds__(kEltThreads) add_residual_kernel(float* x, con
 // ---------------------------------------------------------------------------------------------------------------
 // silu(g) · u as ref::silu / ref::swiglu compute it — g / (1 + exp(−g)), then the product — with the two special
 // functions on the SFU instead of expf and an IEEE division (at 2048 prompt rows the FP8 SwiGLU producer was bound
-// by their ~60 instructions per value: 54 -> 47 µs per 8B layer with these, twenty-third session):
+// by their ~60 SASS instructions per value, slow paths included: 54 -> 47 µs per 8B layer with these, twenty-third
+// session):
 //   e = 2^(−g·log2 e): the product split into hi = RN(−g·L2E) and its exact remainder lo (one FMA, plus the tail of
 //       log2 e), e = ex2.approx(hi) · (1 + lo·ln 2); without the remainder the exponent's rounding alone would cost
 //       |g|·2^-24 relative (2^-17.5 at |g| = 88);

@@ -44,7 +44,8 @@ using test::DeviceBuffer;
 // margin and is still 2^12 times finer than an E4M3 step (2^-3 relative), so a real error cannot hide under it.
 constexpr double kRmsnormYRelTol = 0x1p-16;
 // swiglu: ops::silu_mul's SFU exponential and reciprocal (decoder_ops.cuh) keep y within 2^-21 of exact arithmetic
-// (ex2.approx 2^-22, rcp.approx 1 ulp, five roundings), the C library's exp and division within ~2 ulps; 2^-20 = 8 ulps.
+// (ex2.approx 2^-22, rcp.approx 1 ulp, five roundings), the C library's exp and division within ~2 ulps;
+// 2^-20 = 8 ulps.
 constexpr double kSwigluYRelTol = 0x1p-20;
 // Codes of y values that close differ by at most one step of the E4M3 grid (adjacent codes).
 constexpr int kMaxCodeSteps = 1;

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "cuda/attention_decode_layout.h"
 #include "cuda/fused_ops.cuh"
@@ -219,7 +220,9 @@ struct Int4Tile {
   }
 
   // o += Vᵀ·P'ᵀ for the stage; p[i] is the probability of (token g + 8 (i >> 1), head 2t + (i & 1)), valid[r]
-  // whether token g + 8 r exists.
+  // whether token g + 8 r exists. kFull: the caller knows every token of the tile exists (valid is all true), so
+  // no select is emitted.
+  template <bool kFull>
   static __device__ __forceinline__ void accumulate(const unsigned char* st, uint32_t st_s, int lane,
                                                     const float (&p)[4], const bool (&valid)[2],
                                                     float (&o)[kMTiles][4]) {
@@ -248,7 +251,8 @@ struct Int4Tile {
         for (int r = 0; r < 2; ++r) {
           // A missing token's scale may be anything (inf, NaN): its weight is an exact 0, not 0 * s.
           const float sc = half_to_float(sv[r][grp >> 1], grp & 1);
-          const float p0 = valid[r] ? p[2 * r] * sc : 0.0f, p1 = valid[r] ? p[2 * r + 1] * sc : 0.0f;
+          const bool keep = kFull || valid[r];
+          const float p0 = keep ? p[2 * r] * sc : 0.0f, p1 = keep ? p[2 * r + 1] * sc : 0.0f;
           b[r] = ptx::movmatrix_trans(pack_bf16x2(p0, p1));  // (token g + 8r, heads 2t, 2t+1) -> (head g, tokens)
           const uint32_t zsel = static_cast<uint32_t>(grp | ((kG + grp) << 8));
           bias[r] = ptx::lop3<0xea>(ptx::prmt(zv[r][0], zv[r][1], zsel), 0x00ff00ffu, kBf16Magic);
@@ -311,6 +315,14 @@ __global__ void __launch_bounds__(CtaShape<kInt4, kD, kW>::kThreadsPerCta, (CtaS
   const int first = tiles.begin + warp;  // this warp's tiles: first, first + kW, ...
   const int n_mine = first < tiles.end ? (tiles.end - first + kW - 1) / kW : 0;
 
+  // Tiles in flight ahead of the one being read. The 8-warp INT4 loop is software-pipelined (tile k + 1's scores are
+  // computed beside tile k's value products), so it holds two stages at once and issues one tile less ahead. The
+  // 4-warp instances keep one tile at a time: the pipeline raised their registers (130 -> 168 at head_dim 128) and
+  // made the 8B batch-1 step 1.5-2 % slower (docs/results.md, twenty-fourth session); the 8-warp instances are capped
+  // at 128 registers either way.
+  constexpr bool kPipelined = kInt4 && kW == 8;
+  constexpr int kAhead = kPipelined ? Geo::kStages - 2 : Geo::kStages - 1;
+  static_assert(kAhead >= 2, "a ring of at least kAhead + 2 stages");
   unsigned char* ring = smem + warp * Geo::kStages * Geo::kStageBytes;
   const uint32_t ring_s = ptx::smem_addr(ring);
   const int32_t* bt = args.block_table + int64_t{b} * args.max_pages;
@@ -361,14 +373,24 @@ __global__ void __launch_bounds__(CtaShape<kInt4, kD, kW>::kThreadsPerCta, (CtaS
   const bool early = kPro || args.prefetch_early;
   const int new_tile = tiles_for(len) - 1;  // -1 for an empty (padding) sequence
   int deferred = -1;
-  if (early) {
+  // The page ids of the warp's first kAhead + 1 tiles, loaded together: one block-table round trip before the first
+  // copies instead of one per tile (tile k + 1's load waited for tile k's copies to be issued). Entry kAhead is the
+  // main loop's first fill_page. Loaded before the wait only where the caller promised early copies (the public
+  // header: otherwise the block table is read after it).
+  int first_pages[kAhead + 1];
+  auto load_first_pages = [&] {
 #pragma unroll
-    for (int k = 0; k < Geo::kStages - 1; ++k) {
+    for (int k = 0; k <= kAhead; ++k) first_pages[k] = k < n_mine ? page_of(k) : 0;
+  };
+  if (early) {
+    load_first_pages();
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) {
       if (k < n_mine) {
         if (first + k * kW == new_tile) {
           deferred = k;
         } else {
-          issue(k, k);
+          issue_at(k, k, first_pages[k]);
         }
       }
       ptx::cp_async_commit_group();
@@ -424,27 +446,30 @@ __global__ void __launch_bounds__(CtaShape<kInt4, kD, kW>::kThreadsPerCta, (CtaS
     if (deferred >= 0) issue(deferred, deferred);
     ptx::cp_async_commit_group();  // every thread: the main loop's wait count stays uniform
   } else {
+    load_first_pages();
 #pragma unroll
-    for (int k = 0; k < Geo::kStages - 1; ++k) {
-      if (k < n_mine) issue(k, k);
+    for (int k = 0; k < kAhead; ++k) {
+      if (k < n_mine) issue_at(k, k, first_pages[k]);
       ptx::cp_async_commit_group();  // empty groups keep the wait count below uniform
     }
   }
 
   // The ring: tile k sits in stage k % kStages; `stage` follows the tile being read, `fill` the one being issued.
   // The page id of the next tile to issue is loaded one iteration ahead, so its latency never stalls the loop.
-  int stage = 0, fill = Geo::kStages - 1;
-  int fill_page = Geo::kStages - 1 < n_mine ? page_of(Geo::kStages - 1) : 0;
+  int stage = 0, fill = kAhead;
+  int fill_page = first_pages[kAhead];
   auto next_stage = [](int x) { return x + 1 == Geo::kStages ? 0 : x + 1; };
+  // Tile k + kAhead goes into the stage of tile k + kAhead - kStages (tile k - 1 for BF16, k - 2 for INT4), which the
+  // warp finished before this call.
   auto wait_tile = [&](int k) {
-    if (k + Geo::kStages - 1 < n_mine) issue_at(k + Geo::kStages - 1, fill, fill_page);
-    if (k + Geo::kStages < n_mine) fill_page = page_of(k + Geo::kStages);
+    if (k + kAhead < n_mine) issue_at(k + kAhead, fill, fill_page);
+    if (k + kAhead + 1 < n_mine) fill_page = page_of(k + kAhead + 1);
     fill = next_stage(fill);
     ptx::cp_async_commit_group();
     if (k == deferred) {
       ptx::cp_async_wait_group<0>();  // the deferred tile went into a later group (it is the warp's last tile)
     } else {
-      ptx::cp_async_wait_group<Geo::kStages - 1>();  // this lane's chunks of tile k have landed
+      ptx::cp_async_wait_group<kAhead>();  // this lane's chunks of tile k have landed
     }
     __syncwarp();  // ... and every other lane's
   };
@@ -459,31 +484,29 @@ __global__ void __launch_bounds__(CtaShape<kInt4, kD, kW>::kThreadsPerCta, (CtaS
     float o[I::kMTiles][4];
 #pragma unroll
     for (int mt = 0; mt < I::kMTiles; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
-    for (int k = 0; k < n_mine; ++k) {
-      wait_tile(k);
-      const unsigned char* st = ring + stage * Geo::kStageBytes;
-      const uint32_t st_s = ring_s + static_cast<uint32_t>(stage * Geo::kStageBytes);
-      const int tok0 = (first + k * kW) * kTile;
-      float s[4];
-      I::scores(st, st_s, lane, qa, s);
-      // Online softmax per head column over the tile's 16 tokens (every processed tile holds a valid token).
-      const bool valid[2] = {tok0 + g < len, tok0 + g + 8 < len};
+    // The online softmax of one tile from its scores sc (Sᵀ, unscaled), o rescaled; p and valid for accumulate.
+    // kFull: all 16 of the tile's tokens exist (every tile but a sequence's last partial one), so the masks compile
+    // away: the same arithmetic on the same values either way, so the same bits.
+    auto softmax_step = [&](float (&sc)[4], int tok0, auto full, float (&p)[4], bool (&valid)[2]) {
+      constexpr bool kFull = decltype(full)::value;
+      valid[0] = kFull || tok0 + g < len;
+      valid[1] = kFull || tok0 + g + 8 < len;
       float tmax[2];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[i] = valid[i >> 1] ? s[i] * args.score_scale : kNegInf;
+      for (int i = 0; i < 4; ++i) sc[i] = valid[i >> 1] ? sc[i] * args.score_scale : kNegInf;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        tmax[j] = fmaxf(s[j], s[2 + j]);
+        tmax[j] = fmaxf(sc[j], sc[2 + j]);
 #pragma unroll
         for (int x = 4; x < kWarpSize; x *= 2) tmax[j] = fmaxf(tmax[j], __shfl_xor_sync(0xffffffffu, tmax[j], x));
       }
-      float alpha[2], p[4];
+      float alpha[2];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const float m_new = fmaxf(m[j], tmax[j]);
         alpha[j] = ptx::ex2_approx(m[j] - m_new);  // 0 on the first tile (m = -inf)
-        p[j] = ptx::ex2_approx(s[j] - m_new);
-        p[2 + j] = ptx::ex2_approx(s[2 + j] - m_new);
+        p[j] = ptx::ex2_approx(sc[j] - m_new);
+        p[2 + j] = ptx::ex2_approx(sc[2 + j] - m_new);
         l[j] = fmaf(l[j], alpha[j], p[j] + p[2 + j]);
         m[j] = m_new;
       }
@@ -496,9 +519,58 @@ __global__ void __launch_bounds__(CtaShape<kInt4, kD, kW>::kThreadsPerCta, (CtaS
           for (int i = 0; i < 4; ++i) o[mt][i] *= alpha[i & 1];
         }
       }
-      I::accumulate(st, st_s, lane, p, valid, o);
-      __syncwarp();  // every lane is done with this stage before a later issue overwrites it
-      stage = next_stage(stage);
+    };
+    auto stage_ptr = [&](int st) { return ring + st * Geo::kStageBytes; };
+    auto stage_s = [&](int st) { return ring_s + static_cast<uint32_t>(st * Geo::kStageBytes); };
+    auto tok0_of = [&](int k) { return (first + k * kW) * kTile; };
+    // One tile at a time (the 4-warp instances).
+    if constexpr (!kPipelined) {
+      for (int k = 0; k < n_mine; ++k) {
+        wait_tile(k);
+        float sc[4], p[4];
+        bool valid[2];
+        I::scores(stage_ptr(stage), stage_s(stage), lane, qa, sc);
+        softmax_step(sc, tok0_of(k), std::false_type{}, p, valid);
+        I::template accumulate<false>(stage_ptr(stage), stage_s(stage), lane, p, valid, o);
+        __syncwarp();  // every lane is done with this stage before a later issue overwrites it
+        stage = next_stage(stage);
+      }
+    } else {
+      // Software pipeline: tile k's softmax, then tile k + 1's scores beside tile k's value products (independent
+      // chains in one basic block, so their latencies overlap), per tile the same operations in the same order as
+      // one tile at a time. Only a sequence's last tile can be partial, and it is its warp's last tile, so every tile
+      // with a successor is full.
+      float s_cur[4];
+      if (n_mine > 0) {
+        wait_tile(0);
+        I::scores(stage_ptr(stage), stage_s(stage), lane, qa, s_cur);
+      }
+      for (int k = 0; k + 1 < n_mine; ++k) {
+        float p[4];
+        bool valid[2];
+        softmax_step(s_cur, tok0_of(k), std::true_type{}, p, valid);
+        wait_tile(k + 1);
+        const int nst = next_stage(stage);
+        float s_next[4];
+        I::scores(stage_ptr(nst), stage_s(nst), lane, qa, s_next);
+        I::template accumulate<true>(stage_ptr(stage), stage_s(stage), lane, p, valid, o);
+        __syncwarp();  // every lane is done with this stage before a later issue overwrites it
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s_cur[i] = s_next[i];
+        stage = nst;
+      }
+      if (n_mine > 0) {  // the warp's last tile
+        const int k = n_mine - 1;
+        float p[4];
+        bool valid[2];
+        if (tok0_of(k) + kTile <= len) {  // warp-uniform
+          softmax_step(s_cur, tok0_of(k), std::true_type{}, p, valid);
+          I::template accumulate<true>(stage_ptr(stage), stage_s(stage), lane, p, valid, o);
+        } else {
+          softmax_step(s_cur, tok0_of(k), std::false_type{}, p, valid);
+          I::template accumulate<false>(stage_ptr(stage), stage_s(stage), lane, p, valid, o);
+        }
+      }
     }
     ptx::cp_async_wait_group<0>();  // only empty groups can be left; leave none behind
 #pragma unroll

@@ -63,8 +63,9 @@ constexpr int kMinTilesPerWarp = 2;
 // many CTAs. In the whole decode step (scripts/sweep_decode_tilings.sh, FT_ATTN_DECODE_WARPS=8 against 4, two
 // alternating pairs; docs/results.md, twenty-first session) 8 warps gave 8B -0.2 / -1.4 / -0.6 % at batch 8 / 16 / 32
 // (64 / 128 / 256 CTAs a split) and +1.3 % at batch 1, 70B -1.0 / -0.5 % at batch 8 / 32. There the attention copies
-// its first kStages - 1 tiles per warp before its griddepcontrol.wait (early copies), so 8 warps have twice the cache
-// in flight while the kernel before runs. Alone and without early copies (bench_attention_decode) 8 warps were 1-10 %
+// its first tiles per warp before its griddepcontrol.wait (early copies: kStages - 1 = 4 a warp, 3 for 8 warps since
+// the twenty-fourth session's pipelined loop), so 8 warps have more of the cache in flight (24 tiles against 16)
+// while the kernel before runs. Alone and without early copies (bench_attention_decode) 8 warps were 1-10 %
 // slower at batch 8-32: the rule follows the step. One rule for every launcher, so the fused-prologue, early-copy and
 // plain launches keep the same bits.
 constexpr int64_t kEightWarpMinGroups = 64;

@@ -231,13 +231,27 @@ inline std::vector<TilingCase> wgmma_cases() {
     streamed.push_back(s);
   }
   const TilingCase extra_streamed[] = {
-      c(32, 256, 4096, 128, ScaleType::BF16, 8, 1, "streamed M = 32: 128 blocks, 64 panels through 5 slots"),
+      c(32, 256, 4096, 128, ScaleType::BF16, 8, 1, "streamed M = 32: 128 blocks, 64 panels through the panel ring"),
       c(1, 256, 1088, 32, ScaleType::F16, 8, 1, "streamed M = 1: 34 blocks, group 32"),
       c(24, 512, 1120, 32, ScaleType::BF16, 8, 3, "streamed M = 24: 35 groups of 32 in 3 slices (odd block counts)"),
       c(13, 256, 14336, 128, ScaleType::BF16, 8, 2, "streamed M = 13: the down projection's K in 2 slices"),
   };
   for (TilingCase s : extra_streamed) {
     s.t.stages = w4::kWgStreamStages;
+    s.t.stream_x = true;
+    streamed.push_back(s);
+  }
+  // The 16-slot streamed ring (kWgStreamDeepStages): the extra streamed cases again (panel ring of 9 slots, wrap
+  // at 128 blocks, single last blocks) plus one four-tile case with many pairs.
+  const size_t n_streamed = streamed.size();
+  for (size_t i = n_streamed - std::size(extra_streamed); i < n_streamed; ++i) {
+    TilingCase s = streamed[i];
+    s.t.stages = w4::kWgStreamDeepStages;
+    streamed.push_back(s);
+  }
+  {
+    TilingCase s = c(27, 512, 8192, 128, ScaleType::F16, 8, 1, "16-slot streamed M = 27: 256 blocks, 128 panels");
+    s.t.stages = w4::kWgStreamDeepStages;
     s.t.stream_x = true;
     streamed.push_back(s);
   }

@@ -83,12 +83,13 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& d, cons
       cfg.ctas_per_sm = config.ctas_per_sm;
       cfg.splits = config.splits;
       cfg.stream_x = config.stream_x;
+      cfg.stream_stages = config.stream_stages;
     }
   }
   const bool stream_x = wgmma && cfg.stream_x && (N / kBlockN) % kWarps == 0;  // warps_n = 8, warps_k = 1
   if (wgmma) {
     cfg.warps = kWarps;
-    cfg.stages = stream_x ? kWgStreamStages : kStages;
+    cfg.stages = !stream_x ? kStages : wg_stream_stages_ok(cfg.stream_stages) ? cfg.stream_stages : kWgStreamStages;
   }
   Tiling base;
   base.m_tiles = (M + 15) / 16;
@@ -199,10 +200,10 @@ bool tiling_is_valid(const Tiling& t, int M, int N, int K, int group, const Devi
   if (t.swap16 && (t.variant != Variant::v4 || t.rows8 || M < 9 || M > 16))
     return fail("swap16 needs variant v4, rows8 off and M = 9..16, M = " + to_string(M));
   if (t.wgmma && (t.variant != Variant::v4 || M > kWgMaxM || t.warps != kWarps ||
-                  t.stages != (t.stream_x ? kWgStreamStages : kStages) || t.swap16 || t.swap32 ||
+                  (t.stream_x ? !wg_stream_stages_ok(t.stages) : t.stages != kStages) || t.swap16 || t.swap32 ||
                   t.warps_n % kWgWarps != 0 || (t.stream_x && t.warps_k != 1)))
-    return fail("wgmma needs variant v4, M <= " + to_string(kWgMaxM) + ", 8 warps with 16 stages (8 and warps_k = 1 " +
-                "with stream_x), swap16 and swap32 off and warps_n a multiple of 4; M = " + to_string(M) +
+    return fail("wgmma needs variant v4, M <= " + to_string(kWgMaxM) + ", 8 warps with 16 stages (8 or 16 and " +
+                "warps_k = 1 with stream_x), swap16 and swap32 off and warps_n a multiple of 4; M = " + to_string(M) +
                 ", warps = " + to_string(t.warps) + ", stages = " + to_string(t.stages) + ", warps_n = " +
                 to_string(t.warps_n) + ", stream_x = " + to_string(t.stream_x ? 1 : 0));
   if (t.stream_x && !t.wgmma) return fail("stream_x needs wgmma");
@@ -246,9 +247,9 @@ std::string describe_config(const V4Config& c) {
   char buf[180];
   std::snprintf(buf, sizeof(buf),
                 "v4 config: warps=%d stages=%d ctas_per_sm=%d splits=%d swap16=%d swap32=%d wgmma=%d stream_x=%d "
-                "warps_n=%d",
+                "stream_stages=%d warps_n=%d",
                 c.warps, c.stages, c.ctas_per_sm, c.splits, c.swap16 ? 1 : 0, c.swap32 ? 1 : 0, c.wgmma ? 1 : 0,
-                c.stream_x ? 1 : 0, c.warps_n);
+                c.stream_x ? 1 : 0, c.stream_stages, c.warps_n);
   return buf;
 }
 
@@ -264,11 +265,12 @@ std::vector<NamedV4Config> v4_sweep_configs() {
     c.wgmma = wgmma;
     return NamedV4Config{name, c};
   };
-  auto stream = [](const char* name) {
+  auto stream = [](const char* name, int stages = kWgStreamStages) {
     V4Config c;
-    c.stages = kWgStreamStages;
+    c.stages = stages;
     c.wgmma = true;
     c.stream_x = true;
+    c.stream_stages = stages;
     return NamedV4Config{name, c};
   };
   auto n_forced = [&make](const char* name, int warps, int stages, int warps_n) {
@@ -285,7 +287,8 @@ std::vector<NamedV4Config> v4_sweep_configs() {
   // (ncu, 8B gate_up at M = 1: 3.2 active and 0.97 eligible warps per scheduler, issue slots idle half the time).
   // wgmma runs M <= 32 on the warpgroup path (one wgmma per four warps' blocks and k16 step, whatever M); wgmma_c2
   // asks for two CTAs per SM also at M = 17..32, where the staged activations of a long K slice otherwise leave one
-  // (more K slices, so less staging per CTA, against the split-K reduce's traffic).
+  // (more K slices, so less staging per CTA, against the split-K reduce's traffic). wgmma_sx / wgmma_sx16 stream the
+  // activations through a panel ring beside an 8- / 16-slot weight ring (24 / 56 KB in flight per CTA).
   // w16s16n1 / w24s8n1 put all 16 / 24 warps of a CTA on one 32-column block (warps_k = 16 / 24): on N = 4096 layers
   // the 128 CTAs then run 16 / 24 warps per SM with 1/16 / 1/24 of K each, where the default's 8 warps per SM each
   // work through 1/8 of K one block after another (M = 1 looked bound by that per-warp chain: 0.3-0.45 µs per block
@@ -299,6 +302,7 @@ std::vector<NamedV4Config> v4_sweep_configs() {
           make("w8s8", 8, 8, 0, false),    make("w8s8c3", 8, 8, 3, false),
           make("wgmma", 8, 16, 0, false, kSwap32ByDefault, true),
           make("wgmma_c2", 8, 16, 2, false, kSwap32ByDefault, true), stream("wgmma_sx"),
+          stream("wgmma_sx16", kWgStreamDeepStages),
           n_forced("w16s16n1", 16, 16, 1), make("w24s8", 24, 8, 0, false), n_forced("w24s8n1", 24, 8, 1),
           make("w28s8", 28, 8, 0, false), n_forced("w28s8n7", 28, 8, 7), n_forced("w28s8n14", 28, 8, 14)};
 }
@@ -339,6 +343,12 @@ V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings)
   if (read("FT_W4A16_SWAP32", 0, 1, &flag)) c.swap32 = flag == 1;
   if (read("FT_W4A16_WGMMA", 0, 1, &flag)) c.wgmma = flag == 1;
   if (read("FT_W4A16_STREAM_X", 0, 1, &flag)) c.stream_x = flag == 1;
+  if (read("FT_W4A16_STREAM_STAGES", kWgStreamStages, kWgStreamDeepStages, &flag)) {
+    if (wg_stream_stages_ok(flag))
+      c.stream_stages = flag;
+    else
+      warn("FT_W4A16_STREAM_STAGES=" + std::to_string(flag) + " ignored (expected 8 or 16).");
+  }
   return c;
 }
 

@@ -47,7 +47,9 @@ struct V4Config {
   bool swap32 = kSwap32ByDefault;  // M = 17..32 on v4's swapped three/four-tile path (variant v4 there)
   bool wgmma = false;  // M <= 32 on the warpgroup path (gemm_w4a16_wg.cuh; variant v4, default CTA shape, warps_n a
                        // multiple of 4, N a multiple of 128); overrides swap16 / swap32
-  bool stream_x = false;  // with wgmma: activations streamed through a panel ring (warps_k = 1, 8 weight slots)
+  bool stream_x = false;  // with wgmma: activations streamed through a panel ring (warps_k = 1)
+  int stream_stages = kWgStreamStages;  // with stream_x: the weight ring's slots, kWgStreamStages (8) or
+                                        // kWgStreamDeepStages (16); `stages` is ignored on the warpgroup path
   int warps_n = 0;        // 0: the cost model decides; n > 0: only tilings with n warps side by side along N (warps_k
                           // = warps / n), e.g. 1 on N = 4096 layers so every one of the N / 32 CTAs has all its warps
                           // on one column block (more warps per SM than the model's wider CTAs); ignored (the model
@@ -82,7 +84,9 @@ struct ExtraTunedEntry {
 // "4096:4096:1:2:16:16:0:1:0": the 8B o projection at M = 1..2 on 16-warp CTAs with every warp on one column block).
 // An entry that does not parse, has N or K below 1, m_lo > m_hi, a (warps, stages) pair that is not compiled, or
 // ctas_per_sm / warps_n / splits outside parse_v4_config's ranges (0..8, 0..kMaxWarpsN, 0..kMaxSplits) is skipped
-// with a sentence in *warnings. null or empty text: none.
+// with a sentence in *warnings. null or empty text: none. At M = 17..32, where the library runs the streamed
+// warpgroup path, an entry whose stages are 8 or 16 gives that path's weight ring (V4Config::stream_stages), CTAs
+// per SM and split (its warps and warps_n are the path's own), e.g. "28672:4096:25:32:8:16:0:0:0".
 std::vector<ExtraTunedEntry> parse_tuned_extra(const char* text, std::string* warnings);
 
 // The candidates `bench_gemm_w4a16 --sweep` times side by side and the GPU tests check against the CPU twin; the

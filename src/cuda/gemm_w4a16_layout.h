@@ -195,14 +195,20 @@ FT_HD int64_t wg_b_desc_offset(int64_t k, int n_tokens) {
 FT_HD int64_t wg_a_bytes(int64_t slice_cols, int rows) {
   return (slice_cols + kWgPanelK - 1) / kWgPanelK * wg_tokens(rows) * 128;
 }
-// Streamed activations (Tiling::stream_x): instead of the whole slice, a ring of kWgStreamPanels panels (one per
-// pair of blocks: panel j holds slice columns 64 j .. 64 j + 63), refilled kStreamPairs - 1 pairs ahead like the
-// weights; the extra slot lets a panel be overwritten only after the CTA barrier that follows every warp's wait
-// for the wgmmas that read it. Needs warps_k = 1 (every warp on the same pairs) and the 8-slot weight ring, so that
-// with the smaller staging two or three CTAs share an SM where the staged slice allowed one.
+// Streamed activations (Tiling::stream_x): instead of the whole slice, a ring of wg_stream_panels(stages) panels
+// (one per pair of blocks: panel j holds slice columns 64 j .. 64 j + 63), refilled stages / 2 - 1 pairs ahead like
+// the weights; the extra slot lets a panel be overwritten only after the CTA barrier that follows every warp's wait
+// for the wgmmas that read it. Needs warps_k = 1 (every warp on the same pairs) and a weight ring of
+// kWgStreamStages (8) slots, so that with the smaller staging two or three CTAs share an SM where the staged slice
+// allowed one, or of kWgStreamDeepStages (16): 56 KB of weights in flight per CTA, an option for tilings where one
+// CTA per SM keeps the SMs busy without a split (8B gate|up at M = 32, 112 CTAs: 9.5 % faster alone on an H100, but
+// the decode step was not; docs/results.md, twenty-sixth session).
 constexpr int kWgStreamStages = 8;
-constexpr int kWgStreamPairs = kWgStreamStages / 2;
-constexpr int kWgStreamPanels = kWgStreamPairs + 1;
+constexpr int kWgStreamDeepStages = 16;
+FT_HD constexpr bool wg_stream_stages_ok(int stages) {
+  return stages == kWgStreamStages || stages == kWgStreamDeepStages;
+}
+FT_HD constexpr int wg_stream_panels(int stages) { return stages / 2 + 1; }
 FT_HD int64_t wg_stream_panel_bytes(int rows) { return int64_t{wg_tokens(rows)} * 128; }
 
 // Register cap: two 8-warp CTAs per SM (the four-tile instance holds 32 partial sums, 32 sums and two sets of 16 A
@@ -227,7 +233,7 @@ struct SmemLayout {
 FT_HD SmemLayout smem_layout(const Tiling& t, int64_t K, int group) {
   const int64_t groups = K / group;
   SmemLayout s{};
-  s.a_bytes = t.wgmma ? kWgAlign + (t.stream_x ? kWgStreamPanels * wg_stream_panel_bytes(t.rows)
+  s.a_bytes = t.wgmma ? kWgAlign + (t.stream_x ? wg_stream_panels(t.stages) * wg_stream_panel_bytes(t.rows)
                                                 : wg_a_bytes(slice_groups_max(groups, t.splits) * group, t.rows))
                       : a_rows(t) * a_pitch(groups, group, t.splits) * 2;
   s.s_bytes = t.warps_n * slice_groups_max(groups, t.splits) * kScalesPerGroupBlock * 2;

@@ -104,6 +104,7 @@ V4Config tuned_config(const TunedV4Entry& e) {
   c.ctas_per_sm = e.ctas_per_sm;
   c.wgmma = e.wgmma;
   c.stream_x = e.stream_x;
+  if (e.stream_x) c.stream_stages = e.stages;
   c.warps_n = e.warps_n;
   return c;
 }

@@ -82,9 +82,12 @@ extern template NormKernelFn v4_norm_kernel<28, 8>(bool);
 static_assert(sizeof(kV4KernelShapes) / sizeof(kV4KernelShapes[0]) == 6,
               "every compiled shape needs its file and an extern declaration here");
 
-// The warpgroup path's instance for a tiling with wgmma set (gemm_w4a16_wg.cu): one per activation tile count and
-// scale type; nullptr for M > kWgMaxM or a CTA shape other than the default.
+// The warpgroup path's instance for a tiling with wgmma set (gemm_w4a16_wg.cu): one per activation tile count,
+// scale type and ring (staged; streamed with 8 or 16 slots); nullptr for M > kWgMaxM, a CTA shape other than the
+// default or a ring that is not compiled.
 KernelFn wg_kernel_any(const Tiling& t, bool f16_scales, bool cluster);
+// The 16-slot streamed instance for `tiles` n = 8 activation tiles (gemm_w4a16_wg_deep.cu); nullptr where none.
+KernelFn wg_deep_kernel(int tiles, bool f16_scales, bool cluster);
 
 // The instance for any v4 tiling (cluster: its cluster-reduce instance), nullptr when its shape is not compiled.
 inline KernelFn v4_kernel_any(const Tiling& t, bool f16_scales, bool cluster = false) {

@@ -85,22 +85,25 @@ __device__ __forceinline__ WgPanelCopy wg_panel_copy(const KernelArgs& args, int
   return WgPanelCopy{args.x + static_cast<int64_t>(r) * args.K + k0 + cc * 8,
                      static_cast<uint32_t>(wg_x_offset(r, cc, kNTokens)), slice_k - cc * 8};
 }
-// Panel j (slice columns 64 j .. 64 j + 63, those below slice_k) into ring slot j % kWgStreamPanels of the panels at
-// a_addr; a cp.async copy the caller commits.
-template <int kNTokens>
+// Panel j (slice columns 64 j .. 64 j + 63, those below slice_k) into ring slot j % kPanels of the panels at a_addr;
+// a cp.async copy the caller commits.
+template <int kNTokens, int kPanels>
 __device__ __forceinline__ void wg_stage_panel(const WgPanelCopy& pc, int j, uint32_t a_addr) {
   if (j * kWgPanelK < pc.limit)
-    ptx::cp_async_16(a_addr + static_cast<uint32_t>(j % kWgStreamPanels) * (kNTokens * 128) + pc.dst,
+    ptx::cp_async_16(a_addr + static_cast<uint32_t>(j % kPanels) * (kNTokens * 128) + pc.dst,
                      pc.src + j * kWgPanelK);
 }
 
-// kStream: activations streamed through the panel ring (Tiling::stream_x: warps_k = 1, kWgStreamStages weight slots)
-// instead of staged for the whole slice.
-template <int kTiles, bool kF16Scales, bool kStream = false, bool kCluster = false>
+// kStreamStages > 0: activations streamed through the panel ring (Tiling::stream_x: warps_k = 1, a weight ring of
+// kStreamStages slots, kWgStreamStages or kWgStreamDeepStages) instead of staged for the whole slice.
+template <int kTiles, bool kF16Scales, int kStreamStages = 0, bool kCluster = false>
 __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_kernel(const KernelArgs args) {
   static_assert(kTiles >= 1 && kTiles <= kWgMaxM / 8, "one to four n = 8 activation tiles");
   constexpr int kAccRegs = 4 * kTiles;  // fp32 registers of one m64n(8 kTiles) accumulator per thread
-  constexpr int kRing = kStream ? kWgStreamStages : kStages;
+  constexpr bool kStream = kStreamStages > 0;
+  static_assert(!kStream || wg_stream_stages_ok(kStreamStages), "a streamed ring of 8 or 16 slots");
+  constexpr int kRing = kStream ? kStreamStages : kStages;
+  constexpr int kPanels = wg_stream_panels(kRing);  // streamed only
   constexpr int kPairs = kRing / 2;
   constexpr int kNTokens = 8 * kTiles;
   constexpr uint32_t kPanelBytes = kNTokens * 128;
@@ -150,7 +153,7 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
   if constexpr (kStream) {
     // The panels of the pairs whose weights are already in flight; later ones ride with their pair's weights.
     ptx::griddepcontrol_wait();
-    for (int j = 0; j < kPairs - 1; ++j) wg_stage_panel<kNTokens>(panel_copy, j, a_addr);
+    for (int j = 0; j < kPairs - 1; ++j) wg_stage_panel<kNTokens, kPanels>(panel_copy, j, a_addr);
     ptx::cp_async_commit_group();
     ptx::cp_async_wait_group<0>();
     ptx::fence_proxy_async_shared();
@@ -178,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
       // Streamed: block i is half i & 1 of panel i / 2 (warps_k = 1, so i counts from the slice start).
-      const uint32_t off = kStream ? static_cast<uint32_t>((i >> 1) % kWgStreamPanels) * kPanelBytes +
+      const uint32_t off = kStream ? static_cast<uint32_t>((i >> 1) % kPanels) * kPanelBytes +
                                          static_cast<uint32_t>((i & 1) * 64 + ks * 32)
                                    : static_cast<uint32_t>(wg_b_desc_offset(col + 16 * ks, kNTokens));
       db[ks] = fp8::advance_smem_desc(desc0, off);
@@ -233,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
     // Streamed: the panel of the fetched pair, into the slot of pair i0 / 2 - 2, which every warp finished with
     // before the previous iteration's barrier.
     if constexpr (kStream) {
-      wg_stage_panel<kNTokens>(panel_copy, fetch / 2, a_addr);
+      wg_stage_panel<kNTokens, kPanels>(panel_copy, fetch / 2, a_addr);
     }
     ptx::cp_async_commit_group();
     fetch += 2;

@@ -510,6 +510,7 @@ TEST(GemmW4A16Host, V4ConfigTilingsAreLaunchable) {
             ASSERT_FALSE(t.swap16 || t.swap32);
             ASSERT_EQ(t.stream_x, c.config.stream_x && s.N % 256 == 0);
             if (t.stream_x) ASSERT_EQ(t.warps_k, 1);
+            ASSERT_EQ(t.stages, t.stream_x ? c.config.stream_stages : w4::kStages);
             continue;
           }
           if (M > 16) {
@@ -556,7 +557,9 @@ TEST(GemmW4A16Host, TunedTableEntriesAreSweepConfigsWithValidTilings) {
     ASSERT_TRUE(w4::v4_kernel_compiled(e.warps, e.stages));
     ASSERT_GE(e.m_lo, 1);
     ASSERT_LE(e.m_lo, e.m_hi);
-    ASSERT_LE(e.m_hi, w4::kV4DefaultMaxM);
+    // Above M = 16 only streamed warpgroup entries (the library's path there) are read.
+    ASSERT_LE(e.m_hi, e.stream_x ? w4::kWgMaxM : w4::kV4DefaultMaxM);
+    if (e.stream_x) ASSERT_TRUE(w4::wg_stream_stages_ok(e.stages));
     bool named = false;
     for (const w4::NamedV4Config& c : sweep)
       named = named || (std::string(c.name) == e.name && c.config == w4::tuned_config(e));
@@ -817,6 +820,38 @@ TEST(GemmW4A16Host, V4ConfigFromEnvironment) {
     want.swap32 = on;
     EXPECT_EQ(c, want);
   }
+
+  // The streamed warpgroup ring: 8 or 16 slots; its tiling carries the ring as its stages, at M = 17..32 too.
+  g_fake_env = {{"FT_W4A16_WGMMA", "1"}, {"FT_W4A16_STREAM_X", "1"}, {"FT_W4A16_STREAM_STAGES", "16"}};
+  c = w4::parse_v4_config(fake_getenv, &warnings);
+  EXPECT_TRUE(warnings.empty()) << warnings;
+  EXPECT_EQ(c.stream_stages, w4::kWgStreamDeepStages);
+  for (int M : {1, 16, 17, 32}) {
+    const w4::DeviceLimits h200;
+    w4::Tiling t = w4::choose_tiling(M, 28672, 4096, 128, h200, c);
+    t.variant = Variant::v4;
+    SCOPED_TRACE(w4::describe_tiling(t, M, 28672, 4096, 128, h200));
+    EXPECT_TRUE(t.wgmma && t.stream_x);
+    EXPECT_EQ(t.stages, w4::kWgStreamDeepStages);
+    std::string why;
+    EXPECT_TRUE(w4::tiling_is_valid(t, M, 28672, 4096, 128, h200, &why)) << why;
+    // The 16-slot ring needs more shared memory than the 8-slot one: 8 more weight slots, 4 more panels.
+    w4::Tiling t8 = t;
+    t8.stages = w4::kWgStreamStages;
+    EXPECT_EQ(w4::smem_layout(t, 4096, 128).total - w4::smem_layout(t8, 4096, 128).total,
+              int64_t{8} * w4::kWarps * w4::kWarpSize * 16 + 4 * w4::wg_stream_panel_bytes(M));
+    t.stages = 32;  // a compiled v4 ring, but not a streamed one
+    EXPECT_FALSE(w4::tiling_is_valid(t, M, 28672, 4096, 128, h200, &why));
+    EXPECT_NE(why.find("stream_x"), std::string::npos) << why;
+  }
+  for (const char* bad : {"12", "32"}) {
+    warnings.clear();
+    g_fake_env = {{"FT_W4A16_STREAM_STAGES", bad}};
+    c = w4::parse_v4_config(fake_getenv, &warnings);
+    EXPECT_EQ(c, w4::V4Config{});
+    EXPECT_NE(warnings.find(std::string("FT_W4A16_STREAM_STAGES=") + bad), std::string::npos) << warnings;
+  }
+  warnings.clear();
 
   g_fake_env = {{"FT_W4A16_V4_WARPS", "24"}, {"FT_W4A16_V4_STAGES", "8"}, {"FT_W4A16_V4_WARPS_N", "1"}};
   c = w4::parse_v4_config(fake_getenv, &warnings);

@@ -417,6 +417,12 @@ const std::vector<w4a16::ExtraTunedEntry>& extra_tuned_entries() {
   }();
   return entries;
 }
+// The first FT_W4A16_TUNED_EXTRA entry for this shape and M, or nullptr.
+const w4a16::ExtraTunedEntry* extra_tuned_entry(int M, int N, int K) {
+  for (const w4a16::ExtraTunedEntry& e : extra_tuned_entries())
+    if (e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi) return &e;
+  return nullptr;
+}
 
 // The tiling gemm_w4a16 runs, with the variant set. For v4 decode sizes: the environment's v4 config when one is
 // set, else the measured table's entry for the shape (gemm_w4a16_tuned.h) if any — either only when its tiling
@@ -444,14 +450,13 @@ Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits&
     // (8 or 16), else a streamed entry of the measured table, gives the ring, CTAs per SM and split.
     w4a16::V4Config c = base;
     bool found = false;
-    for (const w4a16::ExtraTunedEntry& e : extra_tuned_entries())
-      if (e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi && w4a16::wg_stream_stages_ok(e.config.stages)) {
-        c.stream_stages = e.config.stages;
-        c.ctas_per_sm = e.config.ctas_per_sm;
-        c.splits = e.config.splits;
-        found = true;
-        break;
-      }
+    if (const w4a16::ExtraTunedEntry* e = extra_tuned_entry(M, N, K);
+        e != nullptr && w4a16::wg_stream_stages_ok(e->config.stages)) {
+      c.stream_stages = e->config.stages;
+      c.ctas_per_sm = e->config.ctas_per_sm;
+      c.splits = e->config.splits;
+      found = true;
+    }
     if (!found && tuned_table_on())
       if (const w4a16::TunedV4Entry* e = w4a16::find_tuned_v4(M, N, K, group, d); e != nullptr && e->stream_x) {
         c = w4a16::tuned_config(*e);
@@ -468,11 +473,7 @@ Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits&
     const w4a16::TunedV4Entry* tuned = nullptr;
     const w4a16::V4Config* extra = nullptr;
     if (env_v4_config() == w4a16::V4Config{}) {
-      for (const w4a16::ExtraTunedEntry& e : extra_tuned_entries())
-        if (e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi) {
-          extra = &e.config;
-          break;
-        }
+      if (const w4a16::ExtraTunedEntry* e = extra_tuned_entry(M, N, K)) extra = &e->config;
       if (extra == nullptr && tuned_table_on()) tuned = w4a16::find_tuned_v4(M, N, K, group, d);
     }
     if (!(env_v4_config() == w4a16::V4Config{}) || tuned != nullptr || extra != nullptr) {

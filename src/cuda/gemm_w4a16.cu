@@ -447,23 +447,13 @@ Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits&
   if (v == w4a16::Variant::v4 && M > w4a16::kV4DefaultMaxM && t.wgmma && t.stream_x &&
       env_v4_config() == w4a16::V4Config{}) {
     // M = 17..32 on the streamed warpgroup path: an FT_W4A16_TUNED_EXTRA entry whose stages are a streamed ring
-    // (8 or 16), else a streamed entry of the measured table, gives the ring, CTAs per SM and split.
-    w4a16::V4Config c = base;
-    bool found = false;
+    // (8 or 16) gives the ring, CTAs per SM and split (the measured table has no entries above M = 16).
     if (const w4a16::ExtraTunedEntry* e = extra_tuned_entry(M, N, K);
         e != nullptr && w4a16::wg_stream_stages_ok(e->config.stages)) {
+      w4a16::V4Config c = base;
       c.stream_stages = e->config.stages;
       c.ctas_per_sm = e->config.ctas_per_sm;
       c.splits = e->config.splits;
-      found = true;
-    }
-    if (!found && tuned_table_on())
-      if (const w4a16::TunedV4Entry* e = w4a16::find_tuned_v4(M, N, K, group, d); e != nullptr && e->stream_x) {
-        c = w4a16::tuned_config(*e);
-        c.swap32 = base.swap32;
-        found = true;
-      }
-    if (found) {
       Tiling ct = cached_tiling(M, N, K, group, d, c);
       ct.variant = v;
       if (ct.wgmma && ct.stream_x && w4a16::tiling_is_valid(ct, M, N, K, group, d, nullptr)) t = ct;

@@ -24,9 +24,6 @@ struct TunedV4Entry {
 // The table, in the order it is searched (docs/results.md, fifth session, has the sweep it came from).
 const TunedV4Entry* tuned_v4_entries(int* count);
 
-// Entries for M = 17..32 (above kV4DefaultMaxM) are read only where the library runs the streamed warpgroup path
-// there, and only those with stream_x set: their stages are the ring (8 or 16 slots), with ctas_per_sm.
-//
 // The configuration to run for this problem, or nullptr where the default stays: the table is used for group 128 on
 // a device with the H200's SM count and shared memory (it was measured there); FT_W4A16_TUNED=0 turns it off
 // (read by the caller, gemm_w4a16.cu).

@@ -557,8 +557,7 @@ TEST(GemmW4A16Host, TunedTableEntriesAreSweepConfigsWithValidTilings) {
     ASSERT_TRUE(w4::v4_kernel_compiled(e.warps, e.stages));
     ASSERT_GE(e.m_lo, 1);
     ASSERT_LE(e.m_lo, e.m_hi);
-    // Above M = 16 only streamed warpgroup entries (the library's path there) are read.
-    ASSERT_LE(e.m_hi, e.stream_x ? w4::kWgMaxM : w4::kV4DefaultMaxM);
+    ASSERT_LE(e.m_hi, w4::kV4DefaultMaxM);
     if (e.stream_x) ASSERT_TRUE(w4::wg_stream_stages_ok(e.stages));
     bool named = false;
     for (const w4::NamedV4Config& c : sweep)

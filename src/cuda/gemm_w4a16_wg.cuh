@@ -69,30 +69,41 @@ __device__ __forceinline__ void wg_wait_then_stage_rows(const KernelArgs& args, 
 
 // Streamed activations: a panel (64 columns of M <= 32 rows) is at most 256 chunks of 16 bytes, one per thread of
 // the CTA. Thread tid copies chunk tid (row tid / 8, chunk tid % 8) of every panel: its source advances 64 columns
-// per panel, its place in a panel is fixed. Precomputed once, so the main loop keeps three registers for it.
-struct WgPanelCopy {
-  const __nv_bfloat16* src;  // this thread's chunk of panel 0
-  uint32_t dst;              // its byte offset in a panel (wg_x_offset)
-  int limit;                 // panel j's chunk exists while 64 j < limit (slice_k - 8 (tid % 8); -1: no chunk)
-};
-template <int kNTokens>
-__device__ __forceinline__ WgPanelCopy wg_panel_copy(const KernelArgs& args, int rows, int64_t k0, int slice_k,
-                                                     int tid) {
-  constexpr int kChunks = kWgPanelK / 8;
-  static_assert(kNTokens * kChunks <= kThreads, "one chunk per thread");
-  const int r = tid / kChunks, cc = tid % kChunks;
-  if (r >= rows) return WgPanelCopy{args.x, 0u, -1};
-  return WgPanelCopy{args.x + static_cast<int64_t>(r) * args.K + k0 + cc * 8,
-                     static_cast<uint32_t>(wg_x_offset(r, cc, kNTokens)), slice_k - cc * 8};
-}
-// Panel j (slice columns 64 j .. 64 j + 63, those below slice_k) into ring slot j % kPanels of the panels at a_addr;
-// a cp.async copy the caller commits.
+// per panel, its place in a panel is fixed. The panels are fetched in order, so the copy is a running cursor: the
+// source, the columns left in the slice for this thread's chunk and the ring slot to write, each advanced by an add
+// (and the slot by a compare), where recomputing j % kPanels and the 64-bit source per panel cost about twelve
+// instructions a pair (twenty-seventh session, ncu source counters).
 template <int kNTokens, int kPanels>
-__device__ __forceinline__ void wg_stage_panel(const WgPanelCopy& pc, int j, uint32_t a_addr) {
-  if (j * kWgPanelK < pc.limit)
-    ptx::cp_async_16(a_addr + static_cast<uint32_t>(j % kPanels) * (kNTokens * 128) + pc.dst,
-                     pc.src + j * kWgPanelK);
-}
+struct WgPanelCursor {
+  static constexpr uint32_t kPanelBytes = kNTokens * 128;
+  static constexpr uint32_t kRingBytes = kPanels * kPanelBytes;
+  const __nv_bfloat16* src;  // this thread's chunk of the next panel to fetch
+  int left;                  // columns of the slice from that chunk on (> 0: the chunk exists; -1: no chunk at all)
+  uint32_t write;            // shared address of the chunk's place in the next panel's slot
+
+  __device__ __forceinline__ WgPanelCursor(const KernelArgs& args, int rows, int64_t k0, int slice_k, int tid,
+                                           uint32_t a_addr) {
+    constexpr int kChunks = kWgPanelK / 8;
+    static_assert(kNTokens * kChunks <= kThreads, "one chunk per thread");
+    const int r = tid / kChunks, cc = tid % kChunks;
+    src = args.x + static_cast<int64_t>(r) * args.K + k0 + cc * 8;
+    left = r < rows ? slice_k - cc * 8 : -1;
+    write = a_addr + (r < rows ? static_cast<uint32_t>(wg_x_offset(r, cc, kNTokens)) : 0u);
+    ring_begin = a_addr;
+  }
+  // The next panel (slice columns 64 j .. 64 j + 63 for the j-th call) into its ring slot; a cp.async copy the caller
+  // commits.
+  __device__ __forceinline__ void fetch() {
+    if (left > 0) ptx::cp_async_16(write, src);
+    src += kWgPanelK;
+    left -= kWgPanelK;
+    write += kPanelBytes;
+    if (write >= ring_begin + kRingBytes) write -= kRingBytes;
+  }
+
+ private:
+  uint32_t ring_begin;
+};
 
 // kStreamStages > 0: activations streamed through the panel ring (Tiling::stream_x: warps_k = 1, a weight ring of
 // kStreamStages slots, kWgStreamStages or kWgStreamDeepStages) instead of staged for the whole slice.
@@ -149,11 +160,12 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
   const uint32_t ring_lane = ptx::smem_addr(ring + tid * 16);
   prefetch_ring_pairs<kPairs, kThreads>(ring_lane, wsrc, n_steps);
 
-  const WgPanelCopy panel_copy = kStream ? wg_panel_copy<kNTokens>(args, t.rows, k0, slice_k, tid) : WgPanelCopy{};
+  WgPanelCursor<kNTokens, kPanels> panels(args, t.rows, k0, slice_k, tid, a_addr);
   if constexpr (kStream) {
     // The panels of the pairs whose weights are already in flight; later ones ride with their pair's weights.
     ptx::griddepcontrol_wait();
-    for (int j = 0; j < kPairs - 1; ++j) wg_stage_panel<kNTokens, kPanels>(panel_copy, j, a_addr);
+#pragma unroll
+    for (int j = 0; j < kPairs - 1; ++j) panels.fetch();
     ptx::cp_async_commit_group();
     ptx::cp_async_wait_group<0>();
     ptx::fence_proxy_async_shared();
@@ -174,15 +186,33 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
   bool fresh = true;  // the next wgmma starts the partial sums (scale-d = 0)
   GroupCursor groups_left(kcol0, group, group_shift, group_base);  // the v4 loop's group bookkeeping
 
+  // The partial sums of the group with scale index gl into the sums (acc += s * part), once its wgmmas are done.
+  auto flush = [&](int gl) {
+    ptx::wgmma_wait_group<0>();
+#pragma unroll
+    for (int np = 0; np < 2; ++np)
+#pragma unroll
+      for (int r = 0; r < kAccRegs; ++r) ptx::fence_operand(part[np][r]);
+    const uint4 sv = *reinterpret_cast<const uint4*>(s_lane + gl * kScalesPerGroupBlock);
+    const float s[kTilesPerBlock] = {scale_from_half<kF16Scales>(sv.x, half_sel),
+                                     scale_from_half<kF16Scales>(sv.y, half_sel),
+                                     scale_from_half<kF16Scales>(sv.z, half_sel),
+                                     scale_from_half<kF16Scales>(sv.w, half_sel)};
+#pragma unroll
+    for (int np = 0; np < 2; ++np)
+#pragma unroll
+      for (int r = 0; r < kAccRegs; ++r) acc[np][r] = fmaf(part[np][r], s[2 * np + ((r & 3) >> 1)], acc[np][r]);
+  };
+
   // Block i (warp-local) from its A registers f: four wgmma, one commit group; then the flush at a group's end.
-  auto run_block = [&](uint32_t (&f)[16], int i) {
+  // Streamed: panel_off is the byte offset of block i's panel in the ring (block i is half i & 1 of panel i / 2;
+  // warps_k = 1, so i counts from the slice start).
+  auto run_block = [&](uint32_t (&f)[16], int i, uint32_t panel_off) {
     const int col = slice_col0 + i * kBlockK;
     uint64_t db[2];
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
-      // Streamed: block i is half i & 1 of panel i / 2 (warps_k = 1, so i counts from the slice start).
-      const uint32_t off = kStream ? static_cast<uint32_t>((i >> 1) % kPanels) * kPanelBytes +
-                                         static_cast<uint32_t>((i & 1) * 64 + ks * 32)
+      const uint32_t off = kStream ? panel_off + static_cast<uint32_t>((i & 1) * 64 + ks * 32)
                                    : static_cast<uint32_t>(wg_b_desc_offset(col + 16 * ks, kNTokens));
       db[ks] = fp8::advance_smem_desc(desc0, off);
     }
@@ -209,21 +239,7 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
     ptx::wgmma_commit_group();
     fresh = false;
     if (!groups_left.block_ends_group() && i != n_steps - 1) return;
-    const int gl = groups_left.next_group();
-    ptx::wgmma_wait_group<0>();
-#pragma unroll
-    for (int np = 0; np < 2; ++np)
-#pragma unroll
-      for (int r = 0; r < kAccRegs; ++r) ptx::fence_operand(part[np][r]);
-    const uint4 sv = *reinterpret_cast<const uint4*>(s_lane + gl * kScalesPerGroupBlock);
-    const float s[kTilesPerBlock] = {scale_from_half<kF16Scales>(sv.x, half_sel),
-                                     scale_from_half<kF16Scales>(sv.y, half_sel),
-                                     scale_from_half<kF16Scales>(sv.z, half_sel),
-                                     scale_from_half<kF16Scales>(sv.w, half_sel)};
-#pragma unroll
-    for (int np = 0; np < 2; ++np)
-#pragma unroll
-      for (int r = 0; r < kAccRegs; ++r) acc[np][r] = fmaf(part[np][r], s[2 * np + ((r & 3) >> 1)], acc[np][r]);
+    flush(groups_left.next_group());
     fresh = true;
   };
 
@@ -231,13 +247,12 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
   const uint4* wnext = wsrc + fetch * kWarpSize;
   const uint32_t ring_smem = ptx::smem_addr(ring);
   RingCursor<kRing, kThreads> cursor(tid);
+  uint32_t panel_read = 0;  // streamed: byte offset of pair i0 / 2's panel in the ring
   for (int i0 = 0; i0 < n_steps; i0 += 2) {
     issue_ring_pair<kThreads>(ring_smem + cursor.fetch, fetch, wnext, n_steps);
     // Streamed: the panel of the fetched pair, into the slot of pair i0 / 2 - 2, which every warp finished with
     // before the previous iteration's barrier.
-    if constexpr (kStream) {
-      wg_stage_panel<kNTokens, kPanels>(panel_copy, fetch / 2, a_addr);
-    }
+    if constexpr (kStream) panels.fetch();
     ptx::cp_async_commit_group();
     fetch += 2;
     wnext += 2 * kWarpSize;
@@ -261,8 +276,12 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
     }
     wg_dequant_block(q0, f0);
     wg_dequant_block(q1, f1);
-    run_block(f0, i0);
-    if (has1) run_block(f1, i0 + 1);
+    run_block(f0, i0, panel_read);
+    if (has1) run_block(f1, i0 + 1, panel_read);
+    if constexpr (kStream) {
+      panel_read += kPanelBytes;
+      if (panel_read == kPanels * kPanelBytes) panel_read = 0;
+    }
   }
   ptx::cp_async_wait_group<0>();
   ptx::wgmma_wait_group<0>();  // the last block always flushed; kept for the compiler's register view

@@ -429,10 +429,15 @@ const w4a16::ExtraTunedEntry* extra_tuned_entry(int M, int N, int K) {
 // fits the device; otherwise, and for v2 or M > 16, the default configuration. For M = 17..32 swap32 is the
 // environment's (FT_W4A16_SWAP32, else kSwap32ByDefault) when the variant is v4, and off for v2; the streamed
 // warpgroup path runs there when wg32_on() (FT_W4A16_WG32, else kWg32ByDefault), the weight has kWg32MinWeightBytes
-// and the shape has such a tiling, v2 where not.
+// (or an FT_W4A16_TUNED_EXTRA entry with a streamed ring names the shape and M) and the shape has such a tiling, v2
+// where not.
 Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits& d) {
   const w4a16::Variant v = gemm_w4a16_variant_for(M);
-  const bool wg32 = v == w4a16::Variant::v4 && wg32_for(M, N, K);
+  // An FT_W4A16_TUNED_EXTRA entry with a streamed ring (8 or 16 slots) at M = 17..32 puts the shape on the warpgroup
+  // path also below kWg32MinWeightBytes (the 8B o projection), so the in-step screen can try it there.
+  const w4a16::ExtraTunedEntry* wg_extra = wg32_range(M) ? extra_tuned_entry(M, N, K) : nullptr;
+  const bool wg32 = v == w4a16::Variant::v4 &&
+                    (wg32_for(M, N, K) || (wg_extra != nullptr && w4a16::wg_stream_stages_ok(wg_extra->config.stages)));
   w4a16::V4Config base;
   base.swap32 = v == w4a16::Variant::v4 && env_v4_config().swap32;
   base.wgmma = v == w4a16::Variant::v4 && (env_v4_config().wgmma || wg32);

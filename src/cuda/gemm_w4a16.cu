@@ -434,7 +434,7 @@ const w4a16::ExtraTunedEntry* extra_tuned_entry(int M, int N, int K) {
 Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits& d) {
   const w4a16::Variant v = gemm_w4a16_variant_for(M);
   // An FT_W4A16_TUNED_EXTRA entry with a streamed ring (8 or 16 slots) at M = 17..32 puts the shape on the warpgroup
-  // path also below kWg32MinWeightBytes (the 8B o projection), so the in-step screen can try it there.
+  // path also below kWg32MinWeightBytes, so an in-step screen can try it there.
   const w4a16::ExtraTunedEntry* wg_extra = wg32_range(M) ? extra_tuned_entry(M, N, K) : nullptr;
   const bool wg32 = v == w4a16::Variant::v4 &&
                     (wg32_for(M, N, K) || (wg_extra != nullptr && w4a16::wg_stream_stages_ok(wg_extra->config.stages)));

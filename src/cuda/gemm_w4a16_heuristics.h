@@ -28,10 +28,12 @@ constexpr bool kSwap32ByDefault = false;
 // (docs/results/bench_gemm_w4a16-v10-sweep-stream.json) it was 1.03-1.45x faster at M = 32 on seven of the eight
 // Llama-3.1 shapes (0.92x on 8B o). FT_W4A16_WG32=0 turns it off (gemm_w4a16.cu).
 constexpr bool kWg32ByDefault = true;
-// ... for weights of at least this many INT4 code bytes: the one shape it lost on, 8B o (4096 x 4096, 8.4 MB), was
-// 0.91-0.99x at M = 17..32 in the same run (docs/results/bench_gemm_w4a16-v10.json); 8B qkv (12.6 MB) and larger
-// gained. Below it M = 17..32 stays on v2.
-constexpr int64_t kWg32MinWeightBytes = 10'000'000;
+// ... for weights of at least this many INT4 code bytes. The tenth session set it at 10 MB because 8B o (4096 x 4096,
+// 8.4 MB) was 0.91-0.99x alone at M = 17..32 (docs/results/bench_gemm_w4a16-v10.json). Inside the 8B step the
+// streamed path won for it in the twenty-seventh session (H100, four alternating pairs per batch: -2.5, -2.9, -1.0,
+// -2.5, -0.3 % at batch 17, 20, 24, 28, 32; docs/results.md), so 8B o now takes it too. Below it (the small models'
+// projections, < 1 MB) M = 17..32 stays on v2.
+constexpr int64_t kWg32MinWeightBytes = 8'000'000;
 
 // The tunable part of the v4 decode launch (M <= kV4DefaultMaxM), swept by `bench_gemm_w4a16 --sweep`. The default
 // value is the configuration the library has always run; gemm_w4a16 reads overrides from the environment

@@ -453,12 +453,11 @@ Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits&
       env_v4_config() == w4a16::V4Config{}) {
     // M = 17..32 on the streamed warpgroup path: an FT_W4A16_TUNED_EXTRA entry whose stages are a streamed ring
     // (8 or 16) gives the ring, CTAs per SM and split (the measured table has no entries above M = 16).
-    if (const w4a16::ExtraTunedEntry* e = extra_tuned_entry(M, N, K);
-        e != nullptr && w4a16::wg_stream_stages_ok(e->config.stages)) {
+    if (wg_extra != nullptr && w4a16::wg_stream_stages_ok(wg_extra->config.stages)) {
       w4a16::V4Config c = base;
-      c.stream_stages = e->config.stages;
-      c.ctas_per_sm = e->config.ctas_per_sm;
-      c.splits = e->config.splits;
+      c.stream_stages = wg_extra->config.stages;
+      c.ctas_per_sm = wg_extra->config.ctas_per_sm;
+      c.splits = wg_extra->config.splits;
       Tiling ct = cached_tiling(M, N, K, group, d, c);
       ct.variant = v;
       if (ct.wgmma && ct.stream_x && w4a16::tiling_is_valid(ct, M, N, K, group, d, nullptr)) t = ct;

@@ -433,11 +433,11 @@ const w4a16::ExtraTunedEntry* extra_tuned_entry(int M, int N, int K) {
 // where not.
 Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits& d) {
   const w4a16::Variant v = gemm_w4a16_variant_for(M);
-  // An FT_W4A16_TUNED_EXTRA entry with a streamed ring (8 or 16 slots) at M = 17..32 puts the shape on the warpgroup
-  // path also below kWg32MinWeightBytes, so an in-step screen can try it there.
+  // An FT_W4A16_TUNED_EXTRA entry with a streamed ring (8 or 16 slots; other entries do not apply here) at M = 17..32
+  // puts the shape on the warpgroup path also below kWg32MinWeightBytes, so an in-step screen can try it there.
   const w4a16::ExtraTunedEntry* wg_extra = wg32_range(M) ? extra_tuned_entry(M, N, K) : nullptr;
-  const bool wg32 = v == w4a16::Variant::v4 &&
-                    (wg32_for(M, N, K) || (wg_extra != nullptr && w4a16::wg_stream_stages_ok(wg_extra->config.stages)));
+  if (wg_extra != nullptr && !w4a16::wg_stream_stages_ok(wg_extra->config.stages)) wg_extra = nullptr;
+  const bool wg32 = v == w4a16::Variant::v4 && (wg32_for(M, N, K) || wg_extra != nullptr);
   w4a16::V4Config base;
   base.swap32 = v == w4a16::Variant::v4 && env_v4_config().swap32;
   base.wgmma = v == w4a16::Variant::v4 && (env_v4_config().wgmma || wg32);
@@ -453,7 +453,7 @@ Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits&
       env_v4_config() == w4a16::V4Config{}) {
     // M = 17..32 on the streamed warpgroup path: an FT_W4A16_TUNED_EXTRA entry whose stages are a streamed ring
     // (8 or 16) gives the ring, CTAs per SM and split (the measured table has no entries above M = 16).
-    if (wg_extra != nullptr && w4a16::wg_stream_stages_ok(wg_extra->config.stages)) {
+    if (wg_extra != nullptr) {
       w4a16::V4Config c = base;
       c.stream_stages = wg_extra->config.stages;
       c.ctas_per_sm = wg_extra->config.ctas_per_sm;

@@ -204,10 +204,10 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
       for (int r = 0; r < kAccRegs; ++r) acc[np][r] = fmaf(part[np][r], s[2 * np + ((r & 3) >> 1)], acc[np][r]);
   };
 
-  // Block i (warp-local) from its A registers f: four wgmma, one commit group; then the flush at a group's end.
-  // Streamed: panel_off is the byte offset of block i's panel in the ring (block i is half i & 1 of panel i / 2;
-  // warps_k = 1, so i counts from the slice start).
-  auto run_block = [&](uint32_t (&f)[16], int i, uint32_t panel_off) {
+  // Block i (warp-local) from its A registers f: four wgmma, one commit group. Streamed: panel_off is the byte
+  // offset of block i's panel in the ring (block i is half i & 1 of panel i / 2; warps_k = 1, so i counts from the
+  // slice start). restart: scale-d of the first k16 step is 0 (the block starts a group's partial sums).
+  auto issue_block = [&](uint32_t (&f)[16], int i, uint32_t panel_off, bool restart) {
     const int col = slice_col0 + i * kBlockK;
     uint64_t db[2];
 #pragma unroll
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
                                    : static_cast<uint32_t>(wg_b_desc_offset(col + 16 * ks, kNTokens));
       db[ks] = fp8::advance_smem_desc(desc0, off);
     }
-    uint32_t accumulate[2] = {fresh ? 0u : 1u, 1u};  // scale-d of k16 steps 0 and 1
+    uint32_t accumulate[2] = {restart ? 0u : 1u, 1u};  // scale-d of k16 steps 0 and 1
     // Every input register of the batch is defined before the fence (ptxas serialises the wgmmas otherwise).
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) ptx::fence_operand(db[ks]), ptx::fence_operand(accumulate[ks]);
@@ -237,6 +237,10 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
       }
     }
     ptx::wgmma_commit_group();
+  };
+  // The same, then the flush at a group's end (any group size, any range start).
+  auto run_block = [&](uint32_t (&f)[16], int i, uint32_t panel_off) {
+    issue_block(f, i, panel_off, fresh);
     fresh = false;
     if (!groups_left.block_ends_group() && i != n_steps - 1) return;
     flush(groups_left.next_group());
@@ -248,39 +252,69 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
   const uint32_t ring_smem = ptx::smem_addr(ring);
   RingCursor<kRing, kThreads> cursor(tid);
   uint32_t panel_read = 0;  // streamed: byte offset of pair i0 / 2's panel in the ring
-  for (int i0 = 0; i0 < n_steps; i0 += 2) {
+  // One pair's turn of the ring: refill the slots the previous pair used, wait for this pair's copies, read its two
+  // packed blocks into q0 / q1 and wait for the previous pair's wgmmas (ptxas serialises wgmmas whose input registers
+  // are defined while an earlier wgmma group is pending, so both blocks' A registers are built after this wait, and
+  // the pair's eight wgmmas run while the ring is refilled and the next pair is loaded). A pair without a second
+  // block reads an older block, or a slot never written, into q1: converted, never used.
+  auto next_pair = [&](uint4& q0, uint4& q1) {
     issue_ring_pair<kThreads>(ring_smem + cursor.fetch, fetch, wnext, n_steps);
-    // Streamed: the panel of the fetched pair, into the slot of pair i0 / 2 - 2, which every warp finished with
-    // before the previous iteration's barrier.
+    // Streamed: the panel of the fetched pair, into the slot of the pair two before this one, which every warp
+    // finished with before the previous pair's barrier.
     if constexpr (kStream) panels.fetch();
     ptx::cp_async_commit_group();
     fetch += 2;
     wnext += 2 * kWarpSize;
     ptx::cp_async_wait_group<kPairs - 1>();
-    const bool has1 = i0 + 1 < n_steps;  // uniform over the warpgroup: only the last pair can be a single block
     const unsigned char* slot0 = ring + cursor.read;
     cursor.advance();
-    // Both blocks' A registers are built before either block's wgmmas start: ptxas serialises wgmmas whose input
-    // registers are defined while an earlier wgmma group is pending, so the pair's eight wgmmas run while the ring
-    // is refilled and the next pair is loaded, and the wait for them is the first thing of the next iteration.
-    // Without a second block the slot holds an older block or was never written: converted, never used.
-    const uint4 q0 = *reinterpret_cast<const uint4*>(slot0);
-    const uint4 q1 = *reinterpret_cast<const uint4*>(slot0 + kThreads * 16);
-    uint32_t f0[16], f1[16];
+    q0 = *reinterpret_cast<const uint4*>(slot0);
+    q1 = *reinterpret_cast<const uint4*>(slot0 + kThreads * 16);
     ptx::wgmma_wait_group<0>();
     if constexpr (kStream) {
-      // Every thread's copies of panel i0 / 2 have landed (the wait above) and every warp is done with the wgmmas
-      // of the pair before (its wait): the panel may be read, and the next iteration may overwrite pair i0 / 2 - 1's.
+      // Every thread's copies of this pair's panel have landed (the wait above) and every warp is done with the
+      // wgmmas of the pair before (its wait): the panel may be read, and the next pair may overwrite the one before.
       ptx::fence_proxy_async_shared();
       __syncthreads();
     }
-    wg_dequant_block(q0, f0);
-    wg_dequant_block(q1, f1);
-    run_block(f0, i0, panel_read);
-    if (has1) run_block(f1, i0 + 1, panel_read);
+  };
+  auto advance_panel = [&] {
     if constexpr (kStream) {
       panel_read += kPanelBytes;
       if (panel_read == kPanels * kPanelBytes) panel_read = 0;
+    }
+  };
+  bool group_units = false;
+  if constexpr (kStream) group_units = group == 4 * kBlockK;
+  if (group_units) {
+    // Streamed with groups of 128 columns: the slice is whole groups (warps_k = 1), so every pair is full and a group
+    // is exactly two pairs. Each iteration runs one group with its restart and flush fixed at compile time, without
+    // the per-block group bookkeeping and tests of the general loop below.
+    for (int i0 = 0, gl = 0; i0 < n_steps; i0 += 4, ++gl) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint4 q0, q1;
+        next_pair(q0, q1);
+        uint32_t f0[16], f1[16];
+        wg_dequant_block(q0, f0);
+        wg_dequant_block(q1, f1);
+        issue_block(f0, i0 + 2 * h, panel_read, h == 0);
+        issue_block(f1, i0 + 2 * h + 1, panel_read, false);
+        advance_panel();
+      }
+      flush(gl);
+    }
+  } else {
+    for (int i0 = 0; i0 < n_steps; i0 += 2) {
+      uint4 q0, q1;
+      next_pair(q0, q1);
+      const bool has1 = i0 + 1 < n_steps;  // uniform over the warpgroup: only the last pair can be a single block
+      uint32_t f0[16], f1[16];
+      wg_dequant_block(q0, f0);
+      wg_dequant_block(q1, f1);
+      run_block(f0, i0, panel_read);
+      if (has1) run_block(f1, i0 + 1, panel_read);
+      advance_panel();
     }
   }
   ptx::cp_async_wait_group<0>();

@@ -204,17 +204,16 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
       for (int r = 0; r < kAccRegs; ++r) acc[np][r] = fmaf(part[np][r], s[2 * np + ((r & 3) >> 1)], acc[np][r]);
   };
 
-  // Block i (warp-local) from its A registers f: four wgmma, one commit group. Streamed: panel_off is the byte
-  // offset of block i's panel in the ring (block i is half i & 1 of panel i / 2; warps_k = 1, so i counts from the
-  // slice start). restart: scale-d of the first k16 step is 0 (the block starts a group's partial sums).
-  auto issue_block = [&](uint32_t (&f)[16], int i, uint32_t panel_off, bool restart) {
-    const int col = slice_col0 + i * kBlockK;
+  // Block i (warp-local) from its A registers f: four wgmma, one commit group. Streamed: panel_desc is the
+  // descriptor of block i's panel in the ring (block i is half i & 1 of panel i / 2; warps_k = 1, so i counts from
+  // the slice start). restart: scale-d of the first k16 step is 0 (the block starts a group's partial sums).
+  auto issue_block = [&](uint32_t (&f)[16], int i, uint64_t panel_desc, bool restart) {
     uint64_t db[2];
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
-      const uint32_t off = kStream ? panel_off + static_cast<uint32_t>((i & 1) * 64 + ks * 32)
-                                   : static_cast<uint32_t>(wg_b_desc_offset(col + 16 * ks, kNTokens));
-      db[ks] = fp8::advance_smem_desc(desc0, off);
+      db[ks] = kStream ? fp8::advance_smem_desc(panel_desc, static_cast<uint32_t>((i & 1) * 64 + ks * 32))
+                       : fp8::advance_smem_desc(
+                             desc0, static_cast<uint32_t>(wg_b_desc_offset(slice_col0 + i * kBlockK + 16 * ks, kNTokens)));
     }
     uint32_t accumulate[2] = {restart ? 0u : 1u, 1u};  // scale-d of k16 steps 0 and 1
     // Every input register of the batch is defined before the fence (ptxas serialises the wgmmas otherwise).
@@ -239,8 +238,8 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
     ptx::wgmma_commit_group();
   };
   // The same, then the flush at a group's end (any group size, any range start).
-  auto run_block = [&](uint32_t (&f)[16], int i, uint32_t panel_off) {
-    issue_block(f, i, panel_off, fresh);
+  auto run_block = [&](uint32_t (&f)[16], int i, uint64_t panel_desc) {
+    issue_block(f, i, panel_desc, fresh);
     fresh = false;
     if (!groups_left.block_ends_group() && i != n_steps - 1) return;
     flush(groups_left.next_group());
@@ -257,8 +256,13 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
   // are defined while an earlier wgmma group is pending, so both blocks' A registers are built after this wait, and
   // the pair's eight wgmmas run while the ring is refilled and the next pair is loaded). A pair without a second
   // block reads an older block, or a slot never written, into q1: converted, never used.
-  auto next_pair = [&](uint4& q0, uint4& q1) {
-    issue_ring_pair<kThreads>(ring_smem + cursor.fetch, fetch, wnext, n_steps);
+  // full: every pair of the range has two blocks (n_steps even), so a fetched pair is whole or past the end.
+  auto next_pair = [&](uint4& q0, uint4& q1, bool full) {
+    if (full) {
+      if (fetch < n_steps) issue_ring_pair<kThreads>(ring_smem + cursor.fetch, 0, wnext, 2);
+    } else {
+      issue_ring_pair<kThreads>(ring_smem + cursor.fetch, fetch, wnext, n_steps);
+    }
     // Streamed: the panel of the fetched pair, into the slot of the pair two before this one, which every warp
     // finished with before the previous pair's barrier.
     if constexpr (kStream) panels.fetch();
@@ -278,10 +282,14 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
       __syncthreads();
     }
   };
+  // Streamed: the descriptor of the current pair's panel, advanced with panel_read (the start address field takes
+  // the 16-byte units; see fp8::advance_smem_desc).
+  uint64_t panel_desc = desc0;
   auto advance_panel = [&] {
     if constexpr (kStream) {
       panel_read += kPanelBytes;
-      if (panel_read == kPanels * kPanelBytes) panel_read = 0;
+      panel_desc += kPanelBytes >> 4;
+      if (panel_read == kPanels * kPanelBytes) panel_read = 0, panel_desc = desc0;
     }
   };
   bool group_units = false;
@@ -294,12 +302,12 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         uint4 q0, q1;
-        next_pair(q0, q1);
+        next_pair(q0, q1, true);
         uint32_t f0[16], f1[16];
         wg_dequant_block(q0, f0);
         wg_dequant_block(q1, f1);
-        issue_block(f0, i0 + 2 * h, panel_read, h == 0);
-        issue_block(f1, i0 + 2 * h + 1, panel_read, false);
+        issue_block(f0, 0, panel_desc, h == 0);
+        issue_block(f1, 1, panel_desc, false);
         advance_panel();
       }
       flush(gl);
@@ -307,13 +315,13 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
   } else {
     for (int i0 = 0; i0 < n_steps; i0 += 2) {
       uint4 q0, q1;
-      next_pair(q0, q1);
+      next_pair(q0, q1, false);
       const bool has1 = i0 + 1 < n_steps;  // uniform over the warpgroup: only the last pair can be a single block
       uint32_t f0[16], f1[16];
       wg_dequant_block(q0, f0);
       wg_dequant_block(q1, f1);
-      run_block(f0, i0, panel_read);
-      if (has1) run_block(f1, i0 + 1, panel_read);
+      run_block(f0, i0, panel_desc);
+      if (has1) run_block(f1, i0 + 1, panel_desc);
       advance_panel();
     }
   }

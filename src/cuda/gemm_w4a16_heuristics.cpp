@@ -362,14 +362,26 @@ std::vector<ExtraTunedEntry> parse_tuned_extra(const char* text, std::string* wa
     const std::string item = all.substr(start, end - start);
     start = end + 1;
     if (item.empty()) continue;
-    int f[9];
+    // Nine fields, or ten with the path (0: v4, 1: the warpgroup path with streamed activations, "wgmma_sx").
+    int f[10] = {};
     char tail = 0;
-    const bool parsed = std::sscanf(item.c_str(), "%d:%d:%d:%d:%d:%d:%d:%d:%d%c", &f[0], &f[1], &f[2], &f[3], &f[4],
-                                    &f[5], &f[6], &f[7], &f[8], &tail) == 9;
-    const char* problem = !parsed                        ? "is not N:K:m_lo:m_hi:warps:stages:ctas_per_sm:warps_n:splits"
-                          : f[0] < 1 || f[1] < 1         ? "has N or K below 1"
-                          : f[2] < 1 || f[2] > f[3]      ? "has m_lo < 1 or m_lo > m_hi"
-                          : !v4_kernel_compiled(f[4], f[5]) ? "names a (warps, stages) pair that is not compiled"
+    int fields = std::sscanf(item.c_str(), "%d:%d:%d:%d:%d:%d:%d:%d:%d%c", &f[0], &f[1], &f[2], &f[3], &f[4], &f[5],
+                             &f[6], &f[7], &f[8], &tail);
+    if (fields == 10 && tail == ':')
+      fields = std::sscanf(item.c_str(), "%d:%d:%d:%d:%d:%d:%d:%d:%d:%d%c", &f[0], &f[1], &f[2], &f[3], &f[4], &f[5],
+                           &f[6], &f[7], &f[8], &f[9], &tail) == 10
+                   ? 10
+                   : -1;
+    else if (fields != 9)
+      fields = -1;
+    const bool wg = fields == 10 && f[9] == 1;
+    const char* problem = fields < 0 ? "is not N:K:m_lo:m_hi:warps:stages:ctas_per_sm:warps_n:splits[:path]"
+                          : fields == 10 && f[9] != 0 && f[9] != 1 ? "has a path other than 0 (v4) or 1 (wgmma_sx)"
+                          : f[0] < 1 || f[1] < 1                   ? "has N or K below 1"
+                          : f[2] < 1 || f[2] > f[3]                ? "has m_lo < 1 or m_lo > m_hi"
+                          : wg && (f[4] != kWarps || !wg_stream_stages_ok(f[5]))
+                              ? "names the warpgroup path without 8 warps and a streamed ring of 8 or 16 slots"
+                          : !wg && !v4_kernel_compiled(f[4], f[5]) ? "names a (warps, stages) pair that is not compiled"
                           : f[6] < 0 || f[6] > 8 || f[7] < 0 || f[7] > kMaxWarpsN || f[8] < 0 || f[8] > kMaxSplits
                               ? "has ctas_per_sm, warps_n or splits outside parse_v4_config's ranges"
                               : nullptr;
@@ -384,6 +396,7 @@ std::vector<ExtraTunedEntry> parse_tuned_extra(const char* text, std::string* wa
     e.N = f[0], e.K = f[1], e.m_lo = f[2], e.m_hi = f[3];
     e.config.warps = f[4], e.config.stages = f[5], e.config.ctas_per_sm = f[6], e.config.warps_n = f[7];
     e.config.splits = f[8];
+    if (wg) e.config.wgmma = e.config.stream_x = true, e.config.stream_stages = f[5];
     out.push_back(e);
   }
   return out;

@@ -82,8 +82,10 @@ struct ExtraTunedEntry {
   int N = 0, K = 0, m_lo = 0, m_hi = 0;
   V4Config config;  // warps, stages, ctas_per_sm, warps_n, splits from the entry; the rest default
 };
-// Entries "N:K:m_lo:m_hi:warps:stages:ctas_per_sm:warps_n:splits" separated by commas, in order (e.g.
+// Entries "N:K:m_lo:m_hi:warps:stages:ctas_per_sm:warps_n:splits[:path]" separated by commas, in order (e.g.
 // "4096:4096:1:2:16:16:0:1:0": the 8B o projection at M = 1..2 on 16-warp CTAs with every warp on one column block).
+// path 1 (M <= 16) is the warpgroup path with streamed activations, as the table's "wgmma_sx" entries: 8 warps and a
+// ring of 8 or 16 slots, e.g. "28672:4096:9:16:8:8:0:0:0:1"; 0 or no path field is v4.
 // An entry that does not parse, has N or K below 1, m_lo > m_hi, a (warps, stages) pair that is not compiled, or
 // ctas_per_sm / warps_n / splits outside parse_v4_config's ranges (0..8, 0..kMaxWarpsN, 0..kMaxSplits) is skipped
 // with a sentence in *warnings. null or empty text: none. At M = 17..32, where the library runs the streamed

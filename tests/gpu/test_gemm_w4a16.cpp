@@ -770,13 +770,27 @@ TEST(GemmW4A16Host, TunedExtraEntriesFromEnvironment) {
   rest.warps = w4::kWarps, rest.stages = w4::kStages, rest.ctas_per_sm = 0, rest.splits = 0;
   EXPECT_EQ(rest, w4::V4Config{});
 
+  // A tenth field, the path: 1 is the warpgroup path with streamed activations (the table's wgmma_sx), 0 is v4.
+  const std::vector<w4::ExtraTunedEntry> p =
+      w4::parse_tuned_extra("28672:4096:9:16:8:16:0:0:2:1,4096:4096:9:16:16:16:0:1:0:0", &warnings);
+  EXPECT_TRUE(warnings.empty()) << warnings;
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_TRUE(p[0].config.wgmma);
+  EXPECT_TRUE(p[0].config.stream_x);
+  EXPECT_EQ(p[0].config.stream_stages, 16);
+  EXPECT_EQ(p[0].config.splits, 2);
+  EXPECT_FALSE(p[1].config.wgmma);
+  EXPECT_FALSE(p[1].config.stream_x);
+  EXPECT_EQ(p[1].config.warps, 16);
+
   // Malformed, an empty M range, an uncompiled (warps, stages), out-of-range counts, N = 0: each skipped with a
   // sentence; the good one stays.
   warnings.clear();
   const std::vector<w4::ExtraTunedEntry> f =
       w4::parse_tuned_extra("4096:4096:1:2:16:16:0:1,4096:4096:3:2:8:16:0:0:0,4096:4096:1:2:12:16:0:0:0,"
                             "4096:4096:1:2:16:16:0:1:0x,8192:8192:1:1:24:8:0:0:0,4096:4096:1:2:8:16:-1:0:0,"
-                            "4096:4096:1:2:8:16:0:0:65,0:4096:1:2:8:16:0:0:0",
+                            "4096:4096:1:2:8:16:0:0:65,0:4096:1:2:8:16:0:0:0,4096:4096:1:2:8:8:0:0:0:2,"
+                            "4096:4096:1:2:16:16:0:0:0:1,4096:4096:1:2:8:8:0:0:0:1x,4096:4096:1:2:8:8:0:0:0:",
                             &warnings);
   ASSERT_EQ(f.size(), 1u) << warnings;
   EXPECT_EQ(f[0].N, 8192);
@@ -784,7 +798,9 @@ TEST(GemmW4A16Host, TunedExtraEntriesFromEnvironment) {
   for (const char* needle : {"'4096:4096:1:2:16:16:0:1' is not", "'4096:4096:3:2:8:16:0:0:0' has m_lo",
                              "'4096:4096:1:2:12:16:0:0:0' names a (warps, stages) pair",
                              "'4096:4096:1:2:16:16:0:1:0x' is not", "'4096:4096:1:2:8:16:-1:0:0' has ctas_per_sm",
-                             "'4096:4096:1:2:8:16:0:0:65' has ctas_per_sm", "'0:4096:1:2:8:16:0:0:0' has N or K"})
+                             "'4096:4096:1:2:8:16:0:0:65' has ctas_per_sm", "'0:4096:1:2:8:16:0:0:0' has N or K",
+                             "'4096:4096:1:2:8:8:0:0:0:2' has a path", "'4096:4096:1:2:16:16:0:0:0:1' names the warpgroup",
+                             "'4096:4096:1:2:8:8:0:0:0:1x' is not", "'4096:4096:1:2:8:8:0:0:0:' is not"})
     EXPECT_NE(warnings.find(needle), std::string::npos) << "'" << warnings << "' lacks '" << needle << "'";
 }
 

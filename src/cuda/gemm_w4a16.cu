@@ -452,12 +452,14 @@ Tiling library_tiling(int M, int N, int K, int group, const w4a16::DeviceLimits&
   if (v == w4a16::Variant::v4 && M > w4a16::kV4DefaultMaxM && t.wgmma && t.stream_x &&
       env_v4_config() == w4a16::V4Config{}) {
     // M = 17..32 on the streamed warpgroup path: an FT_W4A16_TUNED_EXTRA entry whose stages are a streamed ring
-    // (8 or 16) gives the ring, CTAs per SM and split (the measured table has no entries above M = 16).
-    if (wg_extra != nullptr) {
+    // (8 or 16) gives the ring, CTAs per SM and split, else the measured M = 17..32 table's entry if any.
+    const w4a16::TunedWg32Entry* tuned =
+        wg_extra == nullptr && tuned_table_on() ? w4a16::find_tuned_wg32(M, N, K, group, d) : nullptr;
+    if (wg_extra != nullptr || tuned != nullptr) {
       w4a16::V4Config c = base;
-      c.stream_stages = wg_extra->config.stages;
-      c.ctas_per_sm = wg_extra->config.ctas_per_sm;
-      c.splits = wg_extra->config.splits;
+      c.stream_stages = wg_extra ? wg_extra->config.stages : tuned->stream_stages;
+      c.ctas_per_sm = wg_extra ? wg_extra->config.ctas_per_sm : tuned->ctas_per_sm;
+      c.splits = wg_extra ? wg_extra->config.splits : tuned->splits;
       Tiling ct = cached_tiling(M, N, K, group, d, c);
       ct.variant = v;
       if (ct.wgmma && ct.stream_x && w4a16::tiling_is_valid(ct, M, N, K, group, d, nullptr)) t = ct;

@@ -39,7 +39,11 @@ constexpr TunedV4Entry kEntries[] = {
     // the M = 16 gate|up entry was w16s16, 33.23 -> 30.38 standalone).
     {28672, 4096, 3, 5, "w28s8", 28, 8, 0},
     {28672, 4096, 6, 8, "w28s8", 28, 8, 0},                 // gate_up M=8: 26.98 -> 20.97 (v11b; w24s8 22.52)
-    {28672, 4096, 9, 16, "w28s8", 28, 8, 0},
+    // gate_up M = 12..16 on the streamed warpgroup path: the twenty-eighth session's in-step screen on an H100 after
+    // that path's loop got 3-10 % faster (4d0c05a), three alternating pairs, 8B step at batch 12 / 14 / 16: -2.2 /
+    // -3.0 / -0.2 %; at batch 9 / 10 level (+0.3 / -0.7 %), so 9..11 stay on w28s8.
+    {28672, 4096, 12, 16, "wgmma_sx", 8, 8, 0, true, true},
+    {28672, 4096, 9, 11, "w28s8", 28, 8, 0},
     {4096, 14336, 3, 5, "w28s8", 28, 8, 0},
     {4096, 4096, 9, 16, "w16s16", 16, 16, 0},
     {4096, 14336, 1, 2, "w24s8", 24, 8, 0},                 // down M=1: 18.52 -> 13.07 (v11; w16s16n1 14.85)
@@ -81,7 +85,34 @@ constexpr TunedV4Entry kEntries[] = {
 // The device the table was measured on: 132 SMs, 228 KB of shared memory per SM, 227 KB per CTA.
 constexpr DeviceLimits kMeasuredOn{};
 
+// M = 17..32 (streamed warpgroup path). The twenty-eighth session's in-step screens on an H100 (docs/results.md), after
+// the streamed loop's group iterations (4d0c05a): 8B step, three alternating pairs each, defaults -> candidate.
+constexpr TunedWg32Entry kWg32Entries[] = {
+    // 8B o at M = 24..32 in 8 K slices (the cost model's 16) together with gate_up on the 16-slot ring at M = 25..32
+    // (one CTA per SM, no split): -1.5 / -1.1 / -2.7 % at batch 24 / 28 / 32 (o alone -1.6 / -0.6 / -1.4 %; at
+    // batch 17 level). The twenty-sixth session had measured the 16-slot gate_up +3 % in the step with the loop before.
+    {4096, 4096, 24, 32, kWgStreamStages, 0, 8},
+    {28672, 4096, 25, 32, kWgStreamDeepStages, 0, 0},
+};
+
+bool measured_here(int group, const DeviceLimits& d) {
+  return group == 128 && d.sm_count == kMeasuredOn.sm_count && d.smem_per_sm == kMeasuredOn.smem_per_sm &&
+         d.smem_per_block == kMeasuredOn.smem_per_block;
+}
+
 }  // namespace
+
+const TunedWg32Entry* tuned_wg32_entries(int* count) {
+  *count = static_cast<int>(sizeof(kWg32Entries) / sizeof(kWg32Entries[0]));
+  return kWg32Entries;
+}
+
+const TunedWg32Entry* find_tuned_wg32(int M, int N, int K, int group, const DeviceLimits& d) {
+  if (!measured_here(group, d)) return nullptr;
+  for (const TunedWg32Entry& e : kWg32Entries)
+    if (e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi) return &e;
+  return nullptr;
+}
 
 const TunedV4Entry* tuned_v4_entries(int* count) {
   *count = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
@@ -89,9 +120,7 @@ const TunedV4Entry* tuned_v4_entries(int* count) {
 }
 
 const TunedV4Entry* find_tuned_v4(int M, int N, int K, int group, const DeviceLimits& d) {
-  if (group != 128 || d.sm_count != kMeasuredOn.sm_count || d.smem_per_sm != kMeasuredOn.smem_per_sm ||
-      d.smem_per_block != kMeasuredOn.smem_per_block)
-    return nullptr;
+  if (!measured_here(group, d)) return nullptr;
   for (const TunedV4Entry& e : kEntries)
     if (e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi) return &e;
   return nullptr;

@@ -32,4 +32,18 @@ const TunedV4Entry* find_tuned_v4(int M, int N, int K, int group, const DeviceLi
 // The V4Config of an entry (swap16 / swap32 / splits left at their defaults).
 V4Config tuned_config(const TunedV4Entry& e);
 
+// M = 17..32, where the streamed warpgroup path runs on weights of kWg32MinWeightBytes or more: the ring, CTAs per SM
+// and K slices of an entry found by in-step screens (scripts/sweep_decode_tilings.sh), the same three fields an
+// FT_W4A16_TUNED_EXTRA entry gives there. Same conditions as find_tuned_v4 (group 128, the measured device; the
+// caller applies FT_W4A16_TUNED=0 and lets an FT_W4A16_TUNED_EXTRA entry win).
+struct TunedWg32Entry {
+  int N, K;
+  int m_lo, m_hi;
+  int stream_stages;  // kWgStreamStages or kWgStreamDeepStages
+  int ctas_per_sm;    // 0: the cost model's
+  int splits;         // 0: the cost model's
+};
+const TunedWg32Entry* tuned_wg32_entries(int* count);
+const TunedWg32Entry* find_tuned_wg32(int M, int N, int K, int group, const DeviceLimits& d);
+
 }  // namespace futransformer::cuda::w4a16

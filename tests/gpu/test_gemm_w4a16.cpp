@@ -584,6 +584,44 @@ TEST(GemmW4A16Host, TunedTableEntriesAreSweepConfigsWithValidTilings) {
   EXPECT_EQ(w4::find_tuned_v4(1, 256, 256, 128, h200), nullptr);
 }
 
+// The M = 17..32 table: streamed warpgroup tilings valid at every M of their bucket, no overlaps, found exactly there.
+TEST(GemmW4A16Host, TunedWg32EntriesHaveValidStreamedTilings) {
+  const w4::DeviceLimits h200;
+  int count = 0;
+  const w4::TunedWg32Entry* entries = w4::tuned_wg32_entries(&count);
+  ASSERT_GT(count, 0);
+  for (int i = 0; i < count; ++i) {
+    const w4::TunedWg32Entry& e = entries[i];
+    SCOPED_TRACE(testing::Message() << "entry " << i << ": N " << e.N << " K " << e.K << " M " << e.m_lo << ".."
+                                    << e.m_hi);
+    ASSERT_GE(e.m_lo, w4::kSwap32MinM);
+    ASSERT_LE(e.m_lo, e.m_hi);
+    ASSERT_LE(e.m_hi, w4::kWgMaxM);
+    ASSERT_TRUE(w4::wg_stream_stages_ok(e.stream_stages));
+    for (int j = 0; j < i; ++j)
+      if (entries[j].N == e.N && entries[j].K == e.K)
+        EXPECT_TRUE(e.m_hi < entries[j].m_lo || e.m_lo > entries[j].m_hi) << "overlaps entry " << j;
+    for (int M = e.m_lo; M <= e.m_hi; ++M) {
+      w4::V4Config c;
+      c.wgmma = c.stream_x = true;
+      c.stream_stages = e.stream_stages, c.ctas_per_sm = e.ctas_per_sm, c.splits = e.splits;
+      w4::Tiling t = w4::choose_tiling(M, e.N, e.K, 128, h200, c);
+      t.variant = Variant::v4;
+      std::string why;
+      EXPECT_TRUE(w4::tiling_is_valid(t, M, e.N, e.K, 128, h200, &why)) << "M " << M << ": " << why;
+      EXPECT_TRUE(t.wgmma && t.stream_x) << "M " << M;
+      EXPECT_EQ(t.stages, e.stream_stages) << "M " << M;
+      if (e.splits > 0) EXPECT_EQ(t.splits, e.splits) << "M " << M;
+      EXPECT_EQ(w4::find_tuned_wg32(M, e.N, e.K, 128, h200), &e) << "M " << M;
+      EXPECT_EQ(w4::find_tuned_wg32(M, e.N, e.K, 64, h200), nullptr) << "measured with group 128 only";
+      w4::DeviceLimits other = h200;
+      other.sm_count = 114;
+      EXPECT_EQ(w4::find_tuned_wg32(M, e.N, e.K, 128, other), nullptr) << "measured on 132 SMs only";
+    }
+    if (e.m_lo > w4::kSwap32MinM) EXPECT_EQ(w4::find_tuned_wg32(e.m_lo - 1, e.N, e.K, 128, h200), nullptr);
+  }
+}
+
 // ctas_per_sm and splits do what they say where the shape allows it.
 TEST(GemmW4A16Host, V4ConfigOccupancyAndSplits) {
   const w4::DeviceLimits h200;

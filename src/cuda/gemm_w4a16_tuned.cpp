@@ -2,7 +2,8 @@
 // graph replays of 20 launches each, weights rotated through 4x the L2; docs/results/bench_gemm_w4a16-sweep-v5.json).
 // Buckets: the sweep measured M = 1, 4, 8, 16; M = 1..2 use the M = 1 row, 3..5 the M = 4 row, 6..8 the M = 8 row,
 // 9..16 the M = 16 row. Rows whose best configuration was the default, or beat it by less than 4 %, are
-// absent. The µs in the comments are (default -> listed).
+// absent. The µs in the comments are (default -> listed). Later rows came from in-step screens (each says which
+// session and card; the H100 SXM has the H200's SM count and shared memory, so the table applies on both).
 #include "cuda/gemm_w4a16_tuned.h"
 
 namespace futransformer::cuda::w4a16 {

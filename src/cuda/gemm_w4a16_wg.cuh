@@ -292,8 +292,8 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
       if (panel_read == kPanels * kPanelBytes) panel_read = 0, panel_desc = desc0;
     }
   };
-  bool group_units = false;
-  if constexpr (kStream) group_units = group == 4 * kBlockK;
+  bool group_units = false;  // (warps_k = 1 and whole-group slices are what the streamed path runs; tested anyway)
+  if constexpr (kStream) group_units = group == 4 * kBlockK && t.warps_k == 1 && n_steps % 4 == 0;
   if (group_units) {
     // Streamed with groups of 128 columns: the slice is whole groups (warps_k = 1), so every pair is full and a group
     // is exactly two pairs. Each iteration runs one group with its restart and flush fixed at compile time, without

@@ -6,6 +6,9 @@
 // session and card; the H100 SXM has the H200's SM count and shared memory, so the table applies on both).
 #include "cuda/gemm_w4a16_tuned.h"
 
+#include <cstddef>
+#include <iterator>
+
 namespace futransformer::cuda::w4a16 {
 
 namespace {
@@ -96,35 +99,36 @@ constexpr TunedWg32Entry kWg32Entries[] = {
     {28672, 4096, 25, 32, kWgStreamDeepStages, 0, 0},
 };
 
-bool measured_here(int group, const DeviceLimits& d) {
-  return group == 128 && d.sm_count == kMeasuredOn.sm_count && d.smem_per_sm == kMeasuredOn.smem_per_sm &&
-         d.smem_per_block == kMeasuredOn.smem_per_block;
+// The first entry of a table for this shape and M, where the table applies (group 128 on the device it was
+// measured on), else nullptr.
+template <class Entry, size_t kCount>
+const Entry* find_entry(const Entry (&table)[kCount], int M, int N, int K, int group, const DeviceLimits& d) {
+  if (group != 128 || d.sm_count != kMeasuredOn.sm_count || d.smem_per_sm != kMeasuredOn.smem_per_sm ||
+      d.smem_per_block != kMeasuredOn.smem_per_block)
+    return nullptr;
+  for (const Entry& e : table)
+    if (e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi) return &e;
+  return nullptr;
 }
 
 }  // namespace
 
 const TunedWg32Entry* tuned_wg32_entries(int* count) {
-  *count = static_cast<int>(sizeof(kWg32Entries) / sizeof(kWg32Entries[0]));
+  *count = static_cast<int>(std::size(kWg32Entries));
   return kWg32Entries;
 }
 
 const TunedWg32Entry* find_tuned_wg32(int M, int N, int K, int group, const DeviceLimits& d) {
-  if (!measured_here(group, d)) return nullptr;
-  for (const TunedWg32Entry& e : kWg32Entries)
-    if (e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi) return &e;
-  return nullptr;
+  return find_entry(kWg32Entries, M, N, K, group, d);
 }
 
 const TunedV4Entry* tuned_v4_entries(int* count) {
-  *count = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));
+  *count = static_cast<int>(std::size(kEntries));
   return kEntries;
 }
 
 const TunedV4Entry* find_tuned_v4(int M, int N, int K, int group, const DeviceLimits& d) {
-  if (!measured_here(group, d)) return nullptr;
-  for (const TunedV4Entry& e : kEntries)
-    if (e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi) return &e;
-  return nullptr;
+  return find_entry(kEntries, M, N, K, group, d);
 }
 
 V4Config tuned_config(const TunedV4Entry& e) {

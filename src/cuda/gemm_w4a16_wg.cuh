@@ -250,7 +250,6 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
   const uint4* wnext = wsrc + fetch * kWarpSize;
   const uint32_t ring_smem = ptx::smem_addr(ring);
   RingCursor<kRing, kThreads> cursor(tid);
-  uint32_t panel_read = 0;  // streamed: byte offset of pair i0 / 2's panel in the ring
   // One pair's turn of the ring: refill the slots the previous pair used, wait for this pair's copies, read its two
   // packed blocks into q0 / q1 and wait for the previous pair's wgmmas (ptxas serialises wgmmas whose input registers
   // are defined while an earlier wgmma group is pending, so both blocks' A registers are built after this wait, and
@@ -259,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
   // full: every pair of the range has two blocks (n_steps even), so a fetched pair is whole or past the end.
   auto next_pair = [&](uint4& q0, uint4& q1, bool full) {
     if (full) {
-      if (fetch < n_steps) issue_ring_pair<kThreads>(ring_smem + cursor.fetch, 0, wnext, 2);
+      if (fetch < n_steps) issue_ring_pair<kThreads>(ring_smem + cursor.fetch, 0, wnext, 2);  // both blocks
     } else {
       issue_ring_pair<kThreads>(ring_smem + cursor.fetch, fetch, wnext, n_steps);
     }
@@ -282,9 +281,10 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
       __syncthreads();
     }
   };
-  // Streamed: the descriptor of the current pair's panel, advanced with panel_read (the start address field takes
-  // the 16-byte units; see fp8::advance_smem_desc).
+  // Streamed: the descriptor of the current pair's panel (the start address field takes 16-byte units; see
+  // fp8::advance_smem_desc), and its byte offset in the panel ring, kept beside it as the 32-bit wrap test.
   uint64_t panel_desc = desc0;
+  uint32_t panel_read = 0;
   auto advance_panel = [&] {
     if constexpr (kStream) {
       panel_read += kPanelBytes;
@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
       if (panel_read == kPanels * kPanelBytes) panel_read = 0, panel_desc = desc0;
     }
   };
-  bool group_units = false;  // (warps_k = 1 and whole-group slices are what the streamed path runs; tested anyway)
+  bool group_units = false;  // the streamed tilings always give warps_k = 1 and whole pairs; tested, not assumed
   if constexpr (kStream) group_units = group == 4 * kBlockK && t.warps_k == 1 && n_steps % 4 == 0;
   if (group_units) {
     // Streamed with groups of 128 columns: the slice is whole groups (warps_k = 1), so every pair is full and a group

@@ -400,7 +400,38 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   const uint4* wnext = wsrc + fetch * kWarpSize;
   const uint32_t ring_smem = ptx::smem_addr(ring);
   RingCursor<kRing, kThreadsCta> cursor(tid);
-  for (int i0 = 0; i0 < n_steps; i0 += 2) {
+  // A range of whole 128-column groups (warp-uniform; the decode shapes' tilings mostly give one): one iteration per
+  // group, two full pairs and the flush at its end, without the per-block group counters and "second block?" tests
+  // of the general loop below (as the streamed warpgroup loop, gemm_w4a16_wg.cuh).
+  // (Not in the two-tile cluster instances or swap32, which it pushed past their register caps: spills.)
+  constexpr bool kGroupLoop = !kSwap32 && !(kCluster && kSwapTiles == 2);
+  const bool whole_groups =
+      kGroupLoop && group == 4 * kBlockK && (kcol0 & (4 * kBlockK - 1)) == 0 && n_steps % 4 == 0;
+  if (whole_groups) {
+    for (int i0 = 0, gl = static_cast<int>(kcol0 >> group_shift) - group_base; i0 < n_steps; i0 += 4, ++gl) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (fetch < n_steps) issue_ring_pair<kThreadsCta>(ring_smem + cursor.fetch, 0, wnext, 2);
+        ptx::cp_async_commit_group();
+        fetch += 2;
+        wnext += 2 * kWarpSize;
+        ptx::cp_async_wait_group<kPairs - 1>();
+        const unsigned char* slot0 = ring + cursor.read;
+        cursor.advance();
+        const uint4 q0 = *reinterpret_cast<const uint4*>(slot0);
+        if constexpr (kSwap && !kSwap32) {
+          const uint4 q1 = *reinterpret_cast<const uint4*>(slot0 + kThreadsCta * 16);
+          mma_block(q0, i0 + 2 * h);
+          mma_block(q1, i0 + 2 * h + 1);
+        } else {
+          mma_block(q0, i0 + 2 * h);
+          mma_block(*reinterpret_cast<const uint4*>(slot0 + kThreadsCta * 16), i0 + 2 * h + 1);
+        }
+      }
+      flush_group(gl);
+    }
+  }
+  for (int i0 = 0; !whole_groups && i0 < n_steps; i0 += 2) {
     issue_ring_pair<kThreadsCta>(ring_smem + cursor.fetch, fetch, wnext, n_steps);
     ptx::cp_async_commit_group();
     fetch += 2;
@@ -433,7 +464,7 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   }
   // A range that ends inside a group (n_steps > 0: a warp without blocks has nothing to flush, and its group index
   // may lie outside the staged scales).
-  if (n_steps > 0 && groups_left.open()) flush_group(groups_left.next_group());
+  if (!whole_groups && n_steps > 0 && groups_left.open()) flush_group(groups_left.next_group());
   ptx::cp_async_wait_group<0>();  // only empty groups can be left; leave none behind
 
   if (t.warps_k > 1) {

@@ -306,7 +306,8 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   // Split-K inside clusters of the column block's slices (gemm_w4a16_cluster.cuh) where it applies and the device
   // can place such a cluster: the cluster-reduce instance, and no reduce kernel below.
   int max_rows = 0, max_splits = 0;
-  gemm_w4a16_cluster_limits(&max_rows, &max_splits);
+  gemm_w4a16_cluster_limits(&max_rows, &max_splits);  // the slice limit; the row limit is per shape:
+  max_rows = gemm_w4a16_cluster_rows_for(N, K, group, d);
   bool cluster = norm == nullptr && qkv == nullptr && norm_out == nullptr && gemm_w4a16_cluster_reduce() &&
                  w4a16::cluster_reduce_applies(t, M, K, group, max_rows, max_splits);
   cudaLaunchConfig_t cfg{};
@@ -865,7 +866,10 @@ bool gemm_w4a16_cluster_reduce() {
 
 void set_gemm_w4a16_cluster_reduce(int on) { g_cluster_reduce_override.store(on < 0 ? -1 : (on ? 1 : 0)); }
 
-void gemm_w4a16_cluster_limits(int* max_rows, int* max_splits) {
+namespace {
+// The limits FT_W4A16_CLUSTER_MAX_ROWS / FT_W4A16_CLUSTER_MAX_SPLITS or set_gemm_w4a16_cluster_limits chose; rows -1
+// where neither chose them.
+void cluster_limits_chosen(int* max_rows, int* max_splits) {
   auto env_int = [](const char* name, int lo, int hi, int fallback) {
     const char* v = std::getenv(name);
     if (v == nullptr || v[0] == '\0') return fallback;
@@ -874,12 +878,25 @@ void gemm_w4a16_cluster_limits(int* max_rows, int* max_splits) {
     return *end == '\0' && x >= lo && x <= hi ? static_cast<int>(x) : fallback;
   };
   static const int env_rows =
-      env_int("FT_W4A16_CLUSTER_MAX_ROWS", w4a16::kClusterMaxRows, w4a16::kClusterLimitRows, w4a16::kClusterMaxRows);
+      env_int("FT_W4A16_CLUSTER_MAX_ROWS", w4a16::kClusterMaxRows, w4a16::kClusterLimitRows, 0);
   static const int env_splits =
       env_int("FT_W4A16_CLUSTER_MAX_SPLITS", 2, w4a16::kClusterLimitSplits, w4a16::kMaxClusterSplits);
   const int r = g_cluster_rows_override.load(), s = g_cluster_splits_override.load();
-  *max_rows = r > 0 ? r : env_rows;
+  *max_rows = r > 0 ? r : env_rows > 0 ? env_rows : -1;
   *max_splits = s > 0 ? s : env_splits;
+}
+}  // namespace
+
+void gemm_w4a16_cluster_limits(int* max_rows, int* max_splits) {
+  cluster_limits_chosen(max_rows, max_splits);
+  if (*max_rows < 0) *max_rows = w4a16::kClusterMaxRows;
+}
+
+int gemm_w4a16_cluster_rows_for(int N, int K, int group, const w4a16::DeviceLimits& d) {
+  int rows = 0, splits = 0;
+  cluster_limits_chosen(&rows, &splits);
+  if (rows > 0) return rows;
+  return tuned_table_on() ? w4a16::tuned_cluster_max_rows(N, K, group, d) : w4a16::kClusterMaxRows;
 }
 
 void set_gemm_w4a16_cluster_limits(int max_rows, int max_splits) {

@@ -47,6 +47,10 @@ void set_gemm_w4a16_cluster_reduce(int on);
 // overrides both (tests; 0 or less: back to the environment's).
 void gemm_w4a16_cluster_limits(int* max_rows, int* max_splits);
 void set_gemm_w4a16_cluster_limits(int max_rows, int max_splits);
+// The row limit a launch of shape (N, K) uses: the one chosen above where FT_W4A16_CLUSTER_MAX_ROWS or
+// set_gemm_w4a16_cluster_limits chose one, else the measured per-shape table's (w4a16::tuned_cluster_max_rows; off
+// with FT_W4A16_TUNED=0), else kClusterMaxRows.
+int gemm_w4a16_cluster_rows_for(int N, int K, int group, const w4a16::DeviceLimits& d);
 
 // gemm_w4a16 with an explicit tiling: the same argument checks, plus w4a16::tiling_is_valid and the tiling's
 // workspace (w4a16::workspace_bytes_for); cudaErrorInvalidValue with gemm_w4a16_last_error() otherwise.

@@ -249,7 +249,8 @@ FT_HD SmemLayout smem_layout(const Tiling& t, int64_t K, int group) {
 // CTA needs for its tile of sums, M rows x 32 warps_n columns of fp32, which must fit in the tiling's own
 // (smem_layout). Rows: the 8B decode step (nineteenth session, docs/results.md) was 4.3 % faster at batch 16 with it
 // (the o and gate|up GEMMs split 4 and 2 ways) and 0.5-1 % slower at batch 8 (the down GEMM's 6 slices on the M <= 8
-// path) and at batch 32; so M = 9..16. For measurements the launcher can raise both limits (up to
+// path) and at batch 32; so M = 9..16 (per shape up to more rows where an in-step screen found it faster:
+// w4a16::tuned_cluster_max_rows, gemm_w4a16_tuned.h — the 8B o, gate_up and down up to 24). For measurements the launcher can raise both limits (up to
 // kClusterLimitRows rows and kClusterLimitSplits slices, non-portable clusters above 8; gemm_w4a16_internal.h).
 constexpr int kMaxClusterSplits = 8;
 constexpr int kClusterMinRows = 9;

@@ -99,13 +99,28 @@ constexpr TunedWg32Entry kWg32Entries[] = {
     {28672, 4096, 25, 32, kWgStreamDeepStages, 0, 0},
 };
 
-// The first entry of a table for this shape and M, where the table applies (group 128 on the device it was
-// measured on), else nullptr.
+// Split-K finished in clusters up to M = 24 (the rule's 16 elsewhere): the twenty-ninth session's in-step screens on an
+// H100 (docs/results.md), FT_W4A16_CLUSTER_MAX_ROWS=24 for every shape, 8B step, four alternating pairs: -2.2 / -1.9 /
+// -4.2 % at batch 17 / 20 / 24 (up to 28: +1.3 % at batch 28; up to 32: +1.1 % at batch 32). The 70B step lost 9-10 % at
+// batch 20 / 24 with the same limit, so only the 8B shapes whose epilogue can take clusters (o and down with the
+// residual, gate_up with SwiGLU; the qkv epilogue keeps its reduce kernel) are listed; they were screened together.
+constexpr TunedClusterRowsEntry kClusterRowsEntries[] = {
+    {4096, 4096, 24},
+    {28672, 4096, 24},
+    {4096, 14336, 24},
+};
+
+// Whether the tables apply: group 128 on the device they were measured on.
+bool measured_here(int group, const DeviceLimits& d) {
+  return group == 128 && d.sm_count == kMeasuredOn.sm_count && d.smem_per_sm == kMeasuredOn.smem_per_sm &&
+         d.smem_per_block == kMeasuredOn.smem_per_block;
+}
+
+// The first entry of a table for this shape and M, where the table applies, else nullptr.
+
 template <class Entry, size_t kCount>
 const Entry* find_entry(const Entry (&table)[kCount], int M, int N, int K, int group, const DeviceLimits& d) {
-  if (group != 128 || d.sm_count != kMeasuredOn.sm_count || d.smem_per_sm != kMeasuredOn.smem_per_sm ||
-      d.smem_per_block != kMeasuredOn.smem_per_block)
-    return nullptr;
+  if (!measured_here(group, d)) return nullptr;
   for (const Entry& e : table)
     if (e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi) return &e;
   return nullptr;
@@ -120,6 +135,18 @@ const TunedWg32Entry* tuned_wg32_entries(int* count) {
 
 const TunedWg32Entry* find_tuned_wg32(int M, int N, int K, int group, const DeviceLimits& d) {
   return find_entry(kWg32Entries, M, N, K, group, d);
+}
+
+const TunedClusterRowsEntry* tuned_cluster_rows_entries(int* count) {
+  *count = static_cast<int>(std::size(kClusterRowsEntries));
+  return kClusterRowsEntries;
+}
+
+int tuned_cluster_max_rows(int N, int K, int group, const DeviceLimits& d) {
+  if (!measured_here(group, d)) return kClusterMaxRows;
+  for (const TunedClusterRowsEntry& e : kClusterRowsEntries)
+    if (e.N == N && e.K == K) return e.max_rows;
+  return kClusterMaxRows;
 }
 
 const TunedV4Entry* tuned_v4_entries(int* count) {

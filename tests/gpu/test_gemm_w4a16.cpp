@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/gemm_w4a16_heuristics.h"
@@ -620,6 +621,32 @@ TEST(GemmW4A16Host, TunedWg32EntriesHaveValidStreamedTilings) {
     }
     if (e.m_lo > w4::kSwap32MinM) EXPECT_EQ(w4::find_tuned_wg32(e.m_lo - 1, e.N, e.K, 128, h200), nullptr);
   }
+}
+
+// The per-shape cluster row limits: each raises the rule's kClusterMaxRows within what the cluster instances cover,
+// lists its shape once, and applies only where it was measured (group 128, the table's device); other shapes keep the
+// rule's limit.
+TEST(GemmW4A16Host, TunedClusterRowsEntriesRaiseTheRuleWhereMeasured) {
+  const w4::DeviceLimits h200;
+  int count = 0;
+  const w4::TunedClusterRowsEntry* entries = w4::tuned_cluster_rows_entries(&count);
+  ASSERT_GT(count, 0);
+  for (int i = 0; i < count; ++i) {
+    const w4::TunedClusterRowsEntry& e = entries[i];
+    SCOPED_TRACE(testing::Message() << "entry " << i << ": N " << e.N << " K " << e.K);
+    EXPECT_GT(e.max_rows, w4::kClusterMaxRows);
+    EXPECT_LE(e.max_rows, w4::kClusterLimitRows);
+    for (int j = 0; j < i; ++j) EXPECT_FALSE(entries[j].N == e.N && entries[j].K == e.K) << "same shape as entry " << j;
+    EXPECT_EQ(w4::tuned_cluster_max_rows(e.N, e.K, 128, h200), e.max_rows);
+    EXPECT_EQ(w4::tuned_cluster_max_rows(e.N, e.K, 64, h200), w4::kClusterMaxRows) << "measured with group 128 only";
+    w4::DeviceLimits other = h200;
+    other.sm_count = 114;
+    EXPECT_EQ(w4::tuned_cluster_max_rows(e.N, e.K, 128, other), w4::kClusterMaxRows) << "measured on 132 SMs only";
+  }
+  // The 70B shapes lost 9-10 % with the raised limit (docs/results.md, twenty-ninth session) and the 8B qkv GEMM's
+  // epilogue never takes clusters: none of them is listed.
+  for (const auto& [N, K] : {std::pair{6144, 4096}, {8192, 8192}, {57344, 8192}, {8192, 28672}, {10240, 8192}})
+    EXPECT_EQ(w4::tuned_cluster_max_rows(N, K, 128, h200), w4::kClusterMaxRows) << "N " << N << " K " << K;
 }
 
 // ctas_per_sm and splits do what they say where the shape allows it.

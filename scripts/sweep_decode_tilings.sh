@@ -11,6 +11,7 @@
 # ASSIGNMENTS: space-separated VAR=value pairs, e.g.
 #   'qkv-w24s8=FT_W4A16_TUNED_EXTRA=6144:4096:1:2:24:8:0:0:0'
 #   'np=FT_NORM_PARTIALS=1 FT_ATTN_DECODE_SPLITS=4'
+#   'gu70-cl24=FT_W4A16_CLUSTER_ROWS_EXTRA=57344:8192:24'   (one shape's split-K in clusters up to M = 24)
 # (FT_W4A16_TUNED_EXTRA's format: src/cuda/gemm_w4a16_heuristics.h, parse_tuned_extra.) Every run's JSON goes to
 # OUT_DIR; the table (median of each side, change of the medians) goes to stdout and OUT_DIR/sweep.md. Set
 # FT_GIT_COMMIT to the commit that was built, as for every bench. FT_SWEEP_BENCH overrides the bench binary (tests).

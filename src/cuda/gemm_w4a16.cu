@@ -896,6 +896,16 @@ int gemm_w4a16_cluster_rows_for(int N, int K, int group, const w4a16::DeviceLimi
   int rows = 0, splits = 0;
   cluster_limits_chosen(&rows, &splits);
   if (rows > 0) return rows;
+  // FT_W4A16_CLUSTER_ROWS_EXTRA (in-step screens of one shape), read once; problems reported on stderr once.
+  static const std::vector<w4a16::ClusterRowsEntry> extra = [] {
+    std::string warnings;
+    std::vector<w4a16::ClusterRowsEntry> r =
+        w4a16::parse_cluster_rows_extra(std::getenv("FT_W4A16_CLUSTER_ROWS_EXTRA"), &warnings);
+    if (!warnings.empty()) std::fprintf(stderr, "gemm_w4a16: %s\n", warnings.c_str());
+    return r;
+  }();
+  for (const w4a16::ClusterRowsEntry& e : extra)
+    if (e.N == N && e.K == K) return e.max_rows;
   return tuned_table_on() ? w4a16::tuned_cluster_max_rows(N, K, group, d) : w4a16::kClusterMaxRows;
 }
 

@@ -402,4 +402,35 @@ std::vector<ExtraTunedEntry> parse_tuned_extra(const char* text, std::string* wa
   return out;
 }
 
+std::vector<ClusterRowsEntry> parse_cluster_rows_extra(const char* text, std::string* warnings) {
+  std::vector<ClusterRowsEntry> out;
+  if (text == nullptr) return out;
+  const std::string all(text);
+  size_t start = 0;
+  while (start < all.size()) {
+    const size_t end = std::min(all.find(',', start), all.size());
+    const std::string item = all.substr(start, end - start);
+    start = end + 1;
+    if (item.empty()) continue;
+    ClusterRowsEntry e{};
+    char tail = 0;
+    const int fields = std::sscanf(item.c_str(), "%d:%d:%d%c", &e.N, &e.K, &e.max_rows, &tail);
+    const char* problem = fields != 3                  ? "is not N:K:max_rows"
+                          : e.N < 1 || e.K < 1         ? "has N or K below 1"
+                          : e.max_rows < kClusterMinRows - 1 || e.max_rows > kClusterLimitRows
+                              ? "has max_rows outside kClusterMinRows - 1 .. kClusterLimitRows"
+                              : nullptr;
+    if (problem != nullptr) {
+      if (warnings) {
+        if (!warnings->empty()) warnings->push_back(' ');
+        warnings->append("FT_W4A16_CLUSTER_ROWS_EXTRA: '").append(item).append("' ").append(problem);
+        warnings->append("; skipped.");
+      }
+      continue;
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
 }  // namespace futransformer::cuda::w4a16

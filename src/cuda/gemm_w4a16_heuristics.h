@@ -93,6 +93,19 @@ struct ExtraTunedEntry {
 // per SM and split (its warps and warps_n are the path's own), e.g. "28672:4096:25:32:8:16:0:0:0".
 std::vector<ExtraTunedEntry> parse_tuned_extra(const char* text, std::string* warnings);
 
+// A row limit for the split-K cluster rule (cluster_reduce_applies) for one shape (N, K): from the measured table
+// (w4a16::tuned_cluster_max_rows) or from FT_W4A16_CLUSTER_ROWS_EXTRA.
+struct ClusterRowsEntry {
+  int N, K;
+  int max_rows;
+};
+// FT_W4A16_CLUSTER_ROWS_EXTRA, for in-step screens of one shape at a time: entries "N:K:max_rows" separated by commas,
+// searched in order before the table (e.g. "57344:8192:24": the 70B gate_up finishes its split in clusters up to
+// M = 24). max_rows is kClusterMinRows - 1 (never: the shape keeps the reduce kernel) .. kClusterLimitRows. An entry
+// that does not parse, has N or K below 1 or max_rows outside that range is skipped with a sentence in *warnings.
+// null or empty text: none.
+std::vector<ClusterRowsEntry> parse_cluster_rows_extra(const char* text, std::string* warnings);
+
 // The candidates `bench_gemm_w4a16 --sweep` times side by side and the GPU tests check against the CPU twin; the
 // first is the default. Names: w<warps>s<stages>, c<n> for ctas_per_sm = n, swap16 for the two-tile path, swap32
 // for the three/four-tile path (M = 17..32).

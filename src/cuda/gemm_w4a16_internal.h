@@ -48,8 +48,9 @@ void set_gemm_w4a16_cluster_reduce(int on);
 void gemm_w4a16_cluster_limits(int* max_rows, int* max_splits);
 void set_gemm_w4a16_cluster_limits(int max_rows, int max_splits);
 // The row limit a launch of shape (N, K) uses: the one chosen above where FT_W4A16_CLUSTER_MAX_ROWS or
-// set_gemm_w4a16_cluster_limits chose one, else the measured per-shape table's (w4a16::tuned_cluster_max_rows; off
-// with FT_W4A16_TUNED=0), else kClusterMaxRows.
+// set_gemm_w4a16_cluster_limits chose one, else an FT_W4A16_CLUSTER_ROWS_EXTRA entry for the shape
+// (w4a16::parse_cluster_rows_extra), else the measured per-shape table's (w4a16::tuned_cluster_max_rows; off with
+// FT_W4A16_TUNED=0), else kClusterMaxRows.
 int gemm_w4a16_cluster_rows_for(int N, int K, int group, const w4a16::DeviceLimits& d);
 
 // gemm_w4a16 with an explicit tiling: the same argument checks, plus w4a16::tiling_is_valid and the tiling's

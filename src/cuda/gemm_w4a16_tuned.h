@@ -49,10 +49,7 @@ const TunedWg32Entry* find_tuned_wg32(int M, int N, int K, int group, const Devi
 // Shapes whose split K is finished inside clusters up to more rows than the rule's kClusterMaxRows
 // (cluster_reduce_applies), found by an in-step screen. Same conditions as find_tuned_v4; the caller applies
 // FT_W4A16_TUNED=0 and lets FT_W4A16_CLUSTER_MAX_ROWS / set_gemm_w4a16_cluster_limits win.
-struct TunedClusterRowsEntry {
-  int N, K;
-  int max_rows;  // kClusterMinRows..kClusterLimitRows
-};
+using TunedClusterRowsEntry = ClusterRowsEntry;  // max_rows above kClusterMaxRows, at most kClusterLimitRows
 const TunedClusterRowsEntry* tuned_cluster_rows_entries(int* count);
 // The cluster rule's row limit for this shape: the table's where it lists the shape, else kClusterMaxRows.
 int tuned_cluster_max_rows(int N, int K, int group, const DeviceLimits& d);

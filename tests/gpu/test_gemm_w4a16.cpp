@@ -869,6 +869,42 @@ TEST(GemmW4A16Host, TunedExtraEntriesFromEnvironment) {
     EXPECT_NE(warnings.find(needle), std::string::npos) << "'" << warnings << "' lacks '" << needle << "'";
 }
 
+// FT_W4A16_CLUSTER_ROWS_EXTRA: per-shape row limits of the cluster rule, in order; a malformed or out-of-range entry is
+// skipped with a sentence naming it, and the others still count.
+TEST(GemmW4A16Host, ClusterRowsExtraEntriesFromEnvironment) {
+  std::string warnings;
+  EXPECT_TRUE(w4::parse_cluster_rows_extra(nullptr, &warnings).empty());
+  EXPECT_TRUE(w4::parse_cluster_rows_extra("", &warnings).empty());
+  EXPECT_TRUE(warnings.empty()) << warnings;
+
+  const std::string lowest = std::to_string(w4::kClusterMinRows - 1), highest = std::to_string(w4::kClusterLimitRows);
+  const std::vector<w4::ClusterRowsEntry> e =
+      w4::parse_cluster_rows_extra(("57344:8192:24,4096:4096:" + lowest + ",8192:28672:" + highest).c_str(), &warnings);
+  EXPECT_TRUE(warnings.empty()) << warnings;
+  ASSERT_EQ(e.size(), 3u);
+  EXPECT_EQ(e[0].N, 57344);
+  EXPECT_EQ(e[0].K, 8192);
+  EXPECT_EQ(e[0].max_rows, 24);
+  EXPECT_EQ(e[1].max_rows, w4::kClusterMinRows - 1);
+  EXPECT_EQ(e[2].N, 8192);
+  EXPECT_EQ(e[2].K, 28672);
+  EXPECT_EQ(e[2].max_rows, w4::kClusterLimitRows);
+
+  const std::string too_low = std::to_string(w4::kClusterMinRows - 2);
+  const std::string too_high = std::to_string(w4::kClusterLimitRows + 1);
+  for (const std::string& bad : {std::string("4096:4096"), std::string("4096:4096:24:1"), std::string("4096:x:24"),
+                                 std::string("0:4096:24"), "4096:4096:" + too_low, "4096:4096:" + too_high}) {
+    SCOPED_TRACE(bad);
+    warnings.clear();
+    const std::vector<w4::ClusterRowsEntry> r =
+        w4::parse_cluster_rows_extra((bad + ",28672:4096:20").c_str(), &warnings);
+    ASSERT_EQ(r.size(), 1u) << "the good entry after the bad one still counts";
+    EXPECT_EQ(r[0].N, 28672);
+    EXPECT_EQ(r[0].max_rows, 20);
+    EXPECT_NE(warnings.find("FT_W4A16_CLUSTER_ROWS_EXTRA: '" + bad + "'"), std::string::npos) << warnings;
+  }
+}
+
 TEST(GemmW4A16Host, V4ConfigFromEnvironment) {
   std::string warnings;
   g_fake_env = {};

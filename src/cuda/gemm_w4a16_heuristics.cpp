@@ -352,9 +352,13 @@ V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings)
   return c;
 }
 
-std::vector<ExtraTunedEntry> parse_tuned_extra(const char* text, std::string* warnings) {
-  std::vector<ExtraTunedEntry> out;
-  if (text == nullptr) return out;
+namespace {
+// Splits an environment list "item,item,..." into its non-empty items and hands each to take(item), which returns the
+// problem with it (nullptr when it took the item); a problem is reported in *warnings as "VAR: 'item' problem;
+// skipped.".
+template <class Take>
+void parse_env_list(const char* text, const char* var, std::string* warnings, Take take) {
+  if (text == nullptr) return;
   const std::string all(text);
   size_t start = 0;
   while (start < all.size()) {
@@ -362,6 +366,18 @@ std::vector<ExtraTunedEntry> parse_tuned_extra(const char* text, std::string* wa
     const std::string item = all.substr(start, end - start);
     start = end + 1;
     if (item.empty()) continue;
+    const char* problem = take(item);
+    if (problem != nullptr && warnings != nullptr) {
+      if (!warnings->empty()) warnings->push_back(' ');
+      warnings->append(var).append(": '").append(item).append("' ").append(problem).append("; skipped.");
+    }
+  }
+}
+}  // namespace
+
+std::vector<ExtraTunedEntry> parse_tuned_extra(const char* text, std::string* warnings) {
+  std::vector<ExtraTunedEntry> out;
+  parse_env_list(text, "FT_W4A16_TUNED_EXTRA", warnings, [&](const std::string& item) -> const char* {
     // Nine fields, or ten with the path (0: v4, 1: the warpgroup path with streamed activations, "wgmma_sx").
     int f[10] = {};
     char tail = 0;
@@ -385,51 +401,32 @@ std::vector<ExtraTunedEntry> parse_tuned_extra(const char* text, std::string* wa
                           : f[6] < 0 || f[6] > 8 || f[7] < 0 || f[7] > kMaxWarpsN || f[8] < 0 || f[8] > kMaxSplits
                               ? "has ctas_per_sm, warps_n or splits outside parse_v4_config's ranges"
                               : nullptr;
-    if (problem != nullptr) {
-      if (warnings) {
-        if (!warnings->empty()) warnings->push_back(' ');
-        warnings->append("FT_W4A16_TUNED_EXTRA: '").append(item).append("' ").append(problem).append("; skipped.");
-      }
-      continue;
-    }
+    if (problem != nullptr) return problem;
     ExtraTunedEntry e;
     e.N = f[0], e.K = f[1], e.m_lo = f[2], e.m_hi = f[3];
     e.config.warps = f[4], e.config.stages = f[5], e.config.ctas_per_sm = f[6], e.config.warps_n = f[7];
     e.config.splits = f[8];
     if (wg) e.config.wgmma = e.config.stream_x = true, e.config.stream_stages = f[5];
     out.push_back(e);
-  }
+    return nullptr;
+  });
   return out;
 }
 
 std::vector<ClusterRowsEntry> parse_cluster_rows_extra(const char* text, std::string* warnings) {
   std::vector<ClusterRowsEntry> out;
-  if (text == nullptr) return out;
-  const std::string all(text);
-  size_t start = 0;
-  while (start < all.size()) {
-    const size_t end = std::min(all.find(',', start), all.size());
-    const std::string item = all.substr(start, end - start);
-    start = end + 1;
-    if (item.empty()) continue;
+  parse_env_list(text, "FT_W4A16_CLUSTER_ROWS_EXTRA", warnings, [&](const std::string& item) -> const char* {
     ClusterRowsEntry e{};
     char tail = 0;
     const int fields = std::sscanf(item.c_str(), "%d:%d:%d%c", &e.N, &e.K, &e.max_rows, &tail);
-    const char* problem = fields != 3                  ? "is not N:K:max_rows"
-                          : e.N < 1 || e.K < 1         ? "has N or K below 1"
+    const char* problem = fields != 3          ? "is not N:K:max_rows"
+                          : e.N < 1 || e.K < 1 ? "has N or K below 1"
                           : e.max_rows < kClusterMinRows - 1 || e.max_rows > kClusterLimitRows
                               ? "has max_rows outside kClusterMinRows - 1 .. kClusterLimitRows"
                               : nullptr;
-    if (problem != nullptr) {
-      if (warnings) {
-        if (!warnings->empty()) warnings->push_back(' ');
-        warnings->append("FT_W4A16_CLUSTER_ROWS_EXTRA: '").append(item).append("' ").append(problem);
-        warnings->append("; skipped.");
-      }
-      continue;
-    }
-    out.push_back(e);
-  }
+    if (problem == nullptr) out.push_back(e);
+    return problem;
+  });
   return out;
 }
 

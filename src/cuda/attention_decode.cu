@@ -40,8 +40,10 @@ cudaError_t device_limits(attn::DeviceLimits* d) {
 using DecodeFn = void (*)(attn::DecodeArgs, fused::QkvArgs);
 using CombineFn = void (*)(const float*, const float*, __nv_bfloat16*, int, int, float);
 
-// warps: the plan's (8 only where attn::has_eight_warp_instances: INT4, head_dim 128).
-DecodeFn pick_decode(bool int4, int head_dim, const fused::QkvArgs* pro, KvFormat pro_format, int warps) {
+// warps: the plan's (8 only where attn::has_eight_warp_instances: INT4, head_dim 128). cluster: the cluster-combine
+// instances (no prologue; the caller checked).
+DecodeFn pick_decode(bool int4, int head_dim, const fused::QkvArgs* pro, KvFormat pro_format, int warps,
+                     bool cluster) {
   using attn::Prologue;
   if (pro) {  // the launcher checked: INT4 formats, head_dim 128
     if (pro_format == KvFormat::INT4_HADAMARD)
@@ -49,6 +51,14 @@ DecodeFn pick_decode(bool int4, int head_dim, const fused::QkvArgs* pro, KvForma
                         : attn::attention_decode_kernel<true, 128, Prologue::kInt4Hadamard>;
     return warps == 8 ? attn::attention_decode_kernel<true, 128, Prologue::kInt4, 8>
                       : attn::attention_decode_kernel<true, 128, Prologue::kInt4>;
+  }
+  if (cluster) {
+    if (int4 && head_dim == 128)
+      return warps == 8 ? attn::attention_decode_kernel<true, 128, Prologue::kNone, 8, true>
+                        : attn::attention_decode_kernel<true, 128, Prologue::kNone, attn::kWarps, true>;
+    if (int4) return attn::attention_decode_kernel<true, 64, Prologue::kNone, attn::kWarps, true>;
+    return head_dim == 128 ? attn::attention_decode_kernel<false, 128, Prologue::kNone, attn::kWarps, true>
+                           : attn::attention_decode_kernel<false, 64, Prologue::kNone, attn::kWarps, true>;
   }
   if (int4 && head_dim == 128)
     return warps == 8 ? attn::attention_decode_kernel<true, 128, Prologue::kNone, 8>
@@ -112,7 +122,7 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
   float* partial_o = static_cast<float*>(workspace);
   float* partial_lse = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) +
                                                 attn::workspace_lse_offset(plan, batch, n_heads, head_dim));
-  const attn::DecodeArgs args{q,
+  attn::DecodeArgs args{q,
                               kv_pool,
                               block_table,
                               seq_lens,
@@ -125,8 +135,21 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
                               max_pages,
                               plan.splits,
                               static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim))),
-                              (pro != nullptr || early_copies) ? 1 : 0};
-  const DecodeFn kernel = pick_decode(int4, head_dim, pro, pro_format, plan.warps);
+                              (pro != nullptr || early_copies) ? 1 : 0,
+                              0,
+                              1.0f};
+  // The un-rotation needs the whole BF16 head, which only the combine holds in one CTA (a split plan's decode CTAs
+  // hold fp32 partials); an unsplit plan leaves it to the caller.
+  const bool unrotate = plan.splits > 1 && unrotated != nullptr && unrotate_block > 1;
+  const float unrotate_scale = unrotate ? formats::hadamard_scale(unrotate_block) : 1.0f;
+  // The split CTAs of one (KV head, sequence) combine inside their cluster (no combine kernel) where the knob allows
+  // this many splits; the fused prologue keeps the combine kernel.
+  const bool cluster = pro == nullptr && attn::combines_in_cluster(plan.splits);
+  if (cluster) {
+    args.unrotate_block = unrotate ? unrotate_block : 1;
+    args.unrotate_scale = unrotate_scale;
+  }
+  const DecodeFn kernel = pick_decode(int4, head_dim, pro, pro_format, plan.warps, cluster);
   if (plan.smem_bytes + static_smem > 48 * 1024) {
     // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.
     if (const cudaError_t e =
@@ -142,16 +165,30 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
   cfg.stream = stream;
   // Under programmatic_launch() the attention kernel is a programmatic dependent of the kernel before it (it
   // waits before reading anything, see the kernel): its launch overlaps that kernel's tail.
-  cudaLaunchAttribute decode_attr;
-  add_programmatic_attribute(&cfg, &decode_attr);
+  cudaLaunchAttribute decode_attrs[2];
+  add_programmatic_attribute(&cfg, &decode_attrs[0]);
+  if (cluster) {
+    cudaLaunchAttribute& a = decode_attrs[cfg.numAttrs];
+    a.id = cudaLaunchAttributeClusterDimension;
+    a.val.clusterDim.x = static_cast<unsigned>(plan.splits);
+    a.val.clusterDim.y = 1;
+    a.val.clusterDim.z = 1;
+    cfg.attrs = decode_attrs;
+    cfg.numAttrs += 1;
+    if (plan.splits > 8) {  // a non-portable cluster size (per function and device; cheap to repeat)
+      if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+          e != cudaSuccess)
+        return e;
+    }
+  }
   const fused::QkvArgs pro_args = pro ? *pro : fused::QkvArgs{};
   if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args, pro_args); e != cudaSuccess) return e;
   if (plan.splits == 1) return cudaSuccess;
+  if (cluster) {
+    if (unrotate) *unrotated = true;
+    return cudaSuccess;
+  }
 
-  // The un-rotation needs the whole BF16 head, which only the combine kernel holds in one CTA (a split plan's
-  // decode CTAs write fp32 partials); an unsplit plan leaves it to the caller.
-  const bool unrotate = unrotated != nullptr && unrotate_block > 1;
-  const float unrotate_scale = unrotate ? formats::hadamard_scale(unrotate_block) : 1.0f;
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t ccfg{};
   ccfg.gridDim = dim3(static_cast<unsigned>(int64_t{batch} * n_heads));

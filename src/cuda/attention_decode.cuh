@@ -29,6 +29,7 @@
 #include "cuda/attention_decode_layout.h"
 #include "cuda/fused_ops.cuh"
 #include "cuda/ptx/bits.cuh"
+#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/griddep.cuh"
 #include "cuda/ptx/ldmatrix.cuh"
@@ -51,6 +52,10 @@ struct DecodeArgs {
   // (seq_lens[b] - 1), which the kernel before may be writing: the launchers' early_copies (decode steps only); the
   // prologue instances always do it.
   int prefetch_early;
+  // The cluster instances (kCl, splits > 1) only: un-rotate the combined head as attention_decode_combine_kernel
+  // does (unrotate_block > 1), else store it as is.
+  int unrotate_block;
+  float unrotate_scale;
 };
 
 constexpr float kNegInf = -__builtin_huge_valf();
@@ -281,6 +286,89 @@ struct PrologueSmem {
   __nv_bfloat16 q[kMaxGqa][fused::kQuadHeadDim];
 };
 
+// H_block of one head held one channel per thread (thread c of the CTA: channel c % kD, the heads of kN / kD
+// consecutive thread groups side by side), block a power of two in 2..kD: rotate_heads_bf16's operations in its order
+// (butterfly strides 1, 2, .., block / 2, the pair (j, j + h) becoming (a + b, a − b) with a = x[j], each one IEEE
+// operation; then one multiply by scale), so the same bits. Strides below 32 pair lanes of one warp (channel c ^ h is
+// lane ^ h); larger ones pair warps through shared memory, one barrier per stage: the two exchange buffers
+// alternate, so a stage's writes never meet the previous stage's reads. A stride h < kD keeps c ^ h in c's group,
+// and c & h is the channel's bit. block is uniform over the CTA and every thread arrives here (kN threads), so the
+// shuffles are full and every thread takes part in every barrier.
+template <int kD, int kN = kD>
+__device__ __forceinline__ float hadamard_head(float x, int block, float scale, float (&exchange)[2][kN]) {
+  static_assert(kN % kD == 0, "whole heads");
+  const int c = static_cast<int>(threadIdx.x);
+  for (int h = 1; h < block && h < kWarpSize; h *= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, x, h);
+    x = (c & h) ? __fsub_rn(other, x) : __fadd_rn(x, other);
+  }
+  int buf = 0;
+  for (int h = kWarpSize; h < block; h *= 2, buf ^= 1) {
+    exchange[buf][c] = x;
+    __syncthreads();
+    const float other = exchange[buf][c ^ h];
+    x = (c & h) ? __fsub_rn(other, x) : __fadd_rn(x, other);  // c & h is warp-uniform for h >= 32
+  }
+  return __fmul_rn(x, scale);
+}
+
+// The cluster combine of attention_decode_kernel<.., kCl = true> (see there), called by every thread of every CTA of
+// the cluster once each CTA has written its partial O [kMaxGqa][kD] and log2-sum-exp [kMaxGqa] at `buf` (the same
+// offset in every CTA). CTA `split` owns heads split + S i < G (S = args.splits, its cluster size; rank = split, the
+// cluster spanning grid x); kN / kD heads a round, thread c on channel c % kD. Per head: attention_decode_combine_kernel
+// on the S partials (M = max lse, w_s = 2^(lse_s − M), num = Σ_s w_s o_s by fmaf in split order, den = Σ_s w_s),
+// rounded to BF16, then hadamard_head's un-rotation where asked. A last cluster barrier keeps every CTA's partials
+// alive until every reader is done.
+template <int kD, int kN>
+__device__ __forceinline__ void cluster_combine(const DecodeArgs& args, unsigned char* buf, int64_t head0, int split,
+                                                int G) {
+  constexpr int kHeadsPerRound = kN / kD;
+  static_assert(kHeadsPerRound >= 1 && kN % kD == 0, "whole heads per round");
+  const int S = args.splits;
+  float* exchange_base = reinterpret_cast<float*>(buf + kMaxGqa * kD * 4 + kMaxGqa * 4);
+  float(&exchange)[2][kN] = *reinterpret_cast<float(*)[2][kN]>(exchange_base);
+  const uint32_t o_s = ptx::smem_addr(buf), lse_s = o_s + kMaxGqa * kD * 4;
+  const int c = static_cast<int>(threadIdx.x) % kD, slot = static_cast<int>(threadIdx.x) / kD;
+  const int owned = split < G ? (G - split + S - 1) / S : 0;  // uniform over the CTA
+  const bool unrotate = args.unrotate_block > 1;
+  ptx::cluster_sync();  // every CTA's partials written (release) and visible here (acquire)
+  for (int round = 0; round * kHeadsPerRound < owned; ++round) {
+    const int i = round * kHeadsPerRound + slot;
+    const bool active = i < owned;
+    const int h = split + S * i;
+    float v = 0.0f;
+    if (active) {
+      float lse[kMaxClusterCombineSplits], o[kMaxClusterCombineSplits];
+#pragma unroll
+      for (int s = 0; s < kMaxClusterCombineSplits; ++s) {  // all loads first: their latencies overlap
+        if (s < S) {
+          const uint32_t r = static_cast<uint32_t>(s);
+          lse[s] = ptx::ld_shared_cluster_f32(ptx::map_shared_rank(lse_s + static_cast<uint32_t>(h * 4), r));
+          o[s] = ptx::ld_shared_cluster_f32(ptx::map_shared_rank(o_s + static_cast<uint32_t>((h * kD + c) * 4), r));
+        }
+      }
+      float mx = kNegInf;
+#pragma unroll
+      for (int s = 0; s < kMaxClusterCombineSplits; ++s)
+        if (s < S) mx = fmaxf(mx, lse[s]);
+      float num = 0.0f, den = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kMaxClusterCombineSplits; ++s) {
+        if (s < S) {
+          const float w = mx == kNegInf ? 0.0f : ptx::ex2_approx(lse[s] - mx);
+          num = fmaf(w, o[s], num);
+          den += w;
+        }
+      }
+      v = __bfloat162float(__float2bfloat16_rn(den > 0.0f ? num / den : 0.0f));
+    }
+    // A BF16 widens to fp32 exactly: the un-rotation starts from the bits the combine kernel would have stored.
+    if (unrotate) v = hadamard_head<kD, kN>(v, args.unrotate_block, args.unrotate_scale, exchange);
+    if (active) args.out[(head0 + h) * kD + c] = __float2bfloat16_rn(v);
+  }
+  ptx::cluster_sync();  // no CTA leaves (freeing its shared memory) while another may still read it
+}
+
 // One CTA per (split, KV head, sequence b): grid (splits, n_kv_heads, batch).
 // kP != kNone (the fused prologue; INT4 cache, head_dim 128): q is not read from args.q. Instead the CTA reads row b of
 // pro.qkv (the QKV projection of sequence b's new token, BF16) and, quad by quad with fused_ops.cuh's functions (so
@@ -292,16 +380,25 @@ struct PrologueSmem {
 // The RoPE'd q and k are not written back into qkv and no q_out is written. Cache tiles that do not hold the new token
 // are copied before griddepcontrol.wait, and the key anchor prefetched into L1 (in a decode step no kernel writes
 // either), so their latency overlaps the kernel before (the QKV GEMM).
-template <bool kInt4, int kD, Prologue kP = Prologue::kNone, int kW = kWarps>
+//
+// kCl (kP == kNone; launched with cluster dims (splits, 1, 1), 2 <= splits <= 16): the splits of one (KV head, b) are
+// one cluster, and instead of partials in global memory for attention_decode_combine_kernel each CTA leaves its
+// normalised partial O and log2-sum-exp in its shared memory; after a cluster barrier, CTA `split` combines heads
+// split, split + splits, .. < G of the group, reading every CTA's partials through distributed shared memory with
+// the combine kernel's operations in its order (and its un-rotation, args.unrotate_block > 1): the same bits in
+// args.out, one kernel and two L2 round trips fewer.
+template <bool kInt4, int kD, Prologue kP = Prologue::kNone, int kW = kWarps, bool kCl = false>
 __global__ void __launch_bounds__(CtaShape<kInt4, kD, kW>::kThreadsPerCta, (CtaShape<kInt4, kD, kW>::kMinCtasPerSm))
     attention_decode_kernel(const DecodeArgs args, const fused::QkvArgs pro) {
   using Geo = Geometry<kInt4, kD>;
-  constexpr int kCtaThreads = CtaShape<kInt4, kD, kW>::kThreadsPerCta;
+  using Cta = CtaShape<kInt4, kD, kW>;
+  constexpr int kCtaThreads = Cta::kThreadsPerCta;
   using T = Tile<kInt4, kD>;
   constexpr bool kPro = kP != Prologue::kNone;
   constexpr formats::KvFormat kFormat =
       kP == Prologue::kInt4Hadamard ? formats::KvFormat::INT4_HADAMARD : formats::KvFormat::INT4;
   static_assert(!kPro || (kInt4 && kD == fused::kQuadHeadDim), "the fused prologue is the quad path's: INT4, hd 128");
+  static_assert(!(kPro && kCl), "the cluster combine comes without the fused prologue");
   static_assert(kMaxGqa <= kWarpSize / 4 && kW >= 3, "warp 0's quads hold the query heads; warps 1, 2 k and v");
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(16) unsigned char pro_smem[kPro ? sizeof(PrologueSmem) : 16];
@@ -667,36 +764,19 @@ __global__ void __launch_bounds__(CtaShape<kInt4, kD, kW>::kThreadsPerCta, (CtaS
     const float val = den > 0.0f ? num / den : 0.0f;
     if (args.splits == 1) {
       args.out[(head0 + h) * kD + c] = __float2bfloat16_rn(val);
+    } else if constexpr (kCl) {
+      float* cl_o = reinterpret_cast<float*>(smem + Cta::kMergeBytes);
+      cl_o[h * kD + c] = val;
+      if (c == 0) cl_o[kMaxGqa * kD + h] = den > 0.0f ? mx + log2f(den) : kNegInf;
     } else {
       const int64_t row = (head0 + h) * args.splits + split;
       args.partial_o[row * kD + c] = val;
       if (c == 0) args.partial_lse[row] = den > 0.0f ? mx + log2f(den) : kNegInf;
     }
   }
-}
-
-// H_block of one head held one channel per thread (thread c of the CTA: channel c, kD threads), block a power of two
-// in 2..kD: rotate_heads_bf16's operations in its order (butterfly strides 1, 2, .., block / 2, the pair (j, j + h)
-// becoming (a + b, a − b) with a = x[j], each one IEEE operation; then one multiply by scale), so the same bits.
-// Strides below 32 pair lanes of one warp (channel c ^ h is lane ^ h); larger ones pair warps through shared memory,
-// one barrier per stage: the two exchange buffers alternate, so a stage's writes never meet the previous stage's
-// reads. block is uniform over the CTA and every thread arrives here, so the shuffles are full and every thread
-// takes part in every barrier.
-template <int kD>
-__device__ __forceinline__ float hadamard_head(float x, int block, float scale, float (&exchange)[2][kD]) {
-  const int c = static_cast<int>(threadIdx.x);
-  for (int h = 1; h < block && h < kWarpSize; h *= 2) {
-    const float other = __shfl_xor_sync(0xffffffffu, x, h);
-    x = (c & h) ? __fsub_rn(other, x) : __fadd_rn(x, other);
+  if constexpr (kCl) {
+    if (args.splits > 1) cluster_combine<kD, kCtaThreads>(args, smem + Cta::kMergeBytes, head0, split, G);
   }
-  int buf = 0;
-  for (int h = kWarpSize; h < block; h *= 2, buf ^= 1) {
-    exchange[buf][c] = x;
-    __syncthreads();
-    const float other = exchange[buf][c ^ h];
-    x = (c & h) ? __fsub_rn(other, x) : __fadd_rn(x, other);  // c & h is warp-uniform for h >= 32
-  }
-  return __fmul_rn(x, scale);
 }
 
 // out[bh, :] = Σ_s 2^(lse_s − M) o_s / Σ_s 2^(lse_s − M), in split order; one CTA of kD threads per (b, head).

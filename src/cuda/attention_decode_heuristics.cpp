@@ -180,6 +180,7 @@ constexpr int kUnset = -1;
 std::atomic<int> g_forced_splits{kUnset};
 std::atomic<int> g_model{kUnset};
 std::atomic<int> g_forced_warps{kUnset};
+std::atomic<int> g_cluster_splits{kUnset};
 
 int env_forced_warps() {
   static const int v = [] {
@@ -204,6 +205,22 @@ int env_forced_splits() {
       return 0;
     }
     return static_cast<int>(std::min<long>(n, kMaxSplits));
+  }();
+  return v;
+}
+
+int env_cluster_splits() {
+  static const int v = [] {
+    const char* e = std::getenv("FT_ATTN_CLUSTER_COMBINE");
+    if (e == nullptr || e[0] == '\0') return kDefaultClusterCombineSplits;
+    char* end = nullptr;
+    const long n = std::strtol(e, &end, 10);
+    if (*end != '\0' || n < 0 || n > kMaxClusterCombineSplits) {
+      std::fprintf(stderr, "FT_ATTN_CLUSTER_COMBINE='%s' is not a split count 0..%d; using %d\n", e,
+                   kMaxClusterCombineSplits, kDefaultClusterCombineSplits);
+      return kDefaultClusterCombineSplits;
+    }
+    return static_cast<int>(n);
   }();
   return v;
 }
@@ -244,7 +261,19 @@ int forced_warps() {
 
 void set_forced_warps(int n) { g_forced_warps.store(n == 4 || n == 8 ? n : 0, std::memory_order_relaxed); }
 
+int cluster_combine_splits() {
+  const int v = g_cluster_splits.load(std::memory_order_relaxed);
+  return v == kUnset ? env_cluster_splits() : v;
+}
+
+void set_cluster_combine_splits(int n) {
+  g_cluster_splits.store(std::clamp(n, 0, kMaxClusterCombineSplits), std::memory_order_relaxed);
+}
+
+bool combines_in_cluster(int splits) { return splits >= 2 && splits <= cluster_combine_splits(); }
+
 void reset_plan_knobs() {
+  g_cluster_splits.store(kUnset, std::memory_order_relaxed);
   g_forced_splits.store(kUnset, std::memory_order_relaxed);
   g_model.store(kUnset, std::memory_order_relaxed);
   g_forced_warps.store(kUnset, std::memory_order_relaxed);
@@ -293,10 +322,12 @@ std::string describe_plan(const Plan& p, bool int4, int head_dim, int batch, int
   char buf[384];
   std::snprintf(buf, sizeof(buf),
                 "attention_decode %s B=%d heads=%d kv_heads=%d head_dim=%d max_seq_len=%d: splits=%d (%s) "
-                "grid=%dx%dx%d warps=%d smem=%d B ctas/sm=%d workspace=%lld B (sm=%d)",
+                "grid=%dx%dx%d warps=%d smem=%d B ctas/sm=%d combine=%s workspace=%lld B (sm=%d)",
                 int4 ? "int4" : "bf16", batch, n_heads, n_kv_heads, head_dim, max_seq_len, p.splits,
                 p.forced ? "forced" : plan_model_name(p.model), p.splits, n_kv_heads, batch, p.warps, p.smem_bytes,
-                p.ctas_per_sm, static_cast<long long>(workspace_bytes_for(p, batch, n_heads, head_dim)), d.sm_count);
+                p.ctas_per_sm,
+                p.splits == 1 ? "none" : (combines_in_cluster(p.splits) ? "cluster" : "kernel"),
+                static_cast<long long>(workspace_bytes_for(p, batch, n_heads, head_dim)), d.sm_count);
   return buf;
 }
 

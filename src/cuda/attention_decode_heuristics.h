@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/attention_decode_layout.h"
+
 namespace futransformer::cuda::attn {
 
 struct DeviceLimits {
@@ -50,7 +52,18 @@ void set_plan_model(PlanModel model);
 // wins over FT_ATTN_DECODE_WARPS (4 | 8; 0 or unset: the rule in cta_warps), read once; 0 from either: the rule.
 int forced_warps();
 void set_forced_warps(int n);
-// Back to the environment's values for all three (undoes set_forced_splits, set_plan_model and set_forced_warps).
+// The most splits whose partial outputs are merged inside a thread-block cluster (the split CTAs of one sequence and
+// KV head form a cluster and combine through distributed shared memory: no combine kernel, no partials in global
+// memory); plans with more splits, or with 1, keep the combine kernel. 0: never. set_cluster_combine_splits(n) wins
+// over FT_ATTN_CLUSTER_COMBINE (0 .. kMaxClusterCombineSplits of attention_decode_layout.h, read once; unset: kDefaultClusterCombineSplits).
+// Same bits either way (the combine's operations in its order).
+constexpr int kDefaultClusterCombineSplits = 0;
+int cluster_combine_splits();
+void set_cluster_combine_splits(int n);
+// Whether a plan with this many splits combines inside a cluster (2 <= splits <= cluster_combine_splits()).
+bool combines_in_cluster(int splits);
+// Back to the environment's values for all four (undoes set_forced_splits, set_plan_model, set_forced_warps and
+// set_cluster_combine_splits).
 void reset_plan_knobs();
 
 // Whether a format / head_dim has 8-warp instances, and the warps per CTA a plan for the shape uses: the forced

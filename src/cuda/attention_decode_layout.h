@@ -55,6 +55,9 @@ constexpr int kChunk = 16;  // bytes per cp.async / ldmatrix row
 constexpr int kMaxGqa = 8;  // query heads per KV head: rows 0..7 of the A operand
 constexpr int kWarps = 4;  // warps per CTA, the default CtaShape (INT4 head_dim 128 also has 8: cta_warps)
 constexpr int kMaxSplits = 64;  // the combine kernel keeps one weight per split in shared memory
+// Splits whose partials are combined inside one thread-block cluster at most (attention_decode_kernel's kCl
+// instances): above 8 a non-portable cluster size, which sm_90 allows up to 16.
+constexpr int kMaxClusterCombineSplits = 16;
 
 constexpr uint32_t kBf16Magic = 0x43004300u;  // bf16x2 {128, 128}: 0x4300 | u is 128 + u for u < 128
 constexpr uint32_t kNibbleMask = 0x000f000fu;
@@ -109,6 +112,15 @@ struct CtaShape {
   // Cross-warp merge buffers (they reuse the ring once every warp is done): O [warp][head][channel], m and l.
   static constexpr int kMergeBytes = kW * kMaxGqa * (kD + 2) * 4;
   static constexpr int kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
+  // The cluster combine (attention_decode_kernel's kCl instances), after the merge buffers: the CTA's normalised
+  // partial O [head][channel] and log2-sum-exp [head], read by the cluster's other CTAs, then the un-rotation's two
+  // exchange rows of one float per thread.
+  static constexpr int kClusterOBytes = kMaxGqa * kD * 4;
+  static constexpr int kClusterLseBytes = kMaxGqa * 4;
+  static constexpr int kClusterExchangeBytes = 2 * kThreadsPerCta * 4;
+  static constexpr int kClusterBytes = kClusterOBytes + kClusterLseBytes + kClusterExchangeBytes;
+  static_assert(kMergeBytes + kClusterBytes <= kSmemBytes, "the cluster buffers fit beside the merge buffers");
+  static_assert(kMergeBytes % 16 == 0 && kClusterOBytes % 16 == 0, "16-byte aligned cluster buffers");
 };
 
 // Byte offset in a stage of chunk `chunk` (16 bytes of channels) of token row `row` of one part's codes:

@@ -1,5 +1,6 @@
 // Thread-block cluster primitives (sm_90): the cluster barrier and loads from another CTA's shared memory
-// (distributed shared memory). Used by the W4A16 GEMM's split-K reduce inside a cluster (gemm_w4a16_cluster.cuh).
+// (distributed shared memory). Used by the W4A16 GEMM's split-K reduce inside a cluster (gemm_w4a16_cluster.cuh) and
+// the decode attention's cluster combine (attention_decode.cuh).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +38,13 @@ __device__ __forceinline__ float4 ld_shared_cluster_f4(uint32_t addr) {
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                : "r"(addr)
                : "memory");
+  return v;
+}
+
+// ld.shared::cluster.f32: one fp32 value of any CTA of the cluster.
+__device__ __forceinline__ float ld_shared_cluster_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
   return v;
 }
 

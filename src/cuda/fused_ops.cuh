@@ -381,9 +381,19 @@ __device__ __forceinline__ void rotate_store_q_quad(const QkvArgs& a, float (&x)
 // with the format's block (INT4_HADAMARD), the key anchor subtracted (keys of rows with one), and encoded by the
 // INT4 rule into their cache slot. Shared by kv_append_rotate_q_quad_kernel and the FP8 QKV GEMM's epilogue
 // (gemm_fp8_qkv.cuh), so the two cannot drift apart. The whole group must call it (group shuffles).
+//
+// pre (optional): the lane's key-anchor channels, loaded by the caller before its griddepcontrol.wait
+// (kv_append_rotate_q_quad_kernel with kRope: anchors are then inputs of the pass no kernel writes); pre->loaded false
+// or no pre: they are read here. The same fp16 values widened exactly, so the same bits either way.
+template <int kL>
+struct AnchorLanes {
+  float v[HeadLanes<kL>::kPerLane];
+  bool loaded = false;
+};
 template <formats::KvFormat F, int kL>
 __device__ __forceinline__ void finish_item_lanes(const QkvArgs& a, float (&x)[HeadLanes<kL>::kPerLane], int r,
-                                                  int item, const QkvRowMeta& meta, int t, unsigned mask) {
+                                                  int item, const QkvRowMeta& meta, int t, unsigned mask,
+                                                  const AnchorLanes<kL>* pre = nullptr) {
   using HL = HeadLanes<kL>;
   constexpr int kPer = HL::kPerLane;
   const bool is_q = item < a.n_heads;
@@ -401,9 +411,14 @@ __device__ __forceinline__ void finish_item_lanes(const QkvArgs& a, float (&x)[H
     hadamard_lanes<kL>(x, a.kv_hadamard_block, a.kv_hadamard_scale, t, mask);
     const int ai = is_v ? -1 : meta.anchor;
     if (ai >= 0) {
-      const uint16_t* anchor = a.key_anchors + (static_cast<int64_t>(ai) * a.n_kv_heads + h) * kQuadHeadDim;
+      if (pre != nullptr && pre->loaded) {
 #pragma unroll
-      for (int k = 0; k < kPer; ++k) x[k] = __fsub_rn(x[k], kv::f16_bits_to_f32(anchor[kPer * t + k]));
+        for (int k = 0; k < kPer; ++k) x[k] = __fsub_rn(x[k], pre->v[k]);
+      } else {
+        const uint16_t* anchor = a.key_anchors + (static_cast<int64_t>(ai) * a.n_kv_heads + h) * kQuadHeadDim;
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) x[k] = __fsub_rn(x[k], kv::f16_bits_to_f32(anchor[kPer * t + k]));
+      }
     }
   }
   // The int4 rule on the lane's group (kv::store_int4's operations; min / max are exact whatever the order).
@@ -496,6 +511,20 @@ __global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(c
   const bool is_v = item >= a.n_heads + a.n_kv_heads;
   QkvRowMeta meta{-1, -1, -1};
   if (live && !is_q) meta = qkv_row_meta<F>(a, r);  // inputs of the pass no kernel writes (read before the wait)
+  // With kRope (qkv_rope_kv_append) the key anchors are such inputs too: a pass that computes anchors runs
+  // kv_append_rotate_q instead (fused_ops.h). The k items load their anchor channels now, so the anchor's L2 round
+  // trip is off the chain after the wait (it sat between the Hadamard and the INT4 encode).
+  AnchorLanes<kL> pre;
+  if constexpr (kRope && F == formats::KvFormat::INT4_HADAMARD) {
+    const bool is_k = !is_q && !is_v;
+    if (live && is_k && meta.anchor >= 0 && meta.page >= 0 && meta.slot >= 0 && meta.slot < kv::kPageTokens) {
+      const uint16_t* anchor =
+          a.key_anchors + (static_cast<int64_t>(meta.anchor) * a.n_kv_heads + (item - a.n_heads)) * kQuadHeadDim;
+#pragma unroll
+      for (int k = 0; k < HL::kPerLane; ++k) pre.v[k] = kv::f16_bits_to_f32(anchor[HL::kPerLane * t + k]);
+      pre.loaded = true;
+    }
+  }
   ops::pdl_prologue();
   if constexpr (kRope) __syncthreads();  // the only barrier: every return below is after it
   if (!live) return;
@@ -510,7 +539,7 @@ __global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(c
       store_head_lanes<kL>(head, t, out);
     }
   }
-  finish_item_lanes<F, kL>(a, x, r, item, meta, t, mask);
+  finish_item_lanes<F, kL>(a, x, r, item, meta, t, mask, &pre);
 }
 
 // Host side (fused_ops.cu), shared with the W4A16 GEMM's QKV epilogue (gemm_w4a16.cu): the checks of

@@ -55,8 +55,11 @@ cudaError_t qkv_rope_kv_append_can_implement(formats::KvFormat format, int rows,
 // Programmatic launch (on by default, FT_PDL=0 off): positions, inv_freq, row_page, row_slot and row_anchor are read
 // BEFORE the kernel's griddepcontrol.wait, i.e. possibly while kernels enqueued before it on the stream still run.
 // No kernel that may still be running may write them (the engine uploads them with a copy before the pass's first
-// kernel; a copy is a full dependency). qkv, key_anchors and kv_pool are read after the wait. The same holds for
-// kv_append_rotate_q and for gemm_w4a16_qkv_rope_append's reduce.
+// kernel; a copy is a full dependency). qkv and kv_pool are read after the wait. The same holds for
+// kv_append_rotate_q and for gemm_w4a16_qkv_rope_append's reduce. key_anchors: qkv_rope_kv_append (the quad kernel,
+// int4-hadamard) reads them before the wait too — a pass that runs it computes no anchors (above), so no kernel of
+// the pass may write them; kv_append_rotate_q, which follows kv_key_anchor_compute, and the GEMM's reduce read them
+// after it.
 cudaError_t qkv_rope_kv_append(formats::KvFormat format, __nv_bfloat16* qkv, int rows, int n_heads, int n_kv_heads,
                                int head_dim, const int32_t* positions, const float* inv_freq,
                                const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors,

@@ -57,6 +57,7 @@ void set_forced_warps(int n);
 // memory); plans with more splits, or with 1, keep the combine kernel. 0: never. set_cluster_combine_splits(n) wins
 // over FT_ATTN_CLUSTER_COMBINE (0 .. kMaxClusterCombineSplits of attention_decode_layout.h, read once; unset: kDefaultClusterCombineSplits).
 // Same bits either way (the combine's operations in its order).
+// Off by default: level at batch 1, slower at 256-CTA grids (docs/results.md, thirtieth session).
 constexpr int kDefaultClusterCombineSplits = 0;
 int cluster_combine_splits();
 void set_cluster_combine_splits(int n);

@@ -782,7 +782,6 @@ __global__ void __launch_bounds__(CtaShape<kInt4, kD, kW>::kThreadsPerCta, (CtaS
 // out[bh, :] = Σ_s 2^(lse_s − M) o_s / Σ_s 2^(lse_s − M), in split order; one CTA of kD threads per (b, head).
 // kUnrotate: the BF16-rounded head is then un-rotated (hadamard_head with unrotate_block / unrotate_scale) and
 // rounded again, exactly what rotate_heads_bf16 would store after this kernel; the plain instance ignores both.
-constexpr int kCombineRegSplits = 16;  // the combine kernel holds this many splits' partials in registers
 template <int kD, bool kUnrotate>
 __global__ void __launch_bounds__(kD)
     attention_decode_combine_kernel(const float* __restrict__ partial_o, const float* __restrict__ partial_lse,
@@ -798,41 +797,15 @@ __global__ void __launch_bounds__(kD)
   __shared__ float weight[kMaxSplits];
   const int64_t bh = blockIdx.x;
   const float* lse = partial_lse + bh * splits;
-  const float* po = partial_o + bh * splits * kD + threadIdx.x;
-  // Up to kCombineRegSplits splits, the thread's partials are loaded right after the wait, beside the lse values, so
-  // the two L2 round trips overlap instead of following each other (the partials do not depend on the weights).
-  // The same operations in the same order either way.
-  const bool in_regs = splits <= kCombineRegSplits;
-  float o_reg[kCombineRegSplits], lse_reg[kCombineRegSplits];
   float mx = kNegInf;
-  if (in_regs) {
-#pragma unroll
-    for (int s = 0; s < kCombineRegSplits; ++s) {
-      if (s < splits) o_reg[s] = po[s * kD], lse_reg[s] = lse[s];
-    }
-#pragma unroll
-    for (int s = 0; s < kCombineRegSplits; ++s)
-      if (s < splits) mx = fmaxf(mx, lse_reg[s]);
-  } else {
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, lse[s]);
-  }
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, lse[s]);
   if (static_cast<int>(threadIdx.x) < splits)
     weight[threadIdx.x] = mx == kNegInf ? 0.0f : ptx::ex2_approx(lse[threadIdx.x] - mx);
   __syncthreads();
   float num = 0.0f, den = 0.0f;
-  if (in_regs) {
-#pragma unroll
-    for (int s = 0; s < kCombineRegSplits; ++s) {
-      if (s < splits) {
-        num = fmaf(weight[s], o_reg[s], num);
-        den += weight[s];
-      }
-    }
-  } else {
-    for (int s = 0; s < splits; ++s) {
-      num = fmaf(weight[s], po[s * kD], num);
-      den += weight[s];
-    }
+  for (int s = 0; s < splits; ++s) {
+    num = fmaf(weight[s], partial_o[(bh * splits + s) * kD + threadIdx.x], num);
+    den += weight[s];
   }
   const __nv_bfloat16 v = __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);
   if constexpr (kUnrotate) {

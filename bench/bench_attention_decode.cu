@@ -11,6 +11,8 @@
 // the FT_GIT_COMMIT environment variable. The INT4 rows name the plan's split count and warps per CTA (4, or 8 from
 // 64 CTAs a split; FT_ATTN_DECODE_WARPS=4|8 forces one). These launches do not copy early (no kernel before them), so
 // the 8-warp rows read slower here than inside a decode step (docs/kernels.md, "Split choice").
+// FT_ATTN_CLUSTER_COMBINE=N merges split plans of up to N splits inside their thread-block cluster instead of the
+// combine kernel (named in the header line and the JSON's cluster_combine_splits).
 //
 // --sweep-splits: INT4 cache only; for each (context, batch) the launch is timed at each forced split count
 // (attn::set_forced_splits, the FT_ATTN_DECODE_SPLITS knob) and at the occupancy rule's and the DRAM model's own
@@ -275,11 +277,17 @@ int main(int argc, char** argv) {
 
   print_device_summary(d);
   std::printf("; device copy %.2f TB/s; %d timed runs per row\n", copy_tbps, iters);
-  std::printf("Llama-3.1-8B attention: %d heads, %d KV heads, head_dim %d; page 64 tokens\n", kHeads, kKvHeads,
-              kHeadDim);
+  // FT_ATTN_CLUSTER_COMBINE: split plans of up to this many splits merge inside their cluster (no combine kernel).
+  const int cluster_splits = attn::cluster_combine_splits();
+  std::printf("Llama-3.1-8B attention: %d heads, %d KV heads, head_dim %d; page 64 tokens; split combine: %s\n",
+              kHeads, kKvHeads, kHeadDim,
+              cluster_splits >= 2 ? ("in the cluster up to " + std::to_string(cluster_splits) + " splits").c_str()
+                                  : "combine kernel");
   const auto extra = [&](FILE* f) {
-    std::fprintf(f, "  \"n_heads\": %d,\n  \"n_kv_heads\": %d,\n  \"head_dim\": %d,\n  \"timed_runs\": %d,\n", kHeads,
-                 kKvHeads, kHeadDim, iters);
+    std::fprintf(f,
+                 "  \"n_heads\": %d,\n  \"n_kv_heads\": %d,\n  \"head_dim\": %d,\n  \"timed_runs\": %d,\n"
+                 "  \"cluster_combine_splits\": %d,\n",
+                 kHeads, kKvHeads, kHeadDim, iters, cluster_splits);
   };
 
   if (!opt.sweep_splits.empty()) {

@@ -92,6 +92,10 @@ struct QkvArgs {
   int32_t q_hadamard_block;  // the caller's hadamard_block; <= 1: q_out is a copy
   float q_hadamard_scale;
   __nv_bfloat16* q_out;  // [rows, n_heads, head_dim]
+  // kv_append_rotate_q_quad_kernel only: 0 (default) lets the dependent (decode attention) launch right after this
+  // kernel's griddepcontrol.wait; 1 only when every CTA has exited (FT_QKV_RELEASE=exit, read in fused_ops.cu: an
+  // in-step screen of whether the attention's early cache copies slow this kernel at batch 8).
+  int32_t release_at_exit = 0;
 };
 
 // The RoPE cos/sin pairs of row r's position into cs[0 .. head_dim / 2), by the CTA's threads (nthreads of them);
@@ -105,7 +109,8 @@ __device__ __forceinline__ void qkv_rope_table(const QkvArgs& a, int r, float2* 
 // Row r's cache destination and key-anchor entry (page, slot, anchor index; -1 for no anchor), read by each thread
 // of the kernels below BEFORE griddepcontrol.wait: like positions and inv_freq they are inputs of the pass that no
 // kernel of the pass writes (the engine uploads them before the pass's first kernel), so under programmatic launch
-// their load latency overlaps the previous kernel's tail. The anchors' values are read after the wait.
+// their load latency overlaps the previous kernel's tail. The anchors' values are read after the wait, except by the
+// quad kernel with RoPE (qkv_rope_kv_append, whose passes compute no anchors: fused_ops.h).
 struct QkvRowMeta {
   int page, slot, anchor;
 };
@@ -525,7 +530,8 @@ __global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(c
       pre.loaded = true;
     }
   }
-  ops::pdl_prologue();
+  ptx::griddepcontrol_wait();
+  if (!a.release_at_exit) ptx::griddepcontrol_launch_dependents();  // else when the CTA exits
   if constexpr (kRope) __syncthreads();  // the only barrier: every return below is after it
   if (!live) return;
 

@@ -119,10 +119,14 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
       e != cudaSuccess)
     return e;
 
+  // The un-rotation needs the whole BF16 head, which only the combine holds in one CTA (a split plan's decode CTAs
+  // hold fp32 partials); an unsplit plan leaves it to the caller.
+  const bool unrotate = plan.splits > 1 && unrotated != nullptr && unrotate_block > 1;
+  const float unrotate_scale = unrotate ? formats::hadamard_scale(unrotate_block) : 1.0f;
   float* partial_o = static_cast<float*>(workspace);
   float* partial_lse = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) +
                                                 attn::workspace_lse_offset(plan, batch, n_heads, head_dim));
-  attn::DecodeArgs args{q,
+  const attn::DecodeArgs args{q,
                               kv_pool,
                               block_table,
                               seq_lens,
@@ -136,19 +140,11 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
                               plan.splits,
                               static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(head_dim))),
                               (pro != nullptr || early_copies) ? 1 : 0,
-                              0,
-                              1.0f};
-  // The un-rotation needs the whole BF16 head, which only the combine holds in one CTA (a split plan's decode CTAs
-  // hold fp32 partials); an unsplit plan leaves it to the caller.
-  const bool unrotate = plan.splits > 1 && unrotated != nullptr && unrotate_block > 1;
-  const float unrotate_scale = unrotate ? formats::hadamard_scale(unrotate_block) : 1.0f;
+                              unrotate ? unrotate_block : 1,
+                              unrotate_scale};
   // The split CTAs of one (KV head, sequence) combine inside their cluster (no combine kernel) where the knob allows
   // this many splits; the fused prologue keeps the combine kernel.
   const bool cluster = pro == nullptr && attn::combines_in_cluster(plan.splits);
-  if (cluster) {
-    args.unrotate_block = unrotate ? unrotate_block : 1;
-    args.unrotate_scale = unrotate_scale;
-  }
   const DecodeFn kernel = pick_decode(int4, head_dim, pro, pro_format, plan.warps, cluster);
   if (plan.smem_bytes + static_smem > 48 * 1024) {
     // Per function and device; cheap enough to repeat, and it keeps multi-device use correct.

@@ -52,8 +52,8 @@ struct DecodeArgs {
   // (seq_lens[b] - 1), which the kernel before may be writing: the launchers' early_copies (decode steps only); the
   // prologue instances always do it.
   int prefetch_early;
-  // The cluster instances (kCl, splits > 1) only: un-rotate the combined head as attention_decode_combine_kernel
-  // does (unrotate_block > 1), else store it as is.
+  // Read by the cluster instances (kCl, splits > 1) only: un-rotate the combined head as
+  // attention_decode_combine_kernel does (unrotate_block > 1), else store it as is.
   int unrotate_block;
   float unrotate_scale;
 };

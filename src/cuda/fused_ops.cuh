@@ -390,6 +390,10 @@ __device__ __forceinline__ void rotate_store_q_quad(const QkvArgs& a, float (&x)
 // pre (optional): the lane's key-anchor channels, loaded by the caller before its griddepcontrol.wait
 // (kv_append_rotate_q_quad_kernel with kRope: anchors are then inputs of the pass no kernel writes); pre->loaded false
 // or no pre: they are read here. The same fp16 values widened exactly, so the same bits either way.
+// Key anchor ai's row for KV head h (fp16, kQuadHeadDim channels).
+__device__ __forceinline__ const uint16_t* key_anchor_row(const QkvArgs& a, int ai, int h) {
+  return a.key_anchors + (static_cast<int64_t>(ai) * a.n_kv_heads + h) * kQuadHeadDim;
+}
 template <int kL>
 struct AnchorLanes {
   float v[HeadLanes<kL>::kPerLane];
@@ -420,7 +424,7 @@ __device__ __forceinline__ void finish_item_lanes(const QkvArgs& a, float (&x)[H
 #pragma unroll
         for (int k = 0; k < kPer; ++k) x[k] = __fsub_rn(x[k], pre->v[k]);
       } else {
-        const uint16_t* anchor = a.key_anchors + (static_cast<int64_t>(ai) * a.n_kv_heads + h) * kQuadHeadDim;
+        const uint16_t* anchor = key_anchor_row(a, ai, h);
 #pragma unroll
         for (int k = 0; k < kPer; ++k) x[k] = __fsub_rn(x[k], kv::f16_bits_to_f32(anchor[kPer * t + k]));
       }
@@ -523,8 +527,7 @@ __global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(c
   if constexpr (kRope && F == formats::KvFormat::INT4_HADAMARD) {
     const bool is_k = !is_q && !is_v;
     if (live && is_k && meta.anchor >= 0 && meta.page >= 0 && meta.slot >= 0 && meta.slot < kv::kPageTokens) {
-      const uint16_t* anchor =
-          a.key_anchors + (static_cast<int64_t>(meta.anchor) * a.n_kv_heads + (item - a.n_heads)) * kQuadHeadDim;
+      const uint16_t* anchor = key_anchor_row(a, meta.anchor, item - a.n_heads);
 #pragma unroll
       for (int k = 0; k < HL::kPerLane; ++k) pre.v[k] = kv::f16_bits_to_f32(anchor[HL::kPerLane * t + k]);
       pre.loaded = true;

@@ -98,13 +98,10 @@ void check_case(KvFormat format, Entry entry, int head_dim, int n_heads, int n_k
                                   << n_heads << "/" << n_kv << " batch " << c.batch << " max_seq_len "
                                   << c.max_seq_len << " splits " << splits << " warps " << warps << " unrotate_block "
                                   << unrotate_block << " seed " << seed);
-  int dev = 0, sms = 0, per_sm = 0, per_block = 0;
-  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), cudaSuccess);
-  const attn::DeviceLimits d{sms, per_sm, per_block};
-  ASSERT_EQ(attn::choose_plan(format != KvFormat::BF16, head_dim, c.batch, n_kv, c.max_seq_len, d).splits, splits)
+  ASSERT_EQ(attn::choose_plan(format != KvFormat::BF16, head_dim, c.batch, n_kv, c.max_seq_len,
+                              test::this_device_limits())
+                .splits,
+            splits)
       << "the forced split count did not apply";
   const Result kernel = run(c, entry, unrotate_block, 0);
   const Result cluster = run(c, entry, unrotate_block, attn::kMaxClusterCombineSplits);

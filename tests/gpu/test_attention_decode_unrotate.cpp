@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_decode_plan_knobs.h"
 #include "cuda/attention_decode_heuristics.h"
 #include "cuda/engine/engine_kernels.h"
 #include "futransformer/cuda/attention_decode.h"
@@ -30,20 +31,6 @@ using formats::KvFormat;
 using test::DeviceBuffer;
 using test::PagedKvCase;
 namespace attn = futransformer::cuda::attn;
-
-// The limits attention_decode.cu plans with (current device).
-attn::DeviceLimits this_device() {
-  int dev = 0, sms = 0, per_sm = 0, per_block = 0;
-  EXPECT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
-  EXPECT_EQ(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), cudaSuccess);
-  EXPECT_EQ(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), cudaSuccess);
-  attn::DeviceLimits d;
-  d.sm_count = sms;
-  d.smem_per_sm = per_sm;
-  d.smem_per_block = per_block;
-  return d;
-}
 
 struct Uploaded {
   DeviceBuffer<uint8_t> pool;
@@ -116,7 +103,7 @@ size_t first_difference(const std::vector<uint16_t>& a, const std::vector<uint16
 void check_case(int head_dim, int n_heads, int n_kv, const std::vector<int32_t>& lens, bool expect_split,
                 uint32_t seed) {
   const PagedKvCase c = test::make_paged_kv_case(KvFormat::INT4_HADAMARD, head_dim, n_heads, n_kv, lens, seed);
-  const attn::Plan plan = attn::choose_plan(true, head_dim, c.batch, n_kv, c.max_seq_len, this_device());
+  const attn::Plan plan = attn::choose_plan(true, head_dim, c.batch, n_kv, c.max_seq_len, test::this_device_limits());
   SCOPED_TRACE(testing::Message() << "head_dim " << head_dim << " heads " << n_heads << "/" << n_kv << " batch "
                                   << c.batch << " max_seq_len " << c.max_seq_len << " splits " << plan.splits
                                   << " seed " << seed);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -277,6 +278,20 @@ bool add_cluster_attribute(const void* kernel, const Tiling& t, int dev, const w
   return false;
 }
 
+// FT_W4A16_REDUCE_RELEASE=first|exit (exit by default): whether the split-K reduce kernels (residual, SwiGLU, BF16)
+// release their programmatic dependent before their wait or when they exit (gemm_w4a16_reduce.cuh,
+// release_then_wait). Read once per process; anything else is reported and ignored.
+int reduce_release_first() {
+  static const int first = [] {
+    const char* e = std::getenv("FT_W4A16_REDUCE_RELEASE");
+    if (e == nullptr || std::strcmp(e, "exit") == 0) return 0;
+    if (std::strcmp(e, "first") == 0) return 1;
+    std::fprintf(stderr, "FT_W4A16_REDUCE_RELEASE='%s' is not 'first' or 'exit'; using exit\n", e);
+    return 0;
+  }();
+  return first;
+}
+
 // Launches a tiling that fits the device (smem checked by the callers) after the workspace check; a split K is
 // finished inside clusters where w4a16::cluster_reduce_applies and gemm_w4a16_cluster_reduce(), otherwise by the
 // reduce kernel; `out` is y (BF16 [M, N]), the fp32 residual [M, N] or h (BF16 [M, N / 2]) as the epilogue says.
@@ -391,10 +406,13 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   switch (ep) {
     case w4a16::Epilogue::residual_f32:
       return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_residual_kernel, partial,
-                                reinterpret_cast<float4*>(residual), count4, t.splits);
+                                reinterpret_cast<float4*>(residual), count4, t.splits,
+                                reduce_release_first());
     case w4a16::Epilogue::swiglu_bf16:
-      return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_swiglu_kernel, partial, y, count4, N / 8, t.splits);
-    default: return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_kernel, partial, y, count4, t.splits);
+      return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_swiglu_kernel, partial, y, count4, N / 8, t.splits,
+                                reduce_release_first());
+    default: return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_kernel, partial, y, count4, t.splits,
+                                              reduce_release_first());
   }
 }
 

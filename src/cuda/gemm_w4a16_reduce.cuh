@@ -26,12 +26,22 @@ __device__ __forceinline__ float4 sum_slices(const float4* __restrict__ partial,
   return sum_in_slice_order<kSlicesInFlight>(splits, [&](int s) { return partial[s * count4 + i]; });
 }
 
+// The reduce kernels' place in the programmatic-launch chain. release_first = 0: the dependent launches when this
+// grid exits (the default); 1: it launches at once (FT_W4A16_REDUCE_RELEASE=first, read in gemm_w4a16.cu), so a
+// norm kernel after this one, and the GEMM after the norm, launch while the split GEMM still runs and that GEMM
+// fills its weight ring there, as it does behind an unsplit GEMM. Safe either way: a dependent's
+// griddepcontrol.wait returns only once this grid has completed and its writes are visible.
+__device__ __forceinline__ void release_then_wait(int release_first) {
+  if (release_first) ptx::griddepcontrol_launch_dependents();
+  ptx::griddepcontrol_wait();
+}
+
 // y = bf16(sum over slices of partial[s]); count4 = M * N / 4.
 __global__ void __launch_bounds__(256) gemm_w4a16_reduce_kernel(const float4* __restrict__ partial,
                                                                  __nv_bfloat16* __restrict__ y, int64_t count4,
-                                                                 int splits) {
+                                                                 int splits, int release_first) {
   // Launched as a programmatic dependent of the GEMM: wait until its partial sums are complete and visible.
-  ptx::griddepcontrol_wait();
+  release_then_wait(release_first);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count4; i += stride) {
     const float4 s = sum_slices(partial, i, count4, splits);
@@ -54,8 +64,9 @@ __device__ __forceinline__ float4 residual_add4(float4 r, const float4& s) {
 // partial sums, so float4 i of both is the same four elements.
 __global__ void __launch_bounds__(256) gemm_w4a16_reduce_residual_kernel(const float4* __restrict__ partial,
                                                                           float4* __restrict__ residual,
-                                                                          int64_t count4, int splits) {
-  ptx::griddepcontrol_wait();
+                                                                          int64_t count4, int splits,
+                                                                          int release_first) {
+  release_then_wait(release_first);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count4; i += stride) {
     // The residual is loaded before the slices, so its L2 round trip overlaps theirs (after the slice loop the
@@ -106,9 +117,10 @@ __global__ void __launch_bounds__(256) gemm_w4a16_reduce_residual_norm_kernel(co
 // slice stride), inter4 = inter / 4; h is 8-byte aligned.
 __global__ void __launch_bounds__(256) gemm_w4a16_reduce_swiglu_kernel(const float4* __restrict__ partial,
                                                                         __nv_bfloat16* __restrict__ h,
-                                                                        int64_t count4, int inter4, int splits) {
+                                                                        int64_t count4, int inter4, int splits,
+                                                                        int release_first) {
   static_assert(kSwiGluRun % 4 == 0, "a float4 of partial sums must lie inside one gate or up run");
-  ptx::griddepcontrol_wait();
+  release_then_wait(release_first);
   const int64_t outputs4 = count4 / 2;  // M * inter / 4
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < outputs4; i += stride) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -148,15 +149,45 @@ cudaError_t rope_cos_sin_table(const int32_t* positions, const float* inv_freq, 
                                    rows, half, reinterpret_cast<float2*>(out));
 }
 
+namespace {
+// FT_ARGMAX_CLUSTER=0: one CTA per row at every vocabulary size (the kernel before the cluster split; for A/B runs).
+bool argmax_cluster_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("FT_ARGMAX_CLUSTER");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+}  // namespace
+
 cudaError_t argmax_rows_f32(const float* logits, int32_t* out, int rows, int vocab, cudaStream_t stream) {
   constexpr const char* op = "argmax_rows_f32";
   g_last_error.clear();
   if (!logits || !out) return null_pointer(op, "logits and out");
   if (check_rows(op, rows) || check_width(op, "vocab", vocab)) return cudaErrorInvalidValue;
   const bool vec = vocab % 4 == 0 && aligned(logits, 16);
-  return launch_maybe_programmatic(vec ? ops::argmax_rows_kernel<true> : ops::argmax_rows_kernel<false>,
-                                   dim3(static_cast<unsigned>(rows)), dim3(ops::kArgmaxThreads), stream, logits, out,
-                                   vocab);
+  if (vocab < ops::kArgmaxClusterMinVocab || !argmax_cluster_on())
+    return launch_maybe_programmatic(vec ? ops::argmax_rows_kernel<true, 1> : ops::argmax_rows_kernel<false, 1>,
+                                     dim3(1, static_cast<unsigned>(rows)), dim3(ops::kArgmaxThreads), stream, logits,
+                                     out, vocab);
+  // The row's kArgmaxCluster CTAs are one cluster along x (a portable size: every sm_90 device places it).
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(ops::kArgmaxCluster, static_cast<unsigned>(rows));
+  cfg.blockDim = dim3(ops::kArgmaxThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  add_programmatic_attribute(&cfg, &attrs[0]);
+  cudaLaunchAttribute& c = attrs[cfg.numAttrs];
+  c.id = cudaLaunchAttributeClusterDimension;
+  c.val.clusterDim.x = ops::kArgmaxCluster;
+  c.val.clusterDim.y = 1;
+  c.val.clusterDim.z = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs += 1;
+  return cudaLaunchKernelEx(&cfg,
+                            vec ? ops::argmax_rows_kernel<true, ops::kArgmaxCluster>
+                                : ops::argmax_rows_kernel<false, ops::kArgmaxCluster>,
+                            logits, out, vocab);
 }
 
 const char* decoder_ops_last_error() { return g_last_error.c_str(); }

@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/griddep.cuh"
+#include "cuda/ptx/ldmatrix.cuh"
 #include "cuda/ptx/math.cuh"
 #include "cuda/rmsnorm_row.cuh"
 
@@ -23,6 +25,8 @@ constexpr int kEltThreads = 256;        // element-wise kernels (embed, residual
 constexpr int kVecElems = 8;            // BF16 values in one 16-byte vector
 constexpr int kArgmaxThreads = 1024;    // argmax: one CTA per row, as many loads in flight as a CTA can hold
 constexpr int kArgmaxUnroll = 4;        // 16-byte loads in flight per argmax thread
+constexpr int kArgmaxCluster = 8;       // CTAs per row (a portable cluster) from kArgmaxClusterMinVocab on
+constexpr int kArgmaxClusterMinVocab = 16384;  // below, one CTA reads the row in a few rounds of loads
 constexpr int kRopeThreads = 128;
 constexpr int kRopeHeadsPerCta = 4;  // heads of one row per CTA; each CTA recomputes the row's cos/sin table
 constexpr int kRopeMaxHalf = 256;    // head_dim / 2 (kRopeMaxHeadDim / 2)
@@ -356,15 +360,21 @@ __device__ __forceinline__ bool argmax_better(float av, int ai, float bv, int bi
   return ai < bi;
 }
 
-// One CTA per row: each thread scans its strided elements in index order, then a shuffle butterfly per warp and
-// warp 0 over the warps' winners. Logits are read once: __ldcs (evict-first) keeps them from displacing weights
+// Row blockIdx.y, split over the kCl CTAs of a cluster along x (kCl = 1: one CTA per row, no cluster): CTA `rank`
+// scans its contiguous chunk of the row, each thread its strided elements; a shuffle butterfly per warp and warp 0 over
+// the warps' winners give the CTA's winner; with kCl > 1, rank 0 reduces the kCl winners through distributed shared
+// memory after a cluster barrier. Order-free (argmax_better is a total order), so the answer is the single-CTA one.
+// One CTA streamed a whole 128k-entry row (500 KB) alone at ~12 µs, bound by the loads one SM keeps in flight; eight
+// CTAs read a row in one round of loads. Logits are read once: __ldcs (evict-first) keeps them from displacing weights
 // and activations in L2.
-template <bool kVec>
+template <bool kVec, int kCl>
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* logits, int32_t* out, int vocab) {
+  static_assert(kCl >= 1 && kCl <= kWarp, "rank 0's lanes read one CTA's winner each");
   pdl_prologue();
   __shared__ float red_v[kWarp];
   __shared__ int red_i[kWarp];
-  const float* lr = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  const float* lr = logits + static_cast<int64_t>(blockIdx.y) * vocab;
+  const int rank = static_cast<int>(blockIdx.x);  // the cluster spans grid x: rank == blockIdx.x
   float bv = nan_f32();
   int bi = INT_MAX;
   auto take = [&](float v, int i) {
@@ -374,19 +384,19 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
     }
   };
   if constexpr (kVec) {  // vocab % 4 == 0, logits 16-byte aligned
-    // kArgmaxUnroll independent 16-byte loads are issued before any compare: one CTA streams a whole 128k-entry
-    // row (500 KB) alone, so its bandwidth is the loads in flight per SM divided by the memory latency.
+    // kArgmaxUnroll independent 16-byte loads are issued before any compare.
     const float4* l4 = reinterpret_cast<const float4*>(lr);
-    const int n4 = vocab / 4;
-    for (int j0 = threadIdx.x; j0 < n4; j0 += kArgmaxUnroll * kArgmaxThreads) {
+    const int n4 = vocab / 4, chunk = (n4 + kCl - 1) / kCl;
+    const int lo = rank * chunk, hi = min(n4, lo + chunk);
+    for (int j0 = lo + static_cast<int>(threadIdx.x); j0 < hi; j0 += kArgmaxUnroll * kArgmaxThreads) {
       float4 v[kArgmaxUnroll];
 #pragma unroll
       for (int k = 0; k < kArgmaxUnroll; ++k) {
         const int j = j0 + k * kArgmaxThreads;
-        v[k] = j < n4 ? __ldcs(l4 + j) : make_float4(nan_f32(), nan_f32(), nan_f32(), nan_f32());
+        v[k] = j < hi ? __ldcs(l4 + j) : make_float4(nan_f32(), nan_f32(), nan_f32(), nan_f32());
       }
 #pragma unroll
-      for (int k = 0; k < kArgmaxUnroll; ++k) {  // a NaN filler (index >= vocab) loses to every real element
+      for (int k = 0; k < kArgmaxUnroll; ++k) {  // a NaN filler (index >= hi) loses to every real element
         const int j = j0 + k * kArgmaxThreads;
         take(v[k].x, 4 * j);
         take(v[k].y, 4 * j + 1);
@@ -395,7 +405,9 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
       }
     }
   } else {
-    for (int j = threadIdx.x; j < vocab; j += kArgmaxThreads) take(__ldcs(lr + j), j);
+    const int chunk = (vocab + kCl - 1) / kCl;
+    const int lo = rank * chunk, hi = min(vocab, lo + chunk);
+    for (int j = lo + static_cast<int>(threadIdx.x); j < hi; j += kArgmaxThreads) take(__ldcs(lr + j), j);
   }
 #pragma unroll
   for (int off = kWarp / 2; off > 0; off >>= 1)
@@ -406,13 +418,37 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
     red_i[warp] = bi;
   }
   __syncthreads();
-  if (warp != 0) return;
-  bv = red_v[lane];  // kArgmaxThreads == 32 warps: every lane holds one warp's winner
-  bi = red_i[lane];
+  if (warp == 0) {
+    bv = red_v[lane];  // kArgmaxThreads == 32 warps: every lane holds one warp's winner
+    bi = red_i[lane];
 #pragma unroll
-  for (int off = kWarp / 2; off > 0; off >>= 1)
-    take(__shfl_xor_sync(0xffffffffu, bv, off), __shfl_xor_sync(0xffffffffu, bi, off));
-  if (lane == 0) out[blockIdx.x] = isnan(bv) ? 0 : bi;
+    for (int off = kWarp / 2; off > 0; off >>= 1)
+      take(__shfl_xor_sync(0xffffffffu, bv, off), __shfl_xor_sync(0xffffffffu, bi, off));
+  }
+  if constexpr (kCl == 1) {
+    if (threadIdx.x == 0) out[blockIdx.y] = isnan(bv) ? 0 : bi;
+  } else {
+    __syncthreads();  // every warp-0 lane has read red_v / red_i before lane 0 overwrites slot 0
+    if (threadIdx.x == 0) {
+      red_v[0] = bv;
+      red_i[0] = bi;
+    }
+    ptx::cluster_sync();  // every CTA's winner written (release) and visible to rank 0 (acquire)
+    if (rank == 0 && warp == 0) {
+      bv = nan_f32();
+      bi = INT_MAX;
+      if (lane < kCl) {
+        bv = ptx::ld_shared_cluster_f32(ptx::map_shared_rank(ptx::smem_addr(&red_v[0]), static_cast<uint32_t>(lane)));
+        bi = __float_as_int(
+            ptx::ld_shared_cluster_f32(ptx::map_shared_rank(ptx::smem_addr(&red_i[0]), static_cast<uint32_t>(lane))));
+      }
+#pragma unroll
+      for (int off = kWarp / 2; off > 0; off >>= 1)
+        take(__shfl_xor_sync(0xffffffffu, bv, off), __shfl_xor_sync(0xffffffffu, bi, off));
+      if (lane == 0) out[blockIdx.y] = isnan(bv) ? 0 : bi;
+    }
+    ptx::cluster_sync();  // no CTA leaves (freeing its shared memory) while rank 0 may still read it
+  }
 }
 static_assert(kArgmaxThreads == kWarp * kWarp, "argmax_rows_kernel's second level reads one winner per lane");
 

@@ -58,7 +58,8 @@ cudaError_t rope_cos_sin_table(const int32_t* positions, const float* inv_freq, 
                                cudaStream_t stream);
 
 // out[r] = index of the largest logit of row r (logits fp32 [rows, vocab]): the lowest index on ties (as
-// futransformer::argmax), NaNs never win; a row of NaNs only gives 0. One CTA per row.
+// futransformer::argmax), NaNs never win; a row of NaNs only gives 0. One CTA per row below 16384 entries, else a
+// cluster of 8 CTAs per row (FT_ARGMAX_CLUSTER=0: one CTA at every size); the same answer either way.
 cudaError_t argmax_rows_f32(const float* logits, int32_t* out, int rows, int vocab, cudaStream_t stream);
 
 // Why the last decoder-op launch on this thread returned cudaErrorInvalidValue ("" after an accepted call).

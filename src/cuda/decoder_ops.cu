@@ -160,34 +160,62 @@ bool argmax_cluster_on() {
 }
 }  // namespace
 
+namespace {
+// One argmax launch over `rows` rows: grid (kCl, rows), a cluster of kCl CTAs along x when kCl > 1.
+template <typename... Args>
+cudaError_t launch_argmax(void (*kernel)(Args...), int cl, int rows, cudaStream_t stream,
+                          std::type_identity_t<Args>... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(cl), static_cast<unsigned>(rows));
+  cfg.blockDim = dim3(ops::kArgmaxThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  add_programmatic_attribute(&cfg, &attrs[0]);
+  if (cl > 1) {  // kArgmaxCluster is a portable size: every sm_90 device places it
+    cudaLaunchAttribute& c = attrs[cfg.numAttrs];
+    c.id = cudaLaunchAttributeClusterDimension;
+    c.val.clusterDim.x = static_cast<unsigned>(cl);
+    c.val.clusterDim.y = 1;
+    c.val.clusterDim.z = 1;
+    cfg.attrs = attrs;
+    cfg.numAttrs += 1;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+bool argmax_clustered(int vocab) { return vocab >= ops::kArgmaxClusterMinVocab && argmax_cluster_on(); }
+}  // namespace
+
 cudaError_t argmax_rows_f32(const float* logits, int32_t* out, int rows, int vocab, cudaStream_t stream) {
   constexpr const char* op = "argmax_rows_f32";
   g_last_error.clear();
   if (!logits || !out) return null_pointer(op, "logits and out");
   if (check_rows(op, rows) || check_width(op, "vocab", vocab)) return cudaErrorInvalidValue;
   const bool vec = vocab % 4 == 0 && aligned(logits, 16);
-  if (vocab < ops::kArgmaxClusterMinVocab || !argmax_cluster_on())
-    return launch_maybe_programmatic(vec ? ops::argmax_rows_kernel<true, 1> : ops::argmax_rows_kernel<false, 1>,
-                                     dim3(1, static_cast<unsigned>(rows)), dim3(ops::kArgmaxThreads), stream, logits,
-                                     out, vocab);
-  // The row's kArgmaxCluster CTAs are one cluster along x (a portable size: every sm_90 device places it).
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(ops::kArgmaxCluster, static_cast<unsigned>(rows));
-  cfg.blockDim = dim3(ops::kArgmaxThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[2];
-  add_programmatic_attribute(&cfg, &attrs[0]);
-  cudaLaunchAttribute& c = attrs[cfg.numAttrs];
-  c.id = cudaLaunchAttributeClusterDimension;
-  c.val.clusterDim.x = ops::kArgmaxCluster;
-  c.val.clusterDim.y = 1;
-  c.val.clusterDim.z = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs += 1;
-  return cudaLaunchKernelEx(&cfg,
-                            vec ? ops::argmax_rows_kernel<true, ops::kArgmaxCluster>
-                                : ops::argmax_rows_kernel<false, ops::kArgmaxCluster>,
-                            logits, out, vocab);
+  if (!argmax_clustered(vocab))
+    return launch_argmax(vec ? ops::argmax_rows_kernel<true, 1> : ops::argmax_rows_kernel<false, 1>, 1, rows, stream,
+                         logits, out, vocab);
+  constexpr int kCl = ops::kArgmaxCluster;
+  return launch_argmax(vec ? ops::argmax_rows_kernel<true, kCl> : ops::argmax_rows_kernel<false, kCl>, kCl, rows,
+                       stream, logits, out, vocab);
+}
+
+cudaError_t widen_argmax_rows_bf16(const __nv_bfloat16* logits, int row_stride, float* widened, int32_t* out, int rows,
+                                   int vocab, cudaStream_t stream) {
+  constexpr const char* op = "widen_argmax_rows_bf16";
+  g_last_error.clear();
+  if (!logits || !widened || !out) return null_pointer(op, "logits, widened and out");
+  if (check_rows(op, rows) || check_width(op, "vocab", vocab)) return cudaErrorInvalidValue;
+  if (row_stride < vocab)
+    return reject(&g_last_error, std::string(op) + ": row_stride = " + to_string(row_stride) +
+                                     ", expected at least vocab = " + to_string(vocab));
+  const bool vec = vocab % 8 == 0 && row_stride % 8 == 0 && aligned(logits, 16) && aligned(widened, 16);
+  if (!argmax_clustered(vocab))
+    return launch_argmax(vec ? ops::widen_argmax_rows_kernel<true, 1> : ops::widen_argmax_rows_kernel<false, 1>, 1,
+                         rows, stream, logits, row_stride, widened, out, vocab);
+  constexpr int kCl = ops::kArgmaxCluster;
+  return launch_argmax(vec ? ops::widen_argmax_rows_kernel<true, kCl> : ops::widen_argmax_rows_kernel<false, kCl>,
+                       kCl, rows, stream, logits, row_stride, widened, out, vocab);
 }
 
 const char* decoder_ops_last_error() { return g_last_error.c_str(); }

@@ -360,34 +360,90 @@ __device__ __forceinline__ bool argmax_better(float av, int ai, float bv, int bi
   return ai < bi;
 }
 
-// Row blockIdx.y, split over the kCl CTAs of a cluster along x (kCl = 1: one CTA per row, no cluster): CTA `rank`
-// scans its contiguous chunk of the row, each thread its strided elements; a shuffle butterfly per warp and warp 0 over
-// the warps' winners give the CTA's winner; with kCl > 1, rank 0 reduces the kCl winners through distributed shared
-// memory after a cluster barrier. Order-free (argmax_better is a total order), so the answer is the single-CTA one.
-// One CTA streamed a whole 128k-entry row (500 KB) alone at ~12 µs, bound by the loads one SM keeps in flight; eight
-// CTAs read a row in one round of loads. Logits are read once: __ldcs (evict-first) keeps them from displacing weights
-// and activations in L2.
-template <bool kVec, int kCl>
-__global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* logits, int32_t* out, int vocab) {
+// A thread's running winner (argmax_better order).
+struct ArgmaxBest {
+  float v = nan_f32();
+  int i = INT_MAX;
+  __device__ __forceinline__ void take(float value, int index) {
+    if (argmax_better(value, index, v, i)) {
+      v = value;
+      i = index;
+    }
+  }
+  __device__ __forceinline__ void take_warp() {  // the warp's winner in every lane (shuffle butterfly)
+#pragma unroll
+    for (int off = kWarp / 2; off > 0; off >>= 1)
+      take(__shfl_xor_sync(0xffffffffu, v, off), __shfl_xor_sync(0xffffffffu, i, off));
+  }
+};
+
+// The chunk [lo, hi) of a row of `units` load units that CTA `rank` of the row's `parts` CTAs scans.
+__device__ __forceinline__ void argmax_chunk(int units, int rank, int parts, int* lo, int* hi) {
+  const int chunk = (units + parts - 1) / parts;
+  *lo = min(units, rank * chunk);
+  *hi = min(units, *lo + chunk);
+}
+
+// Every thread of every CTA of the row calls it with its running winner: a shuffle butterfly per warp, warp 0 over the
+// warps' winners; with kCl > 1, rank 0 then reduces the kCl CTAs' winners through distributed shared memory between
+// two cluster barriers. Thread 0 of rank 0 stores the index (0 for a row of NaNs) to *out.
+template <int kCl>
+__device__ __forceinline__ void argmax_finish(ArgmaxBest b, int rank, int32_t* out) {
   static_assert(kCl >= 1 && kCl <= kWarp, "rank 0's lanes read one CTA's winner each");
-  pdl_prologue();
+  static_assert(kArgmaxThreads == kWarp * kWarp, "the second level reads one warp's winner per lane");
   __shared__ float red_v[kWarp];
   __shared__ int red_i[kWarp];
+  b.take_warp();
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (lane == 0) {
+    red_v[warp] = b.v;
+    red_i[warp] = b.i;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    b.v = red_v[lane];
+    b.i = red_i[lane];
+    b.take_warp();
+  }
+  if constexpr (kCl == 1) {
+    if (threadIdx.x == 0) *out = isnan(b.v) ? 0 : b.i;
+  } else {
+    __syncthreads();  // every warp-0 lane has read red_v / red_i before thread 0 overwrites slot 0
+    if (threadIdx.x == 0) {
+      red_v[0] = b.v;
+      red_i[0] = b.i;
+    }
+    ptx::cluster_sync();  // every CTA's winner written (release) and visible to rank 0 (acquire)
+    if (rank == 0 && warp == 0) {
+      ArgmaxBest c;
+      if (lane < kCl) {
+        c.v = ptx::ld_shared_cluster_f32(ptx::map_shared_rank(ptx::smem_addr(&red_v[0]), static_cast<uint32_t>(lane)));
+        c.i = __float_as_int(
+            ptx::ld_shared_cluster_f32(ptx::map_shared_rank(ptx::smem_addr(&red_i[0]), static_cast<uint32_t>(lane))));
+      }
+      c.take_warp();
+      if (lane == 0) *out = isnan(c.v) ? 0 : c.i;
+    }
+    ptx::cluster_sync();  // no CTA leaves (freeing its shared memory) while rank 0 may still read it
+  }
+}
+
+// Row blockIdx.y, split over the kCl CTAs of a cluster along x (kCl = 1: one CTA per row, no cluster): CTA `rank`
+// scans its contiguous chunk of the row, each thread its strided elements, then argmax_finish. Order-free
+// (argmax_better is a total order), so the answer is the single-CTA one. One CTA streamed a whole 128k-entry row
+// (500 KB) alone in ~12 µs, bound by the loads one SM keeps in flight; eight CTAs read a row in one round of loads.
+// Logits are read once: __ldcs (evict-first) keeps them from displacing weights and activations in L2.
+template <bool kVec, int kCl>
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* logits, int32_t* out, int vocab) {
+  pdl_prologue();
   const float* lr = logits + static_cast<int64_t>(blockIdx.y) * vocab;
   const int rank = static_cast<int>(blockIdx.x);  // the cluster spans grid x: rank == blockIdx.x
-  float bv = nan_f32();
-  int bi = INT_MAX;
-  auto take = [&](float v, int i) {
-    if (argmax_better(v, i, bv, bi)) {
-      bv = v;
-      bi = i;
-    }
-  };
+  ArgmaxBest b;
+  int lo, hi;
   if constexpr (kVec) {  // vocab % 4 == 0, logits 16-byte aligned
     // kArgmaxUnroll independent 16-byte loads are issued before any compare.
     const float4* l4 = reinterpret_cast<const float4*>(lr);
-    const int n4 = vocab / 4, chunk = (n4 + kCl - 1) / kCl;
-    const int lo = rank * chunk, hi = min(n4, lo + chunk);
+    argmax_chunk(vocab / 4, rank, kCl, &lo, &hi);
     for (int j0 = lo + static_cast<int>(threadIdx.x); j0 < hi; j0 += kArgmaxUnroll * kArgmaxThreads) {
       float4 v[kArgmaxUnroll];
 #pragma unroll
@@ -398,58 +454,68 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
 #pragma unroll
       for (int k = 0; k < kArgmaxUnroll; ++k) {  // a NaN filler (index >= hi) loses to every real element
         const int j = j0 + k * kArgmaxThreads;
-        take(v[k].x, 4 * j);
-        take(v[k].y, 4 * j + 1);
-        take(v[k].z, 4 * j + 2);
-        take(v[k].w, 4 * j + 3);
+        b.take(v[k].x, 4 * j);
+        b.take(v[k].y, 4 * j + 1);
+        b.take(v[k].z, 4 * j + 2);
+        b.take(v[k].w, 4 * j + 3);
       }
     }
   } else {
-    const int chunk = (vocab + kCl - 1) / kCl;
-    const int lo = rank * chunk, hi = min(vocab, lo + chunk);
-    for (int j = lo + static_cast<int>(threadIdx.x); j < hi; j += kArgmaxThreads) take(__ldcs(lr + j), j);
+    argmax_chunk(vocab, rank, kCl, &lo, &hi);
+    for (int j = lo + static_cast<int>(threadIdx.x); j < hi; j += kArgmaxThreads) b.take(__ldcs(lr + j), j);
   }
-#pragma unroll
-  for (int off = kWarp / 2; off > 0; off >>= 1)
-    take(__shfl_xor_sync(0xffffffffu, bv, off), __shfl_xor_sync(0xffffffffu, bi, off));
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  if (lane == 0) {
-    red_v[warp] = bv;
-    red_i[warp] = bi;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    bv = red_v[lane];  // kArgmaxThreads == 32 warps: every lane holds one warp's winner
-    bi = red_i[lane];
-#pragma unroll
-    for (int off = kWarp / 2; off > 0; off >>= 1)
-      take(__shfl_xor_sync(0xffffffffu, bv, off), __shfl_xor_sync(0xffffffffu, bi, off));
-  }
-  if constexpr (kCl == 1) {
-    if (threadIdx.x == 0) out[blockIdx.y] = isnan(bv) ? 0 : bi;
-  } else {
-    __syncthreads();  // every warp-0 lane has read red_v / red_i before lane 0 overwrites slot 0
-    if (threadIdx.x == 0) {
-      red_v[0] = bv;
-      red_i[0] = bi;
-    }
-    ptx::cluster_sync();  // every CTA's winner written (release) and visible to rank 0 (acquire)
-    if (rank == 0 && warp == 0) {
-      bv = nan_f32();
-      bi = INT_MAX;
-      if (lane < kCl) {
-        bv = ptx::ld_shared_cluster_f32(ptx::map_shared_rank(ptx::smem_addr(&red_v[0]), static_cast<uint32_t>(lane)));
-        bi = __float_as_int(
-            ptx::ld_shared_cluster_f32(ptx::map_shared_rank(ptx::smem_addr(&red_i[0]), static_cast<uint32_t>(lane))));
-      }
-#pragma unroll
-      for (int off = kWarp / 2; off > 0; off >>= 1)
-        take(__shfl_xor_sync(0xffffffffu, bv, off), __shfl_xor_sync(0xffffffffu, bi, off));
-      if (lane == 0) out[blockIdx.y] = isnan(bv) ? 0 : bi;
-    }
-    ptx::cluster_sync();  // no CTA leaves (freeing its shared memory) while rank 0 may still read it
-  }
+  argmax_finish<kCl>(b, rank, out + blockIdx.y);
 }
-static_assert(kArgmaxThreads == kWarp * kWarp, "argmax_rows_kernel's second level reads one winner per lane");
+
+// The INT4 LM head's tail in one pass: BF16 logits (row stride src_stride) widened to fp32 [rows, vocab] (exactly,
+// as widen_rows_bf16_to_f32) and their argmax, as argmax_rows_kernel computes it on the widened row. kVec: vocab % 8
+// == 0, src_stride % 8 == 0, src and dst 16-byte aligned (one 16-byte load of 8 values, two float4 stores).
+template <bool kVec, int kCl>
+__global__ void __launch_bounds__(kArgmaxThreads)
+    widen_argmax_rows_kernel(const __nv_bfloat16* src, int src_stride, float* dst, int32_t* out, int vocab) {
+  pdl_prologue();
+  const __nv_bfloat16* sr = src + static_cast<int64_t>(blockIdx.y) * src_stride;
+  float* dr = dst + static_cast<int64_t>(blockIdx.y) * vocab;
+  const int rank = static_cast<int>(blockIdx.x);
+  ArgmaxBest b;
+  int lo, hi;
+  if constexpr (kVec) {
+    const uint4* s8 = reinterpret_cast<const uint4*>(sr);
+    float4* d4 = reinterpret_cast<float4*>(dr);
+    argmax_chunk(vocab / 8, rank, kCl, &lo, &hi);
+    for (int j0 = lo + static_cast<int>(threadIdx.x); j0 < hi; j0 += kArgmaxUnroll * kArgmaxThreads) {
+      uint4 v[kArgmaxUnroll] = {};
+#pragma unroll
+      for (int k = 0; k < kArgmaxUnroll; ++k) {
+        const int j = j0 + k * kArgmaxThreads;
+        if (j < hi) v[k] = __ldcs(s8 + j);
+      }
+#pragma unroll
+      for (int k = 0; k < kArgmaxUnroll; ++k) {
+        const int j = j0 + k * kArgmaxThreads;
+        if (j >= hi) break;
+        const uint32_t w[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+        float f[8];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {  // BF16 -> fp32 is exact: the 16 bits become the high half
+          f[2 * e] = __uint_as_float(w[e] << 16);
+          f[2 * e + 1] = __uint_as_float(w[e] & 0xFFFF0000u);
+        }
+        d4[2 * j] = make_float4(f[0], f[1], f[2], f[3]);
+        d4[2 * j + 1] = make_float4(f[4], f[5], f[6], f[7]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) b.take(f[e], 8 * j + e);
+      }
+    }
+  } else {
+    argmax_chunk(vocab, rank, kCl, &lo, &hi);
+    for (int j = lo + static_cast<int>(threadIdx.x); j < hi; j += kArgmaxThreads) {
+      const float f = __bfloat162float(sr[j]);
+      dr[j] = f;
+      b.take(f, j);
+    }
+  }
+  argmax_finish<kCl>(b, rank, out + blockIdx.y);
+}
 
 }  // namespace futransformer::cuda::ops

@@ -462,6 +462,79 @@ TEST(DecoderOpsGpu, ArgmaxTiesInfinitiesAndNans) {
   }
 }
 
+// --- widen + argmax (the INT4 LM head's tail) -------------------------------------------------------------------------
+// argmax_rows_f32's order on the host, NaNs included: a number beats a NaN, a larger number wins, ties (or two NaNs)
+// go to the lower index; a row of NaNs gives 0.
+int32_t argmax_with_nans(const float* row, int n) {
+  int best = 0;
+  for (int i = 1; i < n; ++i) {
+    const bool in = std::isnan(row[i]), bn = std::isnan(row[best]);
+    if (in != bn ? bn : (!in && row[i] > row[best])) best = i;
+  }
+  return std::isnan(row[best]) ? 0 : best;
+}
+
+void check_widen_argmax(int rows, int vocab, int stride, int off, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "rows " << rows << " vocab " << vocab << " stride " << stride << " offset " << off
+                                  << " seed " << seed);
+  std::mt19937 rng(seed);
+  std::vector<uint16_t> logits = random_bf16(static_cast<size_t>(rows) * stride, rng, -20.0f, 20.0f);
+  std::uniform_int_distribution<int> col(0, vocab - 1);
+  constexpr uint16_t kNanBits = 0x7FC0, kTop = 0x41F0;  // bf16 NaN; 30.0 (above every random value)
+  for (int r = 0; r < rows; ++r) {
+    uint16_t* row = &logits[static_cast<size_t>(r) * stride];
+    for (int c = vocab; c < stride; ++c) row[c] = kTop;  // padding columns past vocab must never win
+    if (r % 3 == 1 && vocab > 1) {
+      row[col(rng)] = row[col(rng)] = kTop;  // a tie at two random columns: the lower index wins
+    } else if (r % 3 == 2) {
+      row[vocab - 1] = kTop;  // the last column (the tail of the vector path)
+      for (int k = 0; k < 3; ++k) row[col(rng)] = kNanBits;  // NaNs never win
+    }
+  }
+  std::vector<float> widened(static_cast<size_t>(rows) * vocab);
+  std::vector<int32_t> expected(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < vocab; ++c)
+      widened[static_cast<size_t>(r) * vocab + c] = bf16_to_f32(logits[static_cast<size_t>(r) * stride + c]);
+    expected[static_cast<size_t>(r)] = argmax_with_nans(&widened[static_cast<size_t>(r) * vocab], vocab);
+  }
+  const OffsetBuffer<uint16_t> d_logits(logits, off);
+  const OffsetBuffer<float> d_widened(widened.size(), off);  // poisoned
+  DeviceBuffer<int32_t> d_ids(static_cast<size_t>(rows));
+  ASSERT_EQ(d_ids.poison(), cudaSuccess);
+  expect_launched(cuda::widen_argmax_rows_bf16(as_bf16(d_logits.ptr()), stride, d_widened.ptr(), d_ids.p, rows, vocab,
+                                               nullptr));
+  const std::vector<float> got_widened = d_widened.download();
+  int bad = 0;
+  for (size_t i = 0; i < widened.size() && bad < 5; ++i)
+    if (f32_bits(got_widened[i]) != f32_bits(widened[i])) {
+      ADD_FAILURE() << "widened element " << i << ": bits " << f32_bits(got_widened[i]) << ", expected "
+                    << f32_bits(widened[i]);
+      ++bad;
+    }
+  const std::vector<int32_t> got = d_ids.download();
+  for (int r = 0; r < rows; ++r) EXPECT_EQ(got[static_cast<size_t>(r)], expected[static_cast<size_t>(r)]) << "row " << r;
+  // The fp32 argmax on the same widened rows agrees (the two ops are one rule).
+  DeviceBuffer<int32_t> d_ids2(static_cast<size_t>(rows));
+  ASSERT_EQ(d_ids2.poison(), cudaSuccess);
+  expect_launched(cuda::argmax_rows_f32(d_widened.ptr(), d_ids2.p, rows, vocab, nullptr));
+  EXPECT_EQ(d_ids2.download(), got);
+}
+
+TEST(DecoderOpsGpu, WidenArgmaxMatchesWidenThenArgmax) {
+  FT_REQUIRE_CUDA_DEVICE();
+  uint32_t seed = 170;
+  for (int rows : kRows) {
+    for (int vocab : {1, 7, 1000, 16384, 32000, 128256, 128257}) {
+      const int padded = (vocab + 127) / 128 * 128;  // the INT4 head's N, as the engine passes it
+      for (int stride : {vocab, padded}) {
+        for (int off : {0, 1}) check_widen_argmax(rows, vocab, stride, off, ++seed);
+        if (stride == padded && padded == vocab) break;
+      }
+    }
+  }
+}
+
 // --- a decode step's op chain in a CUDA graph ----------------------------------------------------------------------
 TEST(DecoderOpsGpu, OpsCaptureInAGraphAndReplayDeterministically) {
   FT_REQUIRE_CUDA_DEVICE();
@@ -583,6 +656,11 @@ TEST(DecoderOpsHost, RejectsBadSizesAndNullPointersWithAReason) {
   expect_rejected(cuda::argmax_rows_f32(f, nullptr, 1, 64, nullptr), "out", "argmax null out");
   expect_rejected(cuda::argmax_rows_f32(f, i32, 1, 0, nullptr), "vocab = 0", "argmax vocab");
   expect_rejected(cuda::argmax_rows_f32(f, i32, 70000, 10, nullptr), "rows = 70000", "argmax rows");
+  expect_rejected(cuda::widen_argmax_rows_bf16(bf, 64, nullptr, i32, 1, 64, nullptr), "widened", "widen argmax null");
+  expect_rejected(cuda::widen_argmax_rows_bf16(bf, 32, f, i32, 1, 64, nullptr), "row_stride = 32", "widen argmax stride");
+  expect_rejected(cuda::widen_argmax_rows_bf16(bf, 64, f, i32, 1, 0, nullptr), "vocab = 0", "widen argmax vocab");
+  expect_rejected(cuda::widen_argmax_rows_bf16(bf, 64, f, i32, 70000, 64, nullptr), "rows = 70000",
+                  "widen argmax rows");
 }
 
 TEST(DecoderOpsHost, Bf16UlpDistanceCountsRepresentableSteps) {

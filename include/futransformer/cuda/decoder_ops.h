@@ -62,6 +62,11 @@ cudaError_t rope_cos_sin_table(const int32_t* positions, const float* inv_freq, 
 // cluster of 8 CTAs per row (FT_ARGMAX_CLUSTER=0: one CTA at every size); the same answer either way.
 cudaError_t argmax_rows_f32(const float* logits, int32_t* out, int rows, int vocab, cudaStream_t stream);
 
+// The INT4 LM head's tail in one kernel: widened[r, c] = float(logits[r * row_stride + c]) for c < vocab (exact) and
+// out[r] = argmax_rows_f32's answer on that row. row_stride >= vocab (the GEMM's padded N).
+cudaError_t widen_argmax_rows_bf16(const __nv_bfloat16* logits, int row_stride, float* widened, int32_t* out, int rows,
+                                   int vocab, cudaStream_t stream);
+
 // Why the last decoder-op launch on this thread returned cudaErrorInvalidValue ("" after an accepted call).
 const char* decoder_ops_last_error();
 

@@ -1154,6 +1154,18 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
   }
 }
 
+namespace {
+// FT_HEAD_WIDEN_ARGMAX=0: the INT4 head's BF16 logits widened by one kernel and their argmax taken by another (the
+// path before widen_argmax_rows_bf16; for A/B runs). Read once per process.
+bool fused_widen_argmax() {
+  static const bool on = [] {
+    const char* v = std::getenv("FT_HEAD_WIDEN_ARGMAX");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+}  // namespace
+
 void CudaEngineImpl::enqueue_head(const float* x_rows, int64_t rows) {
   const ModelConfig& c = config_;
   const cuda::GemmContext g = gemm_context(false);
@@ -1163,6 +1175,12 @@ void CudaEngineImpl::enqueue_head(const float* x_rows, int64_t rows) {
   if (lm_head_.kind() == DeviceLinear::Kind::Int4) {
     lm_head_.forward(bf(xn_), rows, logits_bf16_.get(), false, g);
     mark("LM head GEMM");
+    if (fused_widen_argmax()) {  // the fp32 logits and the greedy ids in one kernel
+      check_op(cuda::widen_argmax_rows_bf16(bf(logits_bf16_), static_cast<int>(head_cols_), logits_.get(), ids_.get(),
+                                            static_cast<int>(rows), static_cast<int>(c.vocab_size), stream_),
+               "INT4 LM head: BF16 logits to fp32 + greedy argmax", cuda::decoder_ops_last_error);
+      return;
+    }
     cuda_check(cuda::widen_rows_bf16_to_f32(bf(logits_bf16_), static_cast<int>(head_cols_), logits_.get(),
                                             static_cast<int>(rows), static_cast<int>(c.vocab_size), stream_),
                "INT4 LM head: BF16 logits to fp32");

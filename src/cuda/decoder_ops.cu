@@ -158,9 +158,7 @@ bool argmax_cluster_on() {
   }();
   return on;
 }
-}  // namespace
 
-namespace {
 // One argmax launch over `rows` rows: grid (kCl, rows), a cluster of kCl CTAs along x when kCl > 1.
 template <typename... Args>
 cudaError_t launch_argmax(void (*kernel)(Args...), int cl, int rows, cudaStream_t stream,

@@ -23,7 +23,7 @@ namespace futransformer::cuda::ops {
 
 constexpr int kEltThreads = 256;        // element-wise kernels (embed, residual, swiglu)
 constexpr int kVecElems = 8;            // BF16 values in one 16-byte vector
-constexpr int kArgmaxThreads = 1024;    // argmax: one CTA per row, as many loads in flight as a CTA can hold
+constexpr int kArgmaxThreads = 1024;    // argmax: a CTA holds as many loads in flight as it can
 constexpr int kArgmaxUnroll = 4;        // 16-byte loads in flight per argmax thread
 constexpr int kArgmaxCluster = 8;       // CTAs per row (a portable cluster) from kArgmaxClusterMinVocab on
 constexpr int kArgmaxClusterMinVocab = 16384;  // below, one CTA reads the row in a few rounds of loads

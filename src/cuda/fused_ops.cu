@@ -88,19 +88,6 @@ int octet_max_rows() {
   return v;
 }
 
-// FT_QKV_RELEASE=exit: the quad kernel lets its dependent launch only when its CTAs exit (QkvArgs::release_at_exit);
-// unset or `wait`: right after its griddepcontrol.wait (the default). Read once.
-int quad_release_at_exit() {
-  static const int v = [] {
-    const char* e = std::getenv("FT_QKV_RELEASE");
-    if (e == nullptr || e[0] == '\0' || std::strcmp(e, "wait") == 0) return 0;
-    if (std::strcmp(e, "exit") == 0) return 1;
-    std::fprintf(stderr, "FT_QKV_RELEASE='%s' is not 'wait' or 'exit'; using wait\n", e);
-    return 0;
-  }();
-  return v;
-}
-
 // Shared by qkv_rope_kv_append (rope) and kv_append_rotate_q (!rope): checks, then the launch.
 cudaError_t qkv_append(const char* op, bool rope, KvFormat format, __nv_bfloat16* qkv, int rows, int n_heads,
                        int n_kv_heads, int head_dim, const int32_t* positions, const float* inv_freq,
@@ -123,7 +110,6 @@ cudaError_t qkv_append(const char* op, bool rope, KvFormat format, __nv_bfloat16
     const int64_t groups = static_cast<int64_t>(rows) * items;
     const dim3 grid(static_cast<unsigned>((groups + per_cta - 1) / per_cta));
     const dim3 block(fused::kQuadThreads);
-    a.release_at_exit = quad_release_at_exit();
     if (octet)
       return format == KvFormat::INT4
                  ? launch_maybe_programmatic(quad_kernel<KvFormat::INT4, 8>(rope), grid, block, stream, a, rows)

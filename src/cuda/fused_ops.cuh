@@ -92,10 +92,6 @@ struct QkvArgs {
   int32_t q_hadamard_block;  // the caller's hadamard_block; <= 1: q_out is a copy
   float q_hadamard_scale;
   __nv_bfloat16* q_out;  // [rows, n_heads, head_dim]
-  // kv_append_rotate_q_quad_kernel only: 0 (default) lets the dependent (decode attention) launch right after this
-  // kernel's griddepcontrol.wait; 1 only when every CTA has exited (FT_QKV_RELEASE=exit, read in fused_ops.cu: an
-  // in-step screen of whether the attention's early cache copies slow this kernel at batch 8).
-  int32_t release_at_exit = 0;
 };
 
 // The RoPE cos/sin pairs of row r's position into cs[0 .. head_dim / 2), by the CTA's threads (nthreads of them);
@@ -534,7 +530,7 @@ __global__ void __launch_bounds__(kQuadThreads) kv_append_rotate_q_quad_kernel(c
     }
   }
   ptx::griddepcontrol_wait();
-  if (!a.release_at_exit) ptx::griddepcontrol_launch_dependents();  // else when the CTA exits
+  ptx::griddepcontrol_launch_dependents();
   if constexpr (kRope) __syncthreads();  // the only barrier: every return below is after it
   if (!live) return;
 

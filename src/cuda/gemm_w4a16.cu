@@ -278,29 +278,18 @@ bool add_cluster_attribute(const void* kernel, const Tiling& t, int dev, const w
   return false;
 }
 
-// A release-order knob: 1 where environment variable `name` is "first", 0 where it is `later` (the other order's
-// word), `fallback` where unset; anything else is reported once and gives `fallback`.
-int release_first_from_env(const char* name, const char* later, int fallback) {
-  const char* e = std::getenv(name);
-  if (e == nullptr) return fallback;
-  if (std::strcmp(e, "first") == 0) return 1;
-  if (std::strcmp(e, later) == 0) return 0;
-  std::fprintf(stderr, "%s='%s' is not 'first' or '%s'; using %s\n", name, e, later, fallback ? "first" : later);
-  return fallback;
-}
-
 // FT_W4A16_REDUCE_RELEASE=first|exit (first by default; thirty-first session: the 8B step −1.8 / −1.9 % at batch 4 / 8,
 // the 70B step −2.3 % at batch 8): whether the split-K reduce kernels (residual, SwiGLU, BF16) release their
-// programmatic dependent before their wait or when they exit (gemm_w4a16_reduce.cuh, release_then_wait).
+// programmatic dependent before their wait or when they exit (gemm_w4a16_reduce.cuh, release_then_wait). Read once
+// per process; anything else is reported and ignored.
 int reduce_release_first() {
-  static const int first = release_first_from_env("FT_W4A16_REDUCE_RELEASE", "exit", 1);
-  return first;
-}
-
-// FT_W4A16_QKV_REDUCE_RELEASE=first|wait (wait by default; a screen knob, level at batch 16–32 in the thirty-first
-// session): whether gemm_w4a16_reduce_qkv_kernel releases the decode attention before or after its wait.
-int qkv_reduce_release_first() {
-  static const int first = release_first_from_env("FT_W4A16_QKV_REDUCE_RELEASE", "wait", 0);
+  static const int first = [] {
+    const char* e = std::getenv("FT_W4A16_REDUCE_RELEASE");
+    if (e == nullptr || std::strcmp(e, "first") == 0) return 1;
+    if (std::strcmp(e, "exit") == 0) return 0;
+    std::fprintf(stderr, "FT_W4A16_REDUCE_RELEASE='%s' is not 'first' or 'exit'; using first\n", e);
+    return 1;
+  }();
   return first;
 }
 
@@ -402,16 +391,16 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
     switch (qkv->format) {
       case formats::KvFormat::BF16:
         return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::BF16>, p, count4,
-                                  t.splits, qkv->args, qkv_reduce_release_first());
+                                  t.splits, qkv->args);
       case formats::KvFormat::FP8:
         return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::FP8>, p, count4,
-                                  t.splits, qkv->args, qkv_reduce_release_first());
+                                  t.splits, qkv->args);
       case formats::KvFormat::INT4:
         return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::INT4>, p, count4,
-                                  t.splits, qkv->args, qkv_reduce_release_first());
+                                  t.splits, qkv->args);
       case formats::KvFormat::INT4_HADAMARD:
         return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::INT4_HADAMARD>, p,
-                                  count4, t.splits, qkv->args, qkv_reduce_release_first());
+                                  count4, t.splits, qkv->args);
     }
     return reject(&g_last_error, "gemm_w4a16_qkv_rope_append: unknown KV format");  // unreachable: checked
   }

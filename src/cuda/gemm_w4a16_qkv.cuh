@@ -32,18 +32,15 @@ constexpr int kQkvReduceWarps = fused::kQkvWarps;  // one (row, head) per warp, 
 template <formats::KvFormat F>
 __global__ void __launch_bounds__(kQkvReduceWarps * fused::kWarp)
     gemm_w4a16_reduce_qkv_kernel(const float* __restrict__ partial, int64_t count4, int splits,
-                                 const fused::QkvArgs a, int release_first) {
+                                 const fused::QkvArgs a) {
   // Launched as a programmatic dependent of the GEMM: its partial sums are complete and visible after the wait.
   // The row's metadata and RoPE table are read before it (inputs no kernel of the pass writes; fused::QkvRowMeta).
   __shared__ float2 cs[fused::kMaxHalf];
   const int r = static_cast<int>(blockIdx.y);
   const fused::QkvRowMeta meta = fused::qkv_row_meta<F>(a, r);
   fused::qkv_rope_table(a, r, cs, kQkvReduceWarps * fused::kWarp);
-  // release_first (FT_W4A16_QKV_REDUCE_RELEASE=first, a screen knob): the decode attention launches while the qkv
-  // GEMM still runs and makes its early cache copies there; by default it launches once this kernel has waited.
-  if (release_first) ptx::griddepcontrol_launch_dependents();
-  ptx::griddepcontrol_wait();
-  if (!release_first) ptx::griddepcontrol_launch_dependents();
+  // Wait, then release: releasing the decode attention first measured level at batch 16-32 (thirty-first session).
+  ops::pdl_prologue();
   __syncthreads();  // the only barrier: the early return below is after it
   const int lane = static_cast<int>(threadIdx.x) % fused::kWarp;
   const int item = static_cast<int>(blockIdx.x) * kQkvReduceWarps + static_cast<int>(threadIdx.x) / fused::kWarp;

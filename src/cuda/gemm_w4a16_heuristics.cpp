@@ -430,4 +430,20 @@ std::vector<ClusterRowsEntry> parse_cluster_rows_extra(const char* text, std::st
   return out;
 }
 
+std::vector<ShapeRange> parse_plain_launch(const char* text, std::string* warnings) {
+  std::vector<ShapeRange> out;
+  parse_env_list(text, "FT_W4A16_PLAIN_LAUNCH", warnings, [&](const std::string& item) -> const char* {
+    ShapeRange e{};
+    char tail = 0;
+    const int fields = std::sscanf(item.c_str(), "%d:%d:%d:%d%c", &e.N, &e.K, &e.m_lo, &e.m_hi, &tail);
+    const char* problem = fields != 4                      ? "is not N:K:m_lo:m_hi"
+                          : e.N < 1 || e.K < 1             ? "has N or K below 1"
+                          : e.m_lo < 1 || e.m_lo > e.m_hi  ? "has m_lo < 1 or m_lo > m_hi"
+                                                           : nullptr;
+    if (problem == nullptr) out.push_back(e);
+    return problem;
+  });
+  return out;
+}
+
 }  // namespace futransformer::cuda::w4a16

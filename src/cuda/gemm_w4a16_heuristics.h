@@ -106,6 +106,18 @@ struct ClusterRowsEntry {
 // null or empty text: none.
 std::vector<ClusterRowsEntry> parse_cluster_rows_extra(const char* text, std::string* warnings);
 
+// A shape (N, K) at M = m_lo..m_hi.
+struct ShapeRange {
+  int N, K;
+  int m_lo, m_hi;
+};
+// FT_W4A16_PLAIN_LAUNCH, for in-step screens: entries "N:K:m_lo:m_hi" separated by commas; the GEMMs they name are
+// launched without programmatic stream serialisation, so none of their CTAs is resident (or prefetches weights) before
+// the kernel ahead of them has finished (the twenty-sixth session's idea (a): a GEMM whose early CTAs share the SMs of
+// a predecessor that fills every SM). An entry that does not parse, has N or K below 1 or m_lo outside 1..m_hi is
+// skipped with a sentence in *warnings. null or empty text: none.
+std::vector<ShapeRange> parse_plain_launch(const char* text, std::string* warnings);
+
 // The candidates `bench_gemm_w4a16 --sweep` times side by side and the GPU tests check against the CPU twin; the
 // first is the default. Names: w<warps>s<stages>, c<n> for ctas_per_sm = n, swap16 for the two-tile path, swap32
 // for the three/four-tile path (M = 17..32).

@@ -905,6 +905,39 @@ TEST(GemmW4A16Host, ClusterRowsExtraEntriesFromEnvironment) {
   }
 }
 
+// FT_W4A16_PLAIN_LAUNCH: shape and row ranges launched without programmatic serialisation, in order; a malformed entry is
+// skipped with a sentence naming it, and the others still count.
+TEST(GemmW4A16Host, PlainLaunchEntriesFromEnvironment) {
+  std::string warnings;
+  EXPECT_TRUE(w4::parse_plain_launch(nullptr, &warnings).empty());
+  EXPECT_TRUE(w4::parse_plain_launch("", &warnings).empty());
+  EXPECT_TRUE(warnings.empty()) << warnings;
+
+  const std::vector<w4::ShapeRange> e = w4::parse_plain_launch("4096:14336:25:32,,8192:28672:7:7", &warnings);
+  EXPECT_TRUE(warnings.empty()) << warnings;
+  ASSERT_EQ(e.size(), 2u);
+  EXPECT_EQ(e[0].N, 4096);
+  EXPECT_EQ(e[0].K, 14336);
+  EXPECT_EQ(e[0].m_lo, 25);
+  EXPECT_EQ(e[0].m_hi, 32);
+  EXPECT_EQ(e[1].N, 8192);
+  EXPECT_EQ(e[1].K, 28672);
+  EXPECT_EQ(e[1].m_lo, 7);
+  EXPECT_EQ(e[1].m_hi, 7);
+
+  for (const std::string bad : {"4096:14336:25", "4096:14336:25:32:1", "4096:x:1:2", "0:4096:1:2", "4096:4096:0:2",
+                                "4096:4096:9:8"}) {
+    SCOPED_TRACE(bad);
+    warnings.clear();
+    const std::vector<w4::ShapeRange> r = w4::parse_plain_launch((bad + ",28672:4096:17:24").c_str(), &warnings);
+    ASSERT_EQ(r.size(), 1u) << "the good entry after the bad one still counts";
+    EXPECT_EQ(r[0].N, 28672);
+    EXPECT_EQ(r[0].m_lo, 17);
+    EXPECT_EQ(r[0].m_hi, 24);
+    EXPECT_NE(warnings.find("FT_W4A16_PLAIN_LAUNCH: '" + bad + "'"), std::string::npos) << warnings;
+  }
+}
+
 TEST(GemmW4A16Host, V4ConfigFromEnvironment) {
   std::string warnings;
   g_fake_env = {};

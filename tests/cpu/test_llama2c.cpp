@@ -254,6 +254,19 @@ TEST(Llama2cModel, LoadModelDispatchesOnBinSuffix) {
   EXPECT_EQ(load_model(stories_model()).format, "llama2c");
 }
 
+// A directory holding single-file checkpoints but no config.json (e.g. ../shared/models/stories260K) gets an error that
+// names the files to pass instead, not only the missing config.json.
+TEST(Llama2cModel, DirectoryOfSingleFileModelsNamesThem) {
+  const std::string dir = test::make_temp_dir("model-dir");
+  expect_error([&] { load_model(dir); }, dir, "config.json");  // nothing in it: the Hugging Face loader's message
+  write_file(dir + "/tok512.bin", std::vector<uint8_t>(16, 1));
+  write_file(dir + "/notes.txt", std::vector<uint8_t>(16, 1));
+  expect_error([&] { load_model(dir); }, dir, "it holds tok512.bin: pass the model file itself as --model");
+  write_file(dir + "/stories260K.bin", std::vector<uint8_t>(16, 1));
+  write_file(dir + "/a.gguf", std::vector<uint8_t>(16, 1));
+  expect_error([&] { load_model(dir); }, dir, "it holds a.gguf, stories260K.bin, tok512.bin: pass the model file");
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Malformed checkpoints, each written to disk so the Error must name the file.
 class Llama2cMalformed : public ::testing::Test {

@@ -293,9 +293,12 @@ int reduce_release_first() {
   return first;
 }
 
-// FT_W4A16_PLAIN_LAUNCH (in-step screens; w4a16::parse_plain_launch), read once per process; problems are reported
-// on stderr once. Whether the GEMM of shape (N, K) at M rows is launched without programmatic stream serialisation.
-bool plain_launch_for(int M, int N, int K) {
+bool tuned_table_on();
+
+// Whether the GEMM of shape (N, K) at M rows is launched without programmatic stream serialisation: where
+// FT_W4A16_PLAIN_LAUNCH names it (in-step screens; w4a16::parse_plain_launch, read once per process, problems reported
+// on stderr once), else where the measured table does (w4a16::find_tuned_plain_launch; off with FT_W4A16_TUNED=0).
+bool plain_launch_for(int M, int N, int K, int group, const w4a16::DeviceLimits& d) {
   static const std::vector<w4a16::ShapeRange> entries = [] {
     std::string warnings;
     std::vector<w4a16::ShapeRange> r = w4a16::parse_plain_launch(std::getenv("FT_W4A16_PLAIN_LAUNCH"), &warnings);
@@ -304,7 +307,7 @@ bool plain_launch_for(int M, int N, int K) {
   }();
   for (const w4a16::ShapeRange& e : entries)
     if (e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi) return true;
-  return false;
+  return tuned_table_on() && w4a16::find_tuned_plain_launch(M, N, K, group, d) != nullptr;
 }
 
 // Launches a tiling that fits the device (smem checked by the callers) after the workspace check; a split K is
@@ -347,9 +350,9 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   cfg.stream = stream;
   // Under programmatic_launch() the GEMM is a programmatic dependent of the kernel before it: its CTAs fetch
   // weights and scales before griddepcontrol.wait and stage the activations after it (see the kernels).
-  // FT_W4A16_PLAIN_LAUNCH names shapes launched plainly instead (the kernels' griddepcontrol.wait is then a no-op).
+  // plain_launch_for names shapes launched plainly instead (the kernels' griddepcontrol.wait is then a no-op).
   cudaLaunchAttribute gemm_attr[2];
-  if (!plain_launch_for(M, N, K)) add_programmatic_attribute(&cfg, &gemm_attr[0]);
+  if (!plain_launch_for(M, N, K, group, d)) add_programmatic_attribute(&cfg, &gemm_attr[0]);
   KernelFn kernel = nullptr;
   if (cluster) {
     kernel = f16 ? pick_kernel<true>(t, true) : pick_kernel<false>(t, true);

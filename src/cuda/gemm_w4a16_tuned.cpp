@@ -110,6 +110,16 @@ constexpr TunedClusterRowsEntry kClusterRowsEntries[] = {
     {4096, 14336, 24},
 };
 
+// Launched plainly (no programmatic serialisation): the thirty-second session's in-step screens on an H200
+// (docs/results.md), FT_W4A16_PLAIN_LAUNCH, 8B step, four alternating pairs: the 8B down projection behind the 16-slot
+// gate_up (kWg32Entries, one CTA per SM at M = 25..32) -1.4 / -1.5 / -0.6 % at batch 25 / 28 / 32. Under programmatic
+// launch its CTAs sat beside gate_up's and fetched their weights early; at M = 17..24 (gate_up on 8 slots, two CTAs
+// per SM) the same costs +1.5 to +3.1 %, the 70B down at M = 25..32 +1.7 %, the 8B gate_up or o at M = 25..32 +2.3 % /
+// level.
+constexpr TunedPlainLaunchEntry kPlainLaunchEntries[] = {
+    {4096, 14336, 25, 32},
+};
+
 // Whether the tables apply: group 128 on the device they were measured on.
 bool measured_here(int group, const DeviceLimits& d) {
   return group == 128 && d.sm_count == kMeasuredOn.sm_count && d.smem_per_sm == kMeasuredOn.smem_per_sm &&
@@ -147,6 +157,15 @@ int tuned_cluster_max_rows(int N, int K, int group, const DeviceLimits& d) {
   for (const TunedClusterRowsEntry& e : kClusterRowsEntries)
     if (e.N == N && e.K == K) return e.max_rows;
   return kClusterMaxRows;
+}
+
+const TunedPlainLaunchEntry* tuned_plain_launch_entries(int* count) {
+  *count = static_cast<int>(std::size(kPlainLaunchEntries));
+  return kPlainLaunchEntries;
+}
+
+const TunedPlainLaunchEntry* find_tuned_plain_launch(int M, int N, int K, int group, const DeviceLimits& d) {
+  return find_entry(kPlainLaunchEntries, M, N, K, group, d);
 }
 
 const TunedV4Entry* tuned_v4_entries(int* count) {

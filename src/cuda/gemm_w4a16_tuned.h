@@ -54,4 +54,12 @@ const TunedClusterRowsEntry* tuned_cluster_rows_entries(int* count);
 // The cluster rule's row limit for this shape: the table's where it lists the shape, else kClusterMaxRows.
 int tuned_cluster_max_rows(int N, int K, int group, const DeviceLimits& d);
 
+// Shapes and row ranges whose GEMM is launched without programmatic stream serialisation (gemm_w4a16.cu,
+// plain_launch_for), found by an in-step screen: their CTAs would otherwise sit beside a predecessor that fills every SM
+// and fetch weights early, which cost more than the early fetch gained. Same conditions as find_tuned_v4; the caller
+// applies FT_W4A16_TUNED=0.
+using TunedPlainLaunchEntry = ShapeRange;
+const TunedPlainLaunchEntry* tuned_plain_launch_entries(int* count);
+const TunedPlainLaunchEntry* find_tuned_plain_launch(int M, int N, int K, int group, const DeviceLimits& d);
+
 }  // namespace futransformer::cuda::w4a16

@@ -649,6 +649,30 @@ TEST(GemmW4A16Host, TunedClusterRowsEntriesRaiseTheRuleWhereMeasured) {
     EXPECT_EQ(w4::tuned_cluster_max_rows(N, K, 128, h200), w4::kClusterMaxRows) << "N " << N << " K " << K;
 }
 
+// The plain-launch entries: well-formed, on the warpgroup path's rows (M = 17..32), apply only where measured (group 128,
+// the table's device), and the 70B down projection, which lost with it, is not listed.
+TEST(GemmW4A16Host, TunedPlainLaunchEntriesApplyWhereMeasured) {
+  const w4::DeviceLimits h200;
+  int count = 0;
+  const w4::TunedPlainLaunchEntry* entries = w4::tuned_plain_launch_entries(&count);
+  ASSERT_GT(count, 0);
+  for (int i = 0; i < count; ++i) {
+    const w4::TunedPlainLaunchEntry& e = entries[i];
+    SCOPED_TRACE(testing::Message() << "entry " << i << ": N " << e.N << " K " << e.K);
+    EXPECT_GE(e.m_lo, 17);
+    EXPECT_LE(e.m_lo, e.m_hi);
+    EXPECT_LE(e.m_hi, 32);
+    EXPECT_EQ(w4::find_tuned_plain_launch(e.m_lo, e.N, e.K, 128, h200), &e);
+    EXPECT_EQ(w4::find_tuned_plain_launch(e.m_hi, e.N, e.K, 128, h200), &e);
+    EXPECT_EQ(w4::find_tuned_plain_launch(e.m_lo - 1, e.N, e.K, 128, h200), nullptr) << "below the range";
+    EXPECT_EQ(w4::find_tuned_plain_launch(e.m_lo, e.N, e.K, 64, h200), nullptr) << "measured with group 128 only";
+    w4::DeviceLimits other = h200;
+    other.sm_count = 114;
+    EXPECT_EQ(w4::find_tuned_plain_launch(e.m_lo, e.N, e.K, 128, other), nullptr) << "measured on 132 SMs only";
+  }
+  for (int M : {25, 32}) EXPECT_EQ(w4::find_tuned_plain_launch(M, 8192, 28672, 128, h200), nullptr) << "M " << M;
+}
+
 // ctas_per_sm and splits do what they say where the shape allows it.
 TEST(GemmW4A16Host, V4ConfigOccupancyAndSplits) {
   const w4::DeviceLimits h200;

@@ -34,17 +34,6 @@ struct Row {
   double argmax_us, fused_us, two_kernel_us;
 };
 
-// n floats spread over about ±8 (a hash of the index), so the winner sits somewhere in the row.
-__global__ void fill_kernel(float* x, size_t n, uint32_t salt) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ salt;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    x[i] = (static_cast<float>(h & 0xFFFF) / 65535.0f - 0.5f) * 16.0f;
-  }
-}
 __global__ void to_bf16_kernel(const float* x, __nv_bfloat16* y, size_t n) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
@@ -77,7 +66,7 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMalloc(&widened, static_cast<size_t>(rows) * vocab * 4));
       CHECK_CUDA(cudaMalloc(&xb, n * 2));
       CHECK_CUDA(cudaMalloc(&ids, static_cast<size_t>(rows) * 4));
-      fill_kernel<<<1024, 256, 0, stream>>>(x, n, static_cast<uint32_t>(rows * 131 + vocab));
+      fill_spread_f32_kernel<<<1024, 256, 0, stream>>>(x, n, static_cast<uint32_t>(rows * 131 + vocab));
       to_bf16_kernel<<<1024, 256, 0, stream>>>(x, xb, n);
       CHECK_CUDA(cudaGetLastError());
       // argmax_rows_f32 reads unpadded fp32 rows (the engine's widened logits): the first rows * vocab floats.

@@ -25,18 +25,6 @@ struct Row {
   double stats_us, stats_gbps, kl_us, kl_gbps;
 };
 
-// Fills n floats with a spread of values (a hash of the index scaled to about ±8) so exp sees realistic exponents.
-__global__ void fill_kernel(float* x, size_t n, uint32_t salt) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ salt;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    x[i] = (static_cast<float>(h & 0xFFFF) / 65535.0f - 0.5f) * 16.0f;
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,8 +51,8 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMalloc(&kl, kRows * 8));
     CHECK_CUDA(cudaMalloc(&targets, kRows * 4));
     CHECK_CUDA(cudaMalloc(&am, kRows * 4));
-    fill_kernel<<<1024, 256, 0, stream>>>(x, n, 1u);
-    fill_kernel<<<1024, 256, 0, stream>>>(y, n, 2u);
+    fill_spread_f32_kernel<<<1024, 256, 0, stream>>>(x, n, 1u);
+    fill_spread_f32_kernel<<<1024, 256, 0, stream>>>(y, n, 2u);
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaMemsetAsync(targets, 0, kRows * 4, stream));
     CHECK_CUDA(ftc::logit_row_stats(y, vocab, kRows, vocab, targets, lse_y, nll, am, stream));

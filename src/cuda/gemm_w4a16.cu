@@ -293,20 +293,25 @@ int reduce_release_first() {
   return first;
 }
 
+// The entries of the environment list `var` as parse reads them (the w4a16::parse_* functions); problems are reported
+// on stderr. Callers keep the result in a function-local static, so each list is read and reported once per process.
+template <class Entry>
+std::vector<Entry> env_entries(const char* var, std::vector<Entry> (*parse)(const char*, std::string*)) {
+  std::string warnings;
+  std::vector<Entry> r = parse(std::getenv(var), &warnings);
+  if (!warnings.empty()) std::fprintf(stderr, "gemm_w4a16: %s\n", warnings.c_str());
+  return r;
+}
+
 bool tuned_table_on();
 
 // Whether the GEMM of shape (N, K) at M rows is launched without programmatic stream serialisation: where
-// FT_W4A16_PLAIN_LAUNCH names it (in-step screens; w4a16::parse_plain_launch, read once per process, problems reported
-// on stderr once), else where the measured table does (w4a16::find_tuned_plain_launch; off with FT_W4A16_TUNED=0).
+// FT_W4A16_PLAIN_LAUNCH names it (in-step screens; w4a16::parse_plain_launch), else where the measured table does
+// (w4a16::find_tuned_plain_launch; off with FT_W4A16_TUNED=0).
 bool plain_launch_for(int M, int N, int K, int group, const w4a16::DeviceLimits& d) {
-  static const std::vector<w4a16::ShapeRange> entries = [] {
-    std::string warnings;
-    std::vector<w4a16::ShapeRange> r = w4a16::parse_plain_launch(std::getenv("FT_W4A16_PLAIN_LAUNCH"), &warnings);
-    if (!warnings.empty()) std::fprintf(stderr, "gemm_w4a16: %s\n", warnings.c_str());
-    return r;
-  }();
+  static const std::vector<w4a16::ShapeRange> entries = env_entries("FT_W4A16_PLAIN_LAUNCH", w4a16::parse_plain_launch);
   for (const w4a16::ShapeRange& e : entries)
-    if (e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi) return true;
+    if (w4a16::covers(e, M, N, K)) return true;
   return tuned_table_on() && w4a16::find_tuned_plain_launch(M, N, K, group, d) != nullptr;
 }
 
@@ -444,21 +449,12 @@ bool tuned_table_on() {
   return on;
 }
 
-// FT_W4A16_TUNED_EXTRA (experiments; w4a16::parse_tuned_extra), read once per process; problems are reported on
-// stderr once.
-const std::vector<w4a16::ExtraTunedEntry>& extra_tuned_entries() {
-  static const std::vector<w4a16::ExtraTunedEntry> entries = [] {
-    std::string warnings;
-    std::vector<w4a16::ExtraTunedEntry> r = w4a16::parse_tuned_extra(std::getenv("FT_W4A16_TUNED_EXTRA"), &warnings);
-    if (!warnings.empty()) std::fprintf(stderr, "gemm_w4a16: %s\n", warnings.c_str());
-    return r;
-  }();
-  return entries;
-}
-// The first FT_W4A16_TUNED_EXTRA entry for this shape and M, or nullptr.
+// The first FT_W4A16_TUNED_EXTRA entry (experiments; w4a16::parse_tuned_extra) for this shape and M, or nullptr.
 const w4a16::ExtraTunedEntry* extra_tuned_entry(int M, int N, int K) {
-  for (const w4a16::ExtraTunedEntry& e : extra_tuned_entries())
-    if (e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi) return &e;
+  static const std::vector<w4a16::ExtraTunedEntry> entries =
+      env_entries("FT_W4A16_TUNED_EXTRA", w4a16::parse_tuned_extra);
+  for (const w4a16::ExtraTunedEntry& e : entries)
+    if (w4a16::covers(e, M, N, K)) return &e;
   return nullptr;
 }
 
@@ -933,14 +929,9 @@ int gemm_w4a16_cluster_rows_for(int N, int K, int group, const w4a16::DeviceLimi
   int rows = 0, splits = 0;
   cluster_limits_chosen(&rows, &splits);
   if (rows > 0) return rows;
-  // FT_W4A16_CLUSTER_ROWS_EXTRA (in-step screens of one shape), read once; problems reported on stderr once.
-  static const std::vector<w4a16::ClusterRowsEntry> extra = [] {
-    std::string warnings;
-    std::vector<w4a16::ClusterRowsEntry> r =
-        w4a16::parse_cluster_rows_extra(std::getenv("FT_W4A16_CLUSTER_ROWS_EXTRA"), &warnings);
-    if (!warnings.empty()) std::fprintf(stderr, "gemm_w4a16: %s\n", warnings.c_str());
-    return r;
-  }();
+  // FT_W4A16_CLUSTER_ROWS_EXTRA (in-step screens of one shape).
+  static const std::vector<w4a16::ClusterRowsEntry> extra =
+      env_entries("FT_W4A16_CLUSTER_ROWS_EXTRA", w4a16::parse_cluster_rows_extra);
   for (const w4a16::ClusterRowsEntry& e : extra)
     if (e.N == N && e.K == K) return e.max_rows;
   return tuned_table_on() ? w4a16::tuned_cluster_max_rows(N, K, group, d) : w4a16::kClusterMaxRows;

@@ -76,6 +76,12 @@ Tiling choose_tiling(int M, int N, int K, int group, const DeviceLimits& limits,
 V4Config parse_v4_config(const char* (*get)(const char*), std::string* warnings);
 std::string describe_config(const V4Config& c);
 
+// Whether a table or environment entry (fields N, K, m_lo, m_hi) covers shape (N, K) at M rows.
+template <class Entry>
+constexpr bool covers(const Entry& e, int M, int N, int K) {
+  return e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi;
+}
+
 // One entry of FT_W4A16_TUNED_EXTRA: a configuration for shape (N, K) at M = m_lo..m_hi, searched before the
 // measured table (gemm_w4a16_tuned.h), so a candidate can be tried inside the whole decode step without a rebuild.
 struct ExtraTunedEntry {

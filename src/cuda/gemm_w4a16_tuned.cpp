@@ -132,7 +132,7 @@ template <class Entry, size_t kCount>
 const Entry* find_entry(const Entry (&table)[kCount], int M, int N, int K, int group, const DeviceLimits& d) {
   if (!measured_here(group, d)) return nullptr;
   for (const Entry& e : table)
-    if (e.N == N && e.K == K && M >= e.m_lo && M <= e.m_hi) return &e;
+    if (covers(e, M, N, K)) return &e;
   return nullptr;
 }
 

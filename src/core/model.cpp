@@ -2,11 +2,7 @@
 
 #include <sys/stat.h>
 
-#include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <string>
-#include <vector>
 
 #include "futransformer/error.h"
 #include "futransformer/quant/quantize_model.h"
@@ -101,37 +97,12 @@ int64_t Model::parameter_count() const {
   return n;
 }
 
-namespace {
-// For a directory without config.json: "it holds A.gguf, B.bin: pass the model file itself as --model ..." naming the
-// .gguf / .bin files in it (sorted, at most three), or "" when it holds none (load_hf_model then says what is missing).
-std::string single_file_model_hint(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::is_regular_file(fs::path(dir) / "config.json", ec)) return {};
-  std::vector<std::string> found;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const fs::path& p = it->path();
-    const std::string ext = p.extension().string();
-    if ((ext == ".gguf" || ext == ".bin") && it->is_regular_file(ec)) found.push_back(p.filename().string());
-  }
-  if (found.empty()) return {};
-  std::sort(found.begin(), found.end());
-  std::string names;
-  for (size_t i = 0; i < found.size() && i < 3; ++i) names += (i ? ", " : "") + found[i];
-  if (found.size() > 3) names += " and " + std::to_string(found.size() - 3) + " more";
-  return "it holds " + names + ": pass the model file itself as --model (a llama2.c .bin with its tokenizer .bin as " +
-         "--tokenizer)";
-}
-}  // namespace
-
 Model load_model(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) fail(path, ": no such file or directory");
   if (S_ISDIR(st.st_mode)) {
     // A quantised checkpoint is an HF directory plus quantization.json; its packed projections load dequantised.
     if (quant::is_quantized_checkpoint(path)) return quant::load_quantized_checkpoint(path).model;
-    const std::string hint = single_file_model_hint(path);
-    if (!hint.empty()) fail(path, ": not a Hugging Face model directory (no config.json); ", hint);
     return load_hf_model(path);
   }
   auto ends_with = [&](const std::string& suffix) {

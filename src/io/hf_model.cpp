@@ -2,6 +2,8 @@
 // model.safetensors.index.json) into a Model whose tensors point into the memory-mapped files.
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string_view>
@@ -98,11 +100,31 @@ void load_sharded(const std::string& dir, const std::string& index_path, TensorC
   }
 }
 
+// For a directory without config.json: "; it holds A.gguf, B.bin: pass the model file itself as --model ..." naming the
+// .gguf / .bin files in it (sorted, at most three), or "" when it holds none.
+std::string single_file_model_hint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::string> found;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string ext = it->path().extension().string();
+    if ((ext == ".gguf" || ext == ".bin") && it->is_regular_file(ec)) found.push_back(it->path().filename().string());
+  }
+  if (found.empty()) return {};
+  std::sort(found.begin(), found.end());
+  std::string names;
+  for (size_t i = 0; i < found.size() && i < 3; ++i) names += (i ? ", " : "") + found[i];
+  if (found.size() > 3) names += " and " + std::to_string(found.size() - 3) + " more";
+  return "; it holds " + names + ": pass the model file itself as --model (a llama2.c .bin with its tokenizer .bin as " +
+         "--tokenizer)";
+}
+
 }  // namespace
 
 Model load_hf_model(const std::string& dir) {
   const std::string config_path = dir + "/config.json";
-  check(is_file(config_path), dir, ": not a Hugging Face model directory (", config_path, " not found)");
+  check(is_file(config_path), dir, ": not a Hugging Face model directory (", config_path, " not found)",
+        single_file_model_hint(dir));
   Model model;
   model.source = dir;
   model.format = "hf";

@@ -25,7 +25,7 @@ namespace ftc = futransformer::cuda;
 
 namespace {
 
-constexpr int kBatches[] = {1, 8, 32};
+constexpr int kBatches[] = {1, 8, 16, 24, 32};
 constexpr int kVocabs[] = {512, 49152, 128256};
 constexpr int kPadColumns = ftc::kW4A16TileN;  // the INT4 head writes N rounded up to this (the engine's head_cols)
 

@@ -4,12 +4,13 @@
 // vocabularies of stories / SmolLM2 / Llama-3, the BF16 rows padded to the W4A16 GEMM's column tile as the
 // engine's are. Times are medians of back-to-back launches with the logits in L2 (the head GEMM has just written them
 // in a step), in µs; GB/s counts the bytes read (and, widening, written). The one-CTA argmax that the cluster split
-// replaced: run the binary again with FT_ARGMAX_CLUSTER=0 in the same device call.
+// replaced, or another cluster size: run the binary again with FT_ARGMAX_CLUSTER=0 (or 2, 4, 8) in the same device call.
 //
 //   bench_argmax [--json PATH] [--iters N]
 #include <cuda_bf16.h>
 
 #include <cstdio>
+#include <string>
 #include <cstdlib>
 #include <vector>
 
@@ -48,10 +49,12 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   print_device_summary(d);
-  const char* cluster_env = std::getenv("FT_ARGMAX_CLUSTER");
-  const bool one_cta = cluster_env != nullptr && cluster_env[0] == '0';
-  std::printf("; %d back-to-back launches per row, logits in L2; argmax %s\n", args.iters,
-              one_cta ? "one CTA per row (FT_ARGMAX_CLUSTER=0)" : "the library's rule (clusters from 16384 entries)");
+  // What the library reads FT_ARGMAX_CLUSTER as (decoder_ops.cu): one of these values forces the CTAs per row.
+  const char* env = std::getenv("FT_ARGMAX_CLUSTER");
+  const std::string e = env != nullptr ? env : "";
+  const char* cluster_env = e == "0" || e == "1" || e == "2" || e == "4" || e == "8" ? env : nullptr;
+  std::printf("; %d back-to-back launches per row, logits in L2; argmax CTAs per row: %s\n", args.iters,
+              cluster_env != nullptr ? cluster_env : "the library's rule (8 from 16384 entries)");
   std::printf("%5s %7s | %10s %8s | %12s %8s | %14s %8s\n", "rows", "vocab", "argmax us", "GB/s", "widen+am us",
               "GB/s", "two kernels us", "GB/s");
   std::vector<Row> out;
@@ -107,8 +110,8 @@ int main(int argc, char** argv) {
   const int sm_mhz_now = report_sm_clock_after_runs(d.dev);
   if (!args.json_path.empty()) {
     const auto extra = [&](FILE* f) {
-      std::fprintf(f, "  \"timed_runs\": %d,\n  \"argmax_one_cta\": %s,\n  \"pad_columns\": %d,\n", args.iters,
-                   one_cta ? "true" : "false", kPadColumns);
+      std::fprintf(f, "  \"timed_runs\": %d,\n  \"argmax_cluster_env\": \"%s\",\n  \"pad_columns\": %d,\n", args.iters,
+                   cluster_env != nullptr ? cluster_env : "rule", kPadColumns);
     };
     const auto row = [&](FILE* f, size_t i) {
       const Row& r = out[i];

@@ -150,13 +150,23 @@ cudaError_t rope_cos_sin_table(const int32_t* positions, const float* inv_freq, 
 }
 
 namespace {
-// FT_ARGMAX_CLUSTER=0: one CTA per row at every vocabulary size (the kernel before the cluster split; for A/B runs).
-bool argmax_cluster_on() {
-  static const bool on = [] {
+// FT_ARGMAX_CLUSTER, for A/B runs: 0 or 1 — one CTA per row at every vocabulary size (the kernel before the cluster
+// split); 2, 4 or 8 — clusters of that many CTAs from kArgmaxClusterMinVocab entries on. Unset or anything else: the
+// library's rule (argmax_cluster_size). Read once per process.
+int argmax_forced_cluster() {
+  static const int forced = [] {
     const char* v = std::getenv("FT_ARGMAX_CLUSTER");
-    return v == nullptr || v[0] != '0';
+    if (v == nullptr || v[0] == '\0' || v[1] != '\0') return -1;
+    switch (v[0]) {
+      case '0':
+      case '1': return 1;
+      case '2': return 2;
+      case '4': return 4;
+      case '8': return 8;
+      default: return -1;
+    }
   }();
-  return on;
+  return forced;
 }
 
 // One argmax launch over `rows` rows: grid (kCl, rows), a cluster of kCl CTAs along x when kCl > 1.
@@ -169,7 +179,7 @@ cudaError_t launch_argmax(void (*kernel)(Args...), int cl, int rows, cudaStream_
   cfg.stream = stream;
   cudaLaunchAttribute attrs[2];
   add_programmatic_attribute(&cfg, &attrs[0]);
-  if (cl > 1) {  // kArgmaxCluster is a portable size: every sm_90 device places it
+  if (cl > 1) {  // 2, 4 or 8: portable sizes, every sm_90 device places them
     cudaLaunchAttribute& c = attrs[cfg.numAttrs];
     c.id = cudaLaunchAttributeClusterDimension;
     c.val.clusterDim.x = static_cast<unsigned>(cl);
@@ -181,7 +191,30 @@ cudaError_t launch_argmax(void (*kernel)(Args...), int cl, int rows, cudaStream_
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
-bool argmax_clustered(int vocab) { return vocab >= ops::kArgmaxClusterMinVocab && argmax_cluster_on(); }
+// CTAs per row: kArgmaxCluster from kArgmaxClusterMinVocab entries on, else one (or FT_ARGMAX_CLUSTER's size).
+int argmax_cluster_size(int vocab) {
+  if (vocab < ops::kArgmaxClusterMinVocab) return 1;
+  const int forced = argmax_forced_cluster();
+  return forced > 0 ? forced : ops::kArgmaxCluster;
+}
+
+// The instance for the run-time cluster size cl (1, 2, 4 or 8).
+template <bool kVec>
+auto argmax_f32_instance(int cl) {
+  using ops::argmax_rows_kernel;
+  return cl == 8   ? argmax_rows_kernel<kVec, 8>
+         : cl == 4 ? argmax_rows_kernel<kVec, 4>
+         : cl == 2 ? argmax_rows_kernel<kVec, 2>
+                   : argmax_rows_kernel<kVec, 1>;
+}
+template <bool kVec>
+auto widen_argmax_instance(int cl) {
+  using ops::widen_argmax_rows_kernel;
+  return cl == 8   ? widen_argmax_rows_kernel<kVec, 8>
+         : cl == 4 ? widen_argmax_rows_kernel<kVec, 4>
+         : cl == 2 ? widen_argmax_rows_kernel<kVec, 2>
+                   : widen_argmax_rows_kernel<kVec, 1>;
+}
 }  // namespace
 
 cudaError_t argmax_rows_f32(const float* logits, int32_t* out, int rows, int vocab, cudaStream_t stream) {
@@ -190,11 +223,8 @@ cudaError_t argmax_rows_f32(const float* logits, int32_t* out, int rows, int voc
   if (!logits || !out) return null_pointer(op, "logits and out");
   if (check_rows(op, rows) || check_width(op, "vocab", vocab)) return cudaErrorInvalidValue;
   const bool vec = vocab % 4 == 0 && aligned(logits, 16);
-  if (!argmax_clustered(vocab))
-    return launch_argmax(vec ? ops::argmax_rows_kernel<true, 1> : ops::argmax_rows_kernel<false, 1>, 1, rows, stream,
-                         logits, out, vocab);
-  constexpr int kCl = ops::kArgmaxCluster;
-  return launch_argmax(vec ? ops::argmax_rows_kernel<true, kCl> : ops::argmax_rows_kernel<false, kCl>, kCl, rows,
+  const int cl = argmax_cluster_size(vocab);
+  return launch_argmax(vec ? argmax_f32_instance<true>(cl) : argmax_f32_instance<false>(cl), cl, rows,
                        stream, logits, out, vocab);
 }
 
@@ -208,12 +238,9 @@ cudaError_t widen_argmax_rows_bf16(const __nv_bfloat16* logits, int row_stride, 
     return reject(&g_last_error, std::string(op) + ": row_stride = " + to_string(row_stride) +
                                      ", expected at least vocab = " + to_string(vocab));
   const bool vec = vocab % 8 == 0 && row_stride % 8 == 0 && aligned(logits, 16) && aligned(widened, 16);
-  if (!argmax_clustered(vocab))
-    return launch_argmax(vec ? ops::widen_argmax_rows_kernel<true, 1> : ops::widen_argmax_rows_kernel<false, 1>, 1,
-                         rows, stream, logits, row_stride, widened, out, vocab);
-  constexpr int kCl = ops::kArgmaxCluster;
-  return launch_argmax(vec ? ops::widen_argmax_rows_kernel<true, kCl> : ops::widen_argmax_rows_kernel<false, kCl>,
-                       kCl, rows, stream, logits, row_stride, widened, out, vocab);
+  const int cl = argmax_cluster_size(vocab);
+  return launch_argmax(vec ? widen_argmax_instance<true>(cl) : widen_argmax_instance<false>(cl), cl,
+                       rows, stream, logits, row_stride, widened, out, vocab);
 }
 
 const char* decoder_ops_last_error() { return g_last_error.c_str(); }

@@ -49,7 +49,10 @@ constexpr TunedV4Entry kEntries[] = {
     {28672, 4096, 12, 16, "wgmma_sx", 8, 8, 0, true, true},
     {28672, 4096, 9, 11, "w28s8", 28, 8, 0},
     {4096, 14336, 3, 5, "w28s8", 28, 8, 0},
-    {4096, 4096, 9, 16, "w16s16", 16, 16, 0},
+    // o M = 9..16 on the streamed warpgroup path: the thirty-third session's in-step screen on an H100
+    // (FT_W4A16_TUNED_EXTRA=4096:4096:9:16:8:8:0:0:0:1 against w16s16, three alternating pairs, 8B step at batch 10 /
+    // 12 / 16: -1.7 / -1.2 / -1.2 %; w24s8 there +0.7 to +2.7 %).
+    {4096, 4096, 9, 16, "wgmma_sx", 8, 8, 0, true, true},
     {4096, 14336, 1, 2, "w24s8", 24, 8, 0},                 // down M=1: 18.52 -> 13.07 (v11; w16s16n1 14.85)
     // down M=8: the warpgroup path measured 21.97 -> 17.39 µs standalone (w8s8 19.37), but in the step w24s8 took the
     // 8B step at batch 8 from 2564, 2565 to 2490 µs (eighteenth session, same call).

@@ -10,8 +10,8 @@
 #include <cuda_bf16.h>
 
 #include <cstdio>
-#include <string>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "cuda/engine/engine_kernels.h"

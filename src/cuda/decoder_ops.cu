@@ -198,22 +198,15 @@ int argmax_cluster_size(int vocab) {
   return forced > 0 ? forced : ops::kArgmaxCluster;
 }
 
-// The instance for the run-time cluster size cl (1, 2, 4 or 8).
-template <bool kVec>
-auto argmax_f32_instance(int cl) {
-  using ops::argmax_rows_kernel;
-  return cl == 8   ? argmax_rows_kernel<kVec, 8>
-         : cl == 4 ? argmax_rows_kernel<kVec, 4>
-         : cl == 2 ? argmax_rows_kernel<kVec, 2>
-                   : argmax_rows_kernel<kVec, 1>;
-}
-template <bool kVec>
-auto widen_argmax_instance(int cl) {
-  using ops::widen_argmax_rows_kernel;
-  return cl == 8   ? widen_argmax_rows_kernel<kVec, 8>
-         : cl == 4 ? widen_argmax_rows_kernel<kVec, 4>
-         : cl == 2 ? widen_argmax_rows_kernel<kVec, 2>
-                   : widen_argmax_rows_kernel<kVec, 1>;
+// f(std::integral_constant<int, kCl>{}) for the run-time cluster size cl (1, 2, 4 or 8): the kernel instance's kCl.
+template <class F>
+cudaError_t with_cluster_size(int cl, F&& f) {
+  switch (cl) {
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    default: return f(std::integral_constant<int, 1>{});
+  }
 }
 }  // namespace
 
@@ -223,9 +216,11 @@ cudaError_t argmax_rows_f32(const float* logits, int32_t* out, int rows, int voc
   if (!logits || !out) return null_pointer(op, "logits and out");
   if (check_rows(op, rows) || check_width(op, "vocab", vocab)) return cudaErrorInvalidValue;
   const bool vec = vocab % 4 == 0 && aligned(logits, 16);
-  const int cl = argmax_cluster_size(vocab);
-  return launch_argmax(vec ? argmax_f32_instance<true>(cl) : argmax_f32_instance<false>(cl), cl, rows,
-                       stream, logits, out, vocab);
+  return with_cluster_size(argmax_cluster_size(vocab), [&](auto cl) {
+    constexpr int kCl = decltype(cl)::value;
+    return launch_argmax(vec ? ops::argmax_rows_kernel<true, kCl> : ops::argmax_rows_kernel<false, kCl>, kCl, rows,
+                         stream, logits, out, vocab);
+  });
 }
 
 cudaError_t widen_argmax_rows_bf16(const __nv_bfloat16* logits, int row_stride, float* widened, int32_t* out, int rows,
@@ -238,9 +233,11 @@ cudaError_t widen_argmax_rows_bf16(const __nv_bfloat16* logits, int row_stride, 
     return reject(&g_last_error, std::string(op) + ": row_stride = " + to_string(row_stride) +
                                      ", expected at least vocab = " + to_string(vocab));
   const bool vec = vocab % 8 == 0 && row_stride % 8 == 0 && aligned(logits, 16) && aligned(widened, 16);
-  const int cl = argmax_cluster_size(vocab);
-  return launch_argmax(vec ? widen_argmax_instance<true>(cl) : widen_argmax_instance<false>(cl), cl,
-                       rows, stream, logits, row_stride, widened, out, vocab);
+  return with_cluster_size(argmax_cluster_size(vocab), [&](auto cl) {
+    constexpr int kCl = decltype(cl)::value;
+    return launch_argmax(vec ? ops::widen_argmax_rows_kernel<true, kCl> : ops::widen_argmax_rows_kernel<false, kCl>,
+                         kCl, rows, stream, logits, row_stride, widened, out, vocab);
+  });
 }
 
 const char* decoder_ops_last_error() { return g_last_error.c_str(); }

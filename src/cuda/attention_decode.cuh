@@ -114,7 +114,7 @@ struct Tile {
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       uint32_t w[4];  // chunk 2ks tokens 0-7, 8-15 (reg 0), chunk 2ks + 1 tokens 0-7, 8-15 (reg 1)
-      ptx::ldmatrix_x4(w, st_s + ldmatrix_pair_offset(lane, 2 * ks));
+      ptx::ldmatrix_x4(w, st_s + ldmatrix_pair_offset<Geo::kRowChunks>(lane, 2 * ks));
       const uint32_t b0[2] = {w[0], w[2]}, b1[2] = {w[1], w[3]};
       ptx::mma_m16n8k16_bf16_rows8(s[0], qa[ks][0], qa[ks][1], b0);
       ptx::mma_m16n8k16_bf16_rows8(s[1], qa[ks][0], qa[ks][1], b1);
@@ -129,7 +129,7 @@ struct Tile {
 #pragma unroll
     for (int cp = 0; cp < Geo::kRowChunks; cp += 2) {
       uint32_t w[4];
-      ptx::ldmatrix_x4_trans(w, st_s + Geo::kStageCodeBytes + ldmatrix_pair_offset(lane, cp));
+      ptx::ldmatrix_x4_trans(w, st_s + Geo::kStageCodeBytes + ldmatrix_pair_offset<Geo::kRowChunks>(lane, cp));
       const uint32_t b0[2] = {w[0], w[1]}, b1[2] = {w[2], w[3]};
       ptx::mma_m16n8k16_bf16_rows8(o[cp], a0, a2, b0);
       ptx::mma_m16n8k16_bf16_rows8(o[cp + 1], a0, a2, b1);
@@ -196,7 +196,7 @@ struct Int4Tile {
 #pragma unroll
     for (int cp = 0; cp < kG; cp += 2) {
       uint32_t w[4];  // chunk cp tokens 0-7, 8-15, chunk cp + 1 tokens 0-7, 8-15: lane (g, t) word t of token g (+8)
-      ptx::ldmatrix_x4(w, st_s + ldmatrix_pair_offset(lane, cp));
+      ptx::ldmatrix_x4(w, st_s + ldmatrix_pair_offset<Geo::kRowChunks>(lane, cp));
 #pragma unroll
       for (int d = 0; d < 2; ++d) {
         const int gi = cp + d;
@@ -247,7 +247,7 @@ struct Int4Tile {
 #pragma unroll
     for (int cp = 0; cp < kG; cp += 2) {
       uint32_t w[4];  // chunk cp tokens (2t, 2t+1), (2t+8, 2t+9), chunk cp + 1 likewise
-      ptx::ldmatrix_x4_trans(w, st_s + Geo::kStageCodeBytes + ldmatrix_pair_offset(lane, cp));
+      ptx::ldmatrix_x4_trans(w, st_s + Geo::kStageCodeBytes + ldmatrix_pair_offset<Geo::kRowChunks>(lane, cp));
 #pragma unroll
       for (int d = 0; d < 2; ++d) {
         const int grp = cp + d;

@@ -78,7 +78,7 @@ struct Geometry {
   static constexpr int64_t kPagePartBytes = kPageCodeBytes + kPageScaleBytes + kPageZeroBytes;
   static constexpr int64_t kPageBytes = 2 * kPagePartBytes;
   static_assert(kPageCodeBytes % 16 == 0 && kPageScaleBytes % 16 == 0 && kPageZeroBytes % 16 == 0);
-  // Stage: [K codes | V codes | K scales | V scales | K zeros | V zeros]; codes chunk-major (see stage_code_offset).
+  // Stage: [K codes | V codes | K scales | V scales | K zeros | V zeros]; codes chunk-major, swizzled (stage_code_offset).
   static constexpr int kStageCodeBytes = kTile * kRowBytes;
   static constexpr int kStageScaleBytes = kTile * kGroups * 2;
   static constexpr int kStageZeroBytes = kTile * kGroups;
@@ -123,9 +123,26 @@ struct CtaShape {
   static_assert(kMergeBytes % 16 == 0 && kClusterOBytes % 16 == 0, "16-byte aligned cluster buffers");
 };
 
-// Byte offset in a stage of chunk `chunk` (16 bytes of channels) of token row `row` of one part's codes:
-// chunk-major, so the 8 or 16 rows an ldmatrix reads for one chunk are contiguous (no bank conflicts).
-FT_HD int stage_code_offset(int row, int chunk) { return (chunk * kTile + row) * kChunk; }
+// Byte offset in a stage of chunk `chunk` (16 bytes of channels) of token row `row` of one part's codes, for code
+// rows of kRowChunks chunks: chunk-major with the row's low three bits XOR-swizzled,
+//   slot = chunk · kTile + (row ^ stage_code_swizzle(chunk)),
+// so that both shared-memory accesses are free of bank conflicts (16-byte bank group = slot mod 8):
+// - an ldmatrix matrix (8 rows r0 .. r0 + 7 of one chunk, r0 a multiple of 8): row ^ s permutes them, one
+//   contiguous 128 bytes;
+// - a copy's quarter warp (8 consecutive chunks of the page, i.e. 8 / kRowChunks whole rows, or 8 chunks of one
+//   row): the swizzle spreads chunk c of those rows over distinct bank groups, so each quarter warp's stores are
+//   one wavefront and each 32-byte sector of the page goes out in one request.
+// Plain chunk-major (no swizzle) put all chunks of a row in one bank group: four (BF16: up to sixteen) wavefronts
+// per quarter warp, with the two halves of each sector in different ones (docs/kernels.md, decode attention).
+template <int kRowChunks>
+FT_HD int stage_code_swizzle(int chunk) {
+  static_assert(kRowChunks == 2 || kRowChunks == 4 || kRowChunks == 8 || kRowChunks == 16, "code row chunks");
+  return kRowChunks >= 8 ? (chunk & 7) : ((chunk * (8 / kRowChunks)) & 7);
+}
+template <int kRowChunks>
+FT_HD int stage_code_offset(int row, int chunk) {
+  return (chunk * kTile + (row ^ stage_code_swizzle<kRowChunks>(chunk))) * kChunk;
+}
 
 // Where stage chunk c (0 .. kStageChunks − 1) comes from (relative to the page start) and goes to (relative to
 // the stage), for the tile starting at page slot slot0. Consecutive c read consecutive global bytes.
@@ -141,7 +158,7 @@ FT_HD ChunkCopy stage_chunk(int c, int slot0) {
     const int part = c / Geo::kCodeChunksPerPart, cc = c % Geo::kCodeChunksPerPart;
     const int row = cc / Geo::kRowChunks, col = cc % Geo::kRowChunks;
     return ChunkCopy{static_cast<int>(part * Geo::kPagePartBytes) + (slot0 + row) * Geo::kRowBytes + col * kChunk,
-                     part * Geo::kStageCodeBytes + stage_code_offset(row, col), row};
+                     part * Geo::kStageCodeBytes + stage_code_offset<Geo::kRowChunks>(row, col), row};
   }
   if constexpr (kInt4) {
     int m = c - 2 * Geo::kCodeChunksPerPart;  // metadata: K scales, V scales, K zeros, V zeros
@@ -164,7 +181,10 @@ FT_HD ChunkCopy stage_chunk(int c, int slot0) {
 
 // The address lane supplies to ldmatrix.x4 (either form) for the chunk pair (c, c + 1), c even: matrices
 // (rows 0-7, chunk c), (rows 8-15, chunk c), (rows 0-7, chunk c + 1), (rows 8-15, chunk c + 1).
-FT_HD int ldmatrix_pair_offset(int lane, int c) { return stage_code_offset(lane & 15, c + (lane >> 4)); }
+template <int kRowChunks>
+FT_HD int ldmatrix_pair_offset(int lane, int c) {
+  return stage_code_offset<kRowChunks>(lane & 15, c + (lane >> 4));
+}
 
 // INT4 keys: physical channel of k index 2t + 8r + h in k-step ks (0, 1) of group gi; its nibble is at bit
 // 4 (2 ks + r) + 16 h of the ldmatrix word.
@@ -204,7 +224,8 @@ struct Int4Copies {
   }
   static FT_HD int code_dst(int lane, int i) {
     return part(i) * Geo::kStageCodeBytes +
-           stage_code_offset(lane / Geo::kRowChunks + run(i) / Geo::kRowChunks, lane % Geo::kRowChunks);
+           stage_code_offset<Geo::kRowChunks>(lane / Geo::kRowChunks + run(i) / Geo::kRowChunks,
+                                              lane % Geo::kRowChunks);
   }
 };
 

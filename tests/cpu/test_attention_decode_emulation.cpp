@@ -150,7 +150,7 @@ void check_geometry() {
     for (int part = 0; part < 2; ++part) {
       for (int row = 0; row < attn::kTile; ++row) {
         for (int byte = 0; byte < Geo::kRowBytes; ++byte) {
-          const int s = part * Geo::kStageCodeBytes + attn::stage_code_offset(row, byte / 16) + byte % 16;
+          const int s = part * Geo::kStageCodeBytes + attn::stage_code_offset<Geo::kRowChunks>(row, byte / 16) + byte % 16;
           ASSERT_EQ(stage[static_cast<size_t>(s)],
                     page[static_cast<size_t>(L.codes[part] + (slot0 + row) * L.code_row_bytes + byte)]);
         }
@@ -206,6 +206,55 @@ void check_int4_copies() {
 TEST(AttentionDecodeLayout, Int4LaneCopiesFollowTheStageSchedule) {
   check_int4_copies<128>();
   check_int4_copies<64>();
+}
+
+// Shared-memory bank groups (16 bytes each, 8 per 128-byte wavefront) of the two accesses of a stage's codes. A
+// 16-byte access of a warp is served a quarter warp (8 lanes) at a time, so it is conflict-free when the 8 lanes
+// of each quarter hit 8 distinct bank groups. The copies' quarter warps are 8 consecutive chunks of the page (the
+// lanes of one cp.async), the ldmatrix quarter warps the 8 rows of one matrix. The unswizzled chunk-major layout
+// fails the copy check (all chunks of a row in one bank group), which is what the swizzle is for.
+constexpr int kBankGroups = 8;  // 128-byte wavefront / 16-byte accesses
+constexpr int kQuarterWarp = 8;
+
+int max_bank_group_load(const std::array<int, kQuarterWarp>& offsets) {
+  std::array<int, kBankGroups> load{};
+  int worst = 0;
+  for (int off : offsets) worst = std::max(worst, ++load[static_cast<size_t>((off / 16) % kBankGroups)]);
+  return worst;
+}
+
+template <bool kInt4, int kD>
+void check_stage_bank_groups() {
+  using Geo = attn::Geometry<kInt4, kD>;
+  SCOPED_TRACE(testing::Message() << (kInt4 ? "INT4" : "BF16") << " head_dim " << kD);
+  // Copies: stage chunk c goes to stage_chunk(c).dst; lanes q·8 .. q·8 + 7 of copy i move chunks 32 i + q·8 + j.
+  for (int c0 = 0; c0 < 2 * Geo::kCodeChunksPerPart; c0 += kQuarterWarp) {
+    std::array<int, kQuarterWarp> dst{};
+    for (int j = 0; j < kQuarterWarp; ++j) dst[static_cast<size_t>(j)] = attn::stage_chunk<kInt4, kD>(c0 + j, 0).dst;
+    ASSERT_EQ(max_bank_group_load(dst), 1) << "copy quarter warp at chunk " << c0;
+  }
+  // ldmatrix.x4: matrix mi of chunk pair cp is lanes 8 mi .. 8 mi + 7.
+  for (int part = 0; part < 2; ++part) {
+    for (int cp = 0; cp < Geo::kRowChunks; cp += 2) {
+      for (int mi = 0; mi < 4; ++mi) {
+        std::array<int, kQuarterWarp> addr{};
+        for (int j = 0; j < kQuarterWarp; ++j)
+          addr[static_cast<size_t>(j)] = part * Geo::kStageCodeBytes +
+                                         attn::ldmatrix_pair_offset<Geo::kRowChunks>(kQuarterWarp * mi + j, cp);
+        ASSERT_EQ(max_bank_group_load(addr), 1) << "ldmatrix part " << part << " chunks " << cp << " matrix " << mi;
+        for (int j = 1; j < kQuarterWarp; ++j)  // one matrix = 8 rows of one chunk
+          ASSERT_EQ(addr[static_cast<size_t>(j)] / (attn::kTile * attn::kChunk),
+                    addr[0] / (attn::kTile * attn::kChunk));
+      }
+    }
+  }
+}
+
+TEST(AttentionDecodeLayout, StageCodesAreBankConflictFreeForLdmatrixAndCopies) {
+  check_stage_bank_groups<true, 128>();
+  check_stage_bank_groups<true, 64>();
+  check_stage_bank_groups<false, 128>();
+  check_stage_bank_groups<false, 64>();
 }
 
 TEST(AttentionDecodeLayout, FragmentChannelMapsArePermutations) {
@@ -311,7 +360,7 @@ void emulate_warp_int4(const PagedKvCase& c, int b, int kvh, int warp, int warps
     std::array<int, 32> addr{};
     Acc s{};
     for (int cp = 0; cp < G4; cp += 2) {
-      for (int lane = 0; lane < 32; ++lane) addr[lane] = attn::ldmatrix_pair_offset(lane, cp);
+      for (int lane = 0; lane < 32; ++lane) addr[lane] = attn::ldmatrix_pair_offset<Geo::kRowChunks>(lane, cp);
       const Regs w = ldmatrix_x4(st, addr, false);
       for (int d = 0; d < 2; ++d) {
         const int gi = cp + d;
@@ -367,7 +416,7 @@ void emulate_warp_int4(const PagedKvCase& c, int b, int kvh, int warp, int warps
     }
     // Oᵀ += Vᵀ·P'ᵀ.
     for (int cp = 0; cp < G4; cp += 2) {
-      for (int lane = 0; lane < 32; ++lane) addr[lane] = Geo::kStageCodeBytes + attn::ldmatrix_pair_offset(lane, cp);
+      for (int lane = 0; lane < 32; ++lane) addr[lane] = Geo::kStageCodeBytes + attn::ldmatrix_pair_offset<Geo::kRowChunks>(lane, cp);
       const Regs w = ldmatrix_x4(st, addr, true);
       for (int d = 0; d < 2; ++d) {
         const int grp = cp + d;
@@ -438,7 +487,7 @@ void emulate_warp_bf16(const PagedKvCase& c, int b, int kvh, int warp, int warps
     std::array<int, 32> addr{};
     std::array<std::array<std::array<float, 2>, 2>, 32> s{};
     for (int ks = 0; ks < kKSteps; ++ks) {
-      for (int lane = 0; lane < 32; ++lane) addr[lane] = attn::ldmatrix_pair_offset(lane, 2 * ks);
+      for (int lane = 0; lane < 32; ++lane) addr[lane] = attn::ldmatrix_pair_offset<Geo::kRowChunks>(lane, 2 * ks);
       const Regs w = ldmatrix_x4(st, addr, false);
       for (int nt = 0; nt < 2; ++nt) {
         std::array<uint32_t, 32> a0{}, a2{};
@@ -479,7 +528,7 @@ void emulate_warp_bf16(const PagedKvCase& c, int b, int kvh, int warp, int warps
     }
     // O += P·V.
     for (int cp = 0; cp < Geo::kRowChunks; cp += 2) {
-      for (int lane = 0; lane < 32; ++lane) addr[lane] = Geo::kStageCodeBytes + attn::ldmatrix_pair_offset(lane, cp);
+      for (int lane = 0; lane < 32; ++lane) addr[lane] = Geo::kStageCodeBytes + attn::ldmatrix_pair_offset<Geo::kRowChunks>(lane, cp);
       const Regs w = ldmatrix_x4(st, addr, true);
       for (int d = 0; d < 2; ++d) {
         const int nt = cp + d;

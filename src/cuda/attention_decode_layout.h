@@ -78,7 +78,8 @@ struct Geometry {
   static constexpr int64_t kPagePartBytes = kPageCodeBytes + kPageScaleBytes + kPageZeroBytes;
   static constexpr int64_t kPageBytes = 2 * kPagePartBytes;
   static_assert(kPageCodeBytes % 16 == 0 && kPageScaleBytes % 16 == 0 && kPageZeroBytes % 16 == 0);
-  // Stage: [K codes | V codes | K scales | V scales | K zeros | V zeros]; codes chunk-major, swizzled (stage_code_offset).
+  // Stage: [K codes | V codes | K scales | V scales | K zeros | V zeros]; codes row-major, 32-byte units
+  // swizzled (stage_code_offset).
   static constexpr int kStageCodeBytes = kTile * kRowBytes;
   static constexpr int kStageScaleBytes = kTile * kGroups * 2;
   static constexpr int kStageZeroBytes = kTile * kGroups;
@@ -124,24 +125,31 @@ struct CtaShape {
 };
 
 // Byte offset in a stage of chunk `chunk` (16 bytes of channels) of token row `row` of one part's codes, for code
-// rows of kRowChunks chunks: chunk-major with the row's low three bits XOR-swizzled,
-//   slot = chunk · kTile + (row ^ stage_code_swizzle(chunk)),
-// so that both shared-memory accesses are free of bank conflicts (16-byte bank group = slot mod 8):
-// - an ldmatrix matrix (8 rows r0 .. r0 + 7 of one chunk, r0 a multiple of 8): row ^ s permutes them, one
-//   contiguous 128 bytes;
-// - a copy's quarter warp (8 consecutive chunks of the page, i.e. 8 / kRowChunks whole rows, or 8 chunks of one
-//   row): the swizzle spreads chunk c of those rows over distinct bank groups, so each quarter warp's stores are
-//   one wavefront and each 32-byte sector of the page goes out in one request.
-// Plain chunk-major (no swizzle) put all chunks of a row in one bank group: four (BF16: up to sixteen) wavefronts
-// per quarter warp, with the two halves of each sector in different ones (docs/kernels.md, decode attention).
+// rows of kRowChunks chunks: row-major, as in the page, with the row's 32-byte units (chunk pairs) XOR-permuted by
+// the row's low bits:
+//   offset = (row · kRowChunks + (chunk ^ stage_code_swizzle<kRowChunks>(row))) · 16.
+// - Copies: every 32-byte sector of the page lands in 32 contiguous shared bytes in its own order, and the 8 lanes
+//   of a copy's quarter warp (128 contiguous page bytes) in 128 contiguous shared bytes. That is what lets the
+//   cp.async of a warp go out as whole-line L2 requests: with the earlier chunk-major stage (a row's chunks 256 bytes
+//   apart) each 16-byte half of a sector was its own request, every sector was requested twice and the INT4 kernel
+//   ran 26-35 % slower at batch 32 on an H100 (docs/results.md, thirty-fifth session).
+// - ldmatrix (8 rows of one chunk): with sectors kept whole a chunk's bank group is fixed mod 2, so two rows per
+//   bank group (2-way) is the least possible; the swizzle reaches it (plain row-major is 4-way for 64-byte rows and
+//   8-way for 128- and 256-byte rows).
 template <int kRowChunks>
-FT_HD int stage_code_swizzle(int chunk) {
+FT_HD int stage_code_swizzle(int row) {
   static_assert(kRowChunks == 2 || kRowChunks == 4 || kRowChunks == 8 || kRowChunks == 16, "code row chunks");
-  return kRowChunks >= 8 ? (chunk & 7) : ((chunk * (8 / kRowChunks)) & 7);
+  if constexpr (kRowChunks == 2) {
+    return 0;  // one 32-byte unit per row: rows alternate bank-group halves already
+  } else if constexpr (kRowChunks == 4) {
+    return ((row >> 1) & 1) << 1;  // rows r, r + 1 sit in different 64-byte halves of a line; bit 1 swaps units
+  } else {
+    return (row & 3) << 1;  // a 128-byte line holds 4 units of one row: rotate them by row
+  }
 }
 template <int kRowChunks>
 FT_HD int stage_code_offset(int row, int chunk) {
-  return (chunk * kTile + (row ^ stage_code_swizzle<kRowChunks>(chunk))) * kChunk;
+  return (row * kRowChunks + (chunk ^ stage_code_swizzle<kRowChunks>(row))) * kChunk;
 }
 
 // Where stage chunk c (0 .. kStageChunks − 1) comes from (relative to the page start) and goes to (relative to

@@ -150,7 +150,8 @@ void check_geometry() {
     for (int part = 0; part < 2; ++part) {
       for (int row = 0; row < attn::kTile; ++row) {
         for (int byte = 0; byte < Geo::kRowBytes; ++byte) {
-          const int s = part * Geo::kStageCodeBytes + attn::stage_code_offset<Geo::kRowChunks>(row, byte / 16) + byte % 16;
+          const int s =
+              part * Geo::kStageCodeBytes + attn::stage_code_offset<Geo::kRowChunks>(row, byte / 16) + byte % 16;
           ASSERT_EQ(stage[static_cast<size_t>(s)],
                     page[static_cast<size_t>(L.codes[part] + (slot0 + row) * L.code_row_bytes + byte)]);
         }
@@ -430,7 +431,8 @@ void emulate_warp_int4(const PagedKvCase& c, int b, int kvh, int warp, int warps
     }
     // Oᵀ += Vᵀ·P'ᵀ.
     for (int cp = 0; cp < G4; cp += 2) {
-      for (int lane = 0; lane < 32; ++lane) addr[lane] = Geo::kStageCodeBytes + attn::ldmatrix_pair_offset<Geo::kRowChunks>(lane, cp);
+      for (int lane = 0; lane < 32; ++lane)
+        addr[lane] = Geo::kStageCodeBytes + attn::ldmatrix_pair_offset<Geo::kRowChunks>(lane, cp);
       const Regs w = ldmatrix_x4(st, addr, true);
       for (int d = 0; d < 2; ++d) {
         const int grp = cp + d;
@@ -542,7 +544,8 @@ void emulate_warp_bf16(const PagedKvCase& c, int b, int kvh, int warp, int warps
     }
     // O += P·V.
     for (int cp = 0; cp < Geo::kRowChunks; cp += 2) {
-      for (int lane = 0; lane < 32; ++lane) addr[lane] = Geo::kStageCodeBytes + attn::ldmatrix_pair_offset<Geo::kRowChunks>(lane, cp);
+      for (int lane = 0; lane < 32; ++lane)
+        addr[lane] = Geo::kStageCodeBytes + attn::ldmatrix_pair_offset<Geo::kRowChunks>(lane, cp);
       const Regs w = ldmatrix_x4(st, addr, true);
       for (int d = 0; d < 2; ++d) {
         const int nt = cp + d;

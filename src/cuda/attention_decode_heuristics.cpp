@@ -11,7 +11,9 @@
 // unsplit) gains at most 2% from splitting: the SM's own throughput inside the kernel (~6.5 tiles of 16 tokens per
 // us per SM) is the limit, and more warps only add the combine. The rule picks 8 / 4 / 1, 16 / 4 / 1, 16 / 4 / 1
 // (batch 1 / 8 / 32 at 1k, 8k, 32k), within 1.02x of the best measured count in all nine rows (docs/kernels.md,
-// "Split choice", has the table).
+// "Split choice", has the table). That sweep, and every constant below, predates the thirty-fifth session's stage
+// layout (stage_code_offset), which halved the copies' L2 requests and took batch 32 at 8k from ~180 to ~117 us on
+// an H100: the "SM's own throughput" above was partly that request limit, and the sweep is due again.
 //
 // DRAM model (PlanModel::kDram, the choice before; FT_ATTN_DECODE_MODEL=dram, kept for A/B runs), counted in
 // DRAM-byte equivalents like the W4A16 GEMM's; the cheapest split count wins (ties: fewer):

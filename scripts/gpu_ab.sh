@@ -10,7 +10,7 @@
 #
 # ab_setup BASE_TGZ "TARGETS" [NEW_ONLY_TARGETS]: unpacks the base (a `git archive` tarball carried in an ignored
 #   folder: the machine has no history) and builds TARGETS in both trees at once (plus NEW_ONLY_TARGETS in this one);
-#   .deps/*.deb are unpacked into a private prefix first, as scripts/gpu_runner.sh does.
+#   .deps/*.deb are unpacked into a private prefix first (gpu_deps.sh).
 # ab_run NAME ROUNDS PROGRAM ARGS...: ROUNDS alternating runs, this tree first, each writing --json into the work folder
 #   as NAME-{new,base}-ROUND.json with its log beside it. FT_GIT_COMMIT names the tree in every JSON.
 # ab_tests FILTER: futransformer_gpu_tests of this tree with a gtest filter.
@@ -23,20 +23,14 @@ AB_NEW="$AB_ROOT/build-gpu"
 AB_BASE_SRC=/tmp/ab-base
 AB_BASE="$AB_BASE_SRC/build"
 mkdir -p "$AB_WORK" "$AB_OUT"
+# shellcheck source=scripts/gpu_deps.sh
+source "$AB_ROOT/scripts/gpu_deps.sh"
 
 ab_log() { echo "[ab $(date +%T)] $*" | tee -a "$AB_WORK/ab.log"; }
 
 ab_setup() {
   local base_tgz="$1" targets="$2" new_only="${3:-}"
-  if ls "$AB_ROOT"/.deps/*.deb > /dev/null 2>&1; then
-    local prefix=/tmp/ft-deps
-    mkdir -p "$prefix"
-    for deb in "$AB_ROOT"/.deps/*.deb; do dpkg-deb -x "$deb" "$prefix"; done
-    export PKG_CONFIG_PATH="$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig:${PKG_CONFIG_PATH:-}"
-    export CMAKE_PREFIX_PATH="$prefix/usr:${CMAKE_PREFIX_PATH:-}"
-    export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-    export CPATH="$prefix/usr/include:${CPATH:-}"
-  fi
+  use_local_debs "$AB_ROOT"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv > "$AB_WORK/gpu.csv" 2>&1
   ab_log "GPU: $(tail -n 1 "$AB_WORK/gpu.csv")"
   mkdir -p "$AB_BASE_SRC"

@@ -23,15 +23,9 @@ done
 mkdir -p "$out"
 log() { echo "[gpu_runner $(date +%T)] $*" | tee -a "$out/runner.log"; }
 
-if [ -d "$root/.deps" ] && ls "$root"/.deps/*.deb >/dev/null 2>&1; then
-  prefix=/tmp/ft-deps
-  mkdir -p "$prefix"
-  for deb in "$root"/.deps/*.deb; do dpkg-deb -x "$deb" "$prefix"; done
-  export PKG_CONFIG_PATH="$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig:${PKG_CONFIG_PATH:-}"
-  export CMAKE_PREFIX_PATH="$prefix/usr:${CMAKE_PREFIX_PATH:-}"
-  export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-  export CPATH="$prefix/usr/include:${CPATH:-}"
-fi
+# shellcheck source=scripts/gpu_deps.sh
+source "$root/scripts/gpu_deps.sh"
+use_local_debs "$root"
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,memory.total --format=csv \
   > "$out/gpu.csv" 2>&1

@@ -119,9 +119,9 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
       e != cudaSuccess)
     return e;
 
-  // The un-rotation needs the whole BF16 head, which only the combine holds in one CTA (a split plan's decode CTAs
-  // hold fp32 partials); an unsplit plan leaves it to the caller.
-  const bool unrotate = plan.splits > 1 && unrotated != nullptr && unrotate_block > 1;
+  // The un-rotation needs the whole BF16 head: a split plan's combine (kernel or cluster) holds it in one CTA, an
+  // unsplit plan's decode CTA after its cross-warp merge (INT4 only: the BF16 cache has no rotated format).
+  const bool unrotate = int4 && unrotated != nullptr && unrotate_block > 1;
   const float unrotate_scale = unrotate ? formats::hadamard_scale(unrotate_block) : 1.0f;
   float* partial_o = static_cast<float*>(workspace);
   float* partial_lse = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) +
@@ -179,8 +179,7 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
   }
   const fused::QkvArgs pro_args = pro ? *pro : fused::QkvArgs{};
   if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args, pro_args); e != cudaSuccess) return e;
-  if (plan.splits == 1) return cudaSuccess;
-  if (cluster) {
+  if (plan.splits == 1 || cluster) {
     if (unrotate) *unrotated = true;
     return cudaSuccess;
   }

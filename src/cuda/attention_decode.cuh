@@ -333,6 +333,9 @@ __device__ __forceinline__ void cluster_combine(const DecodeArgs& args, unsigned
   const bool unrotate = args.unrotate_block > 1;
   ptx::cluster_sync();  // every CTA's partials written (release) and visible here (acquire)
   for (int round = 0; round * kHeadsPerRound < owned; ++round) {
+    // A round's exchange writes after every read of the round before: with one exchange stage (block 2 · kWarpSize)
+    // both rounds use the same row.
+    if (round > 0 && unrotate) __syncthreads();
     const int i = round * kHeadsPerRound + slot;
     const bool active = i < owned;
     const int h = split + S * i;
@@ -747,12 +750,14 @@ __global__ void __launch_bounds__(CtaShape<kInt4, kD, kW>::kThreadsPerCta, (CtaS
     }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < G * kD; idx += kCtaThreads) {
-    const int h = idx / kD, c = idx % kD;
-    float mx = kNegInf;
+  // The warps' states of head h merged at channel c: num / den over the warps, mx their largest m (-inf when the split
+  // holds no token).
+  auto merge = [&](int h, int c, float& mx, float& den) {
+    mx = kNegInf;
 #pragma unroll
     for (int w = 0; w < kW; ++w) mx = fmaxf(mx, red_m[w * kMaxGqa + h]);
-    float num = 0.0f, den = 0.0f;
+    float num = 0.0f;
+    den = 0.0f;
     if (mx != kNegInf) {  // otherwise the split holds no token (or the sequence is empty)
 #pragma unroll
       for (int w = 0; w < kW; ++w) {
@@ -761,7 +766,40 @@ __global__ void __launch_bounds__(CtaShape<kInt4, kD, kW>::kThreadsPerCta, (CtaS
         den = fmaf(wt, red_l[w * kMaxGqa + h], den);
       }
     }
-    const float val = den > 0.0f ? num / den : 0.0f;
+    return den > 0.0f ? num / den : 0.0f;
+  };
+  bool stored = false;
+  if constexpr (kInt4) {
+    if (args.splits == 1 && args.unrotate_block > 1) {  // uniform over the CTA
+      // Unsplit int4-hadamard output un-rotated here (attention_decode_int4_unrotated): each head rounded to BF16 as
+      // the plain store would, widened (exact), then hadamard_head — rotate_heads_bf16's operations in its order, so
+      // the same bits as that kernel run afterwards. kCtaThreads / kD heads a round, thread c on channel c % kD; every
+      // thread takes part in every round (the butterflies' shuffles and barriers). The exchange rows sit after the
+      // merge buffers (the cluster combine's, unused by an unsplit CTA); a barrier between rounds keeps a round's
+      // exchange writes after every read of the round before (one exchange stage reuses the same row each round).
+      constexpr int kHeadsPerRound = kCtaThreads / kD;
+      static_assert(kHeadsPerRound >= 1 && kCtaThreads % kD == 0, "whole heads per round");
+      float(&exchange)[2][kCtaThreads] = *reinterpret_cast<float(*)[2][kCtaThreads]>(
+          smem + Cta::kMergeBytes + Cta::kClusterOBytes + Cta::kClusterLseBytes);
+      const int c = static_cast<int>(threadIdx.x) % kD, slot = static_cast<int>(threadIdx.x) / kD;
+      for (int round = 0; round * kHeadsPerRound < G; ++round) {
+        if (round > 0) __syncthreads();
+        const int h = round * kHeadsPerRound + slot;
+        float v = 0.0f;
+        if (h < G) {
+          float mx, den;
+          v = __bfloat162float(__float2bfloat16_rn(merge(h, c, mx, den)));
+        }
+        v = hadamard_head<kD, kCtaThreads>(v, args.unrotate_block, args.unrotate_scale, exchange);
+        if (h < G) args.out[(head0 + h) * kD + c] = __float2bfloat16_rn(v);
+      }
+      stored = true;
+    }
+  }
+  for (int idx = threadIdx.x; !stored && idx < G * kD; idx += kCtaThreads) {
+    const int h = idx / kD, c = idx % kD;
+    float mx, den;
+    const float val = merge(h, c, mx, den);
     if (args.splits == 1) {
       args.out[(head0 + h) * kD + c] = __float2bfloat16_rn(val);
     } else if constexpr (kCl) {

@@ -287,12 +287,12 @@ TEST_P(CudaEngineEpilogues, WideQkvPrologueInSplitKReduceEqualsUnfused) {
   EXPECT_EQ(one_kernel, s.layers * 6);  // the decode steps
 }
 
-// int4-hadamard decode steps whose attention splits the sequences (an 1100-token context) un-rotate the attention
-// output in the attention's combine kernel with fused epilogues and in the separate rotate_heads_bf16 without; steps
-// over short contexts (unsplit attention) keep the separate kernel in both. Logits identical bit for bit (graph-
-// replayed steps compared with graph-replayed ones, profiled with unprofiled engines without graphs: the split follows
-// the planned context, see WideQkvPrologueInSplitKReduceEqualsUnfused); the profile shows which kernel ran.
-TEST(CudaEngineEpiloguesUnrotation, SplitDecodeAttentionUnrotatesInItsCombine) {
+// int4-hadamard decode steps un-rotate the attention output inside the attention with fused epilogues — in its combine
+// kernel when it splits the sequences (an 1100-token context), in the decode kernel itself when it does not (short
+// contexts) — and in the separate rotate_heads_bf16 without. Logits identical bit for bit (graph-replayed steps
+// compared with graph-replayed ones, profiled with unprofiled engines without graphs: the split follows the planned
+// context, see WideQkvPrologueInSplitKReduceEqualsUnfused); the profile shows which kernel ran.
+TEST(CudaEngineEpiloguesUnrotation, DecodeAttentionUnrotatesSplitOrNot) {
   FT_REQUIRE_HOPPER();
   const test::TinyLlama s = test::tiny_llama_w4a16_shape();
   Model m = bf16_model(test::make_tiny_llama(s, 59));
@@ -317,13 +317,13 @@ TEST(CudaEngineEpiloguesUnrotation, SplitDecodeAttentionUnrotatesInItsCombine) {
     ASSERT_EQ(cuda::attention_decode_workspace_bytes(co.kv, 2, nh, nkv, hd, pages, len), 0u) << len;
 
   std::unique_ptr<CudaEngine> fused = make_cuda_engine(q, co);
-  EXPECT_NE(fused->description().find("un-rotated in its combine"), std::string::npos) << fused->description();
+  EXPECT_NE(fused->description().find("un-rotated by the attention"), std::string::npos) << fused->description();
   co.profile_ops = true;
   std::unique_ptr<CudaEngine> profiled = make_cuda_engine(q, co);
   co.profile_ops = false;
   co.fused_epilogues = false;
   std::unique_ptr<CudaEngine> unfused = make_cuda_engine(q, co);
-  EXPECT_EQ(unfused->description().find("un-rotated in its combine"), std::string::npos) << unfused->description();
+  EXPECT_EQ(unfused->description().find("un-rotated by the attention"), std::string::npos) << unfused->description();
   co.cuda_graphs = false;
   std::unique_ptr<CudaEngine> unfused_plain = make_cuda_engine(q, co);
 
@@ -362,9 +362,9 @@ TEST(CudaEngineEpiloguesUnrotation, SplitDecodeAttentionUnrotatesInItsCombine) {
   EXPECT_EQ(c["attention output un-rotation"], 0);
   c = run_phase({{2, test::random_token_ids(30, s.vocab, rng)}, {3, test::random_token_ids(20, s.vocab, rng)}}, steps,
                 "short context: unsplit attention");
-  EXPECT_EQ(c["decode attention + un-rotation"], 0);
-  EXPECT_EQ(c["decode attention"], s.layers * steps);
-  EXPECT_EQ(c["attention output un-rotation"], s.layers * steps);
+  EXPECT_EQ(c["decode attention + un-rotation"], s.layers * steps);
+  EXPECT_EQ(c["decode attention"], 0);
+  EXPECT_EQ(c["attention output un-rotation"], 0);
 }
 
 // Decode steps run the attention prologue inside the decode attention kernel with CudaEngineOptions::
@@ -372,7 +372,7 @@ TEST(CudaEngineEpiloguesUnrotation, SplitDecodeAttentionUnrotatesInItsCombine) {
 // RoPE, the q rotation and the new token's cache append by the CTA that reads it. An engine with the option off runs
 // qkv_rope_kv_append and the attention as before; logits identical bit for bit over prompts and decode steps (graph
 // replays against graph replays, profiled against unprofiled engines without graphs), for an int4-hadamard cache at
-// a long context (split attention: the combine un-rotates) and a short one (unsplit: the separate un-rotation), and
+// a long context (split attention: the combine un-rotates) and a short one (unsplit: the decode kernel un-rotates), and
 // for a plain INT4 cache. The model has head_dim 128 and 8 query heads on 2 KV heads (the quad path's shape: 12 head
 // items per row). The profile shows which kernels ran.
 TEST(CudaEngineEpiloguesAttentionPrologue, DecodeAttentionRunsThePrologue) {
@@ -441,9 +441,9 @@ TEST(CudaEngineEpiloguesAttentionPrologue, DecodeAttentionRunsThePrologue) {
     }
     c = run_phase({{2, test::random_token_ids(30, s.vocab, rng)}, {3, test::random_token_ids(20, s.vocab, rng)}},
                   steps, "short context: unsplit attention");
-    EXPECT_EQ(c[in_attention], s.layers * steps);
+    EXPECT_EQ(c[hadamard ? in_attention + " + un-rotation" : in_attention], s.layers * steps);
     EXPECT_EQ(c["RoPE + KV append + q rotation"], 0);
-    EXPECT_EQ(c["attention output un-rotation"], hadamard ? s.layers * steps : 0);
+    EXPECT_EQ(c["attention output un-rotation"], 0);
   }
 }
 

@@ -68,14 +68,13 @@ cudaError_t attention_decode_bf16(const __nv_bfloat16* q, const uint8_t* kv_pool
                                   int head_dim, int max_pages_per_seq, int max_seq_len, void* workspace,
                                   size_t workspace_bytes, cudaStream_t stream, bool early_copies = false);
 
-// attention_decode_int4, fused with the un-rotation of an INT4_HADAMARD output where the launch allows it: with
-// unrotate_block > 1 and a plan that splits the sequences across CTAs (attention_decode_workspace_bytes > 0 for the
-// same arguments; the split depends on the shape, max_seq_len and the device), the combine kernel applies the
-// normalised block-diagonal Walsh–Hadamard transform of block unrotate_block to each BF16-rounded output head before
-// storing it — the same bits as attention_decode_int4 followed by rotate_heads_bf16(out, n_heads * head_dim, out,
-// batch, n_heads, head_dim, unrotate_block) (src/cuda/engine/engine_kernels.h), one kernel fewer — and *unrotated
-// becomes true. Otherwise (an unsplit plan, whose decode kernel stores BF16 itself; unrotate_block 0 or 1) the output
-// is exactly attention_decode_int4's and *unrotated is false: the caller un-rotates as before. *unrotated is known
+// attention_decode_int4, fused with the un-rotation of an INT4_HADAMARD output: with unrotate_block > 1, the kernel
+// that finishes each output head — the combine (kernel or cluster) of a plan that splits the sequences across CTAs,
+// the decode kernel itself after its cross-warp merge otherwise — applies the normalised block-diagonal
+// Walsh–Hadamard transform of block unrotate_block to the BF16-rounded head before storing it: the same bits as
+// attention_decode_int4 followed by rotate_heads_bf16(out, n_heads * head_dim, out, batch, n_heads, head_dim,
+// unrotate_block) (src/cuda/engine/engine_kernels.h), one kernel fewer, and *unrotated becomes true. With
+// unrotate_block 0 or 1 the output is exactly attention_decode_int4's and *unrotated is false. *unrotated is known
 // on the host when the call returns. unrotate_block must be 0, 1 or a power of two dividing head_dim and unrotated
 // non-null: cudaErrorInvalidValue naming the parameter otherwise (*unrotated false). Same contract otherwise.
 cudaError_t attention_decode_int4_unrotated(const __nv_bfloat16* q, const uint8_t* kv_pool,

@@ -390,7 +390,7 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
     << (layers_.empty() ? "-" : (layers_[0].qkv.kind() == DeviceLinear::Kind::Int4 ? "W4A16 INT4" : "BF16 cuBLAS"))
     << " | KV " << formats::kv_format_name(opt_.kv) << " (" << (fast_ok ? "fast" : "generic") << " attention"
     << (fast_ok && hadamard_block_ > 1 && opt_.fused_epilogues && opt_.fused_attention_unrotation
-            ? ", output un-rotated in its combine when split"
+            ? ", output un-rotated by the attention"
             : "")
     << ") | CUDA graphs " << (opt_.cuda_graphs ? "on" : "off");
   if (!layers_.empty() && layers_[0].o.kind() == DeviceLinear::Kind::Int4) {
@@ -997,7 +997,8 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       ap.key_anchors = anchors;
       ap.row_anchor = row_anchor;
       ap.hadamard_block = hadamard_block_;
-      // The output is un-rotated in the combine kernel when the launch splits and fused_attention_unrotation allows.
+      // The output is un-rotated by the attention (its combine, or the decode kernel when unsplit) when
+      // fused_attention_unrotation allows.
       const int unrotate = hadamard_block_ > 1 && opt_.fused_attention_unrotation ? hadamard_block_ : 0;
       const cudaError_t e = cuda::attention_decode_int4_with_prologue(
           ap, pool, m + ml.block_table, m + ml.seq_lens, bf(att_), r, nh, nkv, hd, static_cast<int>(pages_per_seq_),
@@ -1007,9 +1008,9 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                                    : "RoPE + KV append + q rotation + decode attention",
                cuda::attention_decode_last_error);
     } else if (fast && hadamard_block_ > 1 && opt_.fused_epilogues && opt_.fused_attention_unrotation) {
-      // An int4-hadamard output is un-rotated in the attention's combine kernel when the launch splits the
-      // sequences (same bits as the separate kernel below, one launch fewer); an unsplit launch leaves it to that
-      // kernel. The answer is known on the host, so a captured graph holds whichever ran.
+      // An int4-hadamard output is un-rotated by the kernel that finishes each head: the combine when the launch
+      // splits the sequences, the decode kernel itself when it does not (same bits as the separate kernel below, one
+      // launch fewer). The answer is known on the host, so a captured graph holds whichever ran.
       const cudaError_t e = cuda::attention_decode_int4_unrotated(
           bf(q_), pool, m + ml.block_table, m + ml.seq_lens, bf(att_), r, nh, nkv, hd,
           static_cast<int>(pages_per_seq_), static_cast<int>(max_len), hadamard_block_, attn_ws_.get(),

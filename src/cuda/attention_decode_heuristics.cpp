@@ -1,7 +1,7 @@
 // Split choice for the paged decode attention: how many CTAs share one (sequence, KV head).
 //
 // Occupancy rule (PlanModel::kOccupancy, the default):
-//   splits = clamp(min(round(kTargetCtasPerSm * SMs / (batch * KV heads)), kMaxPlanSplits,
+//   splits = clamp(min(floor(kTargetCtasPerSm * SMs / (batch * KV heads)), kMaxPlanSplits,
 //                      tiles / (warps * kMinTilesPerWarp)),
 //                  1, min(tiles, kMaxSplits))
 // Measured on the H200 by
@@ -13,7 +13,13 @@
 // (batch 1 / 8 / 32 at 1k, 8k, 32k), within 1.02x of the best measured count in all nine rows (docs/kernels.md,
 // "Split choice", has the table). That sweep, and every constant below, predates the thirty-fifth session's stage
 // layout (stage_code_offset), which halved the copies' L2 requests and took batch 32 at 8k from ~180 to ~117 us on
-// an H100: the "SM's own throughput" above was partly that request limit, and the sweep is due again.
+// an H100: the "SM's own throughput" above was partly that request limit. The thirty-sixth session re-ran the sweep
+// on an H100 (docs/results/v36/call1/sweep-splits.json): the rule's count was still the best or within 1.04x in all
+// nine rows. In the whole step (scripts/sweep_decode_tilings.sh with FT_ATTN_DECODE_SPLITS, docs/results.md
+// "Thirty-sixth session") the one change that paid was rounding the CTA target down instead of to the nearest:
+// 6 / 5 / 4 / 3 / 2 / 1 splits instead of 7 / 6 / 5 / 4 / 3 / 2 at batch 5 / 6 / 7 / 9 / 12-13 / 17-22 (8B,
+// context 1024), -0.9 to -3.7 %, and -1.8 / -2.3 % for 70B at batch 17 / 20; unsplit at batch 14 and 16 (where floor
+// still gives 2) was +0.9 / +1.4 % slower.
 //
 // DRAM model (PlanModel::kDram, the choice before; FT_ATTN_DECODE_MODEL=dram, kept for A/B runs), counted in
 // DRAM-byte equivalents like the W4A16 GEMM's; the cheapest split count wins (ties: fewer):
@@ -165,7 +171,9 @@ Plan dram_plan(const Problem& p) {
 Plan occupancy_plan(const Problem& p) {
   Plan plan = base_plan(p);
   const double groups = static_cast<double>(p.batch) * p.n_kv_heads;  // CTAs of one split
-  const auto fill = static_cast<int64_t>(std::lround(kTargetCtasPerSm * static_cast<double>(p.sm_count) / groups));
+  // Rounded down: a grid of more than kTargetCtasPerSm CTAs per SM puts a third CTA on some SMs, which then finish
+  // last (thirty-sixth session: floor against round, 8B step, H100, -0.9 to -3.7 % wherever the two differ).
+  const auto fill = static_cast<int64_t>(std::floor(kTargetCtasPerSm * static_cast<double>(p.sm_count) / groups));
   const int64_t walk = p.tiles / (p.warps * kMinTilesPerWarp);
   const int64_t s = std::min<int64_t>({fill, kMaxPlanSplits, walk});
   plan.splits = static_cast<int>(std::clamp<int64_t>(s, 1, max_splits(p)));

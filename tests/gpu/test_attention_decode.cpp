@@ -383,12 +383,18 @@ TEST(AttentionDecodeHost, OccupancyRuleClamps) {
   // A long context at batch 1: the cap, whatever the KV heads (1 KV head would ask for 264).
   for (int n_kv : {1, 2, 8}) EXPECT_EQ(splits(1, n_kv, 32768), 16) << "kv heads " << n_kv;
   EXPECT_EQ(splits(1, 8, 131072), 16);
-  // In between: about two CTAs per SM (round(264 / (batch * KV heads))).
+  // In between: at most two CTAs per SM (floor(264 / (batch * KV heads))).
   EXPECT_EQ(splits(3, 8, 32768), 11);  // 264 / 24
   EXPECT_EQ(splits(4, 8, 32768), 8);   // 264 / 32 = 8.25
   EXPECT_EQ(splits(16, 8, 32768), 2);  // 264 / 128 = 2.06
   EXPECT_EQ(splits(24, 8, 32768), 1);  // 264 / 192 = 1.375
-  // The SM count is the device's: an H100 PCIe (114 SMs) at batch 4: round(228 / 32) = 7.
+  // Rounded down where the nearest count would put a third CTA on some SMs (thirty-sixth session).
+  EXPECT_EQ(splits(5, 8, 32768), 6);   // 264 / 40 = 6.6
+  EXPECT_EQ(splits(7, 8, 32768), 4);   // 264 / 56 = 4.71
+  EXPECT_EQ(splits(9, 8, 32768), 3);   // 264 / 72 = 3.67
+  EXPECT_EQ(splits(12, 8, 32768), 2);  // 264 / 96 = 2.75
+  EXPECT_EQ(splits(17, 8, 32768), 1);  // 264 / 136 = 1.94
+  // The SM count is the device's: an H100 PCIe (114 SMs) at batch 4: floor(228 / 32) = 7.
   attn::DeviceLimits pcie;
   pcie.sm_count = 114;
   EXPECT_EQ(attn::model_plan(attn::PlanModel::kOccupancy, true, 128, 4, 8, 32768, pcie).splits, 7);

@@ -53,10 +53,11 @@ struct CudaEngineOptions {
   // in their epilogue (gemm_fp8_residual) instead of storing BF16 for a separate add. Both settings give
   // bit-identical results; the flag exists to compare and measure them.
   bool fused_epilogues = true;
-  // With fused_epilogues and an int4-hadamard cache: decode attention launches that split the sequences un-rotate
-  // their output in the combine kernel (cuda::attention_decode_int4_unrotated) instead of a separate
-  // rotate_heads_bf16 (bit-identical by construction; GPU-tested, one kernel fewer per layer: 8B step at context
-  // 1024 1.5 % faster at batch 1 and 8 on the H200, docs/results.md). false: the separate kernel (kept to compare).
+  // With fused_epilogues and an int4-hadamard cache: decode attention launches un-rotate their output themselves
+  // (cuda::attention_decode_int4_unrotated: in the combine kernel when they split the sequences, in the decode kernel
+  // when they do not) instead of a separate rotate_heads_bf16 (bit-identical by construction; GPU-tested, one kernel
+  // fewer per layer: 8B step at context 1024 1.5 % faster at batch 1 and 8 on the H200, 2.8 % at batch 32 on the
+  // H100, docs/results.md). false: the separate kernel (kept to compare).
   bool fused_attention_unrotation = true;
   // Decode steps (one new token per sequence): the decode attention copies every cache tile but the one holding each
   // sequence's new token before its griddepcontrol.wait (cuda::attention_decode_*'s early_copies), so the copies

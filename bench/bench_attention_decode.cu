@@ -9,7 +9,7 @@
 // codes plus INT4 scales and zeros; queries and outputs are tiny and left out). Cache contents are hashed
 // bytes: timing does not depend on the values. The git commit in the JSON comes from -DFT_GIT_COMMIT=... or
 // the FT_GIT_COMMIT environment variable. The INT4 rows name the plan's split count and warps per CTA (4, or 8 from
-// 64 CTAs a split; FT_ATTN_DECODE_WARPS=4|8 forces one). These launches do not copy early (no kernel before them), so
+// 48 CTAs a split; FT_ATTN_DECODE_WARPS=4|8 forces one). These launches do not copy early (no kernel before them), so
 // the 8-warp rows read slower here than inside a decode step (docs/kernels.md, "Split choice").
 // FT_ATTN_CLUSTER_COMBINE=N merges split plans of up to N splits inside their thread-block cluster instead of the
 // combine kernel (named in the header line and the JSON's cluster_combine_splits).

@@ -75,8 +75,10 @@ constexpr int kMinTilesPerWarp = 2;
 // the twenty-fourth session's pipelined loop), so 8 warps have more of the cache in flight (24 tiles against 16)
 // while the kernel before runs. Alone and without early copies (bench_attention_decode) 8 warps were 1-10 %
 // slower at batch 8-32: the rule follows the step. One rule for every launcher, so the fused-prologue, early-copy and
-// plain launches keep the same bits.
-constexpr int64_t kEightWarpMinGroups = 64;
+// plain launches keep the same bits. Lowered from 64 to 48 in the thirty-sixth session (8B step on an H100, context
+// 1024, FT_ATTN_DECODE_WARPS=8 against the rule's 4, four alternating pairs): batch 6 / 7 (48 / 56 groups) -1.8 /
+// -1.0 %, batch 4 / 5 (32 / 40) +0.2 / +1.2 %.
+constexpr int64_t kEightWarpMinGroups = 48;
 
 struct KernelShape {
   int stage_bytes, stages, smem, max_ctas_per_sm;  // the last: the register cap of __launch_bounds__

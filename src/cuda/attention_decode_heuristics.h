@@ -68,7 +68,7 @@ bool combines_in_cluster(int splits);
 void reset_plan_knobs();
 
 // Whether a format / head_dim has 8-warp instances, and the warps per CTA a plan for the shape uses: the forced
-// count where one applies, else the rule (8 when batch * KV heads >= 64, 4 below; measured on the H200, see the .cpp).
+// count where one applies, else the rule (8 when batch * KV heads >= 48, 4 below; measured in the step, see the .cpp).
 // Warps change the merge order, so the bits: every launcher plans the same way for the same shape.
 bool has_eight_warp_instances(bool int4, int head_dim);
 int cta_warps(bool int4, int head_dim, int batch, int n_kv_heads);

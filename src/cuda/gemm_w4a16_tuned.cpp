@@ -43,11 +43,12 @@ constexpr TunedV4Entry kEntries[] = {
     // the M = 16 gate|up entry was w16s16, 33.23 -> 30.38 standalone).
     {28672, 4096, 3, 5, "w28s8", 28, 8, 0},
     {28672, 4096, 6, 8, "w28s8", 28, 8, 0},                 // gate_up M=8: 26.98 -> 20.97 (v11b; w24s8 22.52)
-    // gate_up M = 12..16 on the streamed warpgroup path: the twenty-eighth session's in-step screen on an H100 after
+    // gate_up M = 9..16 on the streamed warpgroup path: the twenty-eighth session's in-step screen on an H100 after
     // that path's loop got 3-10 % faster (4d0c05a), three alternating pairs, 8B step at batch 12 / 14 / 16: -2.2 /
-    // -3.0 / -0.2 %; at batch 9 / 10 level (+0.3 / -0.7 %), so 9..11 stay on w28s8.
-    {28672, 4096, 12, 16, "wgmma_sx", 8, 8, 0, true, true},
-    {28672, 4096, 9, 11, "w28s8", 28, 8, 0},
+    // -3.0 / -0.2 %; at batch 9 / 10 then level (+0.3 / -0.7 %), so 9..11 stayed on w28s8 until the thirty-sixth
+    // session's screen on an H100 (after the decode attention's stage layout and split floor; four alternating pairs,
+    // FT_W4A16_TUNED_EXTRA=28672:4096:9:11:8:8:0:0:0:1 against w28s8): -2.5 / -1.2 / -5.4 % at batch 9 / 10 / 11.
+    {28672, 4096, 9, 16, "wgmma_sx", 8, 8, 0, true, true},
     {4096, 14336, 3, 5, "w28s8", 28, 8, 0},
     // o M = 9..16 on the streamed warpgroup path: the thirty-third session's in-step screen on an H100
     // (FT_W4A16_TUNED_EXTRA=4096:4096:9:16:8:8:0:0:0:1 against w16s16, three alternating pairs, 8B step at batch 10 /

@@ -343,8 +343,9 @@ TEST(AttentionDecodeHost, OccupancyRuleReproducesTheH200Sweep) {
   }
 }
 
-// 8-warp CTAs from 64 CTAs a split on, with the same two-CTAs-per-SM target: in the whole decode step that beat both
-// 4-warp CTAs and one 8-warp CTA per SM (twenty-first session, docs/results.md), though alone one per SM was faster.
+// 8-warp CTAs from 48 CTAs a split on (64 until the thirty-sixth session), with the same two-CTAs-per-SM target: in
+// the whole decode step that beat both 4-warp CTAs and one 8-warp CTA per SM (twenty-first session, docs/results.md),
+// though alone one per SM was faster. Batch 6 (48 CTAs a split) takes 8 warps and the walk term's 4 splits.
 TEST(AttentionDecodeHost, OccupancyRuleWithEightWarpCtas) {
   const PlanKnobs knobs;
   attn::set_forced_warps(0);  // the rule's own warps, whatever FT_ATTN_DECODE_WARPS says
@@ -352,7 +353,8 @@ TEST(AttentionDecodeHost, OccupancyRuleWithEightWarpCtas) {
   struct Point {
     int ctx, batch, warps, splits;
   };
-  for (const Point& m : {Point{1024, 1, 4, 8}, Point{1024, 4, 4, 8}, Point{1024, 8, 8, 4}, Point{1024, 16, 8, 2},
+  for (const Point& m : {Point{1024, 1, 4, 8}, Point{1024, 4, 4, 8}, Point{1024, 5, 4, 6}, Point{1024, 6, 8, 4},
+                         Point{1024, 7, 8, 4}, Point{1024, 8, 8, 4}, Point{1024, 16, 8, 2},
                          Point{1024, 32, 8, 1}, Point{8192, 1, 4, 16}, Point{8192, 8, 8, 4}, Point{8192, 16, 8, 2},
                          Point{8192, 32, 8, 1}, Point{256, 8, 8, 1} /* 16 tiles: the walk term, 2 a warp */}) {
     const attn::Plan p = attn::model_plan(attn::PlanModel::kOccupancy, true, 128, m.batch, 8, m.ctx, h200);

@@ -243,15 +243,39 @@ constexpr int kQuadItemsPerCta = kQuadThreads / 4;
 // faster at decode batch 1 and 8 and at 2048-row prefill (docs/results.md, fifteenth session).
 constexpr int kOctetMaxRows = 1 << 30;
 
+// kL = 32 (a whole warp, lane t holding channels 4 t .. 4 t + 3) is the layout of the W4A16 qkv GEMM's split-K
+// reduce (gemm_w4a16_qkv.cuh), where lane t sums float4 t of the head: its RoPE partners are one shuffle away there.
 template <int kL>
 struct HeadLanes {
-  static_assert(kL == 4 || kL == 8, "quads or octets");
+  static_assert(kL == 4 || kL == 8 || kL == 32, "quads, octets or a warp of float4s");
   static constexpr int kPerLane = kQuadHeadDim / kL;             // channels per lane
   static constexpr int kItemsPerCta = kQuadThreads / kL;
-  static constexpr int kLanesPerGroup = kv::kInt4Group / kPerLane;  // 1 or 2
+  static constexpr int kLanesPerGroup = kv::kInt4Group / kPerLane;  // 1, 2 or 8
   // The lane's group of kL lanes inside its warp.
-  static __device__ __forceinline__ unsigned mask() { return ((1u << kL) - 1u) << (threadIdx.x & (32u - kL)); }
+  static __device__ __forceinline__ unsigned mask() {
+    if constexpr (kL == 32) {
+      return 0xffffffffu;
+    } else {
+      return ((1u << kL) - 1u) << (threadIdx.x & (32u - kL));
+    }
+  }
 };
+
+// kWords 32-bit words (a lane's kPer BF16 values or kPer / 2 ... code bytes) to or from 16-byte aligned memory in
+// the widest accesses they fill: uint4s, or one uint2 (kWords == 2), or one uint16_t (kWords == 1, low half).
+template <int kWords>
+__device__ __forceinline__ void store_lane_words(void* dst, const uint32_t (&w)[kWords]) {
+  if constexpr (kWords % 4 == 0) {
+#pragma unroll
+    for (int v = 0; v < kWords / 4; ++v)
+      reinterpret_cast<uint4*>(dst)[v] = make_uint4(w[4 * v], w[4 * v + 1], w[4 * v + 2], w[4 * v + 3]);
+  } else if constexpr (kWords == 2) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+  } else {
+    static_assert(kWords == 1, "1, 2 or a multiple of 4 words");
+    *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w[0]);
+  }
+}
 
 // Butterflies of strides 1 .. block / 2 (block a power of two in 2..128) over the group's head, then x *= scale.
 template <int kL>
@@ -300,16 +324,26 @@ template <int kL>
 __device__ __forceinline__ void load_head_lanes(const __nv_bfloat16* head, int t,
                                                 float (&x)[HeadLanes<kL>::kPerLane]) {
   constexpr int kPer = HeadLanes<kL>::kPerLane;
-  const uint4* src = reinterpret_cast<const uint4*>(head + kPer * t);
+  uint32_t ws[kPer / 2];
+  if constexpr (kPer >= 8) {
+    const uint4* src = reinterpret_cast<const uint4*>(head + kPer * t);
 #pragma unroll
-  for (int v = 0; v < kPer / 8; ++v) {
-    const uint4 w = src[v];
-    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      x[8 * v + 2 * k] = __uint_as_float(ws[k] << 16);
-      x[8 * v + 2 * k + 1] = __uint_as_float(ws[k] & 0xffff0000u);
+    for (int v = 0; v < kPer / 8; ++v) {
+      const uint4 w = src[v];
+      ws[4 * v] = w.x;
+      ws[4 * v + 1] = w.y;
+      ws[4 * v + 2] = w.z;
+      ws[4 * v + 3] = w.w;
     }
+  } else {
+    const uint2 w = *reinterpret_cast<const uint2*>(head + kPer * t);
+    ws[0] = w.x;
+    ws[1] = w.y;
+  }
+#pragma unroll
+  for (int k = 0; k < kPer / 2; ++k) {
+    x[2 * k] = __uint_as_float(ws[k] << 16);
+    x[2 * k + 1] = __uint_as_float(ws[k] & 0xffff0000u);
   }
 }
 __device__ __forceinline__ void load_quad_head(const __nv_bfloat16* head, int t, float (&x)[kQuadPerLane]) {
@@ -347,10 +381,7 @@ __device__ __forceinline__ void rope_quad(float (&x)[kQuadPerLane], const float2
 template <int kL>
 __device__ __forceinline__ void store_head_lanes(__nv_bfloat16* head, int t,
                                                  const uint32_t (&out)[HeadLanes<kL>::kPerLane / 2]) {
-  constexpr int kPer = HeadLanes<kL>::kPerLane;
-  uint4* dst = reinterpret_cast<uint4*>(head + kPer * t);
-#pragma unroll
-  for (int v = 0; v < kPer / 8; ++v) dst[v] = make_uint4(out[4 * v], out[4 * v + 1], out[4 * v + 2], out[4 * v + 3]);
+  store_lane_words<HeadLanes<kL>::kPerLane / 2>(head + HeadLanes<kL>::kPerLane * t, out);
 }
 __device__ __forceinline__ void store_quad_head(__nv_bfloat16* head, int t, const uint32_t (&out)[kQuadPerLane / 2]) {
   store_head_lanes<4>(head, t, out);
@@ -365,12 +396,10 @@ __device__ __forceinline__ void rotate_store_q_lanes(const QkvArgs& a, float (&x
                                                      unsigned mask, __nv_bfloat16* head) {
   constexpr int kPer = HeadLanes<kL>::kPerLane;
   if (a.q_hadamard_block > 1) hadamard_lanes<kL>(x, a.q_hadamard_block, a.q_hadamard_scale, t, mask);
-  uint4* dst = reinterpret_cast<uint4*>(head + kPer * t);
+  uint32_t words[kPer / 2];
 #pragma unroll
-  for (int v = 0; v < kPer / 8; ++v) {
-    dst[v] = make_uint4(pack_bf16_pair(x[8 * v], x[8 * v + 1]), pack_bf16_pair(x[8 * v + 2], x[8 * v + 3]),
-                        pack_bf16_pair(x[8 * v + 4], x[8 * v + 5]), pack_bf16_pair(x[8 * v + 6], x[8 * v + 7]));
-  }
+  for (int k = 0; k < kPer / 2; ++k) words[k] = pack_bf16_pair(x[2 * k], x[2 * k + 1]);
+  store_lane_words<kPer / 2>(head + kPer * t, words);
 }
 __device__ __forceinline__ void rotate_store_q_quad(const QkvArgs& a, float (&x)[kQuadPerLane], int t,
                                                     unsigned quad_mask, __nv_bfloat16* head) {
@@ -449,9 +478,10 @@ __device__ __forceinline__ void finish_item_lanes(const QkvArgs& a, float (&x)[H
   }
   // The kPer + 1 divisions by the group's scale: IEEE quotients through one reciprocal (shared_divisor.h) when the
   // scale is in that header's domain (every finite fp16 scale), else __fdiv_rn (an fp16-overflowing, infinite scale).
-  uint32_t bytes[kPer / 8];
+  constexpr int kCodeWords = (kPer + 7) / 8;  // the lane's kPer / 2 code bytes (2 for a warp of float4s)
+  uint32_t bytes[kCodeWords];
 #pragma unroll
-  for (int w = 0; w < kPer / 8; ++w) bytes[w] = 0u;
+  for (int w = 0; w < kCodeWords; ++w) bytes[w] = 0u;
   int zero = 0;
   const auto encode = [&](const auto& div) {
     zero = static_cast<int>(fminf(fmaxf(rintf(div(-lo)), 0.0f), kv::kInt4Levels));
@@ -463,12 +493,7 @@ __device__ __forceinline__ void finish_item_lanes(const QkvArgs& a, float (&x)[H
     }
   };
   divisor::with_divisor(scale, encode);
-  uint8_t* codes = d.row + (kPer / 2) * t;
-  if constexpr (kPer == 32) {
-    *reinterpret_cast<uint4*>(codes) = make_uint4(bytes[0], bytes[1], bytes[2], bytes[3]);
-  } else {
-    *reinterpret_cast<uint2*>(codes) = make_uint2(bytes[0], bytes[1]);
-  }
+  store_lane_words<kCodeWords>(d.row + (kPer / 2) * t, bytes);
   if (t % HL::kLanesPerGroup == 0) {  // the group's first lane
     const int g = t / HL::kLanesPerGroup;
     reinterpret_cast<uint16_t*>(d.scales)[meta.slot * a.geo.groups + g] = scale_bits;

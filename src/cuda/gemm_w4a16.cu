@@ -293,6 +293,17 @@ int reduce_release_first() {
   return first;
 }
 
+// FT_QKV_REDUCE_LANES=0: the qkv split-K reduce of an INT4 / INT4_HADAMARD cache at head_dim 128 runs the per-head
+// code that re-reads the head from qkv (gemm_w4a16_reduce_qkv_kernel) instead of keeping each lane's float4 in
+// registers (gemm_w4a16_reduce_qkv_lanes_kernel; same bits), to time one against the other. Read once per process.
+bool qkv_reduce_lanes() {
+  static const bool on = [] {
+    const char* v = std::getenv("FT_QKV_REDUCE_LANES");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+
 // The entries of the environment list `var` as parse reads them (the w4a16::parse_* functions); problems are reported
 // on stderr. Callers keep the result in a function-local static, so each list is read and reported once per process.
 template <class Entry>
@@ -318,7 +329,8 @@ bool plain_launch_for(int M, int N, int K, int group, const w4a16::DeviceLimits&
 // Launches a tiling that fits the device (smem checked by the callers) after the workspace check; a split K is
 // finished inside clusters where w4a16::cluster_reduce_applies and gemm_w4a16_cluster_reduce(), otherwise by the
 // reduce kernel; `out` is y (BF16 [M, N]), the fp32 residual [M, N] or h (BF16 [M, N / 2]) as the epilogue says.
-// With qkv (ep store_bf16, out = qkv's BF16 buffer): the split-K reduce is gemm_w4a16_reduce_qkv_kernel, and without
+// With qkv (ep store_bf16, out = qkv's BF16 buffer): the split-K reduce is gemm_w4a16_reduce_qkv_kernel (its lanes
+// variant for INT4 caches at head_dim 128), and without
 // a split the GEMM's BF16 store is followed by qkv_rope_kv_append's kernel (see gemm_w4a16_qkv_rope_append). With
 // norm: the norm-prologue instance of the (v4 rows8) tiling, with kNormScratchBytes more shared memory after the
 // ring. With norm_out (residual_f32 only): the residual rows' norm partials are written too, by
@@ -411,6 +423,14 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
                         static_cast<unsigned>(M));
     rcfg.blockDim = dim3(static_cast<unsigned>(w4a16::kQkvReduceWarps * fused::kWarp));
     const auto* p = static_cast<const float*>(workspace);
+    if (qkv->args.head_dim == fused::kQuadHeadDim && qkv_reduce_lanes()) {
+      if (qkv->format == formats::KvFormat::INT4)
+        return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_lanes_kernel<formats::KvFormat::INT4>, p,
+                                  count4, t.splits, qkv->args);
+      if (qkv->format == formats::KvFormat::INT4_HADAMARD)
+        return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_lanes_kernel<formats::KvFormat::INT4_HADAMARD>,
+                                  p, count4, t.splits, qkv->args);
+    }
     switch (qkv->format) {
       case formats::KvFormat::BF16:
         return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::BF16>, p, count4,

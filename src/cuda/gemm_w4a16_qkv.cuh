@@ -61,4 +61,57 @@ __global__ void __launch_bounds__(kQkvReduceWarps * fused::kWarp)
   fused::qkv_head_item<F, true>(a, cs, meta, r, item, lane);
 }
 
+// The INT4 / INT4_HADAMARD caches at head_dim 128 (fused::kQuadHeadDim): the same grid and items, and lane t's float4
+// t of the head stays in its registers — channels 4 t .. 4 t + 3, the layout of fused::HeadLanes<32>. RoPE finds
+// each channel's partner (c ± 64) in lane t ^ 16 by one shuffle (fused::rope_lanes), so the warp neither stores the
+// head nor reads it back before RoPE, and the rest is finish_item_lanes, the code of qkv_rope_kv_append's own INT4
+// kernels at this head size (kv_append_rotate_q_quad_kernel: the same operations in the same order whatever the lane
+// layout, so the same bits as the plain reduce followed by that kernel). a.qkv still receives the RoPE'd q and k and
+// the v heads, off the chain (nothing in this kernel reads them). Key anchors are read before the wait, as that kernel
+// does with RoPE: a pass that runs qkv_rope_kv_append computes no anchors (fused_ops.h).
+template <formats::KvFormat F>
+__global__ void __launch_bounds__(kQkvReduceWarps * fused::kWarp)
+    gemm_w4a16_reduce_qkv_lanes_kernel(const float* __restrict__ partial, int64_t count4, int splits,
+                                       const fused::QkvArgs a) {
+  static_assert(F == formats::KvFormat::INT4 || F == formats::KvFormat::INT4_HADAMARD, "INT4 caches");
+  using HL = fused::HeadLanes<fused::kWarp>;
+  __shared__ float2 cs[fused::kQuadHeadDim / 2];
+  const int r = static_cast<int>(blockIdx.y);
+  const int lane = static_cast<int>(threadIdx.x) % fused::kWarp;
+  const int item = static_cast<int>(blockIdx.x) * kQkvReduceWarps + static_cast<int>(threadIdx.x) / fused::kWarp;
+  const bool live = item < a.n_heads + 2 * a.n_kv_heads;  // warp-uniform
+  const bool is_q = item < a.n_heads;
+  const bool is_v = item >= a.n_heads + a.n_kv_heads;
+  const fused::QkvRowMeta meta = fused::qkv_row_meta<F>(a, r);
+  fused::qkv_rope_table(a, r, cs, kQkvReduceWarps * fused::kWarp);
+  fused::AnchorLanes<fused::kWarp> pre;
+  if constexpr (F == formats::KvFormat::INT4_HADAMARD) {
+    if (live && !is_q && !is_v && meta.anchor >= 0 && meta.page >= 0 && meta.slot >= 0 &&
+        meta.slot < kv::kPageTokens) {
+      const uint16_t* anchor = fused::key_anchor_row(a, meta.anchor, item - a.n_heads);
+#pragma unroll
+      for (int k = 0; k < HL::kPerLane; ++k) pre.v[k] = kv::f16_bits_to_f32(anchor[HL::kPerLane * lane + k]);
+      pre.loaded = true;
+    }
+  }
+  ops::pdl_prologue();
+  __syncthreads();  // the only barrier: the early return below is after it
+  if (!live) return;
+
+  const float4 s = sum_slices(reinterpret_cast<const float4*>(partial),
+                              qkv_head_float4(r, item, lane, a.row_width, fused::kQuadHeadDim), count4, splits);
+  // The plain reduce's BF16 store (__floats2bfloat162_rn pairs), kept in registers, widened exactly.
+  uint32_t raw[2] = {fused::pack_bf16_pair(s.x, s.y), fused::pack_bf16_pair(s.z, s.w)};
+  float x[HL::kPerLane];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    x[2 * k] = __uint_as_float(raw[k] << 16);
+    x[2 * k + 1] = __uint_as_float(raw[k] & 0xffff0000u);
+  }
+  __nv_bfloat16* head = a.qkv + static_cast<int64_t>(r) * a.row_width + static_cast<int64_t>(item) * fused::kQuadHeadDim;
+  if (!is_v) fused::rope_lanes<fused::kWarp>(x, cs, lane, HL::mask(), raw);  // raw becomes the RoPE'd bits
+  fused::store_head_lanes<fused::kWarp>(head, lane, raw);
+  fused::finish_item_lanes<F, fused::kWarp>(a, x, r, item, meta, lane, HL::mask(), &pre);
+}
+
 }  // namespace futransformer::cuda::w4a16

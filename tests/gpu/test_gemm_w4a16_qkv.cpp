@@ -2,7 +2,8 @@
 // internal gemm_w4a16_qkv_rope_append_with_tiling) against the two launches it replaces, on the device, on the same
 // inputs and the same tiling: gemm_w4a16 (BF16 qkv) followed by qkv_rope_kv_append. The fused reduce sums the
 // split-K partials in the plain reduce's order, rounds as its store does and then runs qkv_rope_kv_append's own
-// per-head code, so every comparison is bit for bit (no tolerance): qkv afterwards (RoPE'd q and k, v), q_out and
+// per-head code (for INT4 caches at head_dim 128 its lane-layout code, finish_item_lanes, with each lane's float4 kept
+// in registers: gemm_w4a16_reduce_qkv_lanes_kernel), so every comparison is bit for bit (no tolerance): qkv afterwards (RoPE'd q and k, v), q_out and
 // every byte of the page pool. Outputs, pools and the split-K workspace are poisoned (0xFF) before each run. Cases:
 // every KV format, head_dim 64 and 128, GQA ratios 1, 4 and 8, M = 1, 3, 8, 17, 32, the v4 and v2 tilings with one
 // K slice (the two-kernel fallback) and with 2 and 3 slices (the fused reduce), and the library's own choice; padding

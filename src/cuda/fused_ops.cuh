@@ -261,8 +261,9 @@ struct HeadLanes {
   }
 };
 
-// kWords 32-bit words (a lane's kPer BF16 values or kPer / 2 ... code bytes) to or from 16-byte aligned memory in
-// the widest accesses they fill: uint4s, or one uint2 (kWords == 2), or one uint16_t (kWords == 1, low half).
+// Stores kWords 32-bit words (a lane's kPer BF16 values, or its kPer / 2 code bytes) at dst in the widest accesses
+// they fill: uint4s (dst 16-byte aligned), one uint2 (kWords == 2, 8-byte aligned) or one uint16_t (kWords == 1: the
+// low half, 2-byte aligned).
 template <int kWords>
 __device__ __forceinline__ void store_lane_words(void* dst, const uint32_t (&w)[kWords]) {
   if constexpr (kWords % 4 == 0) {

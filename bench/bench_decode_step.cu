@@ -13,7 +13,8 @@
 // Environment: FT_QKV_PROLOGUE=0 keeps the attention prologue's own kernel on fused rows; FT_NORM_PROLOGUE=1 runs the
 // attention and MLP RMSNorms inside the qkv and gate|up GEMMs on fused rows of batch <= 8
 // (CudaEngineOptions::fused_norm_prologue, off by default: measured slower); FT_NORM_PARTIALS=1 the same with the row
-// sums from the residual GEMMs (fused_norm_partials); FT_UNROTATE_IN_COMBINE=0 keeps the
+// sums from the residual GEMMs (fused_norm_partials); FT_L2_PREFETCH_GATE_UP=f prefetches that fraction of each
+// layer's gate|up weight into L2 after its qkv GEMM (l2_prefetch_gate_up, off by default); FT_UNROTATE_IN_COMBINE=0 keeps the
 // separate un-rotation kernel after a split int4-hadamard attention on fused rows
 // (CudaEngineOptions::fused_attention_unrotation, on by default); FT_ATTN_PROLOGUE=1 runs the attention prologue in the
 // decode attention where the qkv GEMM splits K (CudaEngineOptions::fused_attention_prologue, off by default), =all
@@ -200,6 +201,14 @@ int main(int argc, char** argv) {
         // by the o / down GEMMs' reduce) on the fused rows.
         const char* npp = std::getenv("FT_NORM_PARTIALS");
         o.fused_norm_partials = fused && npp != nullptr && npp[0] == '1';
+        // FT_L2_PREFETCH_GATE_UP=f: CudaEngineOptions::l2_prefetch_gate_up (that fraction of each layer's gate|up
+        // weight prefetched into L2 on a side branch after its qkv GEMM), every row.
+        if (const char* pf = std::getenv("FT_L2_PREFETCH_GATE_UP")) o.l2_prefetch_gate_up = std::atof(pf);
+        if (const char* pd = std::getenv("FT_L2_PREFETCH_DOWN")) o.l2_prefetch_down = std::atof(pd);
+        // FT_RESIDUAL_NORM=1: CudaEngineOptions::fused_residual_norm (the norm after the o / down GEMMs in their
+        // split-K reduce) on the fused rows.
+        const char* rn = std::getenv("FT_RESIDUAL_NORM");
+        o.fused_residual_norm = fused && rn != nullptr && rn[0] == '1';
         std::unique_ptr<CudaEngine> e = make_synthetic_cuda_engine(c, kGroup, o);
         std::printf("%s%s: %s | GPU memory %.2f GB\n", name.c_str(), block ? " (1 layer)" : "", e->description().c_str(),
                     e->memory().total() / 1e9);

@@ -120,6 +120,23 @@ struct CudaEngineOptions {
   // +9 % at batch 8, docs/results.md "Eighteenth session"): at batch 1 the o and down GEMMs do not split K, so a
   // kernel still reads the rows back for the sums, and staging fp32 rows costs the GEMM more than BF16 ones.
   bool fused_norm_partials = false;
+  // With fused_epilogues, INT4 o and down projections on the W4A16 path: the RMSNorm after each of them (the MLP norm,
+  // the next layer's attention norm) runs inside the GEMM's split-K reduce where K is split
+  // (cuda::gemm_w4a16_residual_rmsnorm: reduce, residual add and norm in one kernel; after an unsplit GEMM the norm
+  // kernel as before). Same bits. Not where a norm prologue takes the norm. bench_decode_step: FT_RESIDUAL_NORM=1.
+  // Built after the thirty-seventh session's last device call: its GPU tests are written but have not run yet, so
+  // off by default (docs/notes/gpu-sessions.md has the call that tests and times it).
+  bool fused_residual_norm = false;
+  // Decode steps on the W4A16 path: after each layer's qkv GEMM, a side branch of the step (its own stream, joined at
+  // the end of the layers) prefetches this fraction of the layer's gate|up weight into L2 (cuda::l2_prefetch_stripes,
+  // round(16 f) of every 16 lines, evict_last), while the attention's latency-bound kernels leave DRAM mostly idle, so
+  // the gate|up GEMM finds that share of its bytes in L2. A hint: the same bits either way. 0 (the default): none.
+  // Must be in [0, 1] (Error at construction otherwise). bench_decode_step: FT_L2_PREFETCH_GATE_UP=f. Built after
+  // the thirty-seventh session's last device call: GPU tests written, not run yet; unmeasured.
+  double l2_prefetch_gate_up = 0.0;
+  // The same branch also prefetches this fraction of the layer's down weight (after gate|up's share), [0, 1].
+  // bench_decode_step: FT_L2_PREFETCH_DOWN=f.
+  double l2_prefetch_down = 0.0;
   // FP8 prefill passes: the down projection's input is quantised per token per 128 channels (the recipe
   // act-fp8-block-bf16; twin: make_prefill_decode_reference_engine with ActivationFormat::Fp8BlockOverBf16) instead of
   // per token. With fused_epilogues the gate|up FP8 GEMM then applies SwiGLU and writes those FP8 codes and scales in

@@ -27,6 +27,7 @@
 #include "cuda/gemm_w4a16_tuned.h"
 #include "cuda/gemm_w4a16_v4_dispatch.cuh"
 #include "cuda/launch_status.h"
+#include "futransformer/cuda/decoder_ops.h"
 #include "futransformer/cuda/fused_ops.h"
 
 namespace futransformer::cuda {
@@ -227,6 +228,25 @@ struct NormPrologue {
   const float* partials = nullptr;  // the rows' norm partials (gemm_w4a16_residual_norm_partials), or none
 };
 
+// The RMSNorm after the residual epilogue (gemm_w4a16_residual_rmsnorm): y = rmsnorm_bf16(residual, weight, eps) of
+// the rows the GEMM leaves.
+struct ResidualNorm {
+  const float* weight;
+  __nv_bfloat16* y;
+  float eps;
+};
+constexpr const char* kResidualNormOp = "gemm_w4a16_residual_rmsnorm";
+
+// FT_RESIDUAL_NORM_FUSED=0: gemm_w4a16_residual_rmsnorm runs the split-K reduce and rmsnorm_bf16 as two kernels
+// instead of gemm_w4a16_reduce_residual_rmsnorm_kernel (same bits), to time one against the other. Read once.
+bool residual_norm_fused() {
+  static const bool on = [] {
+    const char* v = std::getenv("FT_RESIDUAL_NORM_FUSED");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+
 std::atomic<int> g_cluster_reduce_override{-1};  // set_gemm_w4a16_cluster_reduce; -1: the environment's
 std::atomic<int> g_cluster_rows_override{0};     // set_gemm_w4a16_cluster_limits; 0: the environment's
 std::atomic<int> g_cluster_splits_override{0};
@@ -339,7 +359,8 @@ bool plain_launch_for(int M, int N, int K, int group, const w4a16::DeviceLimits&
 cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16::Epilogue ep, const __nv_bfloat16* x,
                    const uint32_t* w_packed, const uint16_t* scales, void* out, int M, int N, int K, int group,
                    formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                   const QkvEpilogue* qkv = nullptr, const NormPrologue* norm = nullptr, float* norm_out = nullptr) {
+                   const QkvEpilogue* qkv = nullptr, const NormPrologue* norm = nullptr, float* norm_out = nullptr,
+                   const ResidualNorm* rnorm = nullptr) {
   const int64_t smem = w4a16::smem_layout(t, K, group).total + (norm ? w4a16::kNormScratchBytes : 0);
   if (print_choice()) std::fprintf(stderr, "%s\n", w4a16::describe_tiling(t, M, N, K, group, d).c_str());
   const int64_t need = w4a16::workspace_bytes_for(t, M, N);
@@ -404,8 +425,16 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
                               static_cast<const float4*>(workspace), reinterpret_cast<float4*>(residual), norm_out, M,
                               N / 4, vthreads, t.splits == 1 ? 0 : t.splits);
   }
-  if (t.splits == 1) return qkv ? fused::launch_qkv_kernel(qkv->args, qkv->format, M, true, stream) : cudaSuccess;
-  if (cluster) return cudaSuccess;  // finished inside the clusters
+  // The RMSNorm after the residual epilogue: its own kernel where the GEMM (or its clusters) finished the sums, else
+  // fused with the split-K reduce below.
+  const auto norm_kernel_after = [&] {
+    return cuda::rmsnorm_bf16(residual, rnorm->weight, rnorm->y, M, N, rnorm->eps, stream);
+  };
+  if (t.splits == 1) {
+    if (rnorm) return norm_kernel_after();
+    return qkv ? fused::launch_qkv_kernel(qkv->args, qkv->format, M, true, stream) : cudaSuccess;
+  }
+  if (cluster) return rnorm ? norm_kernel_after() : cudaSuccess;  // finished inside the clusters
 
   // The reduce kernel applies the epilogue: one launch either way (N % 32 == 0, so M * N / 4 is exact).
   const int64_t count4 = static_cast<int64_t>(M) * N / 4;
@@ -447,8 +476,24 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
     }
     return reject(&g_last_error, "gemm_w4a16_qkv_rope_append: unknown KV format");  // unreachable: checked
   }
+  if (rnorm && residual_norm_fused()) {
+    // One CTA per row in rmsnorm_bf16's launch shape (the sum of squares in its order).
+    rcfg.gridDim = dim3(static_cast<unsigned>(M));
+    rcfg.blockDim = dim3(static_cast<unsigned>(ops::rmsnorm_threads(N, true)));
+    return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_residual_rmsnorm_kernel, partial,
+                              reinterpret_cast<float4*>(residual), count4, t.splits,
+                              reinterpret_cast<const float4*>(rnorm->weight), rnorm->y, N, rnorm->eps);
+  }
   switch (ep) {
     case w4a16::Epilogue::residual_f32:
+      if (rnorm) {
+        if (const cudaError_t e = cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_residual_kernel, partial,
+                                                     reinterpret_cast<float4*>(residual), count4, t.splits,
+                                                     reduce_release_first());
+            e != cudaSuccess)
+          return e;
+        return norm_kernel_after();
+      }
       return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_residual_kernel, partial,
                                 reinterpret_cast<float4*>(residual), count4, t.splits,
                                 reduce_release_first());
@@ -572,7 +617,7 @@ cudaError_t check_norm_tiling(const NormPrologue& n, const Tiling& t) {
 cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x, const uint32_t* w_packed,
                 const uint16_t* scales, void* out, int M, int N, int K, int group, formats::ScaleType scale_type,
                 void* workspace, size_t workspace_bytes, cudaStream_t stream, const QkvEpilogue* qkv = nullptr,
-                const NormPrologue* norm = nullptr, float* norm_out = nullptr) {
+                const NormPrologue* norm = nullptr, float* norm_out = nullptr, const ResidualNorm* rnorm = nullptr) {
   g_last_error.clear();
   if (gemm_w4a16_can_implement(M, N, K, group, scale_type, &g_last_error) != cudaSuccess) return cudaErrorInvalidValue;
   if (norm) {
@@ -584,6 +629,22 @@ cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x
     return reject(&g_last_error, "gemm_w4a16: norm partials are written by the residual epilogue only");
   if (norm_out && !aligned(norm_out, 4))
     return reject(&g_last_error, "gemm_w4a16_residual_norm_partials: norm_partials must be 4-byte aligned");
+  if (rnorm) {
+    const std::string op = kResidualNormOp;
+    if (ep != w4a16::Epilogue::residual_f32 || norm_out || norm || qkv)
+      return reject(&g_last_error, op + ": the norm follows the residual epilogue alone");
+    if (rnorm->weight == nullptr || rnorm->y == nullptr || !aligned(rnorm->weight, 16) || !aligned(rnorm->y, 8))
+      return reject(&g_last_error, op + ": norm_weight must be non-null and 16-byte aligned, y non-null and 8-byte aligned");
+    if (N > w4a16::kResidualNormMaxUnits * ops::kMaxBlockThreads * 4)
+      return reject(&g_last_error, op + ": N = " + std::to_string(N) + " exceeds the fused norm's " +
+                                       std::to_string(w4a16::kResidualNormMaxUnits * ops::kMaxBlockThreads * 4));
+    if (!std::isfinite(rnorm->eps) || rnorm->eps < 0.0f)
+      return reject(&g_last_error, op + ": eps = " + std::to_string(rnorm->eps) + ", expected a finite value >= 0");
+    const int64_t n = int64_t{M} * N;
+    const auto lo = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+    if (lo(rnorm->y) < lo(out) + n * 4 && lo(out) < lo(rnorm->y) + n * 2)
+      return reject(&g_last_error, op + ": y overlaps the residual; expected separate buffers");
+  }
   if (norm && tiling) {
     if (const cudaError_t e = check_norm_tiling(*norm, *tiling); e != cudaSuccess) return e;
   }
@@ -598,7 +659,7 @@ cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x
                                        ": the tiling and the norm scratch need more shared memory than the device's " +
                                        std::to_string(d.smem_per_block) + " bytes");
     return launch(*tiling, d, dev, ep, x, w_packed, scales, out, M, N, K, group, scale_type, workspace,
-                  workspace_bytes, stream, qkv, norm, norm_out);
+                  workspace_bytes, stream, qkv, norm, norm_out, rnorm);
   }
   Tiling t = library_tiling(M, N, K, group, d);
   if (norm && t.wgmma) {
@@ -616,7 +677,7 @@ cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x
                                      " bytes of shared memory, the device allows " + std::to_string(d.smem_per_block));
   }
   return launch(t, d, dev, ep, x, w_packed, scales, out, M, N, K, group, scale_type, workspace, workspace_bytes,
-                stream, qkv, norm, norm_out);
+                stream, qkv, norm, norm_out, rnorm);
 }
 
 constexpr const char* kQkvOp = "gemm_w4a16_qkv_rope_append";
@@ -742,6 +803,25 @@ cudaError_t gemm_w4a16_residual(const __nv_bfloat16* x, const uint32_t* w_packed
                                 void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   return run(nullptr, w4a16::Epilogue::residual_f32, x, w_packed, scales, residual, M, N, K, group, scale_type,
              workspace, workspace_bytes, stream);
+}
+
+cudaError_t gemm_w4a16_residual_rmsnorm(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
+                                        float* residual, int M, int N, int K, int group, formats::ScaleType scale_type,
+                                        const float* norm_weight, float eps, __nv_bfloat16* y, void* workspace,
+                                        size_t workspace_bytes, cudaStream_t stream) {
+  const ResidualNorm rn{norm_weight, y, eps};
+  return run(nullptr, w4a16::Epilogue::residual_f32, x, w_packed, scales, residual, M, N, K, group, scale_type,
+             workspace, workspace_bytes, stream, nullptr, nullptr, nullptr, &rn);
+}
+
+cudaError_t gemm_w4a16_residual_rmsnorm_with_tiling(const Tiling& tiling, const __nv_bfloat16* x,
+                                                    const uint32_t* w_packed, const uint16_t* scales, float* residual,
+                                                    int M, int N, int K, int group, formats::ScaleType scale_type,
+                                                    const float* norm_weight, float eps, __nv_bfloat16* y,
+                                                    void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const ResidualNorm rn{norm_weight, y, eps};
+  return run(&tiling, w4a16::Epilogue::residual_f32, x, w_packed, scales, residual, M, N, K, group, scale_type,
+             workspace, workspace_bytes, stream, nullptr, nullptr, nullptr, &rn);
 }
 
 int gemm_w4a16_norm_partials_per_row(int K) {

@@ -69,6 +69,13 @@ cudaError_t gemm_w4a16_epilogue_with_tiling(const w4a16::Tiling& tiling, w4a16::
                                             void* workspace, size_t workspace_bytes, cudaStream_t stream,
                                             float* norm_partials = nullptr);
 
+// gemm_w4a16_residual_rmsnorm on an explicit tiling (tests: the split-K fused reduce + norm and the unsplit path).
+cudaError_t gemm_w4a16_residual_rmsnorm_with_tiling(const w4a16::Tiling& tiling, const __nv_bfloat16* x,
+                                                    const uint32_t* w_packed, const uint16_t* scales, float* residual,
+                                                    int M, int N, int K, int group, formats::ScaleType scale_type,
+                                                    const float* norm_weight, float eps, __nv_bfloat16* y,
+                                                    void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
 // gemm_w4a16_qkv_rope_append on a given tiling (splits > 1: the prologue in the reduce kernel; 1: GEMM store, then
 // qkv_rope_kv_append's kernel), with w4a16::tiling_is_valid and the tiling's workspace checked as above.
 cudaError_t gemm_w4a16_qkv_rope_append_with_tiling(

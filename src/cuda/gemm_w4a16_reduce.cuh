@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "cuda/decoder_ops.cuh"
 #include "cuda/gemm_w4a16_epilogue.cuh"
 #include "cuda/gemm_w4a16_layout.h"
 #include "cuda/ptx/griddep.cuh"
@@ -111,6 +112,55 @@ __global__ void __launch_bounds__(256) gemm_w4a16_reduce_residual_norm_kernel(co
   }
   ss = ops::warp_sum_xor(ss);
   if (threadIdx.x % kWarpSize == 0) norm_partials[norm_partial_index(row, v / kWarpSize, vthreads / kWarpSize)] = ss;
+}
+
+// The residual epilogue followed by the RMSNorm of the rows it leaves (gemm_w4a16_residual_rmsnorm), for a split K:
+// one CTA per row of T = rmsnorm_threads(N, true) threads (rmsnorm_kernel<true>'s launch shape), thread v owning the
+// row's float4 units v, v + T, ... (at most kResidualNormMaxUnits). Each unit is updated as
+// gemm_w4a16_reduce_residual_kernel updates it (the same additions in slice order, stored back) and kept in
+// registers; the squares are summed in rmsnorm_kernel<true>'s order (rmsnorm_row.cuh: per thread from 0.0f in unit
+// order, warp butterfly, warps in order), and y = bf16(w · (s · x)) from the registers. So: the bits of the reduce
+// kernel followed by rmsnorm_bf16, in one kernel and without re-reading the rows. It releases its dependent first, as
+// rmsnorm_kernel does in the chain it replaces (the GEMM after it fills its weight ring during the split GEMM); the
+// norm weight's first float4 is read before the wait (a constant of the pass), as that kernel does. At 1024 threads
+// a thread has 64 registers: kResidualNormSlicesInFlight slices in flight (the order of the additions does not
+// depend on it) keep the units and the loads in registers.
+constexpr int kResidualNormMaxUnits = 2;        // N <= 8192 (T = 1024 threads)
+constexpr int kResidualNormSlicesInFlight = 8;  // 11 slices (the 8B tilings' most): two round trips
+__global__ void __launch_bounds__(ops::kMaxBlockThreads)
+    gemm_w4a16_reduce_residual_rmsnorm_kernel(const float4* __restrict__ partial, float4* __restrict__ residual,
+                                              int64_t count4, int splits, const float4* __restrict__ weight,
+                                              __nv_bfloat16* __restrict__ y, int hidden, float eps) {
+  __shared__ float red[ops::kWarp];
+  const int units = hidden / 4, T = static_cast<int>(blockDim.x), v = static_cast<int>(threadIdx.x);
+  const float4 w_first = v < units ? __ldg(weight + v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  ptx::griddepcontrol_launch_dependents();
+  ptx::griddepcontrol_wait();
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * units;
+  float4 x[kResidualNormMaxUnits];
+#pragma unroll
+  for (int k = 0; k < kResidualNormMaxUnits; ++k)  // the residual first: its round trip overlaps the slices'
+    if (v + k * T < units) x[k] = residual[base + v + k * T];
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kResidualNormMaxUnits; ++k) {
+    if (v + k * T < units) {
+      const int64_t i = base + v + k * T;
+      x[k] = residual_add4(
+          x[k], sum_in_slice_order<kResidualNormSlicesInFlight>(splits, [&](int s) { return partial[s * count4 + i]; }));
+      residual[i] = x[k];
+      ss = ops::sum_squares_add(ss, x[k]);
+    }
+  }
+  const float s = ops::rms_scale(ops::block_sum(ss, red), hidden, eps);
+  uint2* yr = reinterpret_cast<uint2*>(y) + base;
+#pragma unroll
+  for (int k = 0; k < kResidualNormMaxUnits; ++k) {
+    if (v + k * T < units) {
+      const float4 w = k == 0 ? w_first : __ldg(weight + v + k * T);
+      yr[v + k * T] = ops::rmsnorm_scale_bf16x4(x[k], w, s);
+    }
+  }
 }
 
 // h[m, j .. j + 3] = bf16(silu(g) * u) (Epilogue::swiglu_bf16) for the gate|up partial sums of an interleaved

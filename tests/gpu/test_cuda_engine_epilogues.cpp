@@ -21,6 +21,7 @@
 #include "futransformer/cuda/gemm_w4a16.h"
 #include "futransformer/cuda_engine.h"
 #include "futransformer/engine.h"
+#include "futransformer/error.h"
 #include "futransformer/model.h"
 #include "futransformer/quant/quantize_model.h"
 #include "futransformer/tokenizer.h"
@@ -122,6 +123,55 @@ TEST_P(CudaEngineEpilogues, NormPrologueEqualsSeparateNorms) {
       one[0].tokens = {argmax(ln[0])};
     }
     EXPECT_EQ(norm->forward_greedy(one), base->forward_greedy(one));
+  }
+}
+
+// CudaEngineOptions::fused_residual_norm: the MLP and attention RMSNorms after the o / down GEMMs through
+// gemm_w4a16_residual_rmsnorm (inside the split-K reduce where K is split) — the same logits bit for bit over
+// prompts, eager and graph-replayed decode steps, with the profile's labels naming the fused op.
+TEST_P(CudaEngineEpilogues, ResidualNormEqualsSeparateNorms) {
+  FT_REQUIRE_HOPPER();
+  const test::TinyLlama s = test::tiny_llama_w4a16_shape();
+  const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 73)), GetParam());
+  CudaEngineOptions co = cuda_engine_options(q.recipe);
+  co.max_sequences = 4;
+  EXPECT_FALSE(co.fused_residual_norm) << "off by default until measured";
+  CudaEngineOptions rco = co;
+  rco.fused_residual_norm = true;
+  std::unique_ptr<CudaEngine> fused = make_cuda_engine(q, rco);
+  std::unique_ptr<CudaEngine> base = make_cuda_engine(q, co);
+  expect_identical(*fused, *base, s.vocab, 19, 8);
+}
+
+// CudaEngineOptions::l2_prefetch_gate_up: the gate|up weight's L2 prefetch on a side branch of each decode step (a
+// hint; forked after every layer's qkv GEMM, joined after the last layer) changes no logit, in eager steps and in
+// captured graphs (the branch must rejoin for the capture to end), at every fraction; out-of-range fractions are
+// rejected at construction with the option's name.
+TEST_P(CudaEngineEpilogues, L2PrefetchOfGateUpChangesNothing) {
+  FT_REQUIRE_HOPPER();
+  const test::TinyLlama s = test::tiny_llama_w4a16_shape();
+  const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 71)), GetParam());
+  CudaEngineOptions co = cuda_engine_options(q.recipe);
+  co.max_sequences = 4;
+  EXPECT_EQ(co.l2_prefetch_gate_up, 0.0) << "off by default";
+  for (const double f : {0.25, 1.0}) {
+    SCOPED_TRACE("l2_prefetch_gate_up " + std::to_string(f));
+    CudaEngineOptions pco = co;
+    pco.l2_prefetch_gate_up = f;
+    std::unique_ptr<CudaEngine> prefetch = make_cuda_engine(q, pco);
+    std::unique_ptr<CudaEngine> base = make_cuda_engine(q, co);
+    expect_identical(*prefetch, *base, s.vocab, 17, 8);
+  }
+  for (const double bad : {-0.5, 1.5}) {
+    CudaEngineOptions bco = co;
+    bco.l2_prefetch_gate_up = bad;
+    try {
+      make_cuda_engine(q, bco);
+      ADD_FAILURE() << "l2_prefetch_gate_up " << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("l2_prefetch_gate_up must be a fraction in [0, 1]"), std::string::npos)
+          << e.what();
+    }
   }
 }
 

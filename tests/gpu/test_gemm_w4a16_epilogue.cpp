@@ -6,7 +6,9 @@
 // tiles (one to four), each with one K
 // slice (epilogue in the GEMM kernel) and with split-K (epilogue in the reduce kernel). Outputs and the split-K
 // workspace are NaN-poisoned before each launch. Split-K finished inside clusters is checked against the reduce kernel
-// (ClusterSplitKEqualsReduceKernel). The plain GEMM itself is checked against the CPU twin in
+// (ClusterSplitKEqualsReduceKernel). gemm_w4a16_residual_rmsnorm (the residual epilogue, then the RMSNorm of its
+// rows; with a split K one fused reduce + norm kernel) against gemm_w4a16_residual + rmsnorm_bf16, bit for bit.
+// The plain GEMM itself is checked against the CPU twin in
 // test_gemm_w4a16.cpp; here the residual chain is also checked against the host's fp32 add of its BF16 y.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -390,6 +392,113 @@ TEST(GemmW4A16EpilogueGpu, ClusterSplitKRaisedLimitsEqualsReduceKernel) {
 }
 
 // The checks of the output pointer run before anything touches the device: a rejected call names the parameter.
+// gemm_w4a16_residual_rmsnorm on tiling t (or the public launcher): residual and y equal gemm_w4a16_residual (same
+// tiling) followed by rmsnorm_bf16, bit for bit — with a split K the fused reduce + norm kernel, otherwise the GEMM and
+// the norm kernel. y and the workspace poisoned first.
+void check_residual_rmsnorm(const w4::Tiling* t, const Packed& p, const Int4Weight& w, int M, uint32_t seed) {
+  const int N = static_cast<int>(w.rows), K = static_cast<int>(w.cols), group = static_cast<int>(w.group);
+  SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K << " group " << w.group << " tiling "
+                                  << (t ? describe(*t) : std::string("library")));
+  constexpr float kEps = 1e-5f;
+  const DeviceBuffer<uint16_t> x(random_x(M, K, seed));
+  const std::vector<float> r0 = random_residual(static_cast<size_t>(M) * N, seed + 1);
+  std::vector<float> nw = random_residual(static_cast<size_t>(N), seed + 2);
+  for (float& v : nw) v = 1.0f + 0.25f * v;  // a norm weight around 1
+  const DeviceBuffer<float> norm_weight(nw);
+
+  DeviceBuffer<float> r_want(r0);
+  fused_gemm(t, w4::Epilogue::residual_f32, p, w, x, M, r_want.p);
+  DeviceBuffer<uint16_t> y_want(static_cast<size_t>(M) * N);
+  ASSERT_EQ(y_want.poison(), cudaSuccess);
+  ASSERT_EQ(cuda::rmsnorm_bf16(r_want.p, norm_weight.p, bf(y_want.p), M, N, kEps, nullptr), cudaSuccess);
+
+  DeviceBuffer<float> r_got(r0);
+  DeviceBuffer<uint16_t> y_got(static_cast<size_t>(M) * N);
+  ASSERT_EQ(y_got.poison(), cudaSuccess);
+  const size_t ws_bytes = workspace_for(t, M, N, K);
+  DeviceBuffer<unsigned char> ws(ws_bytes);
+  ASSERT_EQ(ws.poison(), cudaSuccess);
+  const ScaleType st = w.spec.scale_type;
+  const cudaError_t e =
+      t ? cuda::gemm_w4a16_residual_rmsnorm_with_tiling(*t, bf(x.p), p.words.p, p.scales.p, r_got.p, M, N, K, group,
+                                                        st, norm_weight.p, kEps, bf(y_got.p), ws.p, ws_bytes, nullptr)
+        : cuda::gemm_w4a16_residual_rmsnorm(bf(x.p), p.words.p, p.scales.p, r_got.p, M, N, K, group, st,
+                                            norm_weight.p, kEps, bf(y_got.p), ws.p, ws_bytes, nullptr);
+  ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::gemm_w4a16_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> ra = r_want.download(), rb = r_got.download();
+  for (size_t i = 0; i < ra.size(); ++i)
+    ASSERT_EQ(f32_bits(rb[i]), f32_bits(ra[i])) << "residual, row " << i / N << " col " << i % N;
+  const std::vector<uint16_t> ya = y_want.download(), yb = y_got.download();
+  for (size_t i = 0; i < ya.size(); ++i) {
+    ASSERT_FALSE(std::isnan(bf16_to_f32(ya[i]))) << "reference norm element " << i << " not written";
+    ASSERT_EQ(yb[i], ya[i]) << "normed row " << i / N << " col " << i % N << ": " << bf16_to_f32(yb[i]) << " vs "
+                            << bf16_to_f32(ya[i]);
+  }
+}
+
+// Widths with one float4 unit per thread (1024), two (8192: 1024 threads), and fewer units than a full CTA (576:
+// 160 threads), each unsplit and split (tilings_for), plus the public launcher.
+TEST(GemmW4A16EpilogueGpu, ResidualRmsnormMatchesResidualThenRmsnorm) {
+  FT_REQUIRE_CUDA_DEVICE();
+  uint32_t seed = 500;
+  for (const NK& s : {NK{1024, 1024}, NK{576, 512}, NK{8192, 512}}) {
+    const Int4Weight w = random_weight(s.N, s.K, 128, ScaleType::BF16, ++seed);
+    const Packed p(w, Int4MmaRows::canonical);
+    for (int M : {1, 3, 8, 17, 32}) {
+      for (const w4::Tiling& t : tilings_for(M, s.N, s.K, 128, ScaleType::BF16))
+        check_residual_rmsnorm(&t, p, w, M, ++seed);
+      check_residual_rmsnorm(nullptr, p, w, M, ++seed);
+    }
+  }
+}
+
+// The 8B o and down shapes at the batches where the library splits them (the engine's fused_residual_norm).
+TEST(GemmW4A16EpilogueGpu, ResidualRmsnormLlamaShapes) {
+  FT_REQUIRE_CUDA_DEVICE();
+  const Int4Weight o = random_weight(4096, 4096, 128, ScaleType::F16, 541);
+  const Int4Weight down = random_weight(4096, 14336, 128, ScaleType::F16, 542);
+  const Packed op(o, Int4MmaRows::canonical), dp(down, Int4MmaRows::canonical);
+  for (int M : {1, 8, 16, 32}) {
+    check_residual_rmsnorm(nullptr, op, o, M, 550 + M);
+    check_residual_rmsnorm(nullptr, dp, down, M, 590 + M);
+  }
+}
+
+TEST(GemmW4A16EpilogueHost, ResidualRmsnormRejectsBadNormArguments) {
+  alignas(16) static unsigned char storage[256];
+  const auto* x = reinterpret_cast<const __nv_bfloat16*>(storage);
+  const auto* w = reinterpret_cast<const uint32_t*>(storage);
+  const auto* s = reinterpret_cast<const uint16_t*>(storage);
+  auto* r = reinterpret_cast<float*>(storage + 64);
+  const auto* nw = reinterpret_cast<const float*>(storage + 128);
+  auto* y = reinterpret_cast<__nv_bfloat16*>(storage + 192);
+  const int M = 1, N = 256, K = 256, group = 128;
+  const auto expect = [](cudaError_t e, const char* needle) {
+    EXPECT_EQ(e, cudaErrorInvalidValue);
+    EXPECT_NE(std::string(cuda::gemm_w4a16_last_error()).find(needle), std::string::npos)
+        << cuda::gemm_w4a16_last_error();
+  };
+  expect(cuda::gemm_w4a16_residual_rmsnorm(x, w, s, r, M, N, K, group, ScaleType::F16, nullptr, 1e-5f, y, nullptr, 0,
+                                           nullptr),
+         "gemm_w4a16_residual_rmsnorm: norm_weight must be non-null and 16-byte aligned");
+  expect(cuda::gemm_w4a16_residual_rmsnorm(x, w, s, r, M, N, K, group, ScaleType::F16, nw + 1, 1e-5f, y, nullptr, 0,
+                                           nullptr),
+         "norm_weight must be non-null and 16-byte aligned");
+  expect(cuda::gemm_w4a16_residual_rmsnorm(x, w, s, r, M, N, K, group, ScaleType::F16, nw, 1e-5f,
+                                           reinterpret_cast<__nv_bfloat16*>(storage + 194), nullptr, 0, nullptr),
+         "y non-null and 8-byte aligned");
+  expect(cuda::gemm_w4a16_residual_rmsnorm(x, w, s, r, M, N, K, group, ScaleType::F16, nw, -1.0f, y, nullptr, 0,
+                                           nullptr),
+         "eps = ");
+  expect(cuda::gemm_w4a16_residual_rmsnorm(x, w, s, r, M, N, K, group, ScaleType::F16, nw, 1e-5f,
+                                           reinterpret_cast<__nv_bfloat16*>(r), nullptr, 0, nullptr),
+         "y overlaps the residual");
+  expect(cuda::gemm_w4a16_residual_rmsnorm(x, w, s, r, M, 8448, K, group, ScaleType::F16, nw, 1e-5f, y, nullptr, 0,
+                                           nullptr),
+         "N = 8448 exceeds the fused norm's 8192");
+}
+
 TEST(GemmW4A16EpilogueHost, RejectsBadOutputPointers) {
   alignas(16) static unsigned char storage[64];
   const auto* x = reinterpret_cast<const __nv_bfloat16*>(storage);

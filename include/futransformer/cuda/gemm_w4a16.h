@@ -51,6 +51,15 @@ cudaError_t gemm_w4a16(const __nv_bfloat16* x, const uint32_t* w_packed, const u
 cudaError_t gemm_w4a16_residual(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
                                 float* residual, int M, int N, int K, int group, formats::ScaleType scale_type,
                                 void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// gemm_w4a16_residual, then y = rmsnorm_bf16(residual, norm_weight, eps) of the M rows it leaves (BF16 [M, N],
+// 8-byte aligned, apart from residual; norm_weight fp32 [N], 16-byte aligned; N <= 8192): the same bits as the two
+// calls. When K is split, one kernel does the split-K reduce, the residual add and the norm (no second pass over the
+// rows, one kernel boundary fewer); otherwise the GEMM adds and rmsnorm_bf16's kernel follows. (Thirty-seventh session:
+// GPU tests written, not yet run on a device.)
+cudaError_t gemm_w4a16_residual_rmsnorm(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
+                                        float* residual, int M, int N, int K, int group, formats::ScaleType scale_type,
+                                        const float* norm_weight, float eps, __nv_bfloat16* y, void* workspace,
+                                        size_t workspace_bytes, cudaStream_t stream);
 // The same, and the RMSNorm partial sums of the updated residual rows into norm_partials ([M,
 // gemm_w4a16_norm_partials_per_row(N)] fp32, non-null, 4-byte aligned): for each row, the warp partials of
 // rmsnorm_bf16's float4 kernel (its threads' sums of squares, each warp's butterfly) computed from the rows this call

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <map>
 #include <set>
@@ -27,6 +28,7 @@
 #include "futransformer/cuda/gemm_fp8_swiglu.h"
 #include "futransformer/cuda/gemm_w4a16.h"
 #include "futransformer/cuda/kv_append.h"
+#include "futransformer/cuda/l2_prefetch.h"
 #include "futransformer/cuda/sampling.h"
 #include "futransformer/dtype.h"
 #include "futransformer/error.h"
@@ -44,6 +46,8 @@ using cuda::DeviceLinear;
 constexpr int64_t kPageTokens = formats::kKvPageTokens;
 constexpr int64_t kDefaultMaxSequence = 4096;
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+// CudaEngineOptions::l2_prefetch_gate_up's stripe: round(16 f) of every 16 lines (2 KB, four 512-byte W4A16 blocks).
+constexpr int kL2PrefetchPeriod = 16;
 
 struct DeviceLayer {
   DeviceArray<float> attn_norm, mlp_norm;
@@ -241,6 +245,11 @@ class CudaEngineImpl final : public CudaEngine {
   CudaEngineMemory memory_;
 
   cudaStream_t stream_ = nullptr;
+  // CudaEngineOptions::l2_prefetch_gate_up: the side stream of the prefetch branch, its fork and join events, and the
+  // stripe (keep of every kL2PrefetchPeriod lines; 0: no branch).
+  cudaStream_t side_stream_ = nullptr;
+  cudaEvent_t fork_event_ = nullptr, join_event_ = nullptr;
+  int l2_prefetch_keep_ = 0, l2_prefetch_down_keep_ = 0;
   cublasHandle_t cublas_ = nullptr;
   DeviceArray<uint8_t> cublas_ws_;
 
@@ -357,6 +366,17 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
                                             nullptr) == cudaSuccess;
 
   cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "create stream");
+  check(opt_.l2_prefetch_gate_up >= 0.0 && opt_.l2_prefetch_gate_up <= 1.0,
+        "CUDA engine: l2_prefetch_gate_up must be a fraction in [0, 1], got " + std::to_string(opt_.l2_prefetch_gate_up));
+  check(opt_.l2_prefetch_down >= 0.0 && opt_.l2_prefetch_down <= 1.0,
+        "CUDA engine: l2_prefetch_down must be a fraction in [0, 1], got " + std::to_string(opt_.l2_prefetch_down));
+  l2_prefetch_keep_ = static_cast<int>(std::lround(opt_.l2_prefetch_gate_up * kL2PrefetchPeriod));
+  l2_prefetch_down_keep_ = static_cast<int>(std::lround(opt_.l2_prefetch_down * kL2PrefetchPeriod));
+  if (l2_prefetch_keep_ > 0 || l2_prefetch_down_keep_ > 0) {
+    cuda_check(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking), "create side stream");
+    cuda_check(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming), "fork event");
+    cuda_check(cudaEventCreateWithFlags(&join_event_, cudaEventDisableTiming), "join event");
+  }
   check(cublasCreate(&cublas_) == CUBLAS_STATUS_SUCCESS, "CUDA engine: cublasCreate failed");
   cublas_ws_.allocate(kCublasWorkspaceBytes, "cuBLAS workspace");
   check(cublasSetStream(cublas_, stream_) == CUBLAS_STATUS_SUCCESS &&
@@ -428,6 +448,9 @@ CudaEngineImpl::~CudaEngineImpl() {
   if (meta_host_) cudaFreeHost(meta_host_);
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
+  if (side_stream_) cudaStreamDestroy(side_stream_);
+  if (fork_event_) cudaEventDestroy(fork_event_);
+  if (join_event_) cudaEventDestroy(join_event_);
 }
 
 void CudaEngineImpl::clear_graphs() {
@@ -797,6 +820,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
   const int32_t* m = meta_.get();
   const int nh = static_cast<int>(c.num_attention_heads), nkv = static_cast<int>(c.num_key_value_heads);
   const int hd = static_cast<int>(c.head_dim), hh = static_cast<int>(c.hidden_size);
+  bool side_pending = false;  // a prefetch branch was forked and is not joined yet
   const int inter = static_cast<int>(c.intermediate_size), r = static_cast<int>(rows);
   const float eps = static_cast<float>(c.rms_norm_eps);
   const cuda::GemmContext g = gemm_context(true);
@@ -940,6 +964,23 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     } else {
       l.qkv.forward(bf(xn_), rows, qkv_.get(), false, g);
       mark(l.qkv.dequant_path(rows, g) ? "qkv GEMM (dequant + cuBLAS)" : "qkv GEMM");
+    }
+    // The gate|up weight's L2 prefetch branch (CudaEngineOptions::l2_prefetch_gate_up): forked after the qkv GEMM,
+    // whose weight bytes are then read, so the prefetch shares DRAM only with the attention's small kernels and the
+    // o GEMM's ring fill. Joined once, after the last layer.
+    const bool prefetch_mlp = (l2_prefetch_keep_ > 0 || l2_prefetch_down_keep_ > 0) && pass_decode_only_ && !fp8 &&
+                              l.gate_up.int4_packed() != nullptr && !l.gate_up.dequant_path(rows, g) &&
+                              l.down.int4_packed() != nullptr && !l.down.dequant_path(rows, g);
+    if (prefetch_mlp) {
+      cuda_check(cudaEventRecord(fork_event_, stream_), "prefetch fork");
+      cuda_check(cudaStreamWaitEvent(side_stream_, fork_event_, 0), "prefetch fork");
+      check_op(cuda::l2_prefetch_stripes(l.gate_up.int4_packed(), l.gate_up.int4_packed_bytes(), l2_prefetch_keep_,
+                                         kL2PrefetchPeriod, side_stream_),
+               "gate|up L2 prefetch", cuda::l2_prefetch_last_error);
+      check_op(cuda::l2_prefetch_stripes(l.down.int4_packed(), l.down.int4_packed_bytes(), l2_prefetch_down_keep_,
+                                         kL2PrefetchPeriod, side_stream_),
+               "down L2 prefetch", cuda::l2_prefetch_last_error);
+      side_pending = true;
     }
     if (prologue_in_gemm || qkv_epilogue || prologue_in_attention) {
       // Nothing here: the qkv GEMM's split-K reduce or FP8 epilogue ran the prologue, or the attention will.
@@ -1109,7 +1150,10 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     const bool fused_down = fused_down_of(l);
     const bool norm_in_gate_up =
         norm_prologue && fused_o && l.gate_up.swiglu_packed() && l.gate_up.norm_prologue(rows, g);
-    if (fused_o) {
+    if (fused_o && !norm_in_gate_up && opt_.fused_residual_norm) {
+      l.o.forward_residual_rmsnorm(bf(att_), rows, x_.get(), l.mlp_norm.get(), eps, bf(xn_), g);
+      mark("o GEMM + residual + MLP RMSNorm");
+    } else if (fused_o) {
       l.o.forward_residual(bf(att_), rows, x_.get(), bf(delta_), g, norm_in_gate_up ? norm_partials : nullptr);
       mark("o GEMM + residual");
       if (!norm_in_gate_up)
@@ -1134,6 +1178,11 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       check_op(cuda::swiglu_bf16(bf(gate_up_), bf(act_), r, inter, stream_), "SwiGLU", decoder_ops_last_error);
     }
     const bool last = li + 1 == layers_.size();
+    if (fused_down && !last && !attn_norm_in_qkv(li + 1) && opt_.fused_residual_norm) {
+      l.down.forward_residual_rmsnorm(bf(act_), rows, x_.get(), layers_[li + 1].attn_norm.get(), eps, bf(xn_), g);
+      mark("down GEMM + residual + attention RMSNorm");
+      continue;
+    }
     if (fused_down) {
       l.down.forward_residual(bf(act_), rows, x_.get(), bf(delta_), g,
                               !last && attn_norm_in_qkv(li + 1) ? norm_partials : nullptr);
@@ -1152,6 +1201,10 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                "residual + attention RMSNorm", cuda::fused_ops_last_error);
     else
       check_op(cuda::add_residual_bf16(x_.get(), bf(delta_), r, hh, stream_), "residual", decoder_ops_last_error);
+  }
+  if (side_pending) {  // the prefetch branches rejoin the step (a captured graph must end on its origin stream)
+    cuda_check(cudaEventRecord(join_event_, side_stream_), "prefetch join");
+    cuda_check(cudaStreamWaitEvent(stream_, join_event_, 0), "prefetch join");
   }
 }
 

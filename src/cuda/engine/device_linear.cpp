@@ -374,6 +374,22 @@ void DeviceLinear::forward_residual(const __nv_bfloat16* x, int64_t M, float* re
   }
 }
 
+void DeviceLinear::forward_residual_rmsnorm(const __nv_bfloat16* x, int64_t M, float* residual,
+                                            const float* norm_weight, float eps, __nv_bfloat16* y,
+                                            const GemmContext& ctx) const {
+  check(kind_ == Kind::Int4 && !swiglu_packed() && !dequant_path(M, ctx), name_,
+        ": forward_residual_rmsnorm runs canonically packed INT4 weights on the W4A16 path");
+  for (int64_t m0 = 0; m0 < M; m0 += kW4A16MaxM) {
+    const int mc = static_cast<int>(std::min<int64_t>(kW4A16MaxM, M - m0));
+    const cudaError_t e = gemm_w4a16_residual_rmsnorm(
+        x + m0 * K_, packed_.get(), scales_.get(), residual + m0 * N_, mc, static_cast<int>(N_), static_cast<int>(K_),
+        static_cast<int>(group_), scale_type_, norm_weight, eps, y + m0 * N_, ctx.workspace, ctx.workspace_bytes,
+        ctx.stream);
+    if (e != cudaSuccess) fail("CUDA engine: ", name_, ": W4A16 GEMM + residual + RMSNorm (M ", mc, "): ",
+                               e == cudaErrorInvalidValue ? gemm_w4a16_last_error() : cudaGetErrorString(e));
+  }
+}
+
 void DeviceLinear::forward_swiglu(const __nv_bfloat16* x, int64_t M, __nv_bfloat16* h, __nv_bfloat16* tmp,
                                   const GemmContext& ctx) const {
   check(swiglu_packed(), name_, ": forward_swiglu needs INT4 gate|up weights packed SwiGLU-interleaved");

@@ -88,6 +88,9 @@ class DeviceLinear {
   bool swiglu_packed() const { return kind_ == Kind::Int4 && rows_ == formats::Int4MmaRows::swiglu_interleaved; }
   // FP8 [gate; up] weights in gemm_fp8_swiglu's packed row order (from_fp8 / synthetic_fp8 with swiglu_pack).
   bool fp8_swiglu_packed() const { return kind_ == Kind::Fp8 && fp8_swiglu_packed_; }
+  // The packed INT4 weight (null unless INT4) and its bytes: what the W4A16 GEMM streams, for l2_prefetch_stripes.
+  const void* int4_packed() const { return kind_ == Kind::Int4 ? packed_.get() : nullptr; }
+  int64_t int4_packed_bytes() const { return kind_ == Kind::Int4 ? static_cast<int64_t>(packed_.bytes()) : 0; }
   int64_t out_features() const { return N_; }
   int64_t in_features() const { return K_; }
   int64_t device_bytes() const {
@@ -115,6 +118,11 @@ class DeviceLinear {
   // [M, gemm_w4a16_norm_partials_per_row(N)] fp32 (gemm_w4a16_residual_norm_partials), for a norm-prologue GEMM next.
   void forward_residual(const __nv_bfloat16* x, int64_t M, float* residual, __nv_bfloat16* tmp,
                         const GemmContext& ctx, float* norm_partials = nullptr) const;
+  // forward_residual, then y = rmsnorm_bf16(residual, norm_weight, eps) of the M rows (BF16 [M, N]): through
+  // gemm_w4a16_residual_rmsnorm (the split-K reduce, the residual add and the norm in one kernel where K is split;
+  // same bits). Not on the dequantise path (Error: the caller keeps its two ops there).
+  void forward_residual_rmsnorm(const __nv_bfloat16* x, int64_t M, float* residual, const float* norm_weight,
+                                float eps, __nv_bfloat16* y, const GemmContext& ctx) const;
   void forward_swiglu(const __nv_bfloat16* x, int64_t M, __nv_bfloat16* h, __nv_bfloat16* tmp,
                       const GemmContext& ctx) const;
   // Canonically packed INT4 [q | k | v] weights (N = (n_heads + 2 n_kv_heads) * head_dim): forward into qkv (BF16

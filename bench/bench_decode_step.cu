@@ -14,7 +14,8 @@
 // attention and MLP RMSNorms inside the qkv and gate|up GEMMs on fused rows of batch <= 8
 // (CudaEngineOptions::fused_norm_prologue, off by default: measured slower); FT_NORM_PARTIALS=1 the same with the row
 // sums from the residual GEMMs (fused_norm_partials); FT_L2_PREFETCH_GATE_UP=f prefetches that fraction of each
-// layer's gate|up weight into L2 after its qkv GEMM (l2_prefetch_gate_up, off by default); FT_UNROTATE_IN_COMBINE=0 keeps the
+// layer's gate|up weight into L2 after its qkv GEMM (l2_prefetch_gate_up, off by default; FT_L2_PREFETCH_O=f and
+// FT_L2_PREFETCH_DOWN=f the same for the o and down weights); FT_UNROTATE_IN_COMBINE=0 keeps the
 // separate un-rotation kernel after a split int4-hadamard attention on fused rows
 // (CudaEngineOptions::fused_attention_unrotation, on by default); FT_ATTN_PROLOGUE=1 runs the attention prologue in the
 // decode attention where the qkv GEMM splits K (CudaEngineOptions::fused_attention_prologue, off by default), =all
@@ -205,6 +206,7 @@ int main(int argc, char** argv) {
         // weight prefetched into L2 on a side branch after its qkv GEMM), every row.
         if (const char* pf = std::getenv("FT_L2_PREFETCH_GATE_UP")) o.l2_prefetch_gate_up = std::atof(pf);
         if (const char* pd = std::getenv("FT_L2_PREFETCH_DOWN")) o.l2_prefetch_down = std::atof(pd);
+        if (const char* po = std::getenv("FT_L2_PREFETCH_O")) o.l2_prefetch_o = std::atof(po);
         // FT_RESIDUAL_NORM=1: CudaEngineOptions::fused_residual_norm (the norm after the o / down GEMMs in their
         // split-K reduce) on the fused rows.
         const char* rn = std::getenv("FT_RESIDUAL_NORM");

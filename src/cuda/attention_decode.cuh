@@ -314,19 +314,17 @@ __device__ __forceinline__ float hadamard_head(float x, int block, float scale, 
 
 // The cluster combine of attention_decode_kernel<.., kCl = true> (see there), called by every thread of every CTA of
 // the cluster once each CTA has written its partial O [kMaxGqa][kD] and log2-sum-exp [kMaxGqa] at `buf` (the same
-// offset in every CTA). CTA `split` owns heads split + S i < G (S = args.splits, its cluster size; rank = split, the
+// offset in every CTA); `exchange` holds the un-rotation's two rows of kN floats (CtaShape::kExchangeOffset). CTA `split` owns heads split + S i < G (S = args.splits, its cluster size; rank = split, the
 // cluster spanning grid x); kN / kD heads a round, thread c on channel c % kD. Per head: attention_decode_combine_kernel
 // on the S partials (M = max lse, w_s = 2^(lse_s − M), num = Σ_s w_s o_s by fmaf in split order, den = Σ_s w_s),
 // rounded to BF16, then hadamard_head's un-rotation where asked. A last cluster barrier keeps every CTA's partials
 // alive until every reader is done.
 template <int kD, int kN>
-__device__ __forceinline__ void cluster_combine(const DecodeArgs& args, unsigned char* buf, int64_t head0, int split,
-                                                int G) {
+__device__ __forceinline__ void cluster_combine(const DecodeArgs& args, unsigned char* buf, float (&exchange)[2][kN],
+                                                int64_t head0, int split, int G) {
   constexpr int kHeadsPerRound = kN / kD;
   static_assert(kHeadsPerRound >= 1 && kN % kD == 0, "whole heads per round");
   const int S = args.splits;
-  float* exchange_base = reinterpret_cast<float*>(buf + kMaxGqa * kD * 4 + kMaxGqa * 4);
-  float(&exchange)[2][kN] = *reinterpret_cast<float(*)[2][kN]>(exchange_base);
   const uint32_t o_s = ptx::smem_addr(buf), lse_s = o_s + kMaxGqa * kD * 4;
   const int c = static_cast<int>(threadIdx.x) % kD, slot = static_cast<int>(threadIdx.x) / kD;
   const int owned = split < G ? (G - split + S - 1) / S : 0;  // uniform over the CTA
@@ -768,9 +766,12 @@ __global__ void __launch_bounds__(CtaShape<kInt4, kD, kW>::kThreadsPerCta, (CtaS
     }
     return den > 0.0f ? num / den : 0.0f;
   };
-  bool stored = false;
+  // The un-rotation's exchange rows (CtaShape::kExchangeOffset), used by the unsplit store below and the cluster combine.
+  float(&exchange)[2][kCtaThreads] = *reinterpret_cast<float(*)[2][kCtaThreads]>(smem + Cta::kExchangeOffset);
+  // Uniform over the CTA: an unsplit int4-hadamard plan stores un-rotated heads, every other plan the merged values.
+  const bool unrotate_here = kInt4 && args.splits == 1 && args.unrotate_block > 1;
   if constexpr (kInt4) {
-    if (args.splits == 1 && args.unrotate_block > 1) {  // uniform over the CTA
+    if (unrotate_here) {
       // Unsplit int4-hadamard output un-rotated here (attention_decode_int4_unrotated): each head rounded to BF16 as
       // the plain store would, widened (exact), then hadamard_head — rotate_heads_bf16's operations in its order, so
       // the same bits as that kernel run afterwards. kCtaThreads / kD heads a round, thread c on channel c % kD; every
@@ -779,8 +780,6 @@ __global__ void __launch_bounds__(CtaShape<kInt4, kD, kW>::kThreadsPerCta, (CtaS
       // exchange writes after every read of the round before (one exchange stage reuses the same row each round).
       constexpr int kHeadsPerRound = kCtaThreads / kD;
       static_assert(kHeadsPerRound >= 1 && kCtaThreads % kD == 0, "whole heads per round");
-      float(&exchange)[2][kCtaThreads] = *reinterpret_cast<float(*)[2][kCtaThreads]>(
-          smem + Cta::kMergeBytes + Cta::kClusterOBytes + Cta::kClusterLseBytes);
       const int c = static_cast<int>(threadIdx.x) % kD, slot = static_cast<int>(threadIdx.x) / kD;
       for (int round = 0; round * kHeadsPerRound < G; ++round) {
         if (round > 0) __syncthreads();
@@ -793,10 +792,9 @@ __global__ void __launch_bounds__(CtaShape<kInt4, kD, kW>::kThreadsPerCta, (CtaS
         v = hadamard_head<kD, kCtaThreads>(v, args.unrotate_block, args.unrotate_scale, exchange);
         if (h < G) args.out[(head0 + h) * kD + c] = __float2bfloat16_rn(v);
       }
-      stored = true;
     }
   }
-  for (int idx = threadIdx.x; !stored && idx < G * kD; idx += kCtaThreads) {
+  for (int idx = threadIdx.x; !unrotate_here && idx < G * kD; idx += kCtaThreads) {
     const int h = idx / kD, c = idx % kD;
     float mx, den;
     const float val = merge(h, c, mx, den);
@@ -813,7 +811,7 @@ __global__ void __launch_bounds__(CtaShape<kInt4, kD, kW>::kThreadsPerCta, (CtaS
     }
   }
   if constexpr (kCl) {
-    if (args.splits > 1) cluster_combine<kD, kCtaThreads>(args, smem + Cta::kMergeBytes, head0, split, G);
+    if (args.splits > 1) cluster_combine<kD, kCtaThreads>(args, smem + Cta::kMergeBytes, exchange, head0, split, G);
   }
 }
 

@@ -120,6 +120,9 @@ struct CtaShape {
   static constexpr int kClusterLseBytes = kMaxGqa * 4;
   static constexpr int kClusterExchangeBytes = 2 * kThreadsPerCta * 4;
   static constexpr int kClusterBytes = kClusterOBytes + kClusterLseBytes + kClusterExchangeBytes;
+  // Where the two exchange rows start (from the shared-memory base): the cluster combine's un-rotation and the
+  // unsplit store's (which leaves the cluster's O and lse rows unused) both use them.
+  static constexpr int kExchangeOffset = kMergeBytes + kClusterOBytes + kClusterLseBytes;
   static_assert(kMergeBytes + kClusterBytes <= kSmemBytes, "the cluster buffers fit beside the merge buffers");
   static_assert(kMergeBytes % 16 == 0 && kClusterOBytes % 16 == 0, "16-byte aligned cluster buffers");
 };

@@ -143,7 +143,7 @@ TEST_P(CudaEngineEpilogues, ResidualNormEqualsSeparateNorms) {
   expect_identical(*fused, *base, s.vocab, 19, 8);
 }
 
-// CudaEngineOptions::l2_prefetch_gate_up: the gate|up weight's L2 prefetch on a side branch of each decode step (a
+// CudaEngineOptions::l2_prefetch_gate_up / _o / _down: the weights' L2 prefetch on a side branch of each decode step (a
 // hint; forked after every layer's qkv GEMM, joined after the last layer) changes no logit, in eager steps and in
 // captured graphs (the branch must rejoin for the capture to end), at every fraction; out-of-range fractions are
 // rejected at construction with the option's name.
@@ -154,10 +154,13 @@ TEST_P(CudaEngineEpilogues, L2PrefetchOfGateUpChangesNothing) {
   CudaEngineOptions co = cuda_engine_options(q.recipe);
   co.max_sequences = 4;
   EXPECT_EQ(co.l2_prefetch_gate_up, 0.0) << "off by default";
+  EXPECT_EQ(co.l2_prefetch_o, 0.0) << "off by default";
   for (const double f : {0.25, 1.0}) {
-    SCOPED_TRACE("l2_prefetch_gate_up " + std::to_string(f));
+    SCOPED_TRACE("l2_prefetch_gate_up, l2_prefetch_o, l2_prefetch_down " + std::to_string(f));
     CudaEngineOptions pco = co;
     pco.l2_prefetch_gate_up = f;
+    pco.l2_prefetch_o = f;
+    pco.l2_prefetch_down = 1.0 - f;
     std::unique_ptr<CudaEngine> prefetch = make_cuda_engine(q, pco);
     std::unique_ptr<CudaEngine> base = make_cuda_engine(q, co);
     expect_identical(*prefetch, *base, s.vocab, 17, 8);
@@ -170,6 +173,15 @@ TEST_P(CudaEngineEpilogues, L2PrefetchOfGateUpChangesNothing) {
       ADD_FAILURE() << "l2_prefetch_gate_up " << bad << " was accepted";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("l2_prefetch_gate_up must be a fraction in [0, 1]"), std::string::npos)
+          << e.what();
+    }
+    bco = co;
+    bco.l2_prefetch_o = bad;
+    try {
+      make_cuda_engine(q, bco);
+      ADD_FAILURE() << "l2_prefetch_o " << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("l2_prefetch_o must be a fraction in [0, 1]"), std::string::npos)
           << e.what();
     }
   }

@@ -249,7 +249,7 @@ class CudaEngineImpl final : public CudaEngine {
   // stripe (keep of every kL2PrefetchPeriod lines; 0: no branch).
   cudaStream_t side_stream_ = nullptr;
   cudaEvent_t fork_event_ = nullptr, join_event_ = nullptr;
-  int l2_prefetch_keep_ = 0, l2_prefetch_down_keep_ = 0;
+  int l2_prefetch_keep_ = 0, l2_prefetch_down_keep_ = 0, l2_prefetch_o_keep_ = 0;
   cublasHandle_t cublas_ = nullptr;
   DeviceArray<uint8_t> cublas_ws_;
 
@@ -370,9 +370,12 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
         "CUDA engine: l2_prefetch_gate_up must be a fraction in [0, 1], got " + std::to_string(opt_.l2_prefetch_gate_up));
   check(opt_.l2_prefetch_down >= 0.0 && opt_.l2_prefetch_down <= 1.0,
         "CUDA engine: l2_prefetch_down must be a fraction in [0, 1], got " + std::to_string(opt_.l2_prefetch_down));
+  check(opt_.l2_prefetch_o >= 0.0 && opt_.l2_prefetch_o <= 1.0,
+        "CUDA engine: l2_prefetch_o must be a fraction in [0, 1], got " + std::to_string(opt_.l2_prefetch_o));
   l2_prefetch_keep_ = static_cast<int>(std::lround(opt_.l2_prefetch_gate_up * kL2PrefetchPeriod));
   l2_prefetch_down_keep_ = static_cast<int>(std::lround(opt_.l2_prefetch_down * kL2PrefetchPeriod));
-  if (l2_prefetch_keep_ > 0 || l2_prefetch_down_keep_ > 0) {
+  l2_prefetch_o_keep_ = static_cast<int>(std::lround(opt_.l2_prefetch_o * kL2PrefetchPeriod));
+  if (l2_prefetch_keep_ > 0 || l2_prefetch_down_keep_ > 0 || l2_prefetch_o_keep_ > 0) {
     cuda_check(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking), "create side stream");
     cuda_check(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming), "fork event");
     cuda_check(cudaEventCreateWithFlags(&join_event_, cudaEventDisableTiming), "join event");
@@ -968,12 +971,17 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     // The gate|up weight's L2 prefetch branch (CudaEngineOptions::l2_prefetch_gate_up): forked after the qkv GEMM,
     // whose weight bytes are then read, so the prefetch shares DRAM only with the attention's small kernels and the
     // o GEMM's ring fill. Joined once, after the last layer.
-    const bool prefetch_mlp = (l2_prefetch_keep_ > 0 || l2_prefetch_down_keep_ > 0) && pass_decode_only_ && !fp8 &&
-                              l.gate_up.int4_packed() != nullptr && !l.gate_up.dequant_path(rows, g) &&
-                              l.down.int4_packed() != nullptr && !l.down.dequant_path(rows, g);
+    const bool prefetch_mlp = (l2_prefetch_keep_ > 0 || l2_prefetch_down_keep_ > 0 || l2_prefetch_o_keep_ > 0) &&
+                              pass_decode_only_ && !fp8 && l.gate_up.int4_packed() != nullptr &&
+                              !l.gate_up.dequant_path(rows, g) && l.down.int4_packed() != nullptr &&
+                              !l.down.dequant_path(rows, g) && l.o.int4_packed() != nullptr &&
+                              !l.o.dequant_path(rows, g);
     if (prefetch_mlp) {
       cuda_check(cudaEventRecord(fork_event_, stream_), "prefetch fork");
       cuda_check(cudaStreamWaitEvent(side_stream_, fork_event_, 0), "prefetch fork");
+      check_op(cuda::l2_prefetch_stripes(l.o.int4_packed(), l.o.int4_packed_bytes(), l2_prefetch_o_keep_,
+                                         kL2PrefetchPeriod, side_stream_),
+               "o L2 prefetch", cuda::l2_prefetch_last_error);
       check_op(cuda::l2_prefetch_stripes(l.gate_up.int4_packed(), l.gate_up.int4_packed_bytes(), l2_prefetch_keep_,
                                          kL2PrefetchPeriod, side_stream_),
                "gate|up L2 prefetch", cuda::l2_prefetch_last_error);

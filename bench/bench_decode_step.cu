@@ -207,10 +207,13 @@ int main(int argc, char** argv) {
         if (const char* pf = std::getenv("FT_L2_PREFETCH_GATE_UP")) o.l2_prefetch_gate_up = std::atof(pf);
         if (const char* pd = std::getenv("FT_L2_PREFETCH_DOWN")) o.l2_prefetch_down = std::atof(pd);
         if (const char* po = std::getenv("FT_L2_PREFETCH_O")) o.l2_prefetch_o = std::atof(po);
-        // FT_RESIDUAL_NORM=1: CudaEngineOptions::fused_residual_norm (the norm after the o / down GEMMs in their
-        // split-K reduce) on the fused rows.
-        const char* rn = std::getenv("FT_RESIDUAL_NORM");
-        o.fused_residual_norm = fused && rn != nullptr && rn[0] == '1';
+        // FT_RESIDUAL_NORM=0|1: CudaEngineOptions::fused_residual_norm (the norm after the o / down GEMMs in their
+        // split-K reduce; on by default up to fused_residual_norm_max_rows rows, FT_RESIDUAL_NORM_MAX_ROWS=n).
+        if (const char* rn = std::getenv("FT_RESIDUAL_NORM")) o.fused_residual_norm = rn[0] == '1';
+        if (const char* rm = std::getenv("FT_RESIDUAL_NORM_MAX_ROWS")) o.fused_residual_norm_max_rows = std::atoi(rm);
+        // FT_L2_PREFETCH_AFTER_ATTENTION=1, FT_L2_PREFETCH_CTAS=n: where the prefetch branch forks, its CTAs.
+        if (const char* pa = std::getenv("FT_L2_PREFETCH_AFTER_ATTENTION")) o.l2_prefetch_after_attention = pa[0] == '1';
+        if (const char* pc = std::getenv("FT_L2_PREFETCH_CTAS")) o.l2_prefetch_ctas = std::atoi(pc);
         std::unique_ptr<CudaEngine> e = make_synthetic_cuda_engine(c, kGroup, o);
         std::printf("%s%s: %s | GPU memory %.2f GB\n", name.c_str(), block ? " (1 layer)" : "", e->description().c_str(),
                     e->memory().total() / 1e9);

@@ -123,10 +123,13 @@ struct CudaEngineOptions {
   // With fused_epilogues, INT4 o and down projections on the W4A16 path: the RMSNorm after each of them (the MLP norm,
   // the next layer's attention norm) runs inside the GEMM's split-K reduce where K is split
   // (cuda::gemm_w4a16_residual_rmsnorm: reduce, residual add and norm in one kernel; after an unsplit GEMM the norm
-  // kernel as before). Same bits. Not where a norm prologue takes the norm. bench_decode_step: FT_RESIDUAL_NORM=1.
-  // Built after the thirty-seventh session's last device call: its GPU tests are written but have not run yet, so
-  // off by default (docs/notes/gpu-sessions.md has the call that tests and times it).
-  bool fused_residual_norm = false;
+  // kernel as before). Same bits. Not where a norm prologue takes the norm. Only in passes of at most
+  // fused_residual_norm_max_rows rows whose GEMM splits K (elsewhere the GEMM + norm kernel as before): the fused
+  // kernel gives each row one CTA, which pays at small batches and not at large ones (thirty-eighth session, H100, 8B
+  // step: -1.3 % at batch 4 and 8; +0.4 to +2.9 % at 12..32; 70B level at 8, +1.6 % at 16). bench_decode_step:
+  // FT_RESIDUAL_NORM=0|1, FT_RESIDUAL_NORM_MAX_ROWS=n.
+  bool fused_residual_norm = true;
+  int fused_residual_norm_max_rows = 8;
   // Decode steps on the W4A16 path: after each layer's qkv GEMM, a side branch of the step (its own stream, joined at
   // the end of the layers) prefetches this fraction of the layer's gate|up weight into L2 (cuda::l2_prefetch_stripes,
   // round(16 f) of every 16 lines, evict_last), while the attention's latency-bound kernels leave DRAM mostly idle, so
@@ -137,6 +140,13 @@ struct CudaEngineOptions {
   // The same branch also prefetches this fraction of the layer's down weight (after gate|up's share), [0, 1].
   // bench_decode_step: FT_L2_PREFETCH_DOWN=f.
   double l2_prefetch_down = 0.0;
+  // Where the branch forks: false = after the qkv GEMM (the prefetch shares DRAM with the attention, which it slowed
+  // by ~6 us a layer at batch 1 on an H100 in the thirty-eighth session), true = after the attention's kernels (it
+  // shares DRAM with the o GEMM's compute and the MLP norm). bench_decode_step: FT_L2_PREFETCH_AFTER_ATTENTION=1.
+  bool l2_prefetch_after_attention = false;
+  // At most this many CTAs per prefetch kernel (cuda::l2_prefetch_stripes' max_blocks; 0 = its default, two per SM).
+  // bench_decode_step: FT_L2_PREFETCH_CTAS=n.
+  int l2_prefetch_ctas = 0;
   // The same branch first prefetches this fraction of the layer's o weight (before gate|up's share: the o GEMM runs
   // first), [0, 1]. The 8B o weight is 8.4 MB, the attention window ~5-7 us. bench_decode_step: FT_L2_PREFETCH_O=f.
   double l2_prefetch_o = 0.0;

@@ -635,7 +635,9 @@ cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x
       return reject(&g_last_error, op + ": the norm follows the residual epilogue alone");
     if (rnorm->weight == nullptr || rnorm->y == nullptr || !aligned(rnorm->weight, 16) || !aligned(rnorm->y, 8))
       return reject(&g_last_error, op + ": norm_weight must be non-null and 16-byte aligned, y non-null and 8-byte aligned");
-    if (N > w4a16::kResidualNormMaxUnits * ops::kMaxBlockThreads * 4)
+    static_assert(kW4A16ResidualNormMaxN == w4a16::kResidualNormMaxUnits * ops::kMaxBlockThreads * 4,
+                  "the public bound is the kernel's");
+    if (N > kW4A16ResidualNormMaxN)
       return reject(&g_last_error, op + ": N = " + std::to_string(N) + " exceeds the fused norm's " +
                                        std::to_string(w4a16::kResidualNormMaxUnits * ops::kMaxBlockThreads * 4));
     if (!std::isfinite(rnorm->eps) || rnorm->eps < 0.0f)

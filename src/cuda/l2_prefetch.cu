@@ -13,7 +13,6 @@ namespace {
 thread_local std::string g_last_error;
 
 constexpr int kThreads = 256;
-constexpr int kMaxBlocks = 264;  // two per SM on the H100 / H200: a small footprint beside the chain's kernels
 
 // Selected line j (0-based among the selected) is line (j / keep) * period + j % keep.
 __global__ void __launch_bounds__(kThreads)
@@ -31,7 +30,7 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t l2_prefetch_stripes(const void* base, int64_t bytes, int keep, int period, cudaStream_t stream,
-                                uint8_t* mark) {
+                                uint8_t* mark, int max_blocks) {
   g_last_error.clear();
   if (bytes < 0) return reject(&g_last_error, "l2_prefetch_stripes: bytes must be >= 0, got " + std::to_string(bytes));
   if (period < 1 || period > kL2PrefetchMaxPeriod)
@@ -40,13 +39,17 @@ cudaError_t l2_prefetch_stripes(const void* base, int64_t bytes, int keep, int p
   if (keep < 0 || keep > period)
     return reject(&g_last_error, "l2_prefetch_stripes: keep must be in [0, period = " + std::to_string(period) +
                                      "], got " + std::to_string(keep));
+  if (max_blocks < 0 || max_blocks > kL2PrefetchMaxBlocks)
+    return reject(&g_last_error, "l2_prefetch_stripes: max_blocks must be in [0, " +
+                                     std::to_string(kL2PrefetchMaxBlocks) + "], got " + std::to_string(max_blocks));
   if (bytes == 0 || keep == 0) return cudaSuccess;
   if (base == nullptr || !aligned(base, kL2LineBytes))
     return reject(&g_last_error, "l2_prefetch_stripes: base must be a non-null, 128-byte aligned device pointer");
   const int64_t lines = (bytes + kL2LineBytes - 1) / kL2LineBytes;
   // Selected lines below `lines`: whole periods, then the last period's first min(keep, rest).
   const int64_t selected = (lines / period) * keep + std::min<int64_t>(keep, lines % period);
-  const int64_t blocks = std::min<int64_t>((selected + kThreads - 1) / kThreads, kMaxBlocks);
+  const int64_t blocks =
+      std::min<int64_t>((selected + kThreads - 1) / kThreads, max_blocks > 0 ? max_blocks : kL2PrefetchMaxBlocks);
   l2_prefetch_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(static_cast<const char*>(base), lines,
                                                                              keep, period, selected, mark);
   return cudaGetLastError();

@@ -135,9 +135,12 @@ TEST_P(CudaEngineEpilogues, ResidualNormEqualsSeparateNorms) {
   const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 73)), GetParam());
   CudaEngineOptions co = cuda_engine_options(q.recipe);
   co.max_sequences = 4;
-  EXPECT_FALSE(co.fused_residual_norm) << "off by default until measured";
+  EXPECT_TRUE(co.fused_residual_norm) << "on by default";
+  EXPECT_EQ(co.fused_residual_norm_max_rows, 8);
+  co.fused_residual_norm = false;
   CudaEngineOptions rco = co;
   rco.fused_residual_norm = true;
+  rco.fused_residual_norm_max_rows = 1 << 20;  // every pass whose GEMM splits, the 122-row prompt included
   std::unique_ptr<CudaEngine> fused = make_cuda_engine(q, rco);
   std::unique_ptr<CudaEngine> base = make_cuda_engine(q, co);
   expect_identical(*fused, *base, s.vocab, 19, 8);
@@ -161,6 +164,8 @@ TEST_P(CudaEngineEpilogues, L2PrefetchOfGateUpChangesNothing) {
     pco.l2_prefetch_gate_up = f;
     pco.l2_prefetch_o = f;
     pco.l2_prefetch_down = 1.0 - f;
+    pco.l2_prefetch_after_attention = f < 0.5;  // both fork points
+    pco.l2_prefetch_ctas = f < 0.5 ? 3 : 0;
     std::unique_ptr<CudaEngine> prefetch = make_cuda_engine(q, pco);
     std::unique_ptr<CudaEngine> base = make_cuda_engine(q, co);
     expect_identical(*prefetch, *base, s.vocab, 17, 8);
@@ -218,7 +223,11 @@ TEST(CudaEngineEpiloguesProfile, OpLabelsFollowTheFlag) {
     int64_t swiglu_gemm = 0, residual_gemm = 0, swiglu = 0, residual_norm = 0, mlp_norm = 0;
     for (const CudaEngine::OpTime& t : profiled->op_profile()) {
       if (t.op == "gate|up GEMM + SwiGLU") swiglu_gemm += t.calls;
-      if (t.op == "o GEMM + residual" || t.op == "down GEMM + residual") residual_gemm += t.calls;
+      // fused_residual_norm (on by default for passes of <= 8 rows whose GEMM splits K) names the norm with the GEMM.
+      if (t.op == "o GEMM + residual" || t.op == "down GEMM + residual" || t.op == "o GEMM + residual + MLP RMSNorm" ||
+          t.op == "down GEMM + residual + attention RMSNorm")
+        residual_gemm += t.calls;
+      if (t.op == "o GEMM + residual + MLP RMSNorm") mlp_norm += t.calls;
       if (t.op == "SwiGLU") swiglu += t.calls;
       if (t.op == "residual + MLP RMSNorm" || t.op == "residual + attention RMSNorm" || t.op == "residual")
         residual_norm += t.calls;

@@ -105,7 +105,9 @@ TEST(CudaEngineInt4Dequant, PassesReachingTheThresholdTakeThePathAndOthersAreUnc
         // The large passes keep no fused epilogue: o and down write BF16 and the residual add joins the RMSNorm.
         EXPECT_EQ(calls(ops, "gate|up GEMM (dequant + cuBLAS) + SwiGLU"), L * dq);
         EXPECT_EQ(calls(ops, "gate|up GEMM + SwiGLU"), L * w4);
-        EXPECT_EQ(calls(ops, "o GEMM + residual") + calls(ops, "o GEMM (dequant + cuBLAS)"), L * 3);
+        EXPECT_EQ(calls(ops, "o GEMM + residual") + calls(ops, "o GEMM + residual + MLP RMSNorm") +
+                      calls(ops, "o GEMM (dequant + cuBLAS)"),
+                  L * 3);
         EXPECT_EQ(calls(ops, "residual + MLP RMSNorm"), L * dq);
       } else {
         EXPECT_EQ(calls(ops, "gate|up GEMM (dequant + cuBLAS)"), L * dq);

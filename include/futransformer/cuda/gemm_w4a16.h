@@ -54,8 +54,9 @@ cudaError_t gemm_w4a16_residual(const __nv_bfloat16* x, const uint32_t* w_packed
 // gemm_w4a16_residual, then y = rmsnorm_bf16(residual, norm_weight, eps) of the M rows it leaves (BF16 [M, N],
 // 8-byte aligned, apart from residual; norm_weight fp32 [N], 16-byte aligned; N <= 8192): the same bits as the two
 // calls. When K is split, one kernel does the split-K reduce, the residual add and the norm (no second pass over the
-// rows, one kernel boundary fewer); otherwise the GEMM adds and rmsnorm_bf16's kernel follows. (Thirty-seventh session:
-// GPU tests written, not yet run on a device.)
+// rows, one kernel boundary fewer); otherwise the GEMM adds and rmsnorm_bf16's kernel follows. GPU-tested in the
+// thirty-eighth session (bit for bit, splits 1 and 3).
+constexpr int kW4A16ResidualNormMaxN = 8192;
 cudaError_t gemm_w4a16_residual_rmsnorm(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
                                         float* residual, int M, int N, int K, int group, formats::ScaleType scale_type,
                                         const float* norm_weight, float eps, __nv_bfloat16* y, void* workspace,

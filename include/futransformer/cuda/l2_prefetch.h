@@ -18,6 +18,7 @@ namespace futransformer::cuda {
 
 constexpr int kL2LineBytes = 128;
 constexpr int kL2PrefetchMaxPeriod = 1 << 16;
+constexpr int kL2PrefetchMaxBlocks = 264;  // two per SM on the H100 / H200: a small footprint beside the chain's kernels
 
 // Whether line i is in the stripe (keep of every period lines, the first keep of each).
 constexpr bool l2_prefetch_line_selected(int64_t line, int keep, int period) { return line % period < keep; }
@@ -26,9 +27,11 @@ constexpr bool l2_prefetch_line_selected(int64_t line, int keep, int period) { r
 // the stream's previous work in full). base: 128-byte aligned device pointer; bytes >= 0 (0: nothing enqueued);
 // 0 <= keep <= period, 1 <= period <= kL2PrefetchMaxPeriod (keep 0: nothing enqueued). mark (tests; null in use):
 // when non-null, mark[i] = 1 for every prefetched line i (ceil(bytes / 128) bytes; other entries untouched).
+// max_blocks: at most this many CTAs of 256 threads (grid-stride), 1..kL2PrefetchMaxBlocks; 0 = kL2PrefetchMaxBlocks.
+// Fewer CTAs issue the prefetches from fewer SMs (a slower, gentler stream beside other kernels' loads).
 // cudaErrorInvalidValue with the reason in l2_prefetch_last_error() for a bad argument, else the launch status.
 cudaError_t l2_prefetch_stripes(const void* base, int64_t bytes, int keep, int period, cudaStream_t stream,
-                                uint8_t* mark = nullptr);
+                                uint8_t* mark = nullptr, int max_blocks = 0);
 const char* l2_prefetch_last_error();
 
 }  // namespace futransformer::cuda

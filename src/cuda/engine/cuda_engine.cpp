@@ -370,6 +370,10 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
         "CUDA engine: l2_prefetch_gate_up must be a fraction in [0, 1], got " + std::to_string(opt_.l2_prefetch_gate_up));
   check(opt_.l2_prefetch_down >= 0.0 && opt_.l2_prefetch_down <= 1.0,
         "CUDA engine: l2_prefetch_down must be a fraction in [0, 1], got " + std::to_string(opt_.l2_prefetch_down));
+  check(opt_.l2_prefetch_ctas >= 0 && opt_.l2_prefetch_ctas <= cuda::kL2PrefetchMaxBlocks,
+        "CUDA engine: l2_prefetch_ctas must be in [0, ", cuda::kL2PrefetchMaxBlocks, "], got ", opt_.l2_prefetch_ctas);
+  check(opt_.fused_residual_norm_max_rows >= 0,
+        "CUDA engine: fused_residual_norm_max_rows must be >= 0, got ", opt_.fused_residual_norm_max_rows);
   check(opt_.l2_prefetch_o >= 0.0 && opt_.l2_prefetch_o <= 1.0,
         "CUDA engine: l2_prefetch_o must be a fraction in [0, 1], got " + std::to_string(opt_.l2_prefetch_o));
   l2_prefetch_keep_ = static_cast<int>(std::lround(opt_.l2_prefetch_gate_up * kL2PrefetchPeriod));
@@ -976,20 +980,22 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                               !l.gate_up.dequant_path(rows, g) && l.down.int4_packed() != nullptr &&
                               !l.down.dequant_path(rows, g) && l.o.int4_packed() != nullptr &&
                               !l.o.dequant_path(rows, g);
-    if (prefetch_mlp) {
+    const auto launch_prefetch = [&] {
       cuda_check(cudaEventRecord(fork_event_, stream_), "prefetch fork");
       cuda_check(cudaStreamWaitEvent(side_stream_, fork_event_, 0), "prefetch fork");
+      const int ctas = opt_.l2_prefetch_ctas;
       check_op(cuda::l2_prefetch_stripes(l.o.int4_packed(), l.o.int4_packed_bytes(), l2_prefetch_o_keep_,
-                                         kL2PrefetchPeriod, side_stream_),
+                                         kL2PrefetchPeriod, side_stream_, nullptr, ctas),
                "o L2 prefetch", cuda::l2_prefetch_last_error);
       check_op(cuda::l2_prefetch_stripes(l.gate_up.int4_packed(), l.gate_up.int4_packed_bytes(), l2_prefetch_keep_,
-                                         kL2PrefetchPeriod, side_stream_),
+                                         kL2PrefetchPeriod, side_stream_, nullptr, ctas),
                "gate|up L2 prefetch", cuda::l2_prefetch_last_error);
       check_op(cuda::l2_prefetch_stripes(l.down.int4_packed(), l.down.int4_packed_bytes(), l2_prefetch_down_keep_,
-                                         kL2PrefetchPeriod, side_stream_),
+                                         kL2PrefetchPeriod, side_stream_, nullptr, ctas),
                "down L2 prefetch", cuda::l2_prefetch_last_error);
       side_pending = true;
-    }
+    };
+    if (prefetch_mlp && !opt_.l2_prefetch_after_attention) launch_prefetch();
     if (prologue_in_gemm || qkv_epilogue || prologue_in_attention) {
       // Nothing here: the qkv GEMM's split-K reduce or FP8 epilogue ran the prologue, or the attention will.
     } else if (prologue_one_kernel) {
@@ -1078,6 +1084,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                                               nh, nkv, hd, static_cast<int>(pages_per_seq_), stream_),
                "attention (generic)", cuda::attention_generic_last_error);
     }
+    if (prefetch_mlp && opt_.l2_prefetch_after_attention) launch_prefetch();
     // FP8 passes may un-rotate while quantising the o GEMM's input (fused_unrotate_fp8): the shape is known here.
     const bool unrotate_into_fp8 =
         fp8 && hadamard_block_ > 1 && !attention_unrotated && opt_.fused_unrotate_fp8 &&
@@ -1155,10 +1162,14 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     // add_residual_bf16 + rmsnorm_bf16 bit for bit). Passes on the dequantise + cuBLAS path have no fused epilogue:
     // they take the second order, which is one pass over the residual stream fewer than forward_residual's there.
     const bool fused_o = opt_.fused_epilogues && l.o.kind() == DeviceLinear::Kind::Int4 && !l.o.dequant_path(rows, g);
+    // fused_residual_norm: the norm after a residual GEMM runs in its split-K reduce (small passes whose GEMM splits).
+    const auto residual_norm_in_reduce = [&](const DeviceLinear& lin) {
+      return opt_.fused_residual_norm && rows <= opt_.fused_residual_norm_max_rows && lin.residual_norm_in_reduce(rows, g);
+    };
     const bool fused_down = fused_down_of(l);
     const bool norm_in_gate_up =
         norm_prologue && fused_o && l.gate_up.swiglu_packed() && l.gate_up.norm_prologue(rows, g);
-    if (fused_o && !norm_in_gate_up && opt_.fused_residual_norm) {
+    if (fused_o && !norm_in_gate_up && residual_norm_in_reduce(l.o)) {
       l.o.forward_residual_rmsnorm(bf(att_), rows, x_.get(), l.mlp_norm.get(), eps, bf(xn_), g);
       mark("o GEMM + residual + MLP RMSNorm");
     } else if (fused_o) {
@@ -1186,7 +1197,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       check_op(cuda::swiglu_bf16(bf(gate_up_), bf(act_), r, inter, stream_), "SwiGLU", decoder_ops_last_error);
     }
     const bool last = li + 1 == layers_.size();
-    if (fused_down && !last && !attn_norm_in_qkv(li + 1) && opt_.fused_residual_norm) {
+    if (fused_down && !last && !attn_norm_in_qkv(li + 1) && residual_norm_in_reduce(l.down)) {
       l.down.forward_residual_rmsnorm(bf(act_), rows, x_.get(), layers_[li + 1].attn_norm.get(), eps, bf(xn_), g);
       mark("down GEMM + residual + attention RMSNorm");
       continue;

@@ -440,6 +440,15 @@ bool DeviceLinear::qkv_prologue_in_reduce(int64_t M, const GemmContext& ctx) con
   return true;
 }
 
+bool DeviceLinear::residual_norm_in_reduce(int64_t M, const GemmContext& ctx) const {
+  if (kind_ != Kind::Int4 || swiglu_packed() || dequant_path(M, ctx) || N_ > kW4A16ResidualNormMaxN) return false;
+  for (int64_t m0 = 0; m0 < M; m0 += kW4A16MaxM) {
+    const int mc = static_cast<int>(std::min<int64_t>(kW4A16MaxM, M - m0));
+    if (!gemm_w4a16_splits_k(mc, static_cast<int>(N_), static_cast<int>(K_), static_cast<int>(group_))) return false;
+  }
+  return true;
+}
+
 bool DeviceLinear::norm_prologue(int64_t M, const GemmContext& ctx) const {
   if (kind_ != Kind::Int4 || dequant_path(M, ctx) || M < 1 || M > kW4A16NormMaxM) return false;
   return gemm_w4a16_rmsnorm_can_implement(static_cast<int>(M), static_cast<int>(N_), static_cast<int>(K_),

@@ -133,6 +133,9 @@ class DeviceLinear {
   // Whether forward_qkv_rope_append runs the prologue inside the GEMM's split-K reduce for every one of its 64-row
   // launches (gemm_w4a16_splits_k), i.e. saves a kernel per launch over forward + qkv_rope_kv_append.
   bool qkv_prologue_in_reduce(int64_t M, const GemmContext& ctx) const;
+  // Whether forward_residual_rmsnorm runs the norm inside the split-K reduce for every one of its launches: INT4 on
+  // the W4A16 path, canonically packed, N <= kW4A16ResidualNormMaxN, and every launch splits K.
+  bool residual_norm_in_reduce(int64_t M, const GemmContext& ctx) const;
   // The RMSNorm before this projection run inside its W4A16 GEMM (gemm_w4a16_rmsnorm*, futransformer/cuda/
   // gemm_w4a16.h): x is fp32 [M, K] (the residual stream), norm_weight fp32 [K], both 16-byte aligned. Bit for bit
   // rmsnorm_bf16(x, norm_weight, ·, M, K, eps) followed by forward / forward_swiglu / forward_qkv_rope_append on its

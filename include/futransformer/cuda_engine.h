@@ -80,8 +80,8 @@ struct CudaEngineOptions {
   bool attention_prologue_unsplit = false;
   // With fused_epilogues and an int4-hadamard cache: prompt passes that attend with attention_prefill un-rotate its
   // output in the kernel's store (cuda::attention_prefill_int4_unrotated; bit-identical to the separate
-  // rotate_heads_bf16 by construction). Built after the seventh session's last device call and not yet run on a GPU,
-  // so off by default; bench_prefill turns it on with FT_PREFILL_UNROTATE=1.
+  // rotate_heads_bf16 by construction). GPU-tested in the eighth session; it saved ~1 us per 8B layer and did not move
+  // the whole prefill, so off by default; bench_prefill turns it on with FT_PREFILL_UNROTATE=1.
   bool fused_prefill_unrotation = false;
   // FP8 prefill passes with an int4-hadamard cache whose attention output still needs its un-rotation: one kernel
   // un-rotates and quantises it for the o GEMM (cuda::unrotate_rows_fp8; the same codes and scales as
@@ -134,8 +134,9 @@ struct CudaEngineOptions {
   // the end of the layers) prefetches this fraction of the layer's gate|up weight into L2 (cuda::l2_prefetch_stripes,
   // round(16 f) of every 16 lines, evict_last), while the attention's latency-bound kernels leave DRAM mostly idle, so
   // the gate|up GEMM finds that share of its bytes in L2. A hint: the same bits either way. 0 (the default): none.
-  // Must be in [0, 1] (Error at construction otherwise). bench_decode_step: FT_L2_PREFETCH_GATE_UP=f. Built after
-  // the thirty-seventh session's last device call: GPU tests written, not run yet; unmeasured.
+  // Must be in [0, 1] (Error at construction otherwise). bench_decode_step: FT_L2_PREFETCH_GATE_UP=f. Measured slower
+  // from the default grid (thirty-eighth session, H100: +10.3 % at batch 1 for 0.5; the prefetches delay the attention's
+  // reads); from 8 CTAs (l2_prefetch_ctas) -1.1 % at batch 1, slower at 8 and 32. docs/kernels.md has the analysis.
   double l2_prefetch_gate_up = 0.0;
   // The same branch also prefetches this fraction of the layer's down weight (after gate|up's share), [0, 1].
   // bench_decode_step: FT_L2_PREFETCH_DOWN=f.

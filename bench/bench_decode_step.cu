@@ -214,6 +214,8 @@ int main(int argc, char** argv) {
         // FT_L2_PREFETCH_AFTER_ATTENTION=1, FT_L2_PREFETCH_CTAS=n: where the prefetch branch forks, its CTAs.
         if (const char* pa = std::getenv("FT_L2_PREFETCH_AFTER_ATTENTION")) o.l2_prefetch_after_attention = pa[0] == '1';
         if (const char* pc = std::getenv("FT_L2_PREFETCH_CTAS")) o.l2_prefetch_ctas = std::atoi(pc);
+        if (const char* pt = std::getenv("FT_L2_PREFETCH_THREADS")) o.l2_prefetch_threads = std::atoi(pt);
+        if (const char* pm = std::getenv("FT_L2_PREFETCH_MAX_ROWS")) o.l2_prefetch_max_rows = std::atoi(pm);
         std::unique_ptr<CudaEngine> e = make_synthetic_cuda_engine(c, kGroup, o);
         std::printf("%s%s: %s | GPU memory %.2f GB\n", name.c_str(), block ? " (1 layer)" : "", e->description().c_str(),
                     e->memory().total() / 1e9);

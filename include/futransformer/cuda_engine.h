@@ -145,9 +145,14 @@ struct CudaEngineOptions {
   // by ~6 us a layer at batch 1 on an H100 in the thirty-eighth session), true = after the attention's kernels (it
   // shares DRAM with the o GEMM's compute and the MLP norm). bench_decode_step: FT_L2_PREFETCH_AFTER_ATTENTION=1.
   bool l2_prefetch_after_attention = false;
-  // At most this many CTAs per prefetch kernel (cuda::l2_prefetch_stripes' max_blocks; 0 = its default, two per SM).
-  // bench_decode_step: FT_L2_PREFETCH_CTAS=n.
+  // At most this many CTAs per prefetch kernel (cuda::l2_prefetch_stripes' max_blocks; 0 = its default, two per SM)
+  // of l2_prefetch_threads threads (a multiple of 32 up to 256; 0 = 256). bench_decode_step: FT_L2_PREFETCH_CTAS=n,
+  // FT_L2_PREFETCH_THREADS=n.
   int l2_prefetch_ctas = 0;
+  int l2_prefetch_threads = 0;
+  // The branch runs only in decode steps of at most this many rows (0: any). bench_decode_step:
+  // FT_L2_PREFETCH_MAX_ROWS=n.
+  int l2_prefetch_max_rows = 0;
   // The same branch first prefetches this fraction of the layer's o weight (before gate|up's share: the o GEMM runs
   // first), [0, 1]. The 8B o weight is 8.4 MB, the attention window ~5-7 us. bench_decode_step: FT_L2_PREFETCH_O=f.
   double l2_prefetch_o = 0.0;

@@ -166,6 +166,8 @@ TEST_P(CudaEngineEpilogues, L2PrefetchOfGateUpChangesNothing) {
     pco.l2_prefetch_down = 1.0 - f;
     pco.l2_prefetch_after_attention = f < 0.5;  // both fork points
     pco.l2_prefetch_ctas = f < 0.5 ? 3 : 0;
+    pco.l2_prefetch_threads = f < 0.5 ? 32 : 0;
+    pco.l2_prefetch_max_rows = f < 0.5 ? 0 : 2;  // at 2: the batch-3 decode steps skip the branch
     std::unique_ptr<CudaEngine> prefetch = make_cuda_engine(q, pco);
     std::unique_ptr<CudaEngine> base = make_cuda_engine(q, co);
     expect_identical(*prefetch, *base, s.vocab, 17, 8);

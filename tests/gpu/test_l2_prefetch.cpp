@@ -23,15 +23,17 @@ struct Case {
   int64_t bytes;
   int keep, period;
   int max_blocks = 0;  // 0: the default grid
+  int threads = 0;     // 0: 256 per CTA
 };
 
 TEST(L2PrefetchGpu, PrefetchesExactlyTheStripe) {
   FT_REQUIRE_CUDA_DEVICE();
   const Case cases[] = {{128 * 1000, 5, 16}, {128 * 999 + 17, 8, 16}, {128 * 4096, 16, 16}, {128 * 3, 1, 7},
-                        {128 * 70000 + 1, 3, 11}, {1, 1, 1}, {128 * 70000, 8, 16, 1}, {128 * 50000 + 5, 5, 16, 7}};
+                        {128 * 70000 + 1, 3, 11}, {1, 1, 1}, {128 * 70000, 8, 16, 1}, {128 * 50000 + 5, 5, 16, 7},
+                        {128 * 30000 + 3, 6, 16, 4, 32}, {128 * 20000, 16, 16, 0, 96}};
   for (const Case& c : cases) {
     SCOPED_TRACE("bytes " + std::to_string(c.bytes) + " keep " + std::to_string(c.keep) + " period " +
-                 std::to_string(c.period) + " max_blocks " + std::to_string(c.max_blocks));
+                 std::to_string(c.period) + " max_blocks " + std::to_string(c.max_blocks) + " threads " + std::to_string(c.threads));
     const int64_t lines = (c.bytes + cu::kL2LineBytes - 1) / cu::kL2LineBytes;
     std::mt19937 rng(static_cast<uint32_t>(c.bytes + c.keep));
     std::vector<uint8_t> data(static_cast<size_t>(lines) * cu::kL2LineBytes);
@@ -40,7 +42,7 @@ TEST(L2PrefetchGpu, PrefetchesExactlyTheStripe) {
     DeviceBuffer<uint8_t> mark(static_cast<size_t>(lines) + 64);  // 64 guard entries past the last line
     ASSERT_EQ(mark.poison(), cudaSuccess);
     ASSERT_EQ(cudaMemset(mark.p, 0, static_cast<size_t>(lines)), cudaSuccess);
-    ASSERT_EQ(cu::l2_prefetch_stripes(d_data.p, c.bytes, c.keep, c.period, nullptr, mark.p, c.max_blocks), cudaSuccess)
+    ASSERT_EQ(cu::l2_prefetch_stripes(d_data.p, c.bytes, c.keep, c.period, nullptr, mark.p, c.max_blocks, c.threads), cudaSuccess)
         << cu::l2_prefetch_last_error();
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<uint8_t> got = mark.download();
@@ -83,6 +85,8 @@ TEST(L2PrefetchHost, RejectsBadArguments) {
   expect(cu::l2_prefetch_stripes(buf, 1024, 1, 2, nullptr, nullptr, -1), "max_blocks must be in [0, 264]");
   expect(cu::l2_prefetch_stripes(buf, 1024, 1, 2, nullptr, nullptr, cu::kL2PrefetchMaxBlocks + 1),
          "max_blocks must be in [0, 264]");
+  expect(cu::l2_prefetch_stripes(buf, 1024, 1, 2, nullptr, nullptr, 0, 48), "threads must be 0 or a multiple of 32");
+  expect(cu::l2_prefetch_stripes(buf, 1024, 1, 2, nullptr, nullptr, 0, 512), "threads must be 0 or a multiple of 32");
   expect(cu::l2_prefetch_stripes(nullptr, 1024, 1, 2, nullptr), "128-byte aligned");
   expect(cu::l2_prefetch_stripes(buf + 64, 1024, 1, 2, nullptr), "128-byte aligned");
   // Nothing to do is not an error (and touches no pointer).

@@ -27,11 +27,12 @@ constexpr bool l2_prefetch_line_selected(int64_t line, int keep, int period) { r
 // the stream's previous work in full). base: 128-byte aligned device pointer; bytes >= 0 (0: nothing enqueued);
 // 0 <= keep <= period, 1 <= period <= kL2PrefetchMaxPeriod (keep 0: nothing enqueued). mark (tests; null in use):
 // when non-null, mark[i] = 1 for every prefetched line i (ceil(bytes / 128) bytes; other entries untouched).
-// max_blocks: at most this many CTAs of 256 threads (grid-stride), 1..kL2PrefetchMaxBlocks; 0 = kL2PrefetchMaxBlocks.
-// Fewer CTAs issue the prefetches from fewer SMs (a slower, gentler stream beside other kernels' loads).
+// max_blocks: at most this many CTAs (grid-stride), 1..kL2PrefetchMaxBlocks; 0 = kL2PrefetchMaxBlocks. threads: per
+// CTA, a multiple of 32 in 32..256; 0 = 256. Fewer or smaller CTAs issue the prefetches from fewer SMs and hold fewer
+// SM slots (a slower, gentler stream beside other kernels' loads and CTAs).
 // cudaErrorInvalidValue with the reason in l2_prefetch_last_error() for a bad argument, else the launch status.
 cudaError_t l2_prefetch_stripes(const void* base, int64_t bytes, int keep, int period, cudaStream_t stream,
-                                uint8_t* mark = nullptr, int max_blocks = 0);
+                                uint8_t* mark = nullptr, int max_blocks = 0, int threads = 0);
 const char* l2_prefetch_last_error();
 
 }  // namespace futransformer::cuda

@@ -372,6 +372,10 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
         "CUDA engine: l2_prefetch_down must be a fraction in [0, 1], got " + std::to_string(opt_.l2_prefetch_down));
   check(opt_.l2_prefetch_ctas >= 0 && opt_.l2_prefetch_ctas <= cuda::kL2PrefetchMaxBlocks,
         "CUDA engine: l2_prefetch_ctas must be in [0, ", cuda::kL2PrefetchMaxBlocks, "], got ", opt_.l2_prefetch_ctas);
+  check(opt_.l2_prefetch_threads >= 0 && opt_.l2_prefetch_threads <= 256 && opt_.l2_prefetch_threads % 32 == 0,
+        "CUDA engine: l2_prefetch_threads must be 0 or a multiple of 32 up to 256, got ", opt_.l2_prefetch_threads);
+  check(opt_.l2_prefetch_max_rows >= 0, "CUDA engine: l2_prefetch_max_rows must be >= 0, got ",
+        opt_.l2_prefetch_max_rows);
   check(opt_.fused_residual_norm_max_rows >= 0,
         "CUDA engine: fused_residual_norm_max_rows must be >= 0, got ", opt_.fused_residual_norm_max_rows);
   check(opt_.l2_prefetch_o >= 0.0 && opt_.l2_prefetch_o <= 1.0,
@@ -976,22 +980,24 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     // whose weight bytes are then read, so the prefetch shares DRAM only with the attention's small kernels and the
     // o GEMM's ring fill. Joined once, after the last layer.
     const bool prefetch_mlp = (l2_prefetch_keep_ > 0 || l2_prefetch_down_keep_ > 0 || l2_prefetch_o_keep_ > 0) &&
-                              pass_decode_only_ && !fp8 && l.gate_up.int4_packed() != nullptr &&
+                              pass_decode_only_ && !fp8 &&
+                              (opt_.l2_prefetch_max_rows == 0 || rows <= opt_.l2_prefetch_max_rows) &&
+                              l.gate_up.int4_packed() != nullptr &&
                               !l.gate_up.dequant_path(rows, g) && l.down.int4_packed() != nullptr &&
                               !l.down.dequant_path(rows, g) && l.o.int4_packed() != nullptr &&
                               !l.o.dequant_path(rows, g);
     const auto launch_prefetch = [&] {
       cuda_check(cudaEventRecord(fork_event_, stream_), "prefetch fork");
       cuda_check(cudaStreamWaitEvent(side_stream_, fork_event_, 0), "prefetch fork");
-      const int ctas = opt_.l2_prefetch_ctas;
+      const int ctas = opt_.l2_prefetch_ctas, threads = opt_.l2_prefetch_threads;
       check_op(cuda::l2_prefetch_stripes(l.o.int4_packed(), l.o.int4_packed_bytes(), l2_prefetch_o_keep_,
-                                         kL2PrefetchPeriod, side_stream_, nullptr, ctas),
+                                         kL2PrefetchPeriod, side_stream_, nullptr, ctas, threads),
                "o L2 prefetch", cuda::l2_prefetch_last_error);
       check_op(cuda::l2_prefetch_stripes(l.gate_up.int4_packed(), l.gate_up.int4_packed_bytes(), l2_prefetch_keep_,
-                                         kL2PrefetchPeriod, side_stream_, nullptr, ctas),
+                                         kL2PrefetchPeriod, side_stream_, nullptr, ctas, threads),
                "gate|up L2 prefetch", cuda::l2_prefetch_last_error);
       check_op(cuda::l2_prefetch_stripes(l.down.int4_packed(), l.down.int4_packed_bytes(), l2_prefetch_down_keep_,
-                                         kL2PrefetchPeriod, side_stream_, nullptr, ctas),
+                                         kL2PrefetchPeriod, side_stream_, nullptr, ctas, threads),
                "down L2 prefetch", cuda::l2_prefetch_last_error);
       side_pending = true;
     };

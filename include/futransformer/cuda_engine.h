@@ -141,6 +141,9 @@ struct CudaEngineOptions {
   // The same branch also prefetches this fraction of the layer's down weight (after gate|up's share), [0, 1].
   // bench_decode_step: FT_L2_PREFETCH_DOWN=f.
   double l2_prefetch_down = 0.0;
+  // The same branch first prefetches this fraction of the layer's o weight (before gate|up's share: the o GEMM runs
+  // first), [0, 1]. bench_decode_step: FT_L2_PREFETCH_O=f. Measured slower (+4.2 % at batch 1, +4.4 % at 32, H100).
+  double l2_prefetch_o = 0.0;
   // Where the branch forks: false = after the qkv GEMM (the prefetch shares DRAM with the attention, which it slowed
   // by ~6 us a layer at batch 1 on an H100 in the thirty-eighth session), true = after the attention's kernels (it
   // shares DRAM with the o GEMM's compute and the MLP norm). bench_decode_step: FT_L2_PREFETCH_AFTER_ATTENTION=1.
@@ -153,9 +156,6 @@ struct CudaEngineOptions {
   // The branch runs only in decode steps of at most this many rows (0: any). bench_decode_step:
   // FT_L2_PREFETCH_MAX_ROWS=n.
   int l2_prefetch_max_rows = 0;
-  // The same branch first prefetches this fraction of the layer's o weight (before gate|up's share: the o GEMM runs
-  // first), [0, 1]. The 8B o weight is 8.4 MB, the attention window ~5-7 us. bench_decode_step: FT_L2_PREFETCH_O=f.
-  double l2_prefetch_o = 0.0;
   // FP8 prefill passes: the down projection's input is quantised per token per 128 channels (the recipe
   // act-fp8-block-bf16; twin: make_prefill_decode_reference_engine with ActivationFormat::Fp8BlockOverBf16) instead of
   // per token. With fused_epilogues the gate|up FP8 GEMM then applies SwiGLU and writes those FP8 codes and scales in

@@ -314,8 +314,9 @@ __device__ __forceinline__ float hadamard_head(float x, int block, float scale, 
 
 // The cluster combine of attention_decode_kernel<.., kCl = true> (see there), called by every thread of every CTA of
 // the cluster once each CTA has written its partial O [kMaxGqa][kD] and log2-sum-exp [kMaxGqa] at `buf` (the same
-// offset in every CTA); `exchange` holds the un-rotation's two rows of kN floats (CtaShape::kExchangeOffset). CTA `split` owns heads split + S i < G (S = args.splits, its cluster size; rank = split, the
-// cluster spanning grid x); kN / kD heads a round, thread c on channel c % kD. Per head: attention_decode_combine_kernel
+// offset in every CTA); `exchange` holds the un-rotation's two rows of kN floats (CtaShape::kExchangeOffset). CTA
+// `split` owns heads split + S i < G (S = args.splits, its cluster size; rank = split, the cluster spanning grid x);
+// kN / kD heads a round, thread c on channel c % kD. Per head: attention_decode_combine_kernel
 // on the S partials (M = max lse, w_s = 2^(lse_s − M), num = Σ_s w_s o_s by fmaf in split order, den = Σ_s w_s),
 // rounded to BF16, then hadamard_head's un-rotation where asked. A last cluster barrier keeps every CTA's partials
 // alive until every reader is done.

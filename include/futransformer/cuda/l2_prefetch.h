@@ -19,6 +19,7 @@ namespace futransformer::cuda {
 constexpr int kL2LineBytes = 128;
 constexpr int kL2PrefetchMaxPeriod = 1 << 16;
 constexpr int kL2PrefetchMaxBlocks = 264;  // two per SM on the H100 / H200: a small footprint beside the chain's kernels
+constexpr int kL2PrefetchMaxThreads = 256;  // per CTA
 
 // Whether line i is in the stripe (keep of every period lines, the first keep of each).
 constexpr bool l2_prefetch_line_selected(int64_t line, int keep, int period) { return line % period < keep; }
@@ -28,7 +29,7 @@ constexpr bool l2_prefetch_line_selected(int64_t line, int keep, int period) { r
 // 0 <= keep <= period, 1 <= period <= kL2PrefetchMaxPeriod (keep 0: nothing enqueued). mark (tests; null in use):
 // when non-null, mark[i] = 1 for every prefetched line i (ceil(bytes / 128) bytes; other entries untouched).
 // max_blocks: at most this many CTAs (grid-stride), 1..kL2PrefetchMaxBlocks; 0 = kL2PrefetchMaxBlocks. threads: per
-// CTA, a multiple of 32 in 32..256; 0 = 256. Fewer or smaller CTAs issue the prefetches from fewer SMs and hold fewer
+// CTA, a multiple of 32 in 32..kL2PrefetchMaxThreads; 0 = kL2PrefetchMaxThreads. Fewer or smaller CTAs issue the prefetches from fewer SMs and hold fewer
 // SM slots (a slower, gentler stream beside other kernels' loads and CTAs).
 // cudaErrorInvalidValue with the reason in l2_prefetch_last_error() for a bad argument, else the launch status.
 cudaError_t l2_prefetch_stripes(const void* base, int64_t bytes, int keep, int period, cudaStream_t stream,

@@ -46,7 +46,8 @@ using cuda::DeviceLinear;
 constexpr int64_t kPageTokens = formats::kKvPageTokens;
 constexpr int64_t kDefaultMaxSequence = 4096;
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
-// CudaEngineOptions::l2_prefetch_gate_up's stripe: round(16 f) of every 16 lines (2 KB, four 512-byte W4A16 blocks).
+// CudaEngineOptions::l2_prefetch_{o, gate_up, down}'s stripes: round(16 f) of every 16 lines (2 KB, four 512-byte
+// W4A16 blocks).
 constexpr int kL2PrefetchPeriod = 16;
 
 struct DeviceLayer {
@@ -245,8 +246,8 @@ class CudaEngineImpl final : public CudaEngine {
   CudaEngineMemory memory_;
 
   cudaStream_t stream_ = nullptr;
-  // CudaEngineOptions::l2_prefetch_gate_up: the side stream of the prefetch branch, its fork and join events, and the
-  // stripe (keep of every kL2PrefetchPeriod lines; 0: no branch).
+  // CudaEngineOptions::l2_prefetch_*: the side stream of the prefetch branch, its fork and join events, and the
+  // stripes (keep of every kL2PrefetchPeriod lines; all 0: no branch).
   cudaStream_t side_stream_ = nullptr;
   cudaEvent_t fork_event_ = nullptr, join_event_ = nullptr;
   int l2_prefetch_keep_ = 0, l2_prefetch_down_keep_ = 0, l2_prefetch_o_keep_ = 0;
@@ -372,8 +373,10 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
         "CUDA engine: l2_prefetch_down must be a fraction in [0, 1], got " + std::to_string(opt_.l2_prefetch_down));
   check(opt_.l2_prefetch_ctas >= 0 && opt_.l2_prefetch_ctas <= cuda::kL2PrefetchMaxBlocks,
         "CUDA engine: l2_prefetch_ctas must be in [0, ", cuda::kL2PrefetchMaxBlocks, "], got ", opt_.l2_prefetch_ctas);
-  check(opt_.l2_prefetch_threads >= 0 && opt_.l2_prefetch_threads <= 256 && opt_.l2_prefetch_threads % 32 == 0,
-        "CUDA engine: l2_prefetch_threads must be 0 or a multiple of 32 up to 256, got ", opt_.l2_prefetch_threads);
+  check(opt_.l2_prefetch_threads >= 0 && opt_.l2_prefetch_threads <= cuda::kL2PrefetchMaxThreads &&
+            opt_.l2_prefetch_threads % 32 == 0,
+        "CUDA engine: l2_prefetch_threads must be 0 or a multiple of 32 up to ", cuda::kL2PrefetchMaxThreads, ", got ",
+        opt_.l2_prefetch_threads);
   check(opt_.l2_prefetch_max_rows >= 0, "CUDA engine: l2_prefetch_max_rows must be >= 0, got ",
         opt_.l2_prefetch_max_rows);
   check(opt_.fused_residual_norm_max_rows >= 0,
@@ -976,10 +979,9 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       l.qkv.forward(bf(xn_), rows, qkv_.get(), false, g);
       mark(l.qkv.dequant_path(rows, g) ? "qkv GEMM (dequant + cuBLAS)" : "qkv GEMM");
     }
-    // The gate|up weight's L2 prefetch branch (CudaEngineOptions::l2_prefetch_gate_up): forked after the qkv GEMM,
-    // whose weight bytes are then read, so the prefetch shares DRAM only with the attention's small kernels and the
-    // o GEMM's ring fill. Joined once, after the last layer.
-    const bool prefetch_mlp = (l2_prefetch_keep_ > 0 || l2_prefetch_down_keep_ > 0 || l2_prefetch_o_keep_ > 0) &&
+    // The weights' L2 prefetch branch (CudaEngineOptions::l2_prefetch_*): forked after the qkv GEMM, whose weight bytes
+    // are then read, or after the attention (l2_prefetch_after_attention). Joined once, after the last layer.
+    const bool prefetch_weights = (l2_prefetch_keep_ > 0 || l2_prefetch_down_keep_ > 0 || l2_prefetch_o_keep_ > 0) &&
                               pass_decode_only_ && !fp8 &&
                               (opt_.l2_prefetch_max_rows == 0 || rows <= opt_.l2_prefetch_max_rows) &&
                               l.gate_up.int4_packed() != nullptr &&
@@ -1001,7 +1003,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                "down L2 prefetch", cuda::l2_prefetch_last_error);
       side_pending = true;
     };
-    if (prefetch_mlp && !opt_.l2_prefetch_after_attention) launch_prefetch();
+    if (prefetch_weights && !opt_.l2_prefetch_after_attention) launch_prefetch();
     if (prologue_in_gemm || qkv_epilogue || prologue_in_attention) {
       // Nothing here: the qkv GEMM's split-K reduce or FP8 epilogue ran the prologue, or the attention will.
     } else if (prologue_one_kernel) {
@@ -1090,7 +1092,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
                                               nh, nkv, hd, static_cast<int>(pages_per_seq_), stream_),
                "attention (generic)", cuda::attention_generic_last_error);
     }
-    if (prefetch_mlp && opt_.l2_prefetch_after_attention) launch_prefetch();
+    if (prefetch_weights && opt_.l2_prefetch_after_attention) launch_prefetch();
     // FP8 passes may un-rotate while quantising the o GEMM's input (fused_unrotate_fp8): the shape is known here.
     const bool unrotate_into_fp8 =
         fp8 && hadamard_block_ > 1 && !attention_unrotated && opt_.fused_unrotate_fp8 &&

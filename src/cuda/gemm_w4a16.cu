@@ -639,7 +639,7 @@ cudaError_t run(const Tiling* tiling, w4a16::Epilogue ep, const __nv_bfloat16* x
                   "the public bound is the kernel's");
     if (N > kW4A16ResidualNormMaxN)
       return reject(&g_last_error, op + ": N = " + std::to_string(N) + " exceeds the fused norm's " +
-                                       std::to_string(w4a16::kResidualNormMaxUnits * ops::kMaxBlockThreads * 4));
+                                       std::to_string(kW4A16ResidualNormMaxN));
     if (!std::isfinite(rnorm->eps) || rnorm->eps < 0.0f)
       return reject(&g_last_error, op + ": eps = " + std::to_string(rnorm->eps) + ", expected a finite value >= 0");
     const int64_t n = int64_t{M} * N;

@@ -431,7 +431,7 @@ void DeviceLinear::forward_qkv_rope_append(const __nv_bfloat16* x, int64_t M, __
   }
 }
 
-bool DeviceLinear::qkv_prologue_in_reduce(int64_t M, const GemmContext& ctx) const {
+bool DeviceLinear::every_launch_splits_k(int64_t M, const GemmContext& ctx) const {
   if (kind_ != Kind::Int4 || swiglu_packed() || dequant_path(M, ctx)) return false;
   for (int64_t m0 = 0; m0 < M; m0 += kW4A16MaxM) {
     const int mc = static_cast<int>(std::min<int64_t>(kW4A16MaxM, M - m0));
@@ -440,13 +440,12 @@ bool DeviceLinear::qkv_prologue_in_reduce(int64_t M, const GemmContext& ctx) con
   return true;
 }
 
+bool DeviceLinear::qkv_prologue_in_reduce(int64_t M, const GemmContext& ctx) const {
+  return every_launch_splits_k(M, ctx);
+}
+
 bool DeviceLinear::residual_norm_in_reduce(int64_t M, const GemmContext& ctx) const {
-  if (kind_ != Kind::Int4 || swiglu_packed() || dequant_path(M, ctx) || N_ > kW4A16ResidualNormMaxN) return false;
-  for (int64_t m0 = 0; m0 < M; m0 += kW4A16MaxM) {
-    const int mc = static_cast<int>(std::min<int64_t>(kW4A16MaxM, M - m0));
-    if (!gemm_w4a16_splits_k(mc, static_cast<int>(N_), static_cast<int>(K_), static_cast<int>(group_))) return false;
-  }
-  return true;
+  return N_ <= kW4A16ResidualNormMaxN && every_launch_splits_k(M, ctx);
 }
 
 bool DeviceLinear::norm_prologue(int64_t M, const GemmContext& ctx) const {

@@ -182,6 +182,9 @@ class DeviceLinear {
                           const GemmContext& ctx) const;
 
  private:
+  // Canonically packed INT4 on the W4A16 path, and every one of the kW4A16MaxM-row launches of M rows splits K
+  // (gemm_w4a16_splits_k): where a split-K reduce kernel runs and can take an epilogue.
+  bool every_launch_splits_k(int64_t M, const GemmContext& ctx) const;
   // y[M, N] (BF16) = x · bf16(W)ᵀ through int4_dequant_bf16 and cuBLAS; columns in canonical row order (gate|up
   // packed interleaved gives [gate | up], as swiglu_bf16 reads them).
   void forward_dequant(const __nv_bfloat16* x, int64_t M, __nv_bfloat16* y, const GemmContext& ctx) const;

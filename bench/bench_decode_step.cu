@@ -211,6 +211,8 @@ int main(int argc, char** argv) {
         // split-K reduce; on by default up to fused_residual_norm_max_rows rows, FT_RESIDUAL_NORM_MAX_ROWS=n).
         if (const char* rn = std::getenv("FT_RESIDUAL_NORM")) o.fused_residual_norm = rn[0] == '1';
         if (const char* rm = std::getenv("FT_RESIDUAL_NORM_MAX_ROWS")) o.fused_residual_norm_max_rows = std::atoi(rm);
+        // FT_QKV_TAIL=0|1: CudaEngineOptions::fused_qkv_tail (the qkv prologue in the unsplit GEMM's own tail).
+        if (const char* qt = std::getenv("FT_QKV_TAIL")) o.fused_qkv_tail = qt[0] == '1';
         // FT_L2_PREFETCH_AFTER_ATTENTION=1, FT_L2_PREFETCH_CTAS=n: where the prefetch branch forks, its CTAs.
         if (const char* pa = std::getenv("FT_L2_PREFETCH_AFTER_ATTENTION")) o.l2_prefetch_after_attention = pa[0] == '1';
         if (const char* pc = std::getenv("FT_L2_PREFETCH_CTAS")) o.l2_prefetch_ctas = std::atoi(pc);

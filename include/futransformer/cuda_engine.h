@@ -105,6 +105,11 @@ struct CudaEngineOptions {
   // reduce when every W4A16 launch of the pass splits K (gemm_w4a16_qkv_rope_append; bit-identical by construction,
   // GPU-tested against the two-kernel order). false: the two kernels always (kept to compare and measure).
   bool fused_qkv_prologue = true;
+  // With fused_qkv_prologue: decode passes of at most 8 rows whose qkv GEMM does not split K, on an INT4 or
+  // int4-hadamard cache at head_dim 128, run the prologue in the GEMM's own tail (the CTA that completes a head runs
+  // it; gemm_w4a16_qkv_rope_append's head_counters) instead of qkv_rope_kv_append's kernel after it. Same bits
+  // (GPU-tested). bench_decode_step: FT_QKV_TAIL=0|1.
+  bool fused_qkv_tail = false;
   // With fused_epilogues, INT4 W4A16 passes of at most 8 rows: the attention RMSNorm (every layer but the first) and
   // the MLP RMSNorm run inside the qkv and gate|up GEMMs' activation staging (gemm_w4a16_rmsnorm*, bit-identical to
   // rmsnorm_bf16 + the GEMM by construction), two kernels fewer per layer. GPU-tested, but off by default because it

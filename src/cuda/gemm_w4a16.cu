@@ -23,6 +23,7 @@
 #include "cuda/fused_ops.cuh"
 #include "cuda/gemm_w4a16_internal.h"
 #include "cuda/gemm_w4a16_qkv.cuh"
+#include "cuda/gemm_w4a16_qkv_tail.cuh"
 #include "cuda/gemm_w4a16_reduce.cuh"
 #include "cuda/gemm_w4a16_tuned.h"
 #include "cuda/gemm_w4a16_v4_dispatch.cuh"
@@ -216,6 +217,7 @@ cudaError_t check_pointers(const void* x, const void* w_packed, const void* scal
 struct QkvEpilogue {
   fused::QkvArgs args;
   formats::KvFormat format;
+  uint32_t* head_counters = nullptr;  // the prologue in the unsplit GEMM's tail where w4a16_qkv_tail_applies
 };
 
 // The RMSNorm prologue of gemm_w4a16_rmsnorm*: the GEMM's activations are rmsnorm_bf16(x, weight, eps) of fp32 rows.
@@ -398,6 +400,21 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
               add_cluster_attribute(reinterpret_cast<const void*>(kernel), t, dev, d, &cfg, gemm_attr);
   }
   if (!cluster && norm == nullptr) kernel = f16 ? pick_kernel<true>(t, false) : pick_kernel<false>(t, false);
+  // The qkv prologue in the GEMM's own tail (gemm_w4a16_qkv_tail.cuh): no kernel after it.
+  if (qkv != nullptr && qkv->head_counters != nullptr && norm == nullptr && !cluster &&
+      w4a16_qkv_tail_applies(t, M, K, group, qkv->format, qkv->args.head_dim, f16, d)) {
+    const w4a16::QkvTailKernelFn tail = w4a16::v4_qkv_tail_kernel_any(t, f16);
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem + w4a16::kQkvTailScratchBytes);
+    if (cfg.dynamicSmemBytes > 48 * 1024) {
+      if (const cudaError_t e = allow_smem(reinterpret_cast<const void*>(tail), dev, d.smem_per_block);
+          e != cudaSuccess)
+        return e;
+    }
+    if (print_choice()) std::fprintf(stderr, "gemm_w4a16: qkv prologue in the GEMM's tail\n");
+    const w4a16::QkvTailArgs ta{args, qkv->args, qkv->head_counters,
+                                qkv->format == formats::KvFormat::INT4_HADAMARD ? 1 : 0};
+    return cudaLaunchKernelEx(&cfg, tail, ta);
+  }
   const w4a16::NormKernelFn norm_kernel = norm ? w4a16::v4_norm_kernel_any(t, f16) : nullptr;
   const void* const entry = norm ? reinterpret_cast<const void*>(norm_kernel) : reinterpret_cast<const void*>(kernel);
   if (entry == nullptr)
@@ -693,7 +710,7 @@ cudaError_t run_qkv(const Tiling* tiling, const __nv_bfloat16* x, const uint32_t
                     const int32_t* positions, const float* inv_freq, const int32_t* row_page,
                     const int32_t* row_slot, const uint16_t* key_anchors, const int32_t* row_anchor,
                     uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream,
-                    const NormPrologue* norm = nullptr) {
+                    const NormPrologue* norm = nullptr, uint32_t* head_counters = nullptr) {
   g_last_error.clear();
   const char* const op = norm ? norm->op : kQkvOp;
   if (gemm_w4a16_qkv_rope_append_can_implement(M, K, group, scale_type, format, n_heads, n_kv_heads, head_dim,
@@ -704,6 +721,9 @@ cudaError_t run_qkv(const Tiling* tiling, const __nv_bfloat16* x, const uint32_t
   }
   QkvEpilogue q{};
   q.format = format;
+  if (head_counters != nullptr && !aligned(head_counters, 4))
+    return reject(&g_last_error, std::string(op) + ": head_counters must be 4-byte aligned");
+  q.head_counters = head_counters;
   if (const cudaError_t e = fused::make_qkv_args(op, true, format, qkv, M, n_heads, n_kv_heads, head_dim, positions,
                                                  inv_freq, row_page, row_slot, key_anchors, row_anchor, kv_pool,
                                                  hadamard_block, q_out, &q.args, &g_last_error);
@@ -898,10 +918,36 @@ cudaError_t gemm_w4a16_qkv_rope_append(const __nv_bfloat16* x, const uint32_t* w
                                        int n_heads, int n_kv_heads, int head_dim, const int32_t* positions,
                                        const float* inv_freq, const int32_t* row_page, const int32_t* row_slot,
                                        const uint16_t* key_anchors, const int32_t* row_anchor, uint8_t* kv_pool,
-                                       int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream) {
+                                       int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream,
+                                       uint32_t* head_counters) {
   return run_qkv(nullptr, x, w_packed, scales, M, K, group, scale_type, workspace, workspace_bytes, format, qkv,
                  n_heads, n_kv_heads, head_dim, positions, inv_freq, row_page, row_slot, key_anchors, row_anchor,
-                 kv_pool, hadamard_block, q_out, stream);
+                 kv_pool, hadamard_block, q_out, stream, nullptr, head_counters);
+}
+
+bool w4a16_qkv_tail_applies(const Tiling& t, int M, int K, int group, formats::KvFormat format, int head_dim,
+                            bool f16_scales, const w4a16::DeviceLimits& limits) {
+  if (format != formats::KvFormat::INT4 && format != formats::KvFormat::INT4_HADAMARD) return false;
+  static_assert(w4a16::kQkvTailHeadDim == fused::kQuadHeadDim, "the tail runs the lane code of 128-channel heads");
+  if (head_dim != w4a16::kQkvTailHeadDim || M < 1 || M > w4a16::kQkvTailMaxRows || t.splits != 1) return false;
+  if (!w4a16::qkv_tail_columns_ok(t.warps_n)) return false;
+  if (w4a16::smem_layout(t, K, group).total + w4a16::kQkvTailScratchBytes > limits.smem_per_block) return false;
+  return w4a16::v4_qkv_tail_kernel_any(t, f16_scales) != nullptr;
+}
+
+bool gemm_w4a16_qkv_prologue_in_tail(int M, int K, int group, formats::ScaleType scale_type, formats::KvFormat format,
+                                     int n_heads, int n_kv_heads, int head_dim) {
+  if (gemm_w4a16_qkv_rope_append_can_implement(M, K, group, scale_type, format, n_heads, n_kv_heads, head_dim, 0,
+                                               nullptr) != cudaSuccess)
+    return false;
+  w4a16::DeviceLimits d;
+  if (device_limits(&d) != cudaSuccess) {
+    cudaGetLastError();  // a missing device is answered with false, not left as a sticky error
+    return false;
+  }
+  const int N = (n_heads + 2 * n_kv_heads) * head_dim;
+  return w4a16_qkv_tail_applies(library_tiling(M, N, K, group, d), M, K, group, format, head_dim,
+                                scale_type == formats::ScaleType::F16, d);
 }
 
 cudaError_t gemm_w4a16_qkv_rope_append_with_tiling(
@@ -909,10 +955,10 @@ cudaError_t gemm_w4a16_qkv_rope_append_with_tiling(
     int group, formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, formats::KvFormat format,
     __nv_bfloat16* qkv, int n_heads, int n_kv_heads, int head_dim, const int32_t* positions, const float* inv_freq,
     const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors, const int32_t* row_anchor,
-    uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream) {
+    uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream, uint32_t* head_counters) {
   return run_qkv(&tiling, x, w_packed, scales, M, K, group, scale_type, workspace, workspace_bytes, format, qkv,
                  n_heads, n_kv_heads, head_dim, positions, inv_freq, row_page, row_slot, key_anchors, row_anchor,
-                 kv_pool, hadamard_block, q_out, stream);
+                 kv_pool, hadamard_block, q_out, stream, nullptr, head_counters);
 }
 
 cudaError_t gemm_w4a16_rmsnorm_can_implement(int M, int N, int K, int group, formats::ScaleType scale_type,

@@ -77,13 +77,21 @@ cudaError_t gemm_w4a16_residual_rmsnorm_with_tiling(const w4a16::Tiling& tiling,
                                                     void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 // gemm_w4a16_qkv_rope_append on a given tiling (splits > 1: the prologue in the reduce kernel; 1: GEMM store, then
-// qkv_rope_kv_append's kernel), with w4a16::tiling_is_valid and the tiling's workspace checked as above.
+// qkv_rope_kv_append's kernel, or with head_counters the GEMM's tail where w4a16_qkv_tail_applies), with
+// w4a16::tiling_is_valid and the tiling's workspace checked as above.
 cudaError_t gemm_w4a16_qkv_rope_append_with_tiling(
     const w4a16::Tiling& tiling, const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales, int M,
     int K, int group, formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, formats::KvFormat format,
     __nv_bfloat16* qkv, int n_heads, int n_kv_heads, int head_dim, const int32_t* positions, const float* inv_freq,
     const int32_t* row_page, const int32_t* row_slot, const uint16_t* key_anchors, const int32_t* row_anchor,
-    uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream);
+    uint8_t* kv_pool, int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream,
+    uint32_t* head_counters = nullptr);
+// Whether a launch on tiling t (M rows, K, group) with head_counters runs the qkv prologue in the GEMM's tail on a
+// device with these limits: one K slice, M <= kQkvTailMaxRows, an INT4 / int4-hadamard cache at head_dim 128, CTA
+// columns that line up with the heads (w4a16::qkv_tail_columns_ok), the scratch within the device's shared memory
+// and a compiled tail instance (w4a16::v4_qkv_tail_kernel_any). Needs no device.
+bool w4a16_qkv_tail_applies(const w4a16::Tiling& t, int M, int K, int group, formats::KvFormat format, int head_dim,
+                            bool f16_scales, const w4a16::DeviceLimits& limits);
 
 // The norm-prologue GEMMs (gemm_w4a16_rmsnorm*, futransformer/cuda/gemm_w4a16.h) on a given tiling, which must be v4
 // with rows8 (M <= 8): gemm_w4a16_epilogue_with_tiling's epilogues (residual_f32 included) and the qkv prologue;

@@ -366,6 +366,22 @@ FT_HD int norm_scale_index(int row) { return kNormMaxRows * kNormMaxVirtualWarps
 // reads them instead of running its pass 1): for each row of width K, the T / 32 virtual-warp partials above, row-major
 // at norm_partial_index(row, vw, T / 32), T = rmsnorm_threads(K, true) as everywhere in this section.
 
+// --- The qkv prologue in the unsplit GEMM (gemm_w4a16_qkv_tail.cuh, M <= 8, v4 swapped path) ---------------
+// Shared memory after the layout's total: each row's RoPE table (64 float2 at head_dim 128), three ints of cache
+// metadata per row and the completed-heads word. A CTA covers 32 warps_n columns, which must divide the head (128)
+// or be a multiple of it (at most kQkvTailMaxHeadsPerCta heads).
+constexpr int kQkvTailMaxRows = 8;
+constexpr int kQkvTailHeadDim = 128;
+constexpr int kQkvTailMaxHeadsPerCta = 2;
+constexpr int64_t kQkvTailScratchBytes = int64_t{kQkvTailMaxRows} * (kQkvTailHeadDim / 2) * 8 + 128;
+// Whether a CTA of warps_n column blocks lines up with the heads as the tail needs.
+FT_HD constexpr bool qkv_tail_columns_ok(int warps_n) {
+  const int cols = kBlockN * warps_n;
+  return cols > 0 && (cols <= kQkvTailHeadDim ? kQkvTailHeadDim % cols == 0
+                                              : cols % kQkvTailHeadDim == 0 &&
+                                                    cols / kQkvTailHeadDim <= kQkvTailMaxHeadsPerCta);
+}
+
 // --- Fused epilogues --------------------------------------------------------------------------------------
 // What the GEMM does with an output element acc[m, n] instead of storing bf16(acc) (with one K slice in the final
 // store of the GEMM kernel; with split-K in the reduce kernel, after the slice sum): nothing else changes, so the

@@ -128,21 +128,33 @@ struct GroupCursor {
   __device__ __forceinline__ bool open() const { return left != blocks; }
 };
 
+// The qkv prologue after the unsplit GEMM's store (kQkvTail; gemm_w4a16_qkv_tail.cuh specialises QkvTail<true> with
+// its arguments, its pre-wait tables and the tail itself). The primary template is the plain kernel's.
+template <bool kOn>
+struct QkvTail {
+  using Args = KernelArgs;
+};
+
 // kSwapTiles: 0 = 16-row path (activations as A, kMT m tiles), 1 = swapped with one n = 8 activation tile
 // (M <= 8), 2 = swapped with two (M = 9..16), 3 / 4 = swapped with three / four (M = 17..24 / 25..32; kMT = 2, the
 // m tiles those rows span, which sizes the register cap and the cross-warp reduction buffer). kCtaWarps warps per
 // CTA, kRing cp.async slots per thread. kNormRows: the RMSNorm prologue (one activation tile only); its dynamic shared
-// memory has kNormScratchBytes more after the ring (smem_layout(...).total).
+// memory has kNormScratchBytes more after the ring (smem_layout(...).total). kQkvTail (M <= 8, one K slice): the
+// attention prologue of the heads this CTA completes after its store (gemm_w4a16_qkv_tail.cuh); kQkvTailScratchBytes
+// more after the ring.
 template <int kMT, int kSwapTiles, bool kF16Scales, int kCtaWarps = kWarps, int kRing = kStages, bool kNormRows = false,
-          bool kCluster = false>
+          bool kCluster = false, bool kQkvTail = false>
 __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, kCtaWarps, kSwapTiles == 2))
-    gemm_w4a16_v4_kernel(const std::conditional_t<kNormRows, NormKernelArgs, KernelArgs> args) {
+    gemm_w4a16_v4_kernel(
+        const std::conditional_t<kNormRows, NormKernelArgs, typename QkvTail<kQkvTail>::Args> args) {
   static_assert(kMT >= 1 && kMT <= kMaxMTiles, "m tiles must cover 16..64 rows");
   static_assert(kSwapTiles >= 0 && kSwapTiles <= 4, "swapped paths have one to four n = 8 activation tiles");
   static_assert(kSwapTiles == 0 || kMT == (kSwapTiles + 1) / 2, "kMT is the number of m tiles the swapped rows span");
   static_assert(kRing >= 4 && (kRing & (kRing - 1)) == 0, "ring slots are addressed with a mask and used in pairs");
   static_assert(kCtaWarps * kWarpSize <= 1024, "a CTA has at most 1024 threads");
   static_assert(!kNormRows || kSwapTiles == 1, "the RMSNorm prologue serves the M <= 8 swapped path only");
+  static_assert(!kQkvTail || (kSwapTiles == 1 && !kNormRows && !kCluster),
+                "the qkv tail serves the unsplit M <= 8 swapped path only");
   constexpr bool kSwap = kSwapTiles > 0;
   // swap32: activations loaded per k16 step, two n = 8 tiles per ldmatrix (kMT loads), one offset chain per tile.
   constexpr bool kSwap32 = kSwapTiles > 2;
@@ -201,6 +213,7 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
     wait_then_stage_norm_rows<kThreadsCta>(args, rows, k0, slice_k, pitch, a_s,
                                            reinterpret_cast<float*>(smem + lay.total), tid);
   } else {
+    if constexpr (kQkvTail) QkvTail<kQkvTail>::template prepare<kThreadsCta>(args, smem + lay.total, tid);
     wait_then_stage_rows(args, rows, k0, slice_k, pitch, a_s, tid, kThreadsCta);
   }
   // Residual epilogue without a split: the residual rows this CTA adds into are final once griddepcontrol.wait has
@@ -508,6 +521,9 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   };
   if constexpr (kCluster) {
     cluster_tail(args, smem, wk == 0, store);
+  } else if constexpr (kQkvTail) {
+    if (wk == 0) store(args.out());
+    QkvTail<kQkvTail>::template finish<kThreadsCta>(args, smem + lay.total, tid);
   } else {
     if (wk != 0) return;
     store(args.out());

@@ -82,6 +82,12 @@ extern template NormKernelFn v4_norm_kernel<28, 8>(bool);
 static_assert(sizeof(kV4KernelShapes) / sizeof(kV4KernelShapes[0]) == 6,
               "every compiled shape needs its file and an extern declaration here");
 
+struct QkvTailArgs;  // gemm_w4a16_qkv_tail.cuh
+using QkvTailKernelFn = void (*)(QkvTailArgs);
+// The instance with the qkv prologue as its tail (gemm_w4a16_v4_qkv_tail.cu) for a v4 rows8 tiling with one K slice
+// of a compiled shape (8 / 16, 16 / 16, 24 / 8), nullptr for any other.
+QkvTailKernelFn v4_qkv_tail_kernel_any(const Tiling& t, bool f16_scales);
+
 // The warpgroup path's instance for a tiling with wgmma set (gemm_w4a16_wg.cu): one per activation tile count,
 // scale type and ring (staged; streamed with 8 or 16 slots); nullptr for M > kWgMaxM, a CTA shape other than the
 // default or a ring that is not compiled.

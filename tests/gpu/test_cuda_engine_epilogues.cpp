@@ -194,6 +194,60 @@ TEST_P(CudaEngineEpilogues, L2PrefetchOfGateUpChangesNothing) {
   }
 }
 
+// CudaEngineOptions::fused_qkv_tail: decode passes of <= 8 rows whose qkv GEMM does not split K run the attention
+// prologue in the GEMM's own tail (INT4 caches at head_dim 128). A model with 128-channel heads (hidden 2048: 16 / 4
+// heads) against the same engine without the tail: prompts, decode steps at batch 3 (graphs), forward_greedy, all
+// identical; then two profiled engines (no graphs) over the same passes, whose op counts differ by exactly the decode
+// steps' layers: one "qkv GEMM + RoPE + KV append + q rotation" instead of "qkv GEMM" + "RoPE + KV append + q
+// rotation" (INT4 caches; the BF16 cache keeps the kernel after the GEMM).
+TEST_P(CudaEngineEpilogues, QkvTailEqualsKernelAfterGemm) {
+  FT_REQUIRE_HOPPER();
+  test::TinyLlama s = test::tiny_llama_w4a16_shape();
+  s.hidden = 2048;
+  s.inter = 256;
+  s.heads = 16;
+  s.kv_heads = 4;
+  s.head_dim = 128;
+  const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 67)), GetParam());
+  CudaEngineOptions co = cuda_engine_options(q.recipe);
+  co.max_sequences = 4;
+  EXPECT_FALSE(co.fused_qkv_tail) << "off by default until measured";
+  const bool int4 = co.kv == formats::KvFormat::INT4 || co.kv == formats::KvFormat::INT4_HADAMARD;
+  const int K = static_cast<int>(s.hidden), group = static_cast<int>(q.recipe.int4.group_size);
+  EXPECT_EQ(cuda::gemm_w4a16_qkv_prologue_in_tail(3, K, group, q.recipe.int4.scale_type, co.kv,
+                                                  static_cast<int>(s.heads), static_cast<int>(s.kv_heads), 128),
+            int4)
+      << "the premise: batch-3 decode steps take the tail exactly on INT4 caches";
+  std::unique_ptr<CudaEngine> base = make_cuda_engine(q, co);
+  co.fused_qkv_tail = true;
+  std::unique_ptr<CudaEngine> tail = make_cuda_engine(q, co);
+  expect_identical(*tail, *base, s.vocab, 23, 10);
+
+  constexpr int kSteps = 4;
+  std::map<std::string, int64_t> calls[2];
+  for (const bool on : {false, true}) {
+    CudaEngineOptions pco = co;
+    pco.fused_qkv_tail = on;
+    pco.profile_ops = true;
+    std::unique_ptr<CudaEngine> e = make_cuda_engine(q, pco);
+    std::mt19937 rng(29);
+    std::vector<SequenceChunk> batch = {{0, test::random_token_ids(12, s.vocab, rng)},
+                                        {1, test::random_token_ids(7, s.vocab, rng)},
+                                        {2, test::random_token_ids(3, s.vocab, rng)}};
+    e->forward(batch);
+    for (int k = 0; k < kSteps; ++k) {
+      for (size_t i = 0; i < batch.size(); ++i) batch[i].tokens = {static_cast<int32_t>(5 + k + i)};
+      e->forward(batch);
+    }
+    for (const CudaEngine::OpTime& t : e->op_profile()) calls[on][t.op] += t.calls;
+  }
+  const int64_t moved = int4 ? s.layers * kSteps : 0;
+  const std::string fused_op = "qkv GEMM + RoPE + KV append + q rotation", after_op = "RoPE + KV append + q rotation";
+  EXPECT_EQ(calls[1][fused_op] - calls[0][fused_op], moved);
+  EXPECT_EQ(calls[0][after_op] - calls[1][after_op], moved);
+  EXPECT_EQ(calls[0]["qkv GEMM"] - calls[1]["qkv GEMM"], moved);
+}
+
 INSTANTIATE_TEST_SUITE_P(Recipes, CudaEngineEpilogues,
                          ::testing::Values("int4-rtn-g32+kv-bf16", "int4-rtn-g64-bf16+kv-int4-hadamard",
                                            "int4-rtn-g128+kv-int4"),

@@ -78,8 +78,12 @@ Inputs make_inputs(const QkvShape& s, int M, int K, uint32_t seed) {
 using Side = test::QkvCaseOutputs;
 
 // Fused (tiling t, or the library's when null) against gemm_w4a16 on the same tiling + qkv_rope_kv_append.
+// With counters (zeroed device memory, n_heads + 2 n_kv_heads of them) the fused call gets them as head_counters,
+// runs `launches` times on the same inputs (a second launch must find the counters the first left, i.e. zero), and
+// the counters must be zero afterwards.
 void check_case(const w4::Tiling* t, KvFormat format, const QkvShape& s, const Int4Weight& w,
-                const DeviceBuffer<uint32_t>& words, const DeviceBuffer<uint16_t>& scales, int M, uint32_t seed) {
+                const DeviceBuffer<uint32_t>& words, const DeviceBuffer<uint16_t>& scales, int M, uint32_t seed,
+                DeviceBuffer<uint32_t>* counters = nullptr, int launches = 1) {
   const int N = static_cast<int>(w.rows), K = static_cast<int>(w.cols), group = static_cast<int>(w.group);
   const ScaleType st = w.spec.scale_type;
   const int hb = static_cast<int>(formats::kv_hadamard_block(format, s.head_dim));
@@ -114,15 +118,28 @@ void check_case(const w4::Tiling* t, KvFormat format, const QkvShape& s, const I
                                page.p, slot.p, key_anchors, ra, ref.pool.p, hb, bf(ref.q_out.p), nullptr);
   ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::fused_ops_last_error();
 
-  e = t ? cuda::gemm_w4a16_qkv_rope_append_with_tiling(*t, bf(x.p), words.p, scales.p, M, K, group, st, got.ws.p,
-                                                       ws_bytes, format, bf(got.qkv.p), s.n_heads, s.n_kv, s.head_dim,
-                                                       positions.p, inv_freq.p, page.p, slot.p, key_anchors, ra,
-                                                       got.pool.p, hb, bf(got.q_out.p), nullptr)
-        : cuda::gemm_w4a16_qkv_rope_append(bf(x.p), words.p, scales.p, M, K, group, st, got.ws.p, ws_bytes, format,
-                                           bf(got.qkv.p), s.n_heads, s.n_kv, s.head_dim, positions.p, inv_freq.p,
-                                           page.p, slot.p, key_anchors, ra, got.pool.p, hb, bf(got.q_out.p), nullptr);
-  ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::gemm_w4a16_last_error();
+  uint32_t* const hc = counters ? counters->p : nullptr;
+  for (int launch = 0; launch < launches; ++launch) {
+    if (launch > 0) {  // the same inputs again, onto poisoned outputs (qkv holds RoPE'd values after a launch)
+      ASSERT_EQ(got.qkv.poison(), cudaSuccess);
+      ASSERT_EQ(got.q_out.poison(), cudaSuccess);
+      ASSERT_EQ(got.pool.poison(), cudaSuccess);
+    }
+    e = t ? cuda::gemm_w4a16_qkv_rope_append_with_tiling(*t, bf(x.p), words.p, scales.p, M, K, group, st, got.ws.p,
+                                                         ws_bytes, format, bf(got.qkv.p), s.n_heads, s.n_kv,
+                                                         s.head_dim, positions.p, inv_freq.p, page.p, slot.p,
+                                                         key_anchors, ra, got.pool.p, hb, bf(got.q_out.p), nullptr, hc)
+          : cuda::gemm_w4a16_qkv_rope_append(bf(x.p), words.p, scales.p, M, K, group, st, got.ws.p, ws_bytes, format,
+                                             bf(got.qkv.p), s.n_heads, s.n_kv, s.head_dim, positions.p, inv_freq.p,
+                                             page.p, slot.p, key_anchors, ra, got.pool.p, hb, bf(got.q_out.p),
+                                             nullptr, hc);
+    ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << cuda::gemm_w4a16_last_error();
+  }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (counters) {
+    const std::vector<uint32_t> left = counters->download();
+    for (size_t i = 0; i < left.size(); ++i) ASSERT_EQ(left[i], 0u) << "head counter " << i << " left non-zero";
+  }
 
   const std::vector<uint16_t> qkv_g = got.qkv.download(), qkv_r = ref.qkv.download();
   const std::vector<uint16_t> q_g = got.q_out.download(), q_r = ref.q_out.download();
@@ -212,7 +229,124 @@ TEST(GemmW4A16QkvGpu, Llama8BShapeLibraryTiling) {
   }
 }
 
+// The prologue in the unsplit GEMM's tail (head_counters): v4 rows8 tilings of each compiled tail shape (8 / 16,
+// 16 / 16, 24 / 8 warps / slots) with CTAs of 1, 2, 4 and 8 column blocks (a quarter, half, one and two heads), one K
+// slice, M = 1..8, both INT4 caches and the head_dim-128 GQA shapes; each case launched twice on the same counters.
+// The premise (the tail runs, w4a16_qkv_tail_applies) is checked for every INT4 case, so the test cannot pass on the
+// fallback; on BF16 / FP8 caches the counters are ignored (the two-kernel path, same bits).
+TEST(GemmW4A16QkvGpu, TailMatchesGemmThenQkvRopeKvAppendBitForBit) {
+  FT_REQUIRE_HOPPER();
+  constexpr int K = 1024, group = 64;
+  uint32_t seed = 1300;
+  int tail_cases = 0;
+  for (const QkvShape& s : kShapes) {
+    if (s.head_dim != 128) continue;
+    const int N = (s.n_heads + 2 * s.n_kv) * s.head_dim;
+    for (const ScaleType st : {ScaleType::BF16, ScaleType::F16}) {
+      const Int4Weight w = random_weight(N, K, group, st, ++seed);
+      const DeviceBuffer<uint32_t> words(formats::repack_int4_for_mma(w, Int4MmaRows::canonical));
+      const DeviceBuffer<uint16_t> scales(formats::repack_int4_scales_for_mma(w, Int4MmaRows::canonical));
+      DeviceBuffer<uint32_t> counters(std::vector<uint32_t>(static_cast<size_t>(s.n_heads + 2 * s.n_kv), 0u));
+      for (const auto& [warps, stages] : {std::pair{8, 16}, std::pair{16, 16}, std::pair{24, 8}}) {
+        for (int warps_n : {1, 2, 4, 8}) {
+          if ((N / 32) % warps_n != 0 || warps % warps_n != 0) continue;
+          for (int M : {1, 2, 5, 8}) {
+            w4::V4Config c;
+            c.warps = warps;
+            c.stages = stages;
+            c.splits = 1;
+            c.warps_n = warps_n;
+            w4::Tiling t;
+            ASSERT_EQ(cuda::gemm_w4a16_plan_config(M, N, K, group, st, c, &t), cudaSuccess);
+            t.variant = w4::Variant::v4;
+            ASSERT_TRUE(t.rows8 && t.splits == 1 && t.warps == warps) << "M " << M;
+            if (t.warps_n != warps_n) continue;  // the planner declined the width (counted below)
+            for (KvFormat f : {KvFormat::INT4_HADAMARD, KvFormat::INT4, KvFormat::BF16}) {
+              const bool int4 = f != KvFormat::BF16;
+              EXPECT_EQ(cuda::w4a16_qkv_tail_applies(t, M, K, group, f, s.head_dim, st == ScaleType::F16,
+                                                     w4::DeviceLimits{}),
+                        int4)
+                  << "warps " << warps << " warps_n " << warps_n << " M " << M;
+              tail_cases += int4;
+              check_case(&t, f, s, w, words, scales, M, ++seed, &counters, 2);
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(tail_cases, 300);  // of 576 (INT4 formats): most widths plan as asked
+}
+
+// The 8B layer's qkv through the library's tiling with head_counters at the decode sizes where the tail applies
+// (checked through the public query), and at M = 32 (split K: the counters are ignored, the reduce runs the prologue).
+TEST(GemmW4A16QkvGpu, Llama8BShapeTail) {
+  FT_REQUIRE_HOPPER();
+  const QkvShape s{32, 8, 128};
+  constexpr int K = 4096, group = 128;
+  const int N = (s.n_heads + 2 * s.n_kv) * s.head_dim;
+  const Int4Weight w = random_weight(N, K, group, ScaleType::BF16, 78);
+  const DeviceBuffer<uint32_t> words(formats::repack_int4_for_mma(w, Int4MmaRows::canonical));
+  const DeviceBuffer<uint16_t> scales(formats::repack_int4_scales_for_mma(w, Int4MmaRows::canonical));
+  DeviceBuffer<uint32_t> counters(std::vector<uint32_t>(static_cast<size_t>(s.n_heads + 2 * s.n_kv), 0u));
+  uint32_t seed = 950;
+  for (KvFormat f : {KvFormat::INT4_HADAMARD, KvFormat::INT4}) {
+    for (int M : {1, 2, 8}) {
+      EXPECT_TRUE(cuda::gemm_w4a16_qkv_prologue_in_tail(M, K, group, ScaleType::BF16, f, s.n_heads, s.n_kv,
+                                                        s.head_dim))
+          << "M " << M;
+      check_case(nullptr, f, s, w, words, scales, M, ++seed, &counters, 2);
+    }
+    EXPECT_FALSE(cuda::gemm_w4a16_qkv_prologue_in_tail(32, K, group, ScaleType::BF16, f, s.n_heads, s.n_kv,
+                                                       s.head_dim));
+    check_case(nullptr, f, s, w, words, scales, 32, ++seed, &counters, 1);
+  }
+  EXPECT_FALSE(cuda::gemm_w4a16_qkv_prologue_in_tail(1, K, group, ScaleType::BF16, KvFormat::BF16, s.n_heads, s.n_kv,
+                                                     s.head_dim));
+}
+
 // --- host checks (no device) -------------------------------------------------------------------------------------
+
+// Where the tail applies, from the tiling and the shape alone.
+TEST(GemmW4A16QkvHost, TailAppliesOnlyWhereItsInstanceAndColumnsFit) {
+  EXPECT_TRUE(w4::qkv_tail_columns_ok(1));   // 32 columns: a quarter head
+  EXPECT_TRUE(w4::qkv_tail_columns_ok(2));
+  EXPECT_TRUE(w4::qkv_tail_columns_ok(4));   // one head
+  EXPECT_TRUE(w4::qkv_tail_columns_ok(8));   // two heads
+  EXPECT_FALSE(w4::qkv_tail_columns_ok(3));  // 96 columns straddle heads
+  EXPECT_FALSE(w4::qkv_tail_columns_ok(7));
+  EXPECT_FALSE(w4::qkv_tail_columns_ok(12));  // three heads: more than a CTA's tail handles
+  constexpr int M = 4, K = 512, group = 64;
+  w4::Tiling t;  // the 24-warp, 8-slot rows8 tiling of 64 columns per CTA, written out (planning needs a device)
+  t.variant = w4::Variant::v4;
+  t.rows8 = true;
+  t.rows = M;
+  t.warps = 24;
+  t.stages = 8;
+  t.warps_n = 2;
+  t.warps_k = 12;
+  t.splits = 1;
+  const w4::DeviceLimits d;
+  EXPECT_TRUE(cuda::w4a16_qkv_tail_applies(t, M, K, group, KvFormat::INT4, 128, false, d));
+  EXPECT_TRUE(cuda::w4a16_qkv_tail_applies(t, M, K, group, KvFormat::INT4_HADAMARD, 128, true, d));
+  EXPECT_FALSE(cuda::w4a16_qkv_tail_applies(t, M, K, group, KvFormat::FP8, 128, false, d));
+  EXPECT_FALSE(cuda::w4a16_qkv_tail_applies(t, M, K, group, KvFormat::INT4, 64, false, d));
+  EXPECT_FALSE(cuda::w4a16_qkv_tail_applies(t, 9, K, group, KvFormat::INT4, 128, false, d));
+  w4::Tiling split = t;
+  split.splits = 2;
+  EXPECT_FALSE(cuda::w4a16_qkv_tail_applies(split, M, K, group, KvFormat::INT4, 128, false, d));
+  w4::Tiling v2 = t;
+  v2.variant = w4::Variant::v2;
+  EXPECT_FALSE(cuda::w4a16_qkv_tail_applies(v2, M, K, group, KvFormat::INT4, 128, false, d));
+  w4::Tiling odd = t;
+  odd.warps_n = 3;
+  odd.warps_k = 8;
+  EXPECT_FALSE(cuda::w4a16_qkv_tail_applies(odd, M, K, group, KvFormat::INT4, 128, false, d));
+  w4::Tiling shape = t;
+  shape.warps = 28;  // 28 warps / 8 slots: no tail instance compiled
+  shape.warps_k = 14;
+  EXPECT_FALSE(cuda::w4a16_qkv_tail_applies(shape, M, K, group, KvFormat::INT4, 128, false, d));
+}
 
 TEST(GemmW4A16QkvHost, CanImplementNamesTheParameter) {
   std::string why;
@@ -268,6 +402,16 @@ TEST(GemmW4A16QkvHost, RejectsBadPointers) {
       << cuda::gemm_w4a16_last_error();
   EXPECT_EQ(call(KvFormat::INT4, qkv + 1, q, anchors), cudaErrorInvalidValue);
   EXPECT_NE(std::string(cuda::gemm_w4a16_last_error()).find("4-byte aligned"), std::string::npos)
+      << cuda::gemm_w4a16_last_error();
+  alignas(16) static uint32_t counters[nh + 2 * nkv + 1];
+  const cudaError_t e = cuda::gemm_w4a16_qkv_rope_append(
+      bf(x), words, scales, M, K, group, ScaleType::F16, nullptr, 0, KvFormat::INT4, bf(qkv), nh, nkv, hd, pos, inv,
+      page, slot, nullptr, nullptr, pool, 0, bf(q), nullptr,
+      reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(counters) + 2));
+  EXPECT_EQ(e, cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cuda::gemm_w4a16_last_error()).find("gemm_w4a16_qkv_rope_append: head_counters must be "
+                                                            "4-byte aligned"),
+            std::string::npos)
       << cuda::gemm_w4a16_last_error();
 }
 

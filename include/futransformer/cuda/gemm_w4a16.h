@@ -94,13 +94,25 @@ cudaError_t gemm_w4a16_swiglu(const __nv_bfloat16* x, const uint32_t* w_packed, 
 // would no longer be the unfused one. Arguments and checks of both calls (qkv 4-byte aligned; workspace of
 // gemm_w4a16_workspace_bytes(M, N, K)); rejected calls return cudaErrorInvalidValue with gemm_w4a16_last_error().
 // Like qkv_rope_kv_append it cannot serve int4-hadamard passes that start sequences (their key anchors come first).
+//
+// head_counters (optional): with it, an unsplit GEMM of M <= 8 rows on an INT4 or int4-hadamard cache at head_dim
+// 128 runs the prologue in its own tail where gemm_w4a16_qkv_prologue_in_tail says so: the CTA that completes a
+// head's columns (a per-head counter) runs that head's prologue for every row — no kernel after the GEMM, same bits.
+// head_counters: 4-byte aligned device memory of at least n_heads + 2 n_kv_heads uint32, all zero; every launch
+// leaves them zero. Launches that share one array must not run at the same time (one stream). Ignored elsewhere.
 cudaError_t gemm_w4a16_qkv_rope_append(const __nv_bfloat16* x, const uint32_t* w_packed, const uint16_t* scales,
                                        int M, int K, int group, formats::ScaleType scale_type, void* workspace,
                                        size_t workspace_bytes, formats::KvFormat format, __nv_bfloat16* qkv,
                                        int n_heads, int n_kv_heads, int head_dim, const int32_t* positions,
                                        const float* inv_freq, const int32_t* row_page, const int32_t* row_slot,
                                        const uint16_t* key_anchors, const int32_t* row_anchor, uint8_t* kv_pool,
-                                       int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream);
+                                       int hadamard_block, __nv_bfloat16* q_out, cudaStream_t stream,
+                                       uint32_t* head_counters = nullptr);
+// Whether gemm_w4a16_qkv_rope_append with head_counters runs the prologue in the GEMM's tail for this shape on the
+// current device (no K split, M <= 8, INT4 / int4-hadamard cache, head_dim 128, a tiling with such an instance).
+// false for rejected shapes or without a device.
+bool gemm_w4a16_qkv_prologue_in_tail(int M, int K, int group, formats::ScaleType scale_type, formats::KvFormat format,
+                                     int n_heads, int n_kv_heads, int head_dim);
 // cudaSuccess when gemm_w4a16_qkv_rope_append takes the shape (gemm_w4a16_can_implement with N = (n_heads +
 // 2 n_kv_heads) * head_dim, and qkv_rope_kv_append_can_implement with rows = M); otherwise cudaErrorInvalidValue and,
 // when why is not null, a sentence naming the parameter. Needs no device.

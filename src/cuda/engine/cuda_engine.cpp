@@ -272,6 +272,7 @@ class CudaEngineImpl final : public CudaEngine {
   // fused_norm_partials: the residual stream's RMSNorm partials [kW4A16NormMaxM, gemm_w4a16_norm_partials_per_row]
   // from the last residual GEMM, for the norm-prologue GEMM after it.
   DeviceArray<float> norm_partials_;
+  DeviceArray<uint32_t> qkv_tail_counters_;  // one per qkv head item, zero between launches (fused_qkv_tail)
   bool fp8_qkv_epilogue_ = false;        // FP8 passes run gemm_fp8_qkv (fused_fp8_qkv and the model / cache fit it)
   bool fp8_rope_ = false;                // FP8 passes with a separate RoPE run it in the qkv GEMM (fused_fp8_rope)
   DeviceArray<int32_t> meta_, ids_;
@@ -651,6 +652,11 @@ void CudaEngineImpl::allocate_buffers() {
     norm_partials_.allocate(static_cast<size_t>(std::min<int64_t>(R, cuda::kW4A16NormMaxM) *
                                                 cuda::gemm_w4a16_norm_partials_per_row(static_cast<int>(h))),
                             "RMSNorm partials");
+  if (opt_.fused_qkv_tail) {
+    const size_t items = static_cast<size_t>(c.num_attention_heads + 2 * c.num_key_value_heads);
+    qkv_tail_counters_.allocate(items, "qkv prologue head counters");
+    cuda_check(cudaMemset(qkv_tail_counters_.get(), 0, qkv_tail_counters_.bytes()), "qkv prologue head counters");
+  }
   const MetaLayout ml(R, S, pages_per_seq_);
   meta_.allocate(static_cast<size_t>(ml.total), "pass metadata");
   cuda_check(cudaMallocHost(reinterpret_cast<void**>(&meta_host_), static_cast<size_t>(ml.total) * sizeof(int32_t)),
@@ -901,9 +907,13 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
     const bool prologue_in_attention =
         !fp8 && prologue_one_kernel && pass_decode_only_ && fast && opt_.fused_epilogues &&
         opt_.fused_attention_prologue && attention_prologue_ok_ && (qkv_splits_k || opt_.attention_prologue_unsplit);
-    const bool prologue_in_gemm = !fp8 && opt_.fused_epilogues && opt_.fused_qkv_prologue && prologue_one_kernel &&
-                                  qkv_splits_k && !prologue_in_attention;
     const bool norm_in_qkv = attn_norm_in_qkv(li);
+    // Unsplit decode passes of <= 8 rows: the prologue in the GEMM's own tail (fused_qkv_tail).
+    const bool qkv_in_tail = !fp8 && !qkv_splits_k && !norm_in_qkv && opt_.fused_epilogues && opt_.fused_qkv_prologue &&
+                             opt_.fused_qkv_tail && prologue_one_kernel && !prologue_in_attention &&
+                             l.qkv.qkv_prologue_in_tail(rows, g, opt_.kv, nh, nkv, hd);
+    const bool prologue_in_gemm = !fp8 && opt_.fused_epilogues && opt_.fused_qkv_prologue && prologue_one_kernel &&
+                                  (qkv_splits_k || qkv_in_tail) && !prologue_in_attention;
     // The key anchors of the sequences this pass starts (int4-hadamard): a mean over their RoPE'd BF16 keys in qkv_,
     // computed before any of those keys is stored.
     auto compute_new_anchors = [&] {
@@ -965,6 +975,7 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
       p.kv_pool = pool;
       p.hadamard_block = hadamard_block_;
       p.q_out = bf(q_);
+      p.head_counters = qkv_in_tail ? qkv_tail_counters_.get() : nullptr;
       if (norm_in_qkv) {
         l.qkv.forward_qkv_rope_append_rmsnorm(x_.get(), l.attn_norm.get(), eps, rows, bf(qkv_), p, g, norm_partials);
         mark("RMSNorm + qkv GEMM + RoPE + KV append + q rotation");

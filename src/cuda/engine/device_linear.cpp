@@ -425,7 +425,8 @@ void DeviceLinear::forward_qkv_rope_append(const __nv_bfloat16* x, int64_t M, __
         x + m0 * K_, packed_.get(), scales_.get(), mc, static_cast<int>(K_), static_cast<int>(group_), scale_type_,
         ctx.workspace, ctx.workspace_bytes, p.format, qkv + m0 * N_, p.n_heads, p.n_kv_heads, p.head_dim,
         p.positions + m0, p.inv_freq, p.row_page + m0, p.row_slot + m0, p.key_anchors,
-        p.row_anchor ? p.row_anchor + m0 : nullptr, p.kv_pool, p.hadamard_block, p.q_out + m0 * q_width, ctx.stream);
+        p.row_anchor ? p.row_anchor + m0 : nullptr, p.kv_pool, p.hadamard_block, p.q_out + m0 * q_width, ctx.stream,
+        p.head_counters);
     if (e != cudaSuccess) fail("CUDA engine: ", name_, ": W4A16 GEMM + RoPE + KV append (M ", mc, "): ",
                                e == cudaErrorInvalidValue ? gemm_w4a16_last_error() : cudaGetErrorString(e));
   }
@@ -442,6 +443,13 @@ bool DeviceLinear::every_launch_splits_k(int64_t M, const GemmContext& ctx) cons
 
 bool DeviceLinear::qkv_prologue_in_reduce(int64_t M, const GemmContext& ctx) const {
   return every_launch_splits_k(M, ctx);
+}
+
+bool DeviceLinear::qkv_prologue_in_tail(int64_t M, const GemmContext& ctx, formats::KvFormat format, int n_heads,
+                                        int n_kv_heads, int head_dim) const {
+  if (kind_ != Kind::Int4 || swiglu_packed() || dequant_path(M, ctx) || M < 1 || M > kW4A16MaxM) return false;
+  return gemm_w4a16_qkv_prologue_in_tail(static_cast<int>(M), static_cast<int>(K_), static_cast<int>(group_),
+                                         scale_type_, format, n_heads, n_kv_heads, head_dim);
 }
 
 bool DeviceLinear::residual_norm_in_reduce(int64_t M, const GemmContext& ctx) const {

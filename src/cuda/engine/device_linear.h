@@ -48,6 +48,9 @@ struct QkvRopeAppend {
   uint8_t* kv_pool = nullptr;
   int hadamard_block = 0;
   __nv_bfloat16* q_out = nullptr;  // [M, n_heads, head_dim]
+  // Zeroed counters for the prologue in the unsplit GEMM's tail (gemm_w4a16_qkv_rope_append's head_counters), or
+  // nullptr for the kernel after the GEMM.
+  uint32_t* head_counters = nullptr;
 };
 
 class DeviceLinear {
@@ -133,6 +136,10 @@ class DeviceLinear {
   // Whether forward_qkv_rope_append runs the prologue inside the GEMM's split-K reduce for every one of its 64-row
   // launches (gemm_w4a16_splits_k), i.e. saves a kernel per launch over forward + qkv_rope_kv_append.
   bool qkv_prologue_in_reduce(int64_t M, const GemmContext& ctx) const;
+  // Whether forward_qkv_rope_append with p.head_counters runs the prologue in the unsplit GEMM's own tail
+  // (gemm_w4a16_qkv_prologue_in_tail: M <= 8, INT4 / int4-hadamard cache at head_dim 128): no kernel after the GEMM.
+  bool qkv_prologue_in_tail(int64_t M, const GemmContext& ctx, formats::KvFormat format, int n_heads, int n_kv_heads,
+                            int head_dim) const;
   // Whether forward_residual_rmsnorm runs the norm inside the split-K reduce for every one of its launches: INT4 on
   // the W4A16 path, canonically packed, N <= kW4A16ResidualNormMaxN, and every launch splits K.
   bool residual_norm_in_reduce(int64_t M, const GemmContext& ctx) const;

@@ -79,6 +79,9 @@ struct QkvTail<true> {
     const int heads = cols >= kHd ? cols / kHd : 1;  // heads this CTA's columns touch (<= kQkvTailMaxHeadsPerCta)
     const unsigned per_head = cols >= kHd ? 1u : static_cast<unsigned>(kHd / cols);
     __syncthreads();  // every BF16 store of the CTA is issued
+    // The dependent (the decode attention) launches once every CTA got here: its CTAs then take the SMs this grid
+    // frees instead of crowding onto the few it left free at its start (the kernel does not release it earlier).
+    ptx::griddepcontrol_launch_dependents();
     if (tid == 0) {
       unsigned done = 0;
       if (per_head == 1) {

@@ -166,7 +166,10 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
   constexpr int kAccTiles = kSwap ? 2 * kSwapTiles : kMT * kTilesPerBlock;
   constexpr int kCorrTiles = kSwap32 ? kSwapTiles : (kSwap ? 1 : kMT);
   constexpr int kXTiles = kSwap && !kSwap32 ? kSwapTiles : kMT;
-  ptx::griddepcontrol_launch_dependents();
+  // The next kernel may launch now (its CTAs fetch what they can before their wait). Not with the qkv tail: its
+  // dependent is the decode attention, whose CTAs, resident this early, crowd onto the SMs this grid leaves free
+  // (several per SM) instead of spreading over all of them once it ends; the tail releases it after the store.
+  if constexpr (!kQkvTail) ptx::griddepcontrol_launch_dependents();
 
   extern __shared__ __align__(16) unsigned char smem[];
   Tiling t = args.tiling;

@@ -108,7 +108,9 @@ struct CudaEngineOptions {
   // With fused_qkv_prologue: decode passes of at most 8 rows whose qkv GEMM does not split K, on an INT4 or
   // int4-hadamard cache at head_dim 128, run the prologue in the GEMM's own tail (the CTA that completes a head runs
   // it; gemm_w4a16_qkv_rope_append's head_counters) instead of qkv_rope_kv_append's kernel after it. Same bits
-  // (GPU-tested). bench_decode_step: FT_QKV_TAIL=0|1.
+  // (GPU-tested). Off: slower in the thirty-ninth session's screen (H100, 8B step +1.0 to +3.3 % at batch 1-3 and 6-8,
+  // -1.7 % at 4; docs/results.md) with the attention released at the GEMM's start; the late release since then is
+  // not timed yet. bench_decode_step: FT_QKV_TAIL=0|1.
   bool fused_qkv_tail = false;
   // With fused_epilogues, INT4 W4A16 passes of at most 8 rows: the attention RMSNorm (every layer but the first) and
   // the MLP RMSNorm run inside the qkv and gate|up GEMMs' activation staging (gemm_w4a16_rmsnorm*, bit-identical to

@@ -320,6 +320,16 @@ __device__ __forceinline__ uint32_t pack_bf16_pair(float lo, float hi) {
          (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
 }
 
+// kWords words of BF16 pairs (lower channel in the low half) widened to 2 kWords fp32 values (exact).
+template <int kWords>
+__device__ __forceinline__ void widen_bf16_words(const uint32_t (&ws)[kWords], float (&x)[2 * kWords]) {
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) {
+    x[2 * k] = __uint_as_float(ws[k] << 16);
+    x[2 * k + 1] = __uint_as_float(ws[k] & 0xffff0000u);
+  }
+}
+
 // The lane's channels kPer t .. kPer t + kPer − 1 of a BF16 head (16-byte aligned), widened to fp32 (exact).
 template <int kL>
 __device__ __forceinline__ void load_head_lanes(const __nv_bfloat16* head, int t,
@@ -341,11 +351,7 @@ __device__ __forceinline__ void load_head_lanes(const __nv_bfloat16* head, int t
     ws[0] = w.x;
     ws[1] = w.y;
   }
-#pragma unroll
-  for (int k = 0; k < kPer / 2; ++k) {
-    x[2 * k] = __uint_as_float(ws[k] << 16);
-    x[2 * k + 1] = __uint_as_float(ws[k] & 0xffff0000u);
-  }
+  widen_bf16_words<kPer / 2>(ws, x);
 }
 __device__ __forceinline__ void load_quad_head(const __nv_bfloat16* head, int t, float (&x)[kQuadPerLane]) {
   load_head_lanes<4>(head, t, x);

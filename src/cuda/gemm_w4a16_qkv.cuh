@@ -103,11 +103,7 @@ __global__ void __launch_bounds__(kQkvReduceWarps * fused::kWarp)
   // The plain reduce's BF16 store (__floats2bfloat162_rn pairs), kept in registers, widened exactly.
   uint32_t raw[2] = {fused::pack_bf16_pair(s.x, s.y), fused::pack_bf16_pair(s.z, s.w)};
   float x[HL::kPerLane];
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    x[2 * k] = __uint_as_float(raw[k] << 16);
-    x[2 * k + 1] = __uint_as_float(raw[k] & 0xffff0000u);
-  }
+  fused::widen_bf16_words<2>(raw, x);
   __nv_bfloat16* head = a.qkv + static_cast<int64_t>(r) * a.row_width + static_cast<int64_t>(item) * fused::kQuadHeadDim;
   if (!is_v) fused::rope_lanes<fused::kWarp>(x, cs, lane, HL::mask(), raw);  // raw becomes the RoPE'd bits
   fused::store_head_lanes<fused::kWarp>(head, lane, raw);

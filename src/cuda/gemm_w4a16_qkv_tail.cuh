@@ -83,9 +83,9 @@ struct QkvTail<true> {
     // frees instead of crowding onto the few it left free at its start (the kernel does not release it earlier).
     ptx::griddepcontrol_launch_dependents();
     if (tid == 0) {
-      unsigned done = 0;
+      unsigned done = 0;  // 1: this CTA runs the items of all `heads` heads it touches
       if (per_head == 1) {
-        done = (1u << heads) - 1u;
+        done = 1u;
       } else {
         __threadfence();  // the CTA's stores before the count (cumulative over the barrier above)
         const unsigned old = atomicAdd(a.head_counters + h0, 1u);
@@ -106,18 +106,13 @@ struct QkvTail<true> {
     const int items = heads * rows;
     for (int i = warp; i < items; i += kThreadsCta / 32) {
       const int j = i / rows, r = i % rows;
-      if (((done >> j) & 1u) == 0) continue;  // warp-uniform
       const int item = h0 + j;
       const bool is_v = item >= a.q.n_heads + a.q.n_kv_heads;
       __nv_bfloat16* head = a.q.qkv + static_cast<int64_t>(r) * a.q.row_width + static_cast<int64_t>(item) * kHd;
       const uint2 w = __ldcg(reinterpret_cast<const uint2*>(head) + lane);
       uint32_t raw[2] = {w.x, w.y};
       float x[fused::HeadLanes<32>::kPerLane];
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        x[2 * k] = __uint_as_float(raw[k] << 16);
-        x[2 * k + 1] = __uint_as_float(raw[k] & 0xffff0000u);
-      }
+      fused::widen_bf16_words<2>(raw, x);
       if (!is_v) {
         fused::rope_lanes<32>(x, cs + r * kQkvTailHalf, lane, 0xffffffffu, raw);  // raw: the RoPE'd bits
         fused::store_head_lanes<32>(head, lane, raw);

@@ -194,17 +194,26 @@ TEST_P(CudaEngineEpilogues, L2PrefetchOfGateUpChangesNothing) {
   }
 }
 
-// CudaEngineOptions::fused_qkv_tail: decode passes of <= 8 rows whose qkv GEMM does not split K run the attention
-// prologue in the GEMM's own tail (INT4 caches at head_dim 128). A model with 128-channel heads (hidden 2048: 16 / 4
-// heads) against the same engine without the tail: prompts, decode steps at batch 3 (graphs), forward_greedy, all
-// identical; then two profiled engines (no graphs) over the same passes, whose op counts differ by exactly the decode
-// steps' layers: one "qkv GEMM + RoPE + KV append + q rotation" instead of "qkv GEMM" + "RoPE + KV append + q
-// rotation" (INT4 caches; the BF16 cache keeps the kernel after the GEMM).
-TEST_P(CudaEngineEpilogues, QkvTailEqualsKernelAfterGemm) {
-  FT_REQUIRE_HOPPER();
+// hidden 2048 (qkv 2048 -> 3072: 32 / 8 heads of 64): on an H200 the W4A16 heuristic splits the qkv GEMM's K at
+// M >= 41 for groups 64 and 128 (M >= 40 for 32), and not below (w4a16::choose_tiling, replayed on the CPU).
+test::TinyLlama wide_shape() {
   test::TinyLlama s = test::tiny_llama_w4a16_shape();
   s.hidden = 2048;
   s.inter = 256;
+  s.heads = 32;
+  s.kv_heads = 8;
+  return s;
+}
+
+// CudaEngineOptions::fused_qkv_tail: decode passes of <= 8 rows whose qkv GEMM does not split K run the attention
+// prologue in the GEMM's own tail (INT4 caches at head_dim 128). wide_shape with 128-channel heads (16 / 4) against
+// the same engine without the tail: prompts, decode steps at batch 3 (graphs), forward_greedy, all identical; then two
+// profiled engines (no graphs) over the same passes, whose op counts differ by exactly the decode steps' layers: one
+// "qkv GEMM + RoPE + KV append + q rotation" instead of "qkv GEMM" + "RoPE + KV append + q rotation" (INT4 caches;
+// the BF16 cache keeps the kernel after the GEMM).
+TEST_P(CudaEngineEpilogues, QkvTailEqualsKernelAfterGemm) {
+  FT_REQUIRE_HOPPER();
+  test::TinyLlama s = wide_shape();  // with heads of 128 channels: 16 / 4 of them
   s.heads = 16;
   s.kv_heads = 4;
   s.head_dim = 128;
@@ -335,17 +344,6 @@ TEST(CudaEngineEpiloguesProfile, NormPrologueOpLabels) {
     EXPECT_EQ(gate_up_norm, L);   // the step
     EXPECT_EQ(gate_up_plain, L);  // the prompt pass
   }
-}
-
-// hidden 2048 (qkv 2048 -> 3072: 32 / 8 heads of 64): on an H200 the W4A16 heuristic splits the qkv GEMM's K at
-// M >= 41 for groups 64 and 128 (M >= 40 for 32), and not below (w4a16::choose_tiling, replayed on the CPU).
-test::TinyLlama wide_shape() {
-  test::TinyLlama s = test::tiny_llama_w4a16_shape();
-  s.hidden = 2048;
-  s.inter = 256;
-  s.heads = 32;
-  s.kv_heads = 8;
-  return s;
 }
 
 // Fused (also profiled: no graphs), and unfused engines run: a prompt pass of 60 + 44 + 20 rows (W4A16 launches of

@@ -77,13 +77,26 @@ Inputs make_inputs(const QkvShape& s, int M, int K, uint32_t seed) {
 
 using Side = test::QkvCaseOutputs;
 
+// A random INT4 weight [N, K] and its canonical MMA packing on the device.
+struct PackedWeight {
+  Int4Weight w;
+  DeviceBuffer<uint32_t> words;
+  DeviceBuffer<uint16_t> scales;
+  PackedWeight(int N, int K, int group, ScaleType st, uint32_t seed)
+      : w(random_weight(N, K, group, st, seed)),
+        words(formats::repack_int4_for_mma(w, Int4MmaRows::canonical)),
+        scales(formats::repack_int4_scales_for_mma(w, Int4MmaRows::canonical)) {}
+};
+
 // Fused (tiling t, or the library's when null) against gemm_w4a16 on the same tiling + qkv_rope_kv_append.
 // With counters (zeroed device memory, n_heads + 2 n_kv_heads of them) the fused call gets them as head_counters,
 // runs `launches` times on the same inputs (a second launch must find the counters the first left, i.e. zero), and
 // the counters must be zero afterwards.
-void check_case(const w4::Tiling* t, KvFormat format, const QkvShape& s, const Int4Weight& w,
-                const DeviceBuffer<uint32_t>& words, const DeviceBuffer<uint16_t>& scales, int M, uint32_t seed,
+void check_case(const w4::Tiling* t, KvFormat format, const QkvShape& s, const PackedWeight& pw, int M, uint32_t seed,
                 DeviceBuffer<uint32_t>* counters = nullptr, int launches = 1) {
+  const Int4Weight& w = pw.w;
+  const DeviceBuffer<uint32_t>& words = pw.words;
+  const DeviceBuffer<uint16_t>& scales = pw.scales;
   const int N = static_cast<int>(w.rows), K = static_cast<int>(w.cols), group = static_cast<int>(w.group);
   const ScaleType st = w.spec.scale_type;
   const int hb = static_cast<int>(formats::kv_hadamard_block(format, s.head_dim));
@@ -200,13 +213,11 @@ TEST(GemmW4A16QkvGpu, MatchesGemmThenQkvRopeKvAppendBitForBit) {
   for (const QkvShape& s : kShapes) {
     const int N = (s.n_heads + 2 * s.n_kv) * s.head_dim;
     const ScaleType st = s.head_dim == 64 ? ScaleType::F16 : ScaleType::BF16;
-    const Int4Weight w = random_weight(N, K, group, st, ++seed);
-    const DeviceBuffer<uint32_t> words(formats::repack_int4_for_mma(w, Int4MmaRows::canonical));
-    const DeviceBuffer<uint16_t> scales(formats::repack_int4_scales_for_mma(w, Int4MmaRows::canonical));
+    const PackedWeight pw(N, K, group, st, ++seed);
     for (KvFormat f : kAllFormats) {
       for (int M : kMs) {
-        for (const w4::Tiling& t : tilings_for(M, N, K, group, st)) check_case(&t, f, s, w, words, scales, M, ++seed);
-        check_case(nullptr, f, s, w, words, scales, M, ++seed);
+        for (const w4::Tiling& t : tilings_for(M, N, K, group, st)) check_case(&t, f, s, pw, M, ++seed);
+        check_case(nullptr, f, s, pw, M, ++seed);
       }
     }
   }
@@ -219,13 +230,11 @@ TEST(GemmW4A16QkvGpu, Llama8BShapeLibraryTiling) {
   const QkvShape s{32, 8, 128};
   constexpr int K = 4096, group = 128;
   const int N = (s.n_heads + 2 * s.n_kv) * s.head_dim;
-  const Int4Weight w = random_weight(N, K, group, ScaleType::BF16, 77);
-  const DeviceBuffer<uint32_t> words(formats::repack_int4_for_mma(w, Int4MmaRows::canonical));
-  const DeviceBuffer<uint16_t> scales(formats::repack_int4_scales_for_mma(w, Int4MmaRows::canonical));
+  const PackedWeight pw(N, K, group, ScaleType::BF16, 77);
   EXPECT_TRUE(cuda::gemm_w4a16_splits_k(32, N, K, group)) << "the 8B qkv at M = 32 no longer splits K";
   uint32_t seed = 900;
   for (KvFormat f : {KvFormat::INT4_HADAMARD, KvFormat::BF16}) {
-    for (int M : {1, 32, 64}) check_case(nullptr, f, s, w, words, scales, M, ++seed);
+    for (int M : {1, 32, 64}) check_case(nullptr, f, s, pw, M, ++seed);
   }
 }
 
@@ -243,9 +252,7 @@ TEST(GemmW4A16QkvGpu, TailMatchesGemmThenQkvRopeKvAppendBitForBit) {
     if (s.head_dim != 128) continue;
     const int N = (s.n_heads + 2 * s.n_kv) * s.head_dim;
     for (const ScaleType st : {ScaleType::BF16, ScaleType::F16}) {
-      const Int4Weight w = random_weight(N, K, group, st, ++seed);
-      const DeviceBuffer<uint32_t> words(formats::repack_int4_for_mma(w, Int4MmaRows::canonical));
-      const DeviceBuffer<uint16_t> scales(formats::repack_int4_scales_for_mma(w, Int4MmaRows::canonical));
+      const PackedWeight pw(N, K, group, st, ++seed);
       DeviceBuffer<uint32_t> counters(std::vector<uint32_t>(static_cast<size_t>(s.n_heads + 2 * s.n_kv), 0u));
       for (const auto& [warps, stages] : {std::pair{8, 16}, std::pair{16, 16}, std::pair{24, 8}}) {
         for (int warps_n : {1, 2, 4, 8}) {
@@ -268,7 +275,7 @@ TEST(GemmW4A16QkvGpu, TailMatchesGemmThenQkvRopeKvAppendBitForBit) {
                         int4)
                   << "warps " << warps << " warps_n " << warps_n << " M " << M;
               tail_cases += int4;
-              check_case(&t, f, s, w, words, scales, M, ++seed, &counters, 2);
+              check_case(&t, f, s, pw, M, ++seed, &counters, 2);
             }
           }
         }
@@ -285,9 +292,7 @@ TEST(GemmW4A16QkvGpu, Llama8BShapeTail) {
   const QkvShape s{32, 8, 128};
   constexpr int K = 4096, group = 128;
   const int N = (s.n_heads + 2 * s.n_kv) * s.head_dim;
-  const Int4Weight w = random_weight(N, K, group, ScaleType::BF16, 78);
-  const DeviceBuffer<uint32_t> words(formats::repack_int4_for_mma(w, Int4MmaRows::canonical));
-  const DeviceBuffer<uint16_t> scales(formats::repack_int4_scales_for_mma(w, Int4MmaRows::canonical));
+  const PackedWeight pw(N, K, group, ScaleType::BF16, 78);
   DeviceBuffer<uint32_t> counters(std::vector<uint32_t>(static_cast<size_t>(s.n_heads + 2 * s.n_kv), 0u));
   uint32_t seed = 950;
   for (KvFormat f : {KvFormat::INT4_HADAMARD, KvFormat::INT4}) {
@@ -295,11 +300,11 @@ TEST(GemmW4A16QkvGpu, Llama8BShapeTail) {
       EXPECT_TRUE(cuda::gemm_w4a16_qkv_prologue_in_tail(M, K, group, ScaleType::BF16, f, s.n_heads, s.n_kv,
                                                         s.head_dim))
           << "M " << M;
-      check_case(nullptr, f, s, w, words, scales, M, ++seed, &counters, 2);
+      check_case(nullptr, f, s, pw, M, ++seed, &counters, 2);
     }
     EXPECT_FALSE(cuda::gemm_w4a16_qkv_prologue_in_tail(32, K, group, ScaleType::BF16, f, s.n_heads, s.n_kv,
                                                        s.head_dim));
-    check_case(nullptr, f, s, w, words, scales, 32, ++seed, &counters, 1);
+    check_case(nullptr, f, s, pw, 32, ++seed, &counters, 1);
   }
   EXPECT_FALSE(cuda::gemm_w4a16_qkv_prologue_in_tail(1, K, group, ScaleType::BF16, KvFormat::BF16, s.n_heads, s.n_kv,
                                                      s.head_dim));

@@ -1,0 +1,105 @@
+// A chain of dependent W4A16 GEMMs (decode, M <= 8) in one persistent kernel whose weight stream never waits on the
+// chain's data: the experiment behind issue 4's remaining lever (docs/notes/decode-batch1-fixed-cost.md, "A weight
+// stream that runs ahead"). Stage s computes y_s = x_s · dequant(W_s)ᵀ with x_s taken from y_{s-1}; one CTA per SM
+// (cooperative launch) holds one producer warp, which copies every weight slot this CTA will ever need, stage after
+// stage, into a shared-memory ring with bulk copies, limited only by the ring's free slots; and eight consumer
+// warps, which wait for the previous stage to complete on every CTA (a release / acquire counter per stage), stage
+// x_s, and consume the ring. So the DRAM stream of stage s + 1 runs during stage s's tail, the dependency wait and
+// whatever latency sits between the GEMMs (delay_ns stands in for the attention chain), up to the ring's
+// ~147 KB per SM. docs/kernels.md, "W4A16 chain", draws it; bench_w4a16_chain times it against the same GEMMs as
+// separate kernels.
+//
+// Same packed weights and scales as gemm_w4a16 (formats::repack_int4_for_mma / repack_int4_scales_for_mma): a ring
+// slot is 8 consecutive packed blocks of one 32-column block (256 k, 4 KB, contiguous) plus the scales of its groups.
+// Includable from plain C++.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "cuda/host_device.h"
+#include "futransformer/formats/int4.h"
+
+struct __nv_bfloat16;
+
+namespace futransformer::cuda::w4a16 {
+
+// Where a stage's activations come from.
+enum class ChainInput : int32_t {
+  first = 0,     // the chain's input x0 (stage 0, and only stage 0)
+  previous = 1,  // columns [input_offset, input_offset + K) of the previous stage's y
+  swiglu = 2,    // bf16(silu_mul(g, u)) (decoder_ops' swiglu_bf16 rule) with g = previous y column input_offset + k
+                 // and u = column input_offset + K + k
+};
+
+struct ChainStage {
+  const void* w;       // packed weights, 16-byte aligned
+  const void* scales;  // packed scales, 16-byte aligned
+  __nv_bfloat16* y;    // BF16 [M][N] row-major, written by this stage only
+  int32_t N = 0, K = 0, group = 0;
+  ChainInput input = ChainInput::previous;
+  int32_t input_offset = 0;  // a multiple of 8
+  // The stage's activations are staged this long after the previous stage completed on every CTA (measured by each
+  // CTA from when it saw the completion, on %globaltimer): a stand-in for the latency-bound ops (attention, norms)
+  // that sit between a decode layer's GEMMs, during which the weight stream keeps running.
+  int32_t delay_ns = 0;
+};
+
+constexpr int kChainConsumerWarps = 8;
+constexpr int kChainThreads = (kChainConsumerWarps + 1) * 32;  // the last warp is the producer
+constexpr int kChainSlotBlocks = 8;                             // packed 32 x 32 blocks per ring slot
+constexpr int kChainSlotK = kChainSlotBlocks * 32;              // 256: K must be a multiple
+constexpr int kChainSlotWeightBytes = kChainSlotBlocks * 512;
+constexpr int kChainSlotScaleBytesMax = (kChainSlotK / 32) * 64;  // group 32: eight groups of 64 bytes
+constexpr int kChainSlotBytes = kChainSlotWeightBytes + kChainSlotScaleBytesMax;
+// Each consumer warp owns kChainSlotsPerWarp slots (its own sub-ring, so a slot's successive uses belong to one warp
+// and its parity waits are never two phases ahead); the producer fills them in the order the warps consume them.
+constexpr int kChainSlotsPerWarp = 4;
+constexpr int kChainSlots = kChainConsumerWarps * kChainSlotsPerWarp;
+constexpr int kChainMaxRows = 8;
+constexpr int kChainMaxXElems = 28672;  // M * K of a stage's staged activations (one row of the 70B down's K)
+constexpr int kChainXPad = 8;           // bf16 elements after each staged row (ldmatrix rows in distinct banks)
+constexpr int kChainMaxStages = 1 << 16;
+
+// Shared memory: the ring, the staged activations (rows of K + kChainXPad), two buffers of the consumers' partial sums
+// (warps 1.. hand warp 0 their 2 x 4 fp32 per lane), the full and empty barriers.
+constexpr int kChainRingBytes = kChainSlots * kChainSlotBytes;
+constexpr int kChainXBytes = (kChainMaxXElems + kChainMaxRows * kChainXPad) * 2;
+constexpr int kChainRedBytes = 2 * kChainConsumerWarps * 8 * 32 * 4;
+constexpr int kChainBarBytes = 2 * kChainSlots * 8;
+constexpr int kChainSmemBytes = kChainRingBytes + kChainXBytes + kChainRedBytes + kChainBarBytes;
+static_assert(kChainRingBytes % 128 == 0 && kChainXBytes % 16 == 0 && kChainRedBytes % 16 == 0,
+              "regions stay 16-byte aligned");
+static_assert(kChainSmemBytes <= 227 * 1024, "one CTA per SM within Hopper's 227 KB of dynamic shared memory");
+
+// Stage s's jobs (32-column blocks j = 0 .. N / 32 - 1) are dealt round-robin to the CTAs, starting where stage s - 1's
+// left off (rot_s = sum over earlier stages of N / 32, modulo ctas), so a CTA that got one block more in one stage
+// gets its share later. CTA c's first job of a stage; its others follow every `ctas`.
+FT_HD int chain_first_job(int cta, int ctas, int64_t rot) {
+  return static_cast<int>(((static_cast<int64_t>(cta) - rot) % ctas + ctas) % ctas);
+}
+// Bytes of the scales a slot carries (the groups of its 256 k).
+FT_HD int chain_slot_scale_bytes(int group) { return (kChainSlotK / group) * 64; }
+
+// cudaSuccess when the chain can run with M rows; otherwise cudaErrorInvalidValue and a sentence naming the stage and
+// the field. Checks shapes (N a multiple of 32, K of 256, group 32 / 64 / 128, M * K <= kChainMaxXElems), pointers
+// (present, 16-byte aligned) and inputs (stage 0 first, later stages previous / swiglu within the previous N).
+// Needs no device.
+cudaError_t w4a16_chain_can_implement(std::span<const ChainStage> stages, int M, std::string* why);
+
+// Device bytes w4a16_chain needs: the stage table and one completion counter per stage.
+size_t w4a16_chain_workspace_bytes(int n_stages);
+
+// Runs the chain on `stream`: x0 BF16 [M][stages[0].K], 16-byte aligned. With upload, copies the stage table into
+// the workspace first (cudaMemcpyAsync from pageable memory); without, the workspace must hold this very table from
+// an earlier call. Zeroes the counters, then one cooperative launch of `ctas` CTAs (0: one per SM). Refuses what
+// w4a16_chain_can_implement refuses, a short or misaligned workspace, and a device that cannot hold the CTAs at once.
+cudaError_t w4a16_chain(std::span<const ChainStage> stages, const __nv_bfloat16* x0, int M,
+                        formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, bool upload, int ctas,
+                        cudaStream_t stream, std::string* why);
+
+}  // namespace futransformer::cuda::w4a16

@@ -53,12 +53,6 @@ __device__ __forceinline__ uint64_t global_ns() {
 // The stage table entry, read through the read-only path (the table never changes during a launch).
 __device__ __forceinline__ ChainStage load_stage(const ChainStage* __restrict__ stages, int s) { return stages[s]; }
 
-// Sub-ring slot c of warp w: slot index and which use of it (for the parity).
-__device__ __forceinline__ uint32_t slot_index(int w, uint32_t c) {
-  return static_cast<uint32_t>(w) * kChainSlotsPerWarp + (c % kChainSlotsPerWarp);
-}
-__device__ __forceinline__ uint32_t slot_use(uint32_t c) { return c / kChainSlotsPerWarp; }
-
 }  // namespace chain_detail
 
 template <bool kF16Scales>
@@ -94,23 +88,21 @@ __global__ void __launch_bounds__(kChainThreads, 1)
     int64_t rot = 0;
     for (int s = 0; s < n_stages; ++s) {
       const ChainStage st = load_stage(stages, s);
-      const int nblocks = st.N / kBlockN, kslots = st.K / kChainSlotK, kblocks = st.K / kBlockK;
-      const int groups = st.K / st.group, slot_groups = kChainSlotK / st.group;
+      const int nblocks = st.N / kBlockN, kslots = st.K / kChainSlotK;
       const uint32_t sbytes = static_cast<uint32_t>(chain_slot_scale_bytes(st.group));
       const unsigned char* wbase = static_cast<const unsigned char*>(st.w);
       const unsigned char* sbase = static_cast<const unsigned char*>(st.scales);
       for (int j = chain_first_job(cta, ctas, rot); j < nblocks; j += ctas) {
         for (int q = 0; q < kslots; ++q) {
-          const int w = q % kChainConsumerWarps;
+          const int w = chain_slot_warp(q);
           const uint32_t c = filled[w]++;
-          const uint32_t slot = slot_index(w, c), use = slot_use(c);
+          const uint32_t slot = chain_ring_slot(w, c), use = chain_slot_use(c);
           if (use > 0) ptx::mbarrier_wait_parity(empty_bar(slot), (use - 1) & 1);
           ptx::mbarrier_arrive_expect_tx(full_bar(slot), kChainSlotWeightBytes + sbytes);
           const uint32_t dst = ring_s + slot * kChainSlotBytes;
-          ptx::bulk_load(dst, wbase + (static_cast<int64_t>(j) * kblocks + q * kChainSlotBlocks) * 512,
-                         kChainSlotWeightBytes, full_bar(slot));
-          ptx::bulk_load(dst + kChainSlotWeightBytes,
-                         sbase + (static_cast<int64_t>(j) * groups + q * slot_groups) * 64, sbytes, full_bar(slot));
+          ptx::bulk_load(dst, wbase + chain_slot_weight_offset(j, st.K, q), kChainSlotWeightBytes, full_bar(slot));
+          ptx::bulk_load(dst + kChainSlotWeightBytes, sbase + chain_slot_scale_offset(j, st.K, st.group, q), sbytes,
+                         full_bar(slot));
         }
       }
       rot = (rot + nblocks) % ctas;
@@ -193,7 +185,7 @@ __global__ void __launch_bounds__(kChainThreads, 1)
     for (int j = chain_first_job(cta, ctas, rot); j < nblocks; j += ctas) {
       float acc[2][4] = {}, part[2][4] = {}, corr[4] = {};
       for (int q = warp; q < kslots; q += kChainConsumerWarps) {
-        const uint32_t slot = slot_index(warp, taken), use = slot_use(taken);
+        const uint32_t slot = chain_ring_slot(warp, taken), use = chain_slot_use(taken);
         ++taken;
         ptx::mbarrier_wait_parity(full_bar(slot), use & 1);
         const unsigned char* sl = ring + slot * kChainSlotBytes;

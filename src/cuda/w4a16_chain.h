@@ -21,7 +21,7 @@
 #include <span>
 #include <string>
 
-#include "cuda/host_device.h"
+#include "cuda/w4a16_chain_layout.h"
 #include "futransformer/formats/int4.h"
 
 struct __nv_bfloat16;
@@ -37,9 +37,9 @@ enum class ChainInput : int32_t {
 };
 
 struct ChainStage {
-  const void* w;       // packed weights, 16-byte aligned
-  const void* scales;  // packed scales, 16-byte aligned
-  __nv_bfloat16* y;    // BF16 [M][N] row-major, written by this stage only
+  const void* w = nullptr;       // packed weights, 16-byte aligned
+  const void* scales = nullptr;  // packed scales, 16-byte aligned
+  __nv_bfloat16* y = nullptr;    // BF16 [M][N] row-major, written by this stage only
   int32_t N = 0, K = 0, group = 0;
   ChainInput input = ChainInput::previous;
   int32_t input_offset = 0;  // a multiple of 8
@@ -48,42 +48,6 @@ struct ChainStage {
   // that sit between a decode layer's GEMMs, during which the weight stream keeps running.
   int32_t delay_ns = 0;
 };
-
-constexpr int kChainConsumerWarps = 8;
-constexpr int kChainThreads = (kChainConsumerWarps + 1) * 32;  // the last warp is the producer
-constexpr int kChainSlotBlocks = 8;                             // packed 32 x 32 blocks per ring slot
-constexpr int kChainSlotK = kChainSlotBlocks * 32;              // 256: K must be a multiple
-constexpr int kChainSlotWeightBytes = kChainSlotBlocks * 512;
-constexpr int kChainSlotScaleBytesMax = (kChainSlotK / 32) * 64;  // group 32: eight groups of 64 bytes
-constexpr int kChainSlotBytes = kChainSlotWeightBytes + kChainSlotScaleBytesMax;
-// Each consumer warp owns kChainSlotsPerWarp slots (its own sub-ring, so a slot's successive uses belong to one warp
-// and its parity waits are never two phases ahead); the producer fills them in the order the warps consume them.
-constexpr int kChainSlotsPerWarp = 4;
-constexpr int kChainSlots = kChainConsumerWarps * kChainSlotsPerWarp;
-constexpr int kChainMaxRows = 8;
-constexpr int kChainMaxXElems = 28672;  // M * K of a stage's staged activations (one row of the 70B down's K)
-constexpr int kChainXPad = 8;           // bf16 elements after each staged row (ldmatrix rows in distinct banks)
-constexpr int kChainMaxStages = 1 << 16;
-
-// Shared memory: the ring, the staged activations (rows of K + kChainXPad), two buffers of the consumers' partial sums
-// (warps 1.. hand warp 0 their 2 x 4 fp32 per lane), the full and empty barriers.
-constexpr int kChainRingBytes = kChainSlots * kChainSlotBytes;
-constexpr int kChainXBytes = (kChainMaxXElems + kChainMaxRows * kChainXPad) * 2;
-constexpr int kChainRedBytes = 2 * kChainConsumerWarps * 8 * 32 * 4;
-constexpr int kChainBarBytes = 2 * kChainSlots * 8;
-constexpr int kChainSmemBytes = kChainRingBytes + kChainXBytes + kChainRedBytes + kChainBarBytes;
-static_assert(kChainRingBytes % 128 == 0 && kChainXBytes % 16 == 0 && kChainRedBytes % 16 == 0,
-              "regions stay 16-byte aligned");
-static_assert(kChainSmemBytes <= 227 * 1024, "one CTA per SM within Hopper's 227 KB of dynamic shared memory");
-
-// Stage s's jobs (32-column blocks j = 0 .. N / 32 - 1) are dealt round-robin to the CTAs, starting where stage s - 1's
-// left off (rot_s = sum over earlier stages of N / 32, modulo ctas), so a CTA that got one block more in one stage
-// gets its share later. CTA c's first job of a stage; its others follow every `ctas`.
-FT_HD int chain_first_job(int cta, int ctas, int64_t rot) {
-  return static_cast<int>(((static_cast<int64_t>(cta) - rot) % ctas + ctas) % ctas);
-}
-// Bytes of the scales a slot carries (the groups of its 256 k).
-FT_HD int chain_slot_scale_bytes(int group) { return (kChainSlotK / group) * 64; }
 
 // cudaSuccess when the chain can run with M rows; otherwise cudaErrorInvalidValue and a sentence naming the stage and
 // the field. Checks shapes (N a multiple of 32, K of 256, group 32 / 64 / 128, M * K <= kChainMaxXElems), pointers

@@ -31,9 +31,6 @@ namespace w4 = futransformer::cuda::w4a16;
 using namespace test::mma;
 using namespace test::w4a16;
 
-// The kernel's biased_slot: lop3 (a & b) | c only; the bf16x2 {128 + u_lo, 128 + u_hi}.
-uint32_t emu_biased(uint32_t word, int shift) { return ((word >> shift) & w4::kMagicMask) | w4::kMagicBias; }
-
 // ---------------------------------------------------------------------------------------------------------
 // 1. Fragments.
 
@@ -231,17 +228,6 @@ TEST(W4A16V4Fragments, SwappedFourTileActivationsAndOffsets) {
 
 // prmt.b32 d, a, b, sel (PTX ISA, default mode): byte i of d is byte (sel >> 4i) & 7 of the 8-byte value {b, a}
 // (a = bytes 0..3); selector bit 3 of each nibble (sign replication) is not used by the kernel.
-uint32_t emu_prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  const uint64_t v = (static_cast<uint64_t>(b) << 32) | a;
-  uint32_t d = 0;
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t nib = (sel >> (4 * i)) & 0xF;
-    EXPECT_EQ(nib & 8u, 0u);
-    d |= static_cast<uint32_t>((v >> (8 * (nib & 7))) & 0xFF) << (8 * i);
-  }
-  return d;
-}
-
 TEST(W4A16V4Fragments, ScaleSelectorsGiveTheFp32OfEachHalf) {
   const uint16_t lo_bf16 = f32_to_bf16(0.0123f), hi_bf16 = f32_to_bf16(-3.5f);
   const uint16_t lo_f16 = f32_to_f16(0.0234f), hi_f16 = f32_to_f16(-65504.0f);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cuda/gemm_w4a16_layout.h"
 #include "mma_m16n8k16_model.h"
 
 namespace futransformer::test::w4a16 {
@@ -58,6 +59,23 @@ inline void emu_ldmatrix(const std::vector<uint16_t>& smem, const int64_t (&addr
           smem[static_cast<size_t>(base)] | (static_cast<uint32_t>(smem[static_cast<size_t>(base + 1)]) << 16);
     }
   }
+}
+
+// The v4 kernels' biased_slot: lop3 (a & b) | c only; the bf16x2 {128 + u_lo, 128 + u_hi}.
+inline uint32_t emu_biased(uint32_t word, int shift) {
+  return ((word >> shift) & cuda::w4a16::kMagicMask) | cuda::w4a16::kMagicBias;
+}
+
+// prmt.b32 (default mode): byte i of the result is byte sel[4i .. 4i + 3] of {b, a} (selectors 0..7 only).
+inline uint32_t emu_prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  const uint64_t v = (static_cast<uint64_t>(b) << 32) | a;
+  uint32_t d = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t nib = (sel >> (4 * i)) & 0xF;
+    EXPECT_EQ(nib & 8u, 0u);
+    d |= static_cast<uint32_t>((v >> (8 * (nib & 7))) & 0xFF) << (8 * i);
+  }
+  return d;
 }
 
 }  // namespace futransformer::test::w4a16

@@ -189,18 +189,24 @@ int main(int argc, char** argv) {
         st.push_back(c);
       }
     }
-    std::string why;
-    const cudaError_t e = w4::w4a16_chain(st, x0, M, formats::ScaleType::BF16, chain_ws, chain_ws_bytes, true, 0,
-                                          stream, &why);
-    if (e != cudaSuccess) {
-      std::fprintf(stderr, "bench_w4a16_chain: %s %s\n", cudaGetErrorString(e), why.c_str());
-      return 1;
+    // The producer unlimited (only the ring holds it back), one stage ahead of its consumers (about what a
+    // programmatic launch's ring fill allows), and held to their stage (weights wait for data).
+    for (int ahead : {w4::kChainAnyStagesAhead, 1, 0}) {
+      std::string why;
+      const cudaError_t e = w4::w4a16_chain(st, x0, M, formats::ScaleType::BF16, chain_ws, chain_ws_bytes, true, 0,
+                                            ahead, stream, &why);
+      if (e != cudaSuccess) {
+        std::fprintf(stderr, "bench_w4a16_chain: %s %s\n", cudaGetErrorString(e), why.c_str());
+        return 1;
+      }
+      const double chain_us = time_median_us(iters, stream, [&](int) {
+        CHECK_CUDA(w4::w4a16_chain(st, x0, M, formats::ScaleType::BF16, chain_ws, chain_ws_bytes, false, 0, ahead,
+                                   stream, nullptr));
+      });
+      add_row(ahead == 0 ? "chain kernel, producer held to its stage"
+                         : ahead == 1 ? "chain kernel, producer one stage ahead" : "chain kernel",
+              dl, chain_us);
     }
-    const double chain_us = time_median_us(iters, stream, [&](int) {
-      CHECK_CUDA(w4::w4a16_chain(st, x0, M, formats::ScaleType::BF16, chain_ws, chain_ws_bytes, false, 0, stream,
-                                 nullptr));
-    });
-    add_row("chain kernel", dl, chain_us);
 
     // The engine's kernels in one graph.
     cudaGraph_t graph;

@@ -64,9 +64,11 @@ size_t w4a16_chain_workspace_bytes(int n_stages) {
 
 cudaError_t w4a16_chain(std::span<const ChainStage> stages, const __nv_bfloat16* x0, int M,
                         formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, bool upload, int ctas,
-                        cudaStream_t stream, std::string* why) {
+                        int stages_ahead, cudaStream_t stream, std::string* why) {
   if (const cudaError_t e = w4a16_chain_can_implement(stages, M, why); e != cudaSuccess) return e;
   if (x0 == nullptr || !aligned(x0, 16)) return reject(why, "w4a16_chain: x0 must be a 16-byte aligned pointer");
+  if (stages_ahead < 0)
+    return reject(why, "w4a16_chain: stages_ahead = " + std::to_string(stages_ahead) + ", expected >= 0");
   const int n = static_cast<int>(stages.size());
   if (const cudaError_t e = check_workspace("w4a16_chain", static_cast<int64_t>(w4a16_chain_workspace_bytes(n)),
                                             workspace, workspace_bytes, why);
@@ -116,8 +118,8 @@ cudaError_t w4a16_chain(std::span<const ChainStage> stages, const __nv_bfloat16*
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   const ChainStage* table_c = table;
-  return f16 ? cudaLaunchKernelEx(&cfg, w4a16_chain_kernel<true>, table_c, n, x0, M, counters)
-             : cudaLaunchKernelEx(&cfg, w4a16_chain_kernel<false>, table_c, n, x0, M, counters);
+  return f16 ? cudaLaunchKernelEx(&cfg, w4a16_chain_kernel<true>, table_c, n, x0, M, counters, stages_ahead)
+             : cudaLaunchKernelEx(&cfg, w4a16_chain_kernel<false>, table_c, n, x0, M, counters, stages_ahead);
 }
 
 }  // namespace futransformer::cuda::w4a16

@@ -58,7 +58,7 @@ __device__ __forceinline__ ChainStage load_stage(const ChainStage* __restrict__ 
 template <bool kF16Scales>
 __global__ void __launch_bounds__(kChainThreads, 1)
     w4a16_chain_kernel(const ChainStage* __restrict__ stages, int n_stages, const __nv_bfloat16* __restrict__ x0,
-                       int M, uint32_t* __restrict__ counters) {
+                       int M, uint32_t* __restrict__ counters, int stages_ahead) {
   using namespace chain_detail;
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* ring = smem;
@@ -67,6 +67,8 @@ __global__ void __launch_bounds__(kChainThreads, 1)
   const uint32_t bars = ptx::smem_addr(smem + kChainRingBytes + kChainXBytes + kChainRedBytes);
   auto full_bar = [&](uint32_t slot) { return bars + 8 * slot; };
   auto empty_bar = [&](uint32_t slot) { return bars + 8 * (kChainSlots + slot); };
+  volatile int* consumer_stage =
+      reinterpret_cast<volatile int*>(smem + kChainRingBytes + kChainXBytes + kChainRedBytes + kChainBarBytes);
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
@@ -77,6 +79,7 @@ __global__ void __launch_bounds__(kChainThreads, 1)
       ptx::mbarrier_init(empty_bar(i), 1);  // the consuming warp's lane 0
     }
     ptx::fence_mbarrier_init();
+    *consumer_stage = 0;
   }
   __syncthreads();
 
@@ -87,6 +90,10 @@ __global__ void __launch_bounds__(kChainThreads, 1)
     uint32_t filled[kChainConsumerWarps] = {};  // slots handed to each consumer warp so far
     int64_t rot = 0;
     for (int s = 0; s < n_stages; ++s) {
+      if (s - stages_ahead > 0) {
+        while (*consumer_stage < s - stages_ahead) {
+        }
+      }
       const ChainStage st = load_stage(stages, s);
       const int nblocks = st.N / kBlockN, kslots = st.K / kChainSlotK;
       const uint32_t sbytes = static_cast<uint32_t>(chain_slot_scale_bytes(st.group));
@@ -134,6 +141,7 @@ __global__ void __launch_bounds__(kChainThreads, 1)
           while (global_ns() - t0 < static_cast<uint64_t>(st.delay_ns)) {
           }
         }
+        *consumer_stage = s;
       }
       consumers_sync();
     }

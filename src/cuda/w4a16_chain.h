@@ -60,10 +60,13 @@ size_t w4a16_chain_workspace_bytes(int n_stages);
 
 // Runs the chain on `stream`: x0 BF16 [M][stages[0].K], 16-byte aligned. With upload, copies the stage table into
 // the workspace first (cudaMemcpyAsync from pageable memory); without, the workspace must hold this very table from
-// an earlier call. Zeroes the counters, then one cooperative launch of `ctas` CTAs (0: one per SM). Refuses what
+// an earlier call. Zeroes the counters, then one cooperative launch of `ctas` CTAs (0: one per SM). stages_ahead
+// limits how far each CTA's producer runs ahead: it starts copying stage s only once its consumers have passed stage
+// s - stages_ahead's dependency (0: a GEMM's weights wait for its data, as without programmatic launch; 1: one stage
+// ahead, about what a programmatic launch's ring fill gives; kChainAnyStagesAhead: only the ring limits it). Refuses what
 // w4a16_chain_can_implement refuses, a short or misaligned workspace, and a device that cannot hold the CTAs at once.
 cudaError_t w4a16_chain(std::span<const ChainStage> stages, const __nv_bfloat16* x0, int M,
                         formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, bool upload, int ctas,
-                        cudaStream_t stream, std::string* why);
+                        int stages_ahead, cudaStream_t stream, std::string* why);
 
 }  // namespace futransformer::cuda::w4a16

@@ -26,12 +26,17 @@ constexpr int kChainXPad = 8;           // bf16 elements after each staged row (
 constexpr int kChainMaxStages = 1 << 16;
 
 // Shared memory: the ring, the staged activations (rows of K + kChainXPad), two buffers of the consumers' partial sums
-// (warps 1.. hand warp 0 their 2 x 4 fp32 per lane), the full and empty barriers.
+// (warps 1.. hand warp 0 their 2 x 4 fp32 per lane), the full and empty barriers, the consumers' stage.
 constexpr int kChainRingBytes = kChainSlots * kChainSlotBytes;
 constexpr int kChainXBytes = (kChainMaxXElems + kChainMaxRows * kChainXPad) * 2;
 constexpr int kChainRedBytes = 2 * kChainConsumerWarps * 8 * 32 * 4;
 constexpr int kChainBarBytes = 2 * kChainSlots * 8;
-constexpr int kChainSmemBytes = kChainRingBytes + kChainXBytes + kChainRedBytes + kChainBarBytes;
+// After the barriers: the stage whose dependency the consumers last passed (the producer's throttle, see
+// w4a16_chain's stages_ahead).
+constexpr int kChainFlagBytes = 16;
+constexpr int kChainSmemBytes = kChainRingBytes + kChainXBytes + kChainRedBytes + kChainBarBytes + kChainFlagBytes;
+// stages_ahead without a limit: the producer fills whatever slot is free.
+constexpr int kChainAnyStagesAhead = 1 << 30;
 static_assert(kChainRingBytes % 128 == 0 && kChainXBytes % 16 == 0 && kChainRedBytes % 16 == 0,
               "regions stay 16-byte aligned");
 static_assert(kChainSmemBytes <= 227 * 1024, "one CTA per SM within Hopper's 227 KB of dynamic shared memory");

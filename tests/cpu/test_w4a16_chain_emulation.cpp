@@ -3,7 +3,7 @@
 // over models of the mbarrier (phase, pending arrivals, transaction bytes, try_wait.parity as PTX defines it), the
 // consumers' named barrier, the bulk copies (each lands at a random later step) and the stage counters. The consumers
 // compute through the kernel's index maps (w4a16_chain_layout.h, gemm_w4a16_layout.h) with the PTX fragment model
-// (w4a16_emu.h). Checks: no deadlock under any interleaving tried; a consumer's wait returns only when its slot holds
+// (w4a16_emu.h), the producer throttled as stages_ahead says. Checks: no deadlock under any interleaving tried; a consumer's wait returns only when its slot holds
 // the (stage, block, slot) it expects; the producer never refills a slot whose last use was not consumed; every
 // output is written exactly once; each stage is within the v4 GEMM's bound of the fp64 twin on the activations the
 // emulated CTAs staged.
@@ -116,6 +116,7 @@ struct Cta {
   std::vector<Tag> produce;             // the producer's slots in order
   size_t next = 0;
   uint32_t filled[w4::kChainConsumerWarps] = {};
+  int consumer_stage = 0;  // the producer's throttle
 };
 
 // The jobs (32-column blocks) of stage s that CTA c owns, in the kernel's order.
@@ -127,7 +128,8 @@ std::vector<int> jobs_of(int cta, int ctas, int64_t rot, int nblocks) {
 
 double silu_mul(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
 
-void run_emulation(const std::vector<StageSpec>& specs, int M, ScaleType st, int ctas, uint32_t seed) {
+void run_emulation(const std::vector<StageSpec>& specs, int M, ScaleType st, int ctas, uint32_t seed,
+                   int stages_ahead = w4::kChainAnyStagesAhead) {
   const int n = static_cast<int>(specs.size());
   std::vector<Stage> stages;
   for (int s = 0; s < n; ++s) {
@@ -301,7 +303,8 @@ void run_emulation(const std::vector<StageSpec>& specs, int M, ScaleType st, int
         const Tag& t = C.produce[C.next];
         const int wq = w4::chain_slot_warp(t.q);
         const uint32_t cnt = C.filled[wq], slot = w4::chain_ring_slot(wq, cnt), use = w4::chain_slot_use(cnt);
-        if (use == 0 || C.empty[slot].parity_done((use - 1) & 1)) runnable.push_back({0, c, 0});
+        const bool throttled = t.s - stages_ahead > 0 && C.consumer_stage < t.s - stages_ahead;
+        if (!throttled && (use == 0 || C.empty[slot].parity_done((use - 1) & 1))) runnable.push_back({0, c, 0});
       }
       for (int wi = 0; wi < w4::kChainConsumerWarps; ++wi) {
         const Warp& w = C.warps[static_cast<size_t>(wi)];
@@ -403,7 +406,10 @@ void run_emulation(const std::vector<StageSpec>& specs, int M, ScaleType st, int
         w.barrier_generation = -1;
         break;
       case WarpState::dependency:
-        if (wi == 0) stage_x(a.c, w.s);
+        if (wi == 0) {
+          C.consumer_stage = w.s;
+          stage_x(a.c, w.s);
+        }
         w.state = WarpState::staging_barrier;
         arrive(C, w, [] {});
         break;
@@ -489,6 +495,10 @@ TEST(W4A16ChainEmulation, ThreeCtasOneRowBf16Scales) { run_emulation(mixed_chain
 TEST(W4A16ChainEmulation, OneCtaEightRowsF16Scales) { run_emulation(mixed_chain(), 8, ScaleType::F16, 1, 2u); }
 TEST(W4A16ChainEmulation, FiveCtasThreeRowsAnotherInterleaving) {
   run_emulation(mixed_chain(), 3, ScaleType::BF16, 5, 3u);
+}
+TEST(W4A16ChainEmulation, ProducerHeldToItsStageOrOneAhead) {
+  run_emulation(mixed_chain(), 2, ScaleType::BF16, 3, 4u, 0);
+  run_emulation(mixed_chain(), 2, ScaleType::F16, 2, 5u, 1);
 }
 
 }  // namespace

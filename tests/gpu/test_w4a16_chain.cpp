@@ -155,9 +155,10 @@ struct Spec {
 
 double silu_times(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
 
-// Runs the chain of `specs` with M rows and `ctas` CTAs (0: one per SM) on fresh inputs into poisoned outputs, twice;
+// Runs the chain of `specs` with M rows, `ctas` CTAs (0: one per SM) and the producer's stages_ahead on fresh inputs into poisoned outputs, twice;
 // checks each stage against its twin, both runs bit for bit equal, and every counter at the CTA count.
-void run_and_check(const std::vector<Spec>& specs, int M, ScaleType st, int ctas, uint32_t seed) {
+void run_and_check(const std::vector<Spec>& specs, int M, ScaleType st, int ctas, uint32_t seed,
+                   int stages_ahead = w4::kChainAnyStagesAhead) {
   std::vector<std::unique_ptr<StageData>> data;
   std::vector<ChainStage> stages;
   for (size_t s = 0; s < specs.size(); ++s) {
@@ -189,7 +190,7 @@ void run_and_check(const std::vector<Spec>& specs, int M, ScaleType st, int ctas
     ASSERT_EQ(ws.poison(), cudaSuccess);
     std::string why;
     const cudaError_t e = w4::w4a16_chain(stages, reinterpret_cast<const __nv_bfloat16*>(dx.p), M, st, ws.p, ws.n,
-                                          /*upload=*/true, ctas, nullptr, &why);
+                                          /*upload=*/true, ctas, stages_ahead, nullptr, &why);
     ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << why;
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<unsigned char> w = ws.download();
@@ -271,6 +272,13 @@ TEST_P(W4A16ChainGpu, MatchesTheTwinWithFewCtas) {
   run_and_check(mixed_chain(), GetParam(), ScaleType::F16, 5, 23u + GetParam());
 }
 
+// The producer held to its consumers' stage (0) or one stage ahead: the same results.
+TEST_P(W4A16ChainGpu, MatchesTheTwinWithTheProducerHeldBack) {
+  FT_REQUIRE_HOPPER();
+  run_and_check(mixed_chain(), GetParam(), ScaleType::BF16, 7, 37u + GetParam(), 0);
+  run_and_check(mixed_chain(), GetParam(), ScaleType::BF16, 0, 41u + GetParam(), 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(Rows, W4A16ChainGpu, ::testing::Values(1, 2, 5, 8),
                          [](const ::testing::TestParamInfo<int>& i) { return "M" + std::to_string(i.param); });
 
@@ -301,13 +309,17 @@ TEST(W4A16ChainGpuShapes, RefusesMoreCtasThanResident) {
   DeviceBuffer<unsigned char> ws(w4::w4a16_chain_workspace_bytes(1));
   std::string why;
   EXPECT_EQ(w4::w4a16_chain(stages, reinterpret_cast<const __nv_bfloat16*>(x.p), 1, ScaleType::BF16, ws.p, ws.n,
-                            true, 100000, nullptr, &why),
+                            true, 100000, w4::kChainAnyStagesAhead, nullptr, &why),
             cudaErrorInvalidValue);
   EXPECT_NE(why.find("cannot all be resident"), std::string::npos) << why;
   EXPECT_EQ(w4::w4a16_chain(stages, reinterpret_cast<const __nv_bfloat16*>(x.p), 1, ScaleType::BF16, ws.p, 4, true,
-                            0, nullptr, &why),
+                            0, w4::kChainAnyStagesAhead, nullptr, &why),
             cudaErrorInvalidValue);
   EXPECT_NE(why.find("workspace"), std::string::npos) << why;
+  EXPECT_EQ(w4::w4a16_chain(stages, reinterpret_cast<const __nv_bfloat16*>(x.p), 1, ScaleType::BF16, ws.p, ws.n, true,
+                            0, -1, nullptr, &why),
+            cudaErrorInvalidValue);
+  EXPECT_NE(why.find("stages_ahead = -1"), std::string::npos) << why;
 }
 
 }  // namespace

@@ -239,7 +239,10 @@ __global__ void __launch_bounds__(kChainThreads, 1)
             for (int e = 0; e < 4; ++e) corr[e] = 0.0f;
           }
         }
-        __syncwarp();  // every lane has read the slot
+        // Every lane's generic-proxy reads of the slot ordered before the bulk copy (async proxy) that refills it
+        // once the producer sees the release (racecheck reported the WAR without the fence).
+        ptx::fence_proxy_async_shared();
+        __syncwarp();
         if (lane == 0) ptx::mbarrier_arrive(empty_bar(slot));
       }
       // Warps 1.. hand their sums to warp 0 (two buffers: a buffer is rewritten only after warp 0 passed the next

@@ -191,20 +191,25 @@ int main(int argc, char** argv) {
     }
     // The producer unlimited (only the ring holds it back), one stage ahead of its consumers (about what a
     // programmatic launch's ring fill allows), and held to their stage (weights wait for data).
-    for (int ahead : {w4::kChainAnyStagesAhead, 1, 0}) {
+    // Last, each consumer warp copying its own slots with cp.async (no producer warp), unlimited.
+    for (int variant = 0; variant < 4; ++variant) {
+      const int ahead = variant == 1 ? 1 : variant == 2 ? 0 : w4::kChainAnyStagesAhead;
+      const w4::ChainCopies copies = variant == 3 ? w4::ChainCopies::warp : w4::ChainCopies::bulk;
       std::string why;
       const cudaError_t e = w4::w4a16_chain(st, x0, M, formats::ScaleType::BF16, chain_ws, chain_ws_bytes, true, 0,
-                                            ahead, stream, &why);
+                                            ahead, stream, &why, copies);
       if (e != cudaSuccess) {
         std::fprintf(stderr, "bench_w4a16_chain: %s %s\n", cudaGetErrorString(e), why.c_str());
         return 1;
       }
       const double chain_us = time_median_us(iters, stream, [&](int) {
         CHECK_CUDA(w4::w4a16_chain(st, x0, M, formats::ScaleType::BF16, chain_ws, chain_ws_bytes, false, 0, ahead,
-                                   stream, nullptr));
+                                   stream, nullptr, copies));
       });
-      add_row(ahead == 0 ? "chain kernel, producer held to its stage"
-                         : ahead == 1 ? "chain kernel, producer one stage ahead" : "chain kernel",
+      add_row(variant == 3   ? "chain kernel, warps copy their own slots"
+              : ahead == 0 ? "chain kernel, producer held to its stage"
+              : ahead == 1 ? "chain kernel, producer one stage ahead"
+                           : "chain kernel",
               dl, chain_us);
     }
 

@@ -64,11 +64,16 @@ size_t w4a16_chain_workspace_bytes(int n_stages) {
 
 cudaError_t w4a16_chain(std::span<const ChainStage> stages, const __nv_bfloat16* x0, int M,
                         formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, bool upload, int ctas,
-                        int stages_ahead, cudaStream_t stream, std::string* why) {
+                        int stages_ahead, cudaStream_t stream, std::string* why, ChainCopies copies) {
   if (const cudaError_t e = w4a16_chain_can_implement(stages, M, why); e != cudaSuccess) return e;
   if (x0 == nullptr || !aligned(x0, 16)) return reject(why, "w4a16_chain: x0 must be a 16-byte aligned pointer");
   if (stages_ahead < 0)
     return reject(why, "w4a16_chain: stages_ahead = " + std::to_string(stages_ahead) + ", expected >= 0");
+  if (copies != ChainCopies::bulk && copies != ChainCopies::warp)
+    return reject(why, "w4a16_chain: copies must be bulk or warp");
+  if (copies == ChainCopies::warp && stages_ahead != kChainAnyStagesAhead)
+    return reject(why, "w4a16_chain: warp copies run ahead as far as the ring allows; stages_ahead must be "
+                       "kChainAnyStagesAhead");
   const int n = static_cast<int>(stages.size());
   if (const cudaError_t e = check_workspace("w4a16_chain", static_cast<int64_t>(w4a16_chain_workspace_bytes(n)),
                                             workspace, workspace_bytes, why);
@@ -78,8 +83,11 @@ cudaError_t w4a16_chain(std::span<const ChainStage> stages, const __nv_bfloat16*
   auto* counters = reinterpret_cast<uint32_t*>(static_cast<unsigned char*>(workspace) +
                                                w4a16_chain_workspace_bytes(n) - n * sizeof(uint32_t));
   const bool f16 = scale_type == formats::ScaleType::F16;
-  const void* kernel = f16 ? reinterpret_cast<const void*>(&w4a16_chain_kernel<true>)
-                           : reinterpret_cast<const void*>(&w4a16_chain_kernel<false>);
+  using Kernel = void (*)(const ChainStage*, int, const __nv_bfloat16*, int, uint32_t*, int);
+  const bool warp_copies = copies == ChainCopies::warp;
+  const Kernel kfn = f16 ? (warp_copies ? &w4a16_chain_kernel<true, true> : &w4a16_chain_kernel<true, false>)
+                         : (warp_copies ? &w4a16_chain_kernel<false, true> : &w4a16_chain_kernel<false, false>);
+  const void* kernel = reinterpret_cast<const void*>(kfn);
   int dev = 0, sms = 0, coop = 0;
   if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev); e != cudaSuccess)
@@ -118,8 +126,7 @@ cudaError_t w4a16_chain(std::span<const ChainStage> stages, const __nv_bfloat16*
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   const ChainStage* table_c = table;
-  return f16 ? cudaLaunchKernelEx(&cfg, w4a16_chain_kernel<true>, table_c, n, x0, M, counters, stages_ahead)
-             : cudaLaunchKernelEx(&cfg, w4a16_chain_kernel<false>, table_c, n, x0, M, counters, stages_ahead);
+  return cudaLaunchKernelEx(&cfg, kfn, table_c, n, x0, M, counters, stages_ahead);
 }
 
 }  // namespace futransformer::cuda::w4a16

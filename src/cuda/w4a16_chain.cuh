@@ -22,6 +22,7 @@
 
 #include "cuda/decoder_ops.cuh"
 #include "cuda/gemm_w4a16_v4.cuh"
+#include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/smem.cuh"
 #include "cuda/ptx/tma.cuh"
@@ -53,9 +54,63 @@ __device__ __forceinline__ uint64_t global_ns() {
 // The stage table entry, read through the read-only path (the table never changes during a launch).
 __device__ __forceinline__ ChainStage load_stage(const ChainStage* __restrict__ stages, int s) { return stages[s]; }
 
+// kWarpCopies: one consumer warp's slots in the order it consumes them, across stages — the issue cursor of the
+// variant in which each warp copies its own slots with cp.async (no producer warp, no mbarriers).
+struct WarpSlotCursor {
+  const ChainStage* stages;
+  int n_stages, cta, ctas, warp;
+  int s = 0, j = 0, q = 0, nblocks = 0, kslots = 0, K = 0, group = 0;
+  int64_t rot = 0;
+  const unsigned char* w = nullptr;
+  const unsigned char* sc = nullptr;
+  // From stage s on, the first stage in which this warp has a slot.
+  __device__ __forceinline__ void enter_stage() {
+    for (; s < n_stages; ++s) {
+      const ChainStage st = load_stage(stages, s);
+      nblocks = st.N / kBlockN;
+      kslots = st.K / kChainSlotK;
+      K = st.K;
+      group = st.group;
+      w = static_cast<const unsigned char*>(st.w);
+      sc = static_cast<const unsigned char*>(st.scales);
+      j = chain_first_job(cta, ctas, rot);
+      q = warp;
+      if (j < nblocks && q < kslots) return;
+      rot = (rot + nblocks) % ctas;
+    }
+  }
+  __device__ __forceinline__ bool valid() const { return s < n_stages; }
+  __device__ __forceinline__ void next() {
+    q += kChainConsumerWarps;
+    if (q < kslots) return;
+    q = warp;
+    j += ctas;
+    if (j < nblocks) return;
+    rot = (rot + nblocks) % ctas;
+    ++s;
+    enter_stage();
+  }
+};
+
+// The cursor's slot into ring slot `slot` with cp.async: lane l copies bytes l * 16 of each of the 8 blocks (exactly
+// what it reads back) and, l < scale bytes / 16, one 16-byte piece of the scales. One commit group either way, so the
+// wait counts stay uniform past the last slot.
+__device__ __forceinline__ void issue_warp_slot(const WarpSlotCursor& c, uint32_t ring_s, uint32_t slot, int lane) {
+  if (c.valid()) {
+    const unsigned char* wsrc = c.w + chain_slot_weight_offset(c.j, c.K, c.q) + lane * 16;
+    const uint32_t dst = ring_s + slot * kChainSlotBytes + lane * 16;
+#pragma unroll
+    for (int b = 0; b < kChainSlotBlocks; ++b) ptx::cp_async_16(dst + b * 512, wsrc + b * 512);
+    if (lane * 16 < chain_slot_scale_bytes(c.group))
+      ptx::cp_async_16(ring_s + slot * kChainSlotBytes + kChainSlotWeightBytes + lane * 16,
+                       c.sc + chain_slot_scale_offset(c.j, c.K, c.group, c.q) + lane * 16);
+  }
+  ptx::cp_async_commit_group();
+}
+
 }  // namespace chain_detail
 
-template <bool kF16Scales>
+template <bool kF16Scales, bool kWarpCopies>
 __global__ void __launch_bounds__(kChainThreads, 1)
     w4a16_chain_kernel(const ChainStage* __restrict__ stages, int n_stages, const __nv_bfloat16* __restrict__ x0,
                        int M, uint32_t* __restrict__ counters, int stages_ahead) {
@@ -85,7 +140,7 @@ __global__ void __launch_bounds__(kChainThreads, 1)
 
   if (warp == kChainConsumerWarps) {
     // ---- producer -------------------------------------------------------------------------------------------
-    if (lane != 0) return;
+    if (kWarpCopies || lane != 0) return;
     const uint32_t ring_s = ptx::smem_addr(ring);
     uint32_t filled[kChainConsumerWarps] = {};  // slots handed to each consumer warp so far
     int64_t rot = 0;
@@ -122,6 +177,17 @@ __global__ void __launch_bounds__(kChainThreads, 1)
   const uint32_t half_sel = scale_prmt_selector(swap_scale_half(lane), kF16Scales);
   const int scale_t = swap_scale_t(lane);
   uint32_t taken = 0;  // slots this warp consumed so far
+  // kWarpCopies: the warp's own copies run kChainSlotsPerWarp - 1 slots ahead of its consumption, across stages.
+  const uint32_t ring_s = ptx::smem_addr(ring);
+  WarpSlotCursor cursor{stages, n_stages, cta, ctas, warp};
+  uint32_t issued = 0;
+  if constexpr (kWarpCopies) {
+    cursor.enter_stage();
+    for (int i = 0; i < kChainSlotsPerWarp - 1; ++i, ++issued) {
+      issue_warp_slot(cursor, ring_s, chain_ring_slot(warp, issued), lane);
+      if (cursor.valid()) cursor.next();
+    }
+  }
   uint32_t jobs_done = 0;
   int64_t rot = 0;
   const __nv_bfloat16* prev_y = nullptr;
@@ -195,7 +261,16 @@ __global__ void __launch_bounds__(kChainThreads, 1)
       for (int q = warp; q < kslots; q += kChainConsumerWarps) {
         const uint32_t slot = chain_ring_slot(warp, taken), use = chain_slot_use(taken);
         ++taken;
-        ptx::mbarrier_wait_parity(full_bar(slot), use & 1);
+        if constexpr (kWarpCopies) {
+          // Refill the slot consumed last, then wait for this one (the oldest of the groups in flight).
+          issue_warp_slot(cursor, ring_s, chain_ring_slot(warp, issued++), lane);
+          if (cursor.valid()) cursor.next();
+          ptx::cp_async_wait_group<kChainSlotsPerWarp - 1>();
+          __syncwarp();  // the scale pieces other lanes copied
+          (void)use;
+        } else {
+          ptx::mbarrier_wait_parity(full_bar(slot), use & 1);
+        }
         const unsigned char* sl = ring + slot * kChainSlotBytes;
         const uint16_t* sc = reinterpret_cast<const uint16_t*>(sl + kChainSlotWeightBytes) + scale_t * 8;
         const uint32_t xq = x_lane + static_cast<uint32_t>(q) * kChainSlotK * 2;
@@ -239,11 +314,15 @@ __global__ void __launch_bounds__(kChainThreads, 1)
             for (int e = 0; e < 4; ++e) corr[e] = 0.0f;
           }
         }
-        // Every lane's generic-proxy reads of the slot ordered before the bulk copy (async proxy) that refills it
-        // once the producer sees the release (racecheck reported the WAR without the fence).
-        ptx::fence_proxy_async_shared();
-        __syncwarp();
-        if (lane == 0) ptx::mbarrier_arrive(empty_bar(slot));
+        if constexpr (kWarpCopies) {
+          __syncwarp();  // every lane has read the slot before any refills it
+        } else {
+          // Every lane's generic-proxy reads of the slot ordered before the bulk copy (async proxy) that refills it
+          // once the producer sees the release (racecheck reported the WAR without the fence).
+          ptx::fence_proxy_async_shared();
+          __syncwarp();
+          if (lane == 0) ptx::mbarrier_arrive(empty_bar(slot));
+        }
       }
       // Warps 1.. hand their sums to warp 0 (two buffers: a buffer is rewritten only after warp 0 passed the next
       // job's barrier, i.e. after it read this one).
@@ -277,6 +356,7 @@ __global__ void __launch_bounds__(kChainThreads, 1)
     prev_y = st.y;
     prev_n = N;
   }
+  if constexpr (kWarpCopies) ptx::cp_async_wait_group<0>();  // only empty groups are left; leave none behind
   // The last stage's completion, so that every counter reads `ctas` after a launch (the tests check it).
   consumers_sync();
   if (tid == 0) {

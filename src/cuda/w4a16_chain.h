@@ -49,6 +49,13 @@ struct ChainStage {
   int32_t delay_ns = 0;
 };
 
+// How the weight slots reach shared memory.
+enum class ChainCopies : int32_t {
+  bulk = 0,  // the producer warp's cp.async.bulk into the ring, mbarrier full / empty per slot (stages_ahead applies)
+  warp = 1,  // each consumer warp cp.async's its own slots kChainSlotsPerWarp - 1 ahead of its consumption, across
+             // stages (stages_ahead must be kChainAnyStagesAhead)
+};
+
 // cudaSuccess when the chain can run with M rows; otherwise cudaErrorInvalidValue and a sentence naming the stage and
 // the field. Checks shapes (N a multiple of 32, K of 256, group 32 / 64 / 128, M * K <= kChainMaxXElems), pointers
 // (present, 16-byte aligned) and inputs (stage 0 first, later stages previous / swiglu within the previous N).
@@ -67,6 +74,7 @@ size_t w4a16_chain_workspace_bytes(int n_stages);
 // w4a16_chain_can_implement refuses, a short or misaligned workspace, and a device that cannot hold the CTAs at once.
 cudaError_t w4a16_chain(std::span<const ChainStage> stages, const __nv_bfloat16* x0, int M,
                         formats::ScaleType scale_type, void* workspace, size_t workspace_bytes, bool upload, int ctas,
-                        int stages_ahead, cudaStream_t stream, std::string* why);
+                        int stages_ahead, cudaStream_t stream, std::string* why,
+                        ChainCopies copies = ChainCopies::bulk);
 
 }  // namespace futransformer::cuda::w4a16

@@ -158,7 +158,7 @@ double silu_times(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
 // Runs the chain of `specs` with M rows, `ctas` CTAs (0: one per SM) and the producer's stages_ahead on fresh inputs into poisoned outputs, twice;
 // checks each stage against its twin, both runs bit for bit equal, and every counter at the CTA count.
 void run_and_check(const std::vector<Spec>& specs, int M, ScaleType st, int ctas, uint32_t seed,
-                   int stages_ahead = w4::kChainAnyStagesAhead) {
+                   int stages_ahead = w4::kChainAnyStagesAhead, w4::ChainCopies copies = w4::ChainCopies::bulk) {
   std::vector<std::unique_ptr<StageData>> data;
   std::vector<ChainStage> stages;
   for (size_t s = 0; s < specs.size(); ++s) {
@@ -190,7 +190,7 @@ void run_and_check(const std::vector<Spec>& specs, int M, ScaleType st, int ctas
     ASSERT_EQ(ws.poison(), cudaSuccess);
     std::string why;
     const cudaError_t e = w4::w4a16_chain(stages, reinterpret_cast<const __nv_bfloat16*>(dx.p), M, st, ws.p, ws.n,
-                                          /*upload=*/true, ctas, stages_ahead, nullptr, &why);
+                                          /*upload=*/true, ctas, stages_ahead, nullptr, &why, copies);
     ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e) << ": " << why;
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<unsigned char> w = ws.download();
@@ -279,6 +279,15 @@ TEST_P(W4A16ChainGpu, MatchesTheTwinWithTheProducerHeldBack) {
   run_and_check(mixed_chain(), GetParam(), ScaleType::BF16, 0, 41u + GetParam(), 1);
 }
 
+// Each consumer warp copying its own slots (cp.async, no producer warp): the same results.
+TEST_P(W4A16ChainGpu, MatchesTheTwinWithWarpCopies) {
+  FT_REQUIRE_HOPPER();
+  run_and_check(mixed_chain(), GetParam(), ScaleType::F16, 0, 53u + GetParam(), w4::kChainAnyStagesAhead,
+                w4::ChainCopies::warp);
+  run_and_check(mixed_chain(), GetParam(), ScaleType::BF16, 5, 59u + GetParam(), w4::kChainAnyStagesAhead,
+                w4::ChainCopies::warp);
+}
+
 INSTANTIATE_TEST_SUITE_P(Rows, W4A16ChainGpu, ::testing::Values(1, 2, 5, 8),
                          [](const ::testing::TestParamInfo<int>& i) { return "M" + std::to_string(i.param); });
 
@@ -294,6 +303,7 @@ TEST(W4A16ChainGpuShapes, Llama8BLayerTwice) {
     s.push_back({4096, 14336, 128, ChainInput::swiglu, 0, 0});
   }
   run_and_check(s, 1, ScaleType::BF16, 0, 101u);
+  run_and_check(s, 2, ScaleType::BF16, 0, 103u, w4::kChainAnyStagesAhead, w4::ChainCopies::warp);
 }
 
 TEST(W4A16ChainGpuShapes, RefusesMoreCtasThanResident) {
@@ -320,6 +330,10 @@ TEST(W4A16ChainGpuShapes, RefusesMoreCtasThanResident) {
                             0, -1, nullptr, &why),
             cudaErrorInvalidValue);
   EXPECT_NE(why.find("stages_ahead = -1"), std::string::npos) << why;
+  EXPECT_EQ(w4::w4a16_chain(stages, reinterpret_cast<const __nv_bfloat16*>(x.p), 1, ScaleType::BF16, ws.p, ws.n, true,
+                            0, 1, nullptr, &why, w4::ChainCopies::warp),
+            cudaErrorInvalidValue);
+  EXPECT_NE(why.find("warp copies run ahead"), std::string::npos) << why;
 }
 
 }  // namespace

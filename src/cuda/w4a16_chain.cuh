@@ -213,9 +213,9 @@ __global__ void __launch_bounds__(kChainThreads, 1)
     }
     // Stage x_s: M rows of K, 8 elements per 16-byte load, from L2 (other CTAs wrote y_{s-1} in this launch). A
     // thread's loads of kStageBatch units are issued before any is used: one L2 round trip per batch (the 8B down's
-    // 14336 SwiGLU inputs at M = 1 are 7 units a thread), where a plain loop would pay one per unit.
+    // 14336 SwiGLU inputs at M = 1 are 4 units a thread), where a plain loop would pay one per unit.
     {
-      constexpr int kStageBatch = 8;
+      constexpr int kStageBatch = 4;
       const int units_per_row = K / 8, units = M * units_per_row;
       const bool swiglu = s > 0 && st.input == ChainInput::swiglu;
       for (int base = tid; base < units; base += kStageBatch * kConsumerThreads) {

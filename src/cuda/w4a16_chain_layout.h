@@ -9,16 +9,19 @@
 
 namespace futransformer::cuda::w4a16 {
 
-constexpr int kChainConsumerWarps = 8;
+// Sixteen consumer warps: with eight (the first version) each scheduler had two warps to issue from, and the
+// consumers, not the weight stream, capped the chain at ~1.4 TB/s on an H100 (0.27 instructions issued per scheduler
+// and cycle, 73 % of cycles with no eligible warp; docs/results.md, fortieth session).
+constexpr int kChainConsumerWarps = 16;
 constexpr int kChainThreads = (kChainConsumerWarps + 1) * 32;  // the last warp is the producer
-constexpr int kChainSlotBlocks = 8;                             // packed 32 x 32 blocks per ring slot
-constexpr int kChainSlotK = kChainSlotBlocks * 32;              // 256: K must be a multiple
+constexpr int kChainSlotBlocks = 4;                             // packed 32 x 32 blocks per ring slot
+constexpr int kChainSlotK = kChainSlotBlocks * 32;              // 128: K must be a multiple
 constexpr int kChainSlotWeightBytes = kChainSlotBlocks * 512;
-constexpr int kChainSlotScaleBytesMax = (kChainSlotK / 32) * 64;  // group 32: eight groups of 64 bytes
+constexpr int kChainSlotScaleBytesMax = (kChainSlotK / 32) * 64;  // group 32: four groups of 64 bytes
 constexpr int kChainSlotBytes = kChainSlotWeightBytes + kChainSlotScaleBytesMax;
 // Each consumer warp owns kChainSlotsPerWarp slots (its own sub-ring, so a slot's successive uses belong to one warp
 // and its parity waits are never two phases ahead); the producer fills them in the order the warps consume them.
-constexpr int kChainSlotsPerWarp = 4;
+constexpr int kChainSlotsPerWarp = 3;
 constexpr int kChainSlots = kChainConsumerWarps * kChainSlotsPerWarp;
 constexpr int kChainMaxRows = 8;
 constexpr int kChainMaxXElems = 28672;  // M * K of a stage's staged activations (one row of the 70B down's K)

@@ -482,7 +482,8 @@ void run_emulation(const std::vector<StageSpec>& specs, int M, ScaleType st, int
   }
 }
 
-// Five stages through every input kind and group size; the last has 12 slots per block (warps 0..3 take two).
+// Five stages through every input kind and group size; the last has 24 slots per block (warps 0..7 take two), the
+// first and third fewer slots than warps.
 std::vector<StageSpec> mixed_chain() {
   return {{256, 512, 128, Input::first, 0},
           {512, 256, 64, Input::previous, 0},

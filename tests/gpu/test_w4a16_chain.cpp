@@ -69,9 +69,9 @@ TEST(W4A16ChainHost, AcceptsTheLlamaLayerChain) {
 TEST(W4A16ChainHost, RejectsEachBadFieldNamingTheStage) {
   const std::vector<ChainStage> good = {stage(512, 512, 128, ChainInput::first),
                                         stage(256, 256, 64, ChainInput::previous, 256),
-                                        stage(256, 128 * 1, 32, ChainInput::previous)};
-  // 128 is not a multiple of the slot's 256 k.
-  EXPECT_NE(refusal(good, 1).find("stage 2: K = 128"), std::string::npos) << refusal(good, 1);
+                                        stage(256, 64, 32, ChainInput::previous)};
+  // 64 is not a multiple of the slot's 128 k.
+  EXPECT_NE(refusal(good, 1).find("stage 2: K = 64"), std::string::npos) << refusal(good, 1);
   auto with = [&](int s, auto edit) {
     std::vector<ChainStage> v = {stage(512, 512, 128, ChainInput::first),
                                  stage(768, 256, 64, ChainInput::previous, 256),
@@ -249,7 +249,7 @@ void run_and_check(const std::vector<Spec>& specs, int M, ScaleType st, int ctas
 }
 
 // Five stages through every input kind and group size: a first stage, a column window of it, a delayed swiglu
-// stage, a wide stage, and a long-K one (12 slots per block: warps 0..3 take two, 4..7 one; M = 8 stages 24576
+// stage, a wide stage, and a long-K one (24 slots per block: warps 0..7 take two, 8..15 one; M = 8 stages 24576
 // activations of the 28672 a CTA holds).
 std::vector<Spec> mixed_chain() {
   return {{1536, 512, 128, ChainInput::first, 0, 0},

@@ -105,17 +105,21 @@ double time_median_flushed_us(int iters, cudaStream_t stream, const L2Flush& l2,
   return median(ms) * 1000.0;
 }
 
+// A well-mixed 32-bit hash of an index and a salt (bench inputs without a host round trip).
+__device__ __forceinline__ uint32_t hash_index(size_t i, uint32_t salt) {
+  uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ salt;
+  h ^= h >> 15;
+  h *= 2246822519u;
+  h ^= h >> 13;
+  return h;
+}
+
 // Fills n floats with a spread of values (a hash of the index and salt, scaled to about ±8), so exp sees realistic
 // exponents and a row's largest entry sits anywhere in it.
 __global__ inline void fill_spread_f32_kernel(float* x, size_t n, uint32_t salt) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ salt;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    x[i] = (static_cast<float>(h & 0xFFFF) / 65535.0f - 0.5f) * 16.0f;
-  }
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    x[i] = (static_cast<float>(hash_index(i, salt) & 0xFFFF) / 65535.0f - 0.5f) * 16.0f;
 }
 
 // Roofline: device-to-device copy of 1 GiB (bytes read + written over time), in TB/s.

@@ -41,13 +41,8 @@ constexpr double kH200ReadTbps = 4.25;
 
 __global__ void fill_words_kernel(uint32_t* p, size_t n, uint32_t salt) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ salt;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = h;
-  }
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    p[i] = hash_index(i, salt);
 }
 
 __global__ void fill_u16_kernel(uint16_t* p, size_t n, uint16_t v) {

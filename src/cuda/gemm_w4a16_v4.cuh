@@ -62,6 +62,16 @@ __device__ __forceinline__ float scale_from_half(uint32_t pair, uint32_t sel) {
   }
 }
 
+// Swapped paths: the scales of the four 8-column tiles a lane needs, half `half_sel` (scale_prmt_selector) of each
+// word of its staged 16-byte scale vector, as fp32.
+template <bool kF16Scales>
+__device__ __forceinline__ void swapped_tile_scales(const uint4& sv, uint32_t half_sel, float (&s)[kTilesPerBlock]) {
+  s[0] = scale_from_half<kF16Scales>(sv.x, half_sel);
+  s[1] = scale_from_half<kF16Scales>(sv.y, half_sel);
+  s[2] = scale_from_half<kF16Scales>(sv.z, half_sel);
+  s[3] = scale_from_half<kF16Scales>(sv.w, half_sel);
+}
+
 // The warp's first kPairs - 1 pairs of packed blocks (from wsrc, this lane's 16 bytes of its first block) into ring
 // slots 0 .. 2 kPairs - 3 at ring_lane (this thread's slot 0), one cp.async group per pair; blocks past n_steps are
 // not copied, their groups stay empty so the wait counts in the loop are uniform.
@@ -346,10 +356,8 @@ __global__ void __launch_bounds__(kCtaWarps* kWarpSize, min_blocks_per_sm(kMT, k
       // Tile j of the four 8-column tiles: column 8j + g, the scale of accumulator rows g (e < 2) or g + 8 of
       // 16-row tile np = j / 2. It is half (g & 1) of word j of vector t' = g / 2.
       const uint32_t half_sel = scale_prmt_selector(swap_scale_half(lane), kF16Scales);
-      const float s[kTilesPerBlock] = {scale_from_half<kF16Scales>(sv.x, half_sel),
-                                       scale_from_half<kF16Scales>(sv.y, half_sel),
-                                       scale_from_half<kF16Scales>(sv.z, half_sel),
-                                       scale_from_half<kF16Scales>(sv.w, half_sel)};
+      float s[kTilesPerBlock];
+      swapped_tile_scales<kF16Scales>(sv, half_sel, s);
       // The offset of accumulator element e (token row m = 8 mt + 2t + (e & 1)): one tile, or one chain per tile
       // (swap32), already in place; two tiles, in lane 4 (2t + (e & 1)) as element 2 mt of the activations-as-A
       // chain (warp-uniform: every lane reaches the flush together).

@@ -194,10 +194,8 @@ __global__ void __launch_bounds__(kThreads, kWgMinBlocksPerSm) gemm_w4a16_wg_ker
 #pragma unroll
       for (int r = 0; r < kAccRegs; ++r) ptx::fence_operand(part[np][r]);
     const uint4 sv = *reinterpret_cast<const uint4*>(s_lane + gl * kScalesPerGroupBlock);
-    const float s[kTilesPerBlock] = {scale_from_half<kF16Scales>(sv.x, half_sel),
-                                     scale_from_half<kF16Scales>(sv.y, half_sel),
-                                     scale_from_half<kF16Scales>(sv.z, half_sel),
-                                     scale_from_half<kF16Scales>(sv.w, half_sel)};
+    float s[kTilesPerBlock];
+    swapped_tile_scales<kF16Scales>(sv, half_sel, s);
 #pragma unroll
     for (int np = 0; np < 2; ++np)
 #pragma unroll

@@ -299,10 +299,8 @@ __global__ void __launch_bounds__(kChainThreads, 1)
             // The group ends with this block (a slot holds whole groups): acc += scale * (part - corr).
             const int gl = (b + 1) / blocks_per_group - 1;
             const uint4 sv = *reinterpret_cast<const uint4*>(sc + gl * kScalesPerGroupBlock);
-            const float sg[4] = {scale_from_half<kF16Scales>(sv.x, half_sel),
-                                 scale_from_half<kF16Scales>(sv.y, half_sel),
-                                 scale_from_half<kF16Scales>(sv.z, half_sel),
-                                 scale_from_half<kF16Scales>(sv.w, half_sel)};
+            float sg[kTilesPerBlock];
+            swapped_tile_scales<kF16Scales>(sv, half_sel, sg);
 #pragma unroll
             for (int np = 0; np < 2; ++np)
 #pragma unroll

@@ -1,19 +1,21 @@
-// The W4A16 chain kernel (w4a16_chain.h states the contract). One CTA per SM, all resident (cooperative launch).
+// The W4A16 chain kernel (w4a16_chain.h states the contract). One CTA per SM, all resident (cooperative launch);
+// kChainConsumerWarps consumer warps and one producer warp (w4a16_chain_layout.h has the sizes).
 //
-// Producer (the last warp, lane 0): walks the CTA's jobs of every stage in order — stage s, its 32-column blocks j
-// (chain_first_job, then every `ctas`), the K / 256 slots q of each — and for slot q of a job fills the next free slot
-// of consumer warp q % 8's sub-ring: one mbarrier.arrive.expect_tx, one 4 KB bulk copy of the 8 packed blocks, one
-// bulk copy of their groups' scales. It waits only for its sub-ring slot to be released, never for data, so it runs
-// ahead of the consumers across stage boundaries by up to the ring (32 slots, 147 KB).
+// Producer (kWarpCopies off; the last warp, lane 0): walks the CTA's jobs of every stage in order — stage s, its
+// 32-column blocks j (chain_first_job, then every `ctas`), the K / kChainSlotK slots q of each — and for slot q of a job
+// fills the next free slot of consumer warp chain_slot_warp(q)'s sub-ring: one mbarrier.arrive.expect_tx, one bulk copy
+// of the slot's packed blocks, one of their groups' scales. It waits only for a sub-ring slot to be released (and for
+// the stages_ahead throttle), never for data, so it runs ahead of the consumers across stage boundaries by up to the
+// ring. kWarpCopies: no producer; each consumer warp cp.async's its own slots kChainSlotsPerWarp - 1 ahead.
 //
-// Consumers (warps 0..7): per stage, thread 0 publishes the CTA's completion of the previous stage (fence, then a
-// release add of 1 to that stage's counter) and spins until the counter reaches `ctas` (acquire), then waits
-// delay_ns; the 256 threads stage x_s (M rows of K bf16, from L2 with ld.global.cg: y_{s-1} was written by other CTAs
-// during this launch) into shared memory; then per job each warp consumes its slots (q % 8 == warp) with the v4
-// swapped M <= 8 arithmetic (gemm_w4a16_v4.cuh: the word as the A fragment of 128 + u, one mma per k16 step with 136
-// as A for the offset, flushed per group with the group's scales), hands its 2 x 4 fp32 partial sums per lane to
-// warp 0 through shared memory, and warp 0 adds them in warp order and stores BF16. Deterministic: fixed job owners,
-// fixed order of additions.
+// Consumers: per stage, thread 0 publishes the CTA's completion of the previous stage (fence, then a release add of 1
+// to that stage's counter) and spins until the counter reaches `ctas` (acquire), then waits delay_ns; the consumer
+// threads stage x_s (M rows of K bf16, from L2 with ld.global.cg: y_{s-1} was written by other CTAs during this
+// launch) into shared memory; then per job each warp consumes its slots with the v4 swapped M <= 8 arithmetic
+// (gemm_w4a16_v4.cuh: the word as the A fragment of 128 + u, one mma per k16 step with 136 as A for the offset,
+// flushed per group with the group's scales), hands its 2 x 4 fp32 partial sums per lane to warp 0 through shared
+// memory, and warp 0 adds them in warp order and stores BF16. Deterministic: fixed job owners, fixed order of
+// additions.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -51,7 +53,7 @@ __device__ __forceinline__ uint64_t global_ns() {
   return t;
 }
 
-// The stage table entry, read through the read-only path (the table never changes during a launch).
+// The stage table entry (the table never changes during a launch).
 __device__ __forceinline__ ChainStage load_stage(const ChainStage* __restrict__ stages, int s) { return stages[s]; }
 
 // kWarpCopies: one consumer warp's slots in the order it consumes them, across stages — the issue cursor of the
@@ -92,7 +94,7 @@ struct WarpSlotCursor {
   }
 };
 
-// The cursor's slot into ring slot `slot` with cp.async: lane l copies bytes l * 16 of each of the 8 blocks (exactly
+// The cursor's slot into ring slot `slot` with cp.async: lane l copies bytes l * 16 of each of the slot's blocks (exactly
 // what it reads back) and, l < scale bytes / 16, one 16-byte piece of the scales. One commit group either way, so the
 // wait counts stay uniform past the last slot.
 __device__ __forceinline__ void issue_warp_slot(const WarpSlotCursor& c, uint32_t ring_s, uint32_t slot, int lane) {

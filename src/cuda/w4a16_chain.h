@@ -1,16 +1,16 @@
 // A chain of dependent W4A16 GEMMs (decode, M <= 8) in one persistent kernel whose weight stream never waits on the
-// chain's data: the experiment behind issue 4's remaining lever (docs/notes/decode-batch1-fixed-cost.md, "A weight
-// stream that runs ahead"). Stage s computes y_s = x_s · dequant(W_s)ᵀ with x_s taken from y_{s-1}; one CTA per SM
-// (cooperative launch) holds one producer warp, which copies every weight slot this CTA will ever need, stage after
-// stage, into a shared-memory ring with bulk copies, limited only by the ring's free slots; and eight consumer
-// warps, which wait for the previous stage to complete on every CTA (a release / acquire counter per stage), stage
-// x_s, and consume the ring. So the DRAM stream of stage s + 1 runs during stage s's tail, the dependency wait and
-// whatever latency sits between the GEMMs (delay_ns stands in for the attention chain), up to the ring's
-// ~147 KB per SM. docs/kernels.md, "W4A16 chain", draws it; bench_w4a16_chain times it against the same GEMMs as
-// separate kernels.
+// chain's data: the experiment behind issue 4's last structural lever (docs/notes/decode-batch1-fixed-cost.md, "A
+// weight stream that runs ahead"; measured slower than the engine's separate GEMMs, so not an engine path). Stage s
+// computes y_s = x_s · dequant(W_s)ᵀ with x_s taken from y_{s-1}; one CTA per SM (cooperative launch) holds a producer
+// warp, which bulk-copies every weight slot this CTA will ever need, stage after stage, into a shared-memory ring,
+// limited only by the ring's free slots (or each consumer warp copies its own, ChainCopies::warp); and consumer warps,
+// which wait for the previous stage to complete on every CTA (a release / acquire counter per stage), stage x_s, and
+// consume the ring. So the DRAM stream of stage s + 1 runs during stage s's tail, the dependency wait and whatever
+// latency sits between the GEMMs (delay_ns stands in for the attention chain). docs/kernels.md, "W4A16 chain", draws
+// it; bench_w4a16_chain times it against the same GEMMs as separate kernels.
 //
 // Same packed weights and scales as gemm_w4a16 (formats::repack_int4_for_mma / repack_int4_scales_for_mma): a ring
-// slot is 8 consecutive packed blocks of one 32-column block (256 k, 4 KB, contiguous) plus the scales of its groups.
+// slot is kChainSlotBlocks consecutive packed blocks of one 32-column block (contiguous) plus the scales of its groups.
 // Includable from plain C++.
 #pragma once
 

@@ -50,17 +50,18 @@ static_assert(kChainSmemBytes <= 227 * 1024, "one CTA per SM within Hopper's 227
 FT_HD int chain_first_job(int cta, int ctas, int64_t rot) {
   return static_cast<int>(((static_cast<int64_t>(cta) - rot) % ctas + ctas) % ctas);
 }
-// Bytes of the scales a slot carries (the groups of its 256 k).
+// Bytes of the scales a slot carries (the groups of its kChainSlotK k).
 FT_HD int chain_slot_scale_bytes(int group) { return (kChainSlotK / group) * 64; }
-// Slot q (0 .. K / 256 - 1) of a block goes to consumer warp q % 8; a warp's c-th slot (counted over the whole launch)
-// sits in ring slot chain_ring_slot(warp, c) and is that slot's use chain_slot_use(c) (its full barrier's phase).
+// Slot q (0 .. K / kChainSlotK - 1) of a block goes to consumer warp q % kChainConsumerWarps; a warp's c-th slot
+// (counted over the whole launch) sits in ring slot chain_ring_slot(warp, c) and is that slot's use chain_slot_use(c)
+// (its full barrier's phase).
 FT_HD int chain_slot_warp(int q) { return q % kChainConsumerWarps; }
 FT_HD uint32_t chain_ring_slot(int warp, uint32_t c) {
   return static_cast<uint32_t>(warp) * kChainSlotsPerWarp + c % kChainSlotsPerWarp;
 }
 FT_HD uint32_t chain_slot_use(uint32_t c) { return c / kChainSlotsPerWarp; }
-// Byte offsets of slot q of 32-column block j in the packed weights (8 blocks of 512 bytes, [n block][k block]) and
-// in the packed scales (64 bytes per (n block, group), the slot's 256 / group groups).
+// Byte offsets of slot q of 32-column block j in the packed weights (kChainSlotBlocks blocks of 512 bytes, [n block][k block]) and
+// in the packed scales (64 bytes per (n block, group), the slot's kChainSlotK / group groups).
 FT_HD int64_t chain_slot_weight_offset(int64_t j, int K, int q) {
   return (j * (K / 32) + static_cast<int64_t>(q) * kChainSlotBlocks) * 512;
 }

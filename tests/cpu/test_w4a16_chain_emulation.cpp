@@ -209,8 +209,8 @@ void run_emulation(const std::vector<StageSpec>& specs, int M, ScaleType st, int
     }
   };
 
-  // Consumer warp `wi` of CTA c takes slot q of block j (stage s): the kernel's loop body.
-  auto consume_slot = [&](Cta& C, Warp& w, int wi, int s, int j, int q, uint32_t slot) {
+  // A consumer warp takes slot q of the current block of stage s from ring slot `slot`: the kernel's loop body.
+  auto consume_slot = [&](Cta& C, Warp& w, int s, int q, uint32_t slot) {
     const StageSpec& p = specs[static_cast<size_t>(s)];
     const int pitch = p.K + w4::kChainXPad, bpg = p.group / 32;
     const unsigned char* sl = C.ring.data() + static_cast<size_t>(slot) * w4::kChainSlotBytes;
@@ -264,8 +264,6 @@ void run_emulation(const std::vector<StageSpec>& specs, int M, ScaleType st, int
         }
       }
     }
-    (void)wi;
-    (void)j;
   };
 
   // Warp 0's reduction and stores of block j (at the job barrier, after every warp wrote its sums).
@@ -426,7 +424,7 @@ void run_emulation(const std::vector<StageSpec>& specs, int M, ScaleType st, int
         ASSERT_EQ(C.tags[slot], (Tag{s, j, w.q})) << "warp " << wi << " of CTA " << a.c << " read slot " << slot
                                                   << " holding stage " << C.tags[slot].s << " block "
                                                   << C.tags[slot].j << " slot " << C.tags[slot].q;
-        consume_slot(C, w, wi, s, j, w.q, slot);
+        consume_slot(C, w, s, w.q, slot);
         C.consumed[slot] = true;
         C.empty[slot].arrive();
         w.q += w4::kChainConsumerWarps;

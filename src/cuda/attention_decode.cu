@@ -178,7 +178,7 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
     }
   }
   const fused::QkvArgs pro_args = pro ? *pro : fused::QkvArgs{};
-  if (const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args, pro_args); e != cudaSuccess) return e;
+  if (const cudaError_t e = launch_kernel_ex(&cfg, kernel, args, pro_args); e != cudaSuccess) return e;
   if (plan.splits == 1 || cluster) {
     if (unrotate) *unrotated = true;
     return cudaSuccess;
@@ -191,7 +191,7 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
   ccfg.stream = stream;
   add_programmatic_attribute(&ccfg, &attr, /*always=*/true);
   const cudaError_t e =
-      cudaLaunchKernelEx(&ccfg, pick_combine(head_dim, unrotate), static_cast<const float*>(partial_o),
+      launch_kernel_ex(&ccfg, pick_combine(head_dim, unrotate), static_cast<const float*>(partial_o),
                          static_cast<const float*>(partial_lse), out, plan.splits, unrotate ? unrotate_block : 1,
                          unrotate_scale);
   if (e == cudaSuccess && unrotate) *unrotated = true;

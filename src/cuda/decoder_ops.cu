@@ -188,7 +188,7 @@ cudaError_t launch_argmax(void (*kernel)(Args...), int cl, int rows, cudaStream_
     cfg.attrs = attrs;
     cfg.numAttrs += 1;
   }
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
+  return launch_kernel_ex(&cfg, kernel, args...);
 }
 
 // CTAs per row: kArgmaxCluster from kArgmaxClusterMinVocab entries on, else one (or FT_ARGMAX_CLUSTER's size).

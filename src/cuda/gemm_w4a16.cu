@@ -413,7 +413,7 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
     if (print_choice()) std::fprintf(stderr, "gemm_w4a16: qkv prologue in the GEMM's tail\n");
     const w4a16::QkvTailArgs ta{args, qkv->args, qkv->head_counters,
                                 qkv->format == formats::KvFormat::INT4_HADAMARD ? 1 : 0};
-    return cudaLaunchKernelEx(&cfg, tail, ta);
+    return launch_kernel_ex(&cfg, tail, ta);
   }
   const w4a16::NormKernelFn norm_kernel = norm ? w4a16::v4_norm_kernel_any(t, f16) : nullptr;
   const void* const entry = norm ? reinterpret_cast<const void*>(norm_kernel) : reinterpret_cast<const void*>(kernel);
@@ -424,9 +424,9 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
     if (const cudaError_t e = allow_smem(entry, dev, d.smem_per_block); e != cudaSuccess) return e;
   }
   const cudaError_t launched =
-      norm ? cudaLaunchKernelEx(&cfg, norm_kernel,
+      norm ? launch_kernel_ex(&cfg, norm_kernel,
                                 w4a16::NormKernelArgs{args, norm->x, norm->weight, norm->eps, norm->partials})
-           : cudaLaunchKernelEx(&cfg, kernel, args);
+           : launch_kernel_ex(&cfg, kernel, args);
   if (launched != cudaSuccess) return launched;
   if (norm_out) {
     // The residual rows' norm partials: rows * T threads of rmsnorm_kernel<true>'s T per row, whole warps.
@@ -438,7 +438,7 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
     ncfg.blockDim = dim3(256);
     ncfg.stream = stream;
     add_programmatic_attribute(&ncfg, &nattr, /*always=*/true);
-    return cudaLaunchKernelEx(&ncfg, w4a16::gemm_w4a16_reduce_residual_norm_kernel,
+    return launch_kernel_ex(&ncfg, w4a16::gemm_w4a16_reduce_residual_norm_kernel,
                               static_cast<const float4*>(workspace), reinterpret_cast<float4*>(residual), norm_out, M,
                               N / 4, vthreads, t.splits == 1 ? 0 : t.splits);
   }
@@ -471,24 +471,24 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
     const auto* p = static_cast<const float*>(workspace);
     if (qkv->args.head_dim == fused::kQuadHeadDim && qkv_reduce_lanes()) {
       if (qkv->format == formats::KvFormat::INT4)
-        return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_lanes_kernel<formats::KvFormat::INT4>, p,
+        return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_qkv_lanes_kernel<formats::KvFormat::INT4>, p,
                                   count4, t.splits, qkv->args);
       if (qkv->format == formats::KvFormat::INT4_HADAMARD)
-        return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_lanes_kernel<formats::KvFormat::INT4_HADAMARD>,
+        return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_qkv_lanes_kernel<formats::KvFormat::INT4_HADAMARD>,
                                   p, count4, t.splits, qkv->args);
     }
     switch (qkv->format) {
       case formats::KvFormat::BF16:
-        return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::BF16>, p, count4,
+        return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::BF16>, p, count4,
                                   t.splits, qkv->args);
       case formats::KvFormat::FP8:
-        return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::FP8>, p, count4,
+        return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::FP8>, p, count4,
                                   t.splits, qkv->args);
       case formats::KvFormat::INT4:
-        return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::INT4>, p, count4,
+        return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::INT4>, p, count4,
                                   t.splits, qkv->args);
       case formats::KvFormat::INT4_HADAMARD:
-        return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::INT4_HADAMARD>, p,
+        return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::INT4_HADAMARD>, p,
                                   count4, t.splits, qkv->args);
     }
     return reject(&g_last_error, "gemm_w4a16_qkv_rope_append: unknown KV format");  // unreachable: checked
@@ -497,27 +497,27 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
     // One CTA per row in rmsnorm_bf16's launch shape (the sum of squares in its order).
     rcfg.gridDim = dim3(static_cast<unsigned>(M));
     rcfg.blockDim = dim3(static_cast<unsigned>(ops::rmsnorm_threads(N, true)));
-    return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_residual_rmsnorm_kernel, partial,
+    return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_residual_rmsnorm_kernel, partial,
                               reinterpret_cast<float4*>(residual), count4, t.splits,
                               reinterpret_cast<const float4*>(rnorm->weight), rnorm->y, N, rnorm->eps);
   }
   switch (ep) {
     case w4a16::Epilogue::residual_f32:
       if (rnorm) {
-        if (const cudaError_t e = cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_residual_kernel, partial,
+        if (const cudaError_t e = launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_residual_kernel, partial,
                                                      reinterpret_cast<float4*>(residual), count4, t.splits,
                                                      reduce_release_first());
             e != cudaSuccess)
           return e;
         return norm_kernel_after();
       }
-      return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_residual_kernel, partial,
+      return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_residual_kernel, partial,
                                 reinterpret_cast<float4*>(residual), count4, t.splits,
                                 reduce_release_first());
     case w4a16::Epilogue::swiglu_bf16:
-      return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_swiglu_kernel, partial, y, count4, N / 8, t.splits,
+      return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_swiglu_kernel, partial, y, count4, N / 8, t.splits,
                                 reduce_release_first());
-    default: return cudaLaunchKernelEx(&rcfg, w4a16::gemm_w4a16_reduce_kernel, partial, y, count4, t.splits,
+    default: return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_kernel, partial, y, count4, t.splits,
                                               reduce_release_first());
   }
 }

@@ -44,7 +44,7 @@ cudaError_t launch_append(const kv::AppendArgs& args, int64_t blocks, cudaStream
   cfg.gridDim = dim3(static_cast<unsigned>(blocks));
   cfg.blockDim = dim3(kv::kAppendWarps * kv::kWarp);
   cfg.stream = stream;
-  return cudaLaunchKernelEx(&cfg, kv::kv_append_kernel<F>, args);
+  return launch_kernel_ex(&cfg, kv::kv_append_kernel<F>, args);
 }
 
 }  // namespace
@@ -186,8 +186,8 @@ cudaError_t kv_key_anchor_compute(const __nv_bfloat16* qkv, int row_stride, int 
   // Two channels per 4-byte load need every key row 4-byte aligned: the pointer, the row stride and the offset
   // (a CTA's first channel, a multiple of head_dim / 8 — itself a multiple of 4 — is even).
   const bool pairs = reinterpret_cast<uintptr_t>(qkv) % 4 == 0 && row_stride % 2 == 0 && k_offset % 2 == 0;
-  return pairs ? cudaLaunchKernelEx(&cfg, kv::kv_key_anchor_kernel<2>, args)
-               : cudaLaunchKernelEx(&cfg, kv::kv_key_anchor_kernel<1>, args);
+  return pairs ? launch_kernel_ex(&cfg, kv::kv_key_anchor_kernel<2>, args)
+               : launch_kernel_ex(&cfg, kv::kv_key_anchor_kernel<1>, args);
 }
 
 const char* kv_append_last_error() { return g_last_error.c_str(); }

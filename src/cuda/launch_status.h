@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace futransformer::cuda {
 
@@ -52,6 +53,57 @@ inline void add_programmatic_attribute(cudaLaunchConfig_t* cfg, cudaLaunchAttrib
   cfg->numAttrs = 1;
 }
 
+// The L1 / shared-memory split an SM is configured with while a kernel's CTAs run on it (percent of the maximum
+// shared memory; cudaFuncAttributePreferredSharedMemoryCarveout). By default the driver picks a split per kernel from
+// what that kernel needs, and an SM holding CTAs of one split cannot take CTAs of a kernel that needs more shared
+// memory than its split gives until it drains: under programmatic launch a W4A16 GEMM's CTAs (147-172 KB) could then
+// not become resident beside a small kernel's CTAs that have room for them. FT_SMEM_CARVEOUT=p (0..100) sets every
+// decode-step kernel's preference to p (100: the whole 228 KB as shared memory on every SM); unset or -1: the
+// driver's choice. Read once per process.
+inline int smem_carveout() {
+  static const int v = [] {
+    const char* e = std::getenv("FT_SMEM_CARVEOUT");
+    if (e == nullptr || e[0] == '\0') return -1;
+    char* end = nullptr;
+    const long p = std::strtol(e, &end, 10);
+    return (*end == '\0' && p >= 0 && p <= 100) ? static_cast<int>(p) : -1;
+  }();
+  return v;
+}
+
+// Applies smem_carveout() to `kernel` once per (kernel, device) when it is set. A hint: a failure is ignored (and
+// cleared), the launch then runs with the driver's split.
+inline void apply_smem_carveout(const void* kernel) {
+  const int p = smem_carveout();
+  if (p < 0) return;
+  constexpr int kSlots = 128;
+  thread_local const void* done_kernel[kSlots] = {};
+  thread_local int done_dev[kSlots] = {};
+  thread_local int used = 0;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  for (int i = 0; i < used; ++i)
+    if (done_kernel[i] == kernel && done_dev[i] == dev) return;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  if (used == kSlots) return;  // a full table only means the call is repeated next time
+  done_kernel[used] = kernel;
+  done_dev[used] = dev;
+  ++used;
+}
+
+// cudaLaunchKernelEx after apply_smem_carveout(kernel): the launch the decode-step launchers use.
+template <typename... ExpTypes, typename... ActTypes>
+cudaError_t launch_kernel_ex(const cudaLaunchConfig_t* cfg, void (*kernel)(ExpTypes...), ActTypes&&... args) {
+  apply_smem_carveout(reinterpret_cast<const void*>(kernel));
+  return cudaLaunchKernelEx(cfg, kernel, std::forward<ActTypes>(args)...);
+}
+
 // Launches `kernel` on `stream`, with programmatic stream serialization when programmatic_launch() is on (the
 // kernel must then begin with griddepcontrol.wait, as the decoder, fused and FP8 producer ops do).
 template <typename... Args>
@@ -63,6 +115,7 @@ cudaError_t launch_maybe_programmatic(void (*kernel)(Args...), dim3 grid, dim3 b
   cfg.stream = stream;
   cudaLaunchAttribute attr;
   add_programmatic_attribute(&cfg, &attr);
+  apply_smem_carveout(reinterpret_cast<const void*>(kernel));
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 

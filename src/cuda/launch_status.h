@@ -60,14 +60,15 @@ inline void add_programmatic_attribute(cudaLaunchConfig_t* cfg, cudaLaunchAttrib
 // not become resident beside a small kernel's CTAs that have room for them. FT_SMEM_CARVEOUT=p (0..100) sets every
 // decode-step kernel's preference to p (100: the whole 228 KB as shared memory on every SM); unset or -1: the
 // driver's choice. Read once per process.
+// The value of FT_SMEM_CARVEOUT's text: a whole number 0..100, else (null, empty, -1, anything else) -1.
+inline int parse_smem_carveout(const char* e) {
+  if (e == nullptr || e[0] == '\0') return -1;
+  char* end = nullptr;
+  const long p = std::strtol(e, &end, 10);
+  return (*end == '\0' && p >= 0 && p <= 100) ? static_cast<int>(p) : -1;
+}
 inline int smem_carveout() {
-  static const int v = [] {
-    const char* e = std::getenv("FT_SMEM_CARVEOUT");
-    if (e == nullptr || e[0] == '\0') return -1;
-    char* end = nullptr;
-    const long p = std::strtol(e, &end, 10);
-    return (*end == '\0' && p >= 0 && p <= 100) ? static_cast<int>(p) : -1;
-  }();
+  static const int v = parse_smem_carveout(std::getenv("FT_SMEM_CARVEOUT"));
   return v;
 }
 

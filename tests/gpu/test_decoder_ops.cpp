@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/launch_status.h"
 #include "futransformer/cuda/decoder_ops.h"
 #include "futransformer/dtype.h"
 #include "futransformer/model.h"
@@ -674,6 +675,19 @@ TEST(DecoderOpsHost, Bf16UlpDistanceCountsRepresentableSteps) {
   EXPECT_TRUE(bf16_is_nan(0xffff));
   EXPECT_TRUE(bf16_is_nan(0x7fc0));
   EXPECT_FALSE(bf16_is_nan(0x7f80));  // +inf
+}
+
+// FT_SMEM_CARVEOUT's text: whole percentages 0..100 apply, everything else leaves the driver's choice (-1).
+TEST(DecoderOpsHost, SmemCarveoutTakesWholePercentagesOnly) {
+  EXPECT_EQ(cuda::parse_smem_carveout(nullptr), -1);
+  EXPECT_EQ(cuda::parse_smem_carveout(""), -1);
+  EXPECT_EQ(cuda::parse_smem_carveout("0"), 0);
+  EXPECT_EQ(cuda::parse_smem_carveout("50"), 50);
+  EXPECT_EQ(cuda::parse_smem_carveout("100"), 100);
+  EXPECT_EQ(cuda::parse_smem_carveout("101"), -1);
+  EXPECT_EQ(cuda::parse_smem_carveout("-1"), -1);
+  EXPECT_EQ(cuda::parse_smem_carveout("max"), -1);
+  EXPECT_EQ(cuda::parse_smem_carveout("80%"), -1);
 }
 
 }  // namespace

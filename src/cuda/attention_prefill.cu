@@ -200,7 +200,7 @@ cudaError_t launch_prefill(AttentionPrefillKernel which, KvFormat format, const 
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
-  return cudaLaunchKernelEx(&cfg, kernel, args);
+  return launch_kernel_ex(&cfg, kernel, args);
 }
 
 }  // namespace

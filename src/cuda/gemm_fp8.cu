@@ -122,7 +122,7 @@ cudaError_t launch_persistent(void (*kernel)(Params...), int grid, int threads, 
   // Programmatic dependent launch with FT_FP8_PDL=1 (the kernels wait first: fp8::pdl_wait_then_release).
   cudaLaunchAttribute attr;
   if (fp8_pdl_enabled()) add_programmatic_attribute(&cfg, &attr);
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
+  return launch_kernel_ex(&cfg, kernel, args...);
 }
 
 template <int kBlockN, bool kResidual, bool kBlockScaledA, bool kOverlap = false, bool kRope = false>

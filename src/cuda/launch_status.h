@@ -55,11 +55,13 @@ inline void add_programmatic_attribute(cudaLaunchConfig_t* cfg, cudaLaunchAttrib
 
 // The L1 / shared-memory split an SM is configured with while a kernel's CTAs run on it (percent of the maximum
 // shared memory; cudaFuncAttributePreferredSharedMemoryCarveout). By default the driver picks a split per kernel from
-// what that kernel needs, and an SM holding CTAs of one split cannot take CTAs of a kernel that needs more shared
-// memory than its split gives until it drains: under programmatic launch a W4A16 GEMM's CTAs (147-172 KB) could then
-// not become resident beside a small kernel's CTAs that have room for them. FT_SMEM_CARVEOUT=p (0..100) sets every
-// decode-step kernel's preference to p (100: the whole 228 KB as shared memory on every SM); unset or -1: the
-// driver's choice. Read once per process.
+// what that kernel needs; the hypothesis under test (forty-first session) is that an SM holding CTAs of one split
+// cannot take CTAs of a kernel that needs more shared memory than that split gives until it drains, so that under
+// programmatic launch a W4A16 GEMM's CTAs (147-172 KB) wait for SMs that would otherwise have room for them.
+// FT_SMEM_CARVEOUT=p (0..100) sets the preference of every kernel launched through launch_kernel_ex or
+// launch_maybe_programmatic (the decode step's kernels, the FP8 GEMM, the prefill attention and the small ops around
+// them) to p (100: the whole 228 KB as shared memory on every SM); unset or -1: the driver's choice. Read once per
+// process.
 // The value of FT_SMEM_CARVEOUT's text: a whole number 0..100, else (null, empty, -1, anything else) -1.
 inline int parse_smem_carveout(const char* e) {
   if (e == nullptr || e[0] == '\0') return -1;

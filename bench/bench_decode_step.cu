@@ -213,6 +213,16 @@ int main(int argc, char** argv) {
         if (const char* rm = std::getenv("FT_RESIDUAL_NORM_MAX_ROWS")) o.fused_residual_norm_max_rows = std::atoi(rm);
         // FT_QKV_TAIL=0|1: CudaEngineOptions::fused_qkv_tail (the qkv prologue in the unsplit GEMM's own tail).
         if (const char* qt = std::getenv("FT_QKV_TAIL")) o.fused_qkv_tail = qt[0] == '1';
+        // FT_QKV_TAIL_ROWS=lo:hi: the rows it applies to (CudaEngineOptions::fused_qkv_tail_min_rows / max_rows).
+        if (const char* qr = std::getenv("FT_QKV_TAIL_ROWS")) {
+          int lo = 0, hi = 0;
+          if (std::sscanf(qr, "%d:%d", &lo, &hi) == 2) {
+            o.fused_qkv_tail_min_rows = lo;
+            o.fused_qkv_tail_max_rows = hi;
+          } else {
+            std::fprintf(stderr, "FT_QKV_TAIL_ROWS='%s' is not lo:hi; ignored\n", qr);
+          }
+        }
         // FT_L2_PREFETCH_AFTER_ATTENTION=1, FT_L2_PREFETCH_CTAS=n: where the prefetch branch forks, its CTAs.
         if (const char* pa = std::getenv("FT_L2_PREFETCH_AFTER_ATTENTION")) o.l2_prefetch_after_attention = pa[0] == '1';
         if (const char* pc = std::getenv("FT_L2_PREFETCH_CTAS")) o.l2_prefetch_ctas = std::atoi(pc);

@@ -105,13 +105,16 @@ struct CudaEngineOptions {
   // reduce when every W4A16 launch of the pass splits K (gemm_w4a16_qkv_rope_append; bit-identical by construction,
   // GPU-tested against the two-kernel order). false: the two kernels always (kept to compare and measure).
   bool fused_qkv_prologue = true;
-  // With fused_qkv_prologue: decode passes of at most 8 rows whose qkv GEMM does not split K, on an INT4 or
-  // int4-hadamard cache at head_dim 128, run the prologue in the GEMM's own tail (the CTA that completes a head runs
-  // it; gemm_w4a16_qkv_rope_append's head_counters) instead of qkv_rope_kv_append's kernel after it. Same bits
-  // (GPU-tested). Off: slower in the thirty-ninth session's screen (H100, 8B step +1.0 to +3.3 % at batch 1-3 and 6-8,
-  // -1.7 % at 4; docs/results.md) with the attention released at the GEMM's start; the late release since then is
-  // not timed yet. bench_decode_step: FT_QKV_TAIL=0|1.
-  bool fused_qkv_tail = false;
+  // With fused_qkv_prologue: decode passes of fused_qkv_tail_min_rows..fused_qkv_tail_max_rows rows (at most 8) whose
+  // qkv GEMM does not split K, on an INT4 or int4-hadamard cache at head_dim 128, run the prologue in the GEMM's own
+  // tail (the CTA that completes a head runs it; gemm_w4a16_qkv_rope_append's head_counters) instead of
+  // qkv_rope_kv_append's kernel after it. Same bits (GPU-tested). Rows 3..5: the forty-first session's screen (H100,
+  // the tail releasing the attention after its store) had the 8B step -0.5 / -2.0 / -0.8 % at batch 3 / 4 / 5 and
+  // +1.9 / +1.2 / +1.3 % at 1 / 2 / 6 (+1.3 % at 8); 70B -1.7 / -2.8 / 0.0 / -0.1 % at 3 / 4 / 5 / 6, +0.6 % at 1
+  // (docs/results.md). bench_decode_step: FT_QKV_TAIL=0|1, FT_QKV_TAIL_ROWS=lo:hi.
+  bool fused_qkv_tail = true;
+  int fused_qkv_tail_min_rows = 3;
+  int fused_qkv_tail_max_rows = 5;
   // With fused_epilogues, INT4 W4A16 passes of at most 8 rows: the attention RMSNorm (every layer but the first) and
   // the MLP RMSNorm run inside the qkv and gate|up GEMMs' activation staging (gemm_w4a16_rmsnorm*, bit-identical to
   // rmsnorm_bf16 + the GEMM by construction), two kernels fewer per layer. GPU-tested, but off by default because it

@@ -26,7 +26,12 @@ constexpr TunedV4Entry kEntries[] = {
     {6144, 4096, 9, 16, "wgmma_sx", 8, 8, 0, true, true},   // qkv M=16: 13.30 -> 12.23 (w16s16c1 12.93)
     // o M=1: the sweep's w16s16 (7.04 -> 6.65), taken in the twelfth session when the whole 8B step at batch 1 (with
     // the decode attention's early copies) measured 2115, 2122 -> 2099, 2101 µs with it, same call; w24s8 was level.
-    {4096, 4096, 1, 2, "w16s16", 16, 16, 0},
+    {4096, 4096, 1, 1, "w16s16", 16, 16, 0},
+    // o and down at M = 2 with K split in two (the split-K reduce then also runs the RMSNorm after them:
+    // CudaEngineOptions::fused_residual_norm): the forty-first session's in-step screen on an H100 (FT_W4A16_TUNED_EXTRA,
+    // 8B step at batch 2, four alternating pairs: 2246.3, 2239.9, 2241.4, 2240.5 -> 2173.1, 2175.0, 2177.0, 2169.1 µs,
+    // -3.0 %; o alone -1.4 %, the down tilings w16s16 / w8s16 / w28s8 unsplit +5.1 / +2.0 / +1.3 %).
+    {4096, 4096, 2, 2, "w16s16", 16, 16, 0, false, false, 0, 2},
     // M = 4 (thirteenth session, bench_gemm_w4a16-v13-sweep-m4-m8.json): o 8.71 -> 7.44 (w16s16n1), qkv 9.74 -> 9.21
     // (w24s8); at M = 8 neither beat the default by 4 % (qkv w24s8 10.38 -> 10.01, o level).
     {4096, 4096, 3, 5, "w16s16n1", 16, 16, 0, false, false, 1},
@@ -54,7 +59,8 @@ constexpr TunedV4Entry kEntries[] = {
     // (FT_W4A16_TUNED_EXTRA=4096:4096:9:16:8:8:0:0:0:1 against w16s16, three alternating pairs, 8B step at batch 10 /
     // 12 / 16: -1.7 / -1.2 / -1.2 %; w24s8 there +0.7 to +2.7 %).
     {4096, 4096, 9, 16, "wgmma_sx", 8, 8, 0, true, true},
-    {4096, 14336, 1, 2, "w24s8", 24, 8, 0},                 // down M=1: 18.52 -> 13.07 (v11; w16s16n1 14.85)
+    {4096, 14336, 1, 1, "w24s8", 24, 8, 0},                 // down M=1: 18.52 -> 13.07 (v11; w16s16n1 14.85)
+    {4096, 14336, 2, 2, "w24s8", 24, 8, 0, false, false, 0, 2},  // down M=2, K in two: see the o entry at M = 2
     // down M=8: the warpgroup path measured 21.97 -> 17.39 µs standalone (w8s8 19.37), but in the step w24s8 took the
     // 8B step at batch 8 from 2564, 2565 to 2490 µs (eighteenth session, same call).
     {4096, 14336, 6, 8, "w24s8", 24, 8, 0},
@@ -190,6 +196,7 @@ V4Config tuned_config(const TunedV4Entry& e) {
   c.stream_x = e.stream_x;
   if (e.stream_x) c.stream_stages = e.stages;
   c.warps_n = e.warps_n;
+  c.splits = e.splits;
   return c;
 }
 

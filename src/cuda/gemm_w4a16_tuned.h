@@ -19,6 +19,7 @@ struct TunedV4Entry {
   int warps, stages, ctas_per_sm;
   bool wgmma = false, stream_x = false;  // the warpgroup path, with streamed activations
   int warps_n = 0;                       // V4Config::warps_n (0: the cost model's)
+  int splits = 0;                        // V4Config::splits (0: the cost model's)
 };
 
 // The table, in the order it is searched (docs/results.md, fifth session, has the sweep it came from).
@@ -29,7 +30,7 @@ const TunedV4Entry* tuned_v4_entries(int* count);
 // (read by the caller, gemm_w4a16.cu).
 const TunedV4Entry* find_tuned_v4(int M, int N, int K, int group, const DeviceLimits& d);
 
-// The V4Config of an entry (swap16 / swap32 / splits left at their defaults).
+// The V4Config of an entry (swap16 / swap32 left at their defaults).
 V4Config tuned_config(const TunedV4Entry& e);
 
 // M = 17..32, where the streamed warpgroup path runs on weights of kWg32MinWeightBytes or more: the ring, CTAs per SM

@@ -205,7 +205,7 @@ test::TinyLlama wide_shape() {
   return s;
 }
 
-// CudaEngineOptions::fused_qkv_tail: decode passes of <= 8 rows whose qkv GEMM does not split K run the attention
+// CudaEngineOptions::fused_qkv_tail: decode passes of 3..5 rows (the default range) whose qkv GEMM does not split K run the attention
 // prologue in the GEMM's own tail (INT4 caches at head_dim 128). wide_shape with 128-channel heads (16 / 4) against
 // the same engine without the tail: prompts, decode steps at batch 3 (graphs), forward_greedy, all identical; then two
 // profiled engines (no graphs) over the same passes, whose op counts differ by exactly the decode steps' layers: one
@@ -220,13 +220,16 @@ TEST_P(CudaEngineEpilogues, QkvTailEqualsKernelAfterGemm) {
   const quant::QuantizedModel q = quantise(bf16_model(test::make_tiny_llama(s, 67)), GetParam());
   CudaEngineOptions co = cuda_engine_options(q.recipe);
   co.max_sequences = 4;
-  EXPECT_FALSE(co.fused_qkv_tail) << "off by default (measured slower)";
+  EXPECT_TRUE(co.fused_qkv_tail) << "on by default for the rows where it was measured faster";
+  EXPECT_EQ(co.fused_qkv_tail_min_rows, 3);
+  EXPECT_EQ(co.fused_qkv_tail_max_rows, 5);
   const bool int4 = co.kv == formats::KvFormat::INT4 || co.kv == formats::KvFormat::INT4_HADAMARD;
   const int K = static_cast<int>(s.hidden), group = static_cast<int>(q.recipe.int4.group_size);
   EXPECT_EQ(cuda::gemm_w4a16_qkv_prologue_in_tail(3, K, group, q.recipe.int4.scale_type, co.kv,
                                                   static_cast<int>(s.heads), static_cast<int>(s.kv_heads), 128),
             int4)
       << "the premise: batch-3 decode steps take the tail exactly on INT4 caches";
+  co.fused_qkv_tail = false;
   std::unique_ptr<CudaEngine> base = make_cuda_engine(q, co);
   co.fused_qkv_tail = true;
   std::unique_ptr<CudaEngine> tail = make_cuda_engine(q, co);

@@ -561,9 +561,11 @@ TEST(GemmW4A16Host, TunedTableEntriesAreSweepConfigsWithValidTilings) {
     ASSERT_LE(e.m_hi, w4::kV4DefaultMaxM);
     if (e.stream_x) ASSERT_TRUE(w4::wg_stream_stages_ok(e.stages));
     bool named = false;
-    for (const w4::NamedV4Config& c : sweep)
-      named = named || (std::string(c.name) == e.name && c.config == w4::tuned_config(e));
-    EXPECT_TRUE(named) << "the entry's config is the sweep's config of the same name";
+    w4::V4Config unsplit = w4::tuned_config(e);
+    EXPECT_EQ(unsplit.splits, e.splits);
+    unsplit.splits = 0;  // in-step screens add K slices to a sweep configuration
+    for (const w4::NamedV4Config& c : sweep) named = named || (std::string(c.name) == e.name && c.config == unsplit);
+    EXPECT_TRUE(named) << "the entry's config, K slices aside, is the sweep's config of the same name";
     EXPECT_FALSE(w4::tuned_config(e) == w4::V4Config{}) << "a listed entry changes the configuration";
     for (int j = 0; j < i; ++j)
       if (entries[j].N == e.N && entries[j].K == e.K)
@@ -574,6 +576,7 @@ TEST(GemmW4A16Host, TunedTableEntriesAreSweepConfigsWithValidTilings) {
       t.variant = Variant::v4;
       std::string why;
       EXPECT_TRUE(w4::tiling_is_valid(t, M, e.N, e.K, 128, h200, &why)) << "M " << M << ": " << why;
+      if (e.splits > 0) EXPECT_EQ(t.splits, e.splits) << "M " << M << ": the entry's K slices are what runs";
       EXPECT_EQ(w4::find_tuned_v4(M, e.N, e.K, 128, h200), &e) << "M " << M;
       EXPECT_EQ(w4::find_tuned_v4(M, e.N, e.K, 64, h200), nullptr) << "measured with group 128 only";
       w4::DeviceLimits other = h200;

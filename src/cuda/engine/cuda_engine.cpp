@@ -382,6 +382,9 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
         opt_.l2_prefetch_max_rows);
   check(opt_.fused_residual_norm_max_rows >= 0,
         "CUDA engine: fused_residual_norm_max_rows must be >= 0, got ", opt_.fused_residual_norm_max_rows);
+  check(opt_.fused_qkv_tail_min_rows >= 1 && opt_.fused_qkv_tail_min_rows <= opt_.fused_qkv_tail_max_rows,
+        "CUDA engine: fused_qkv_tail_min_rows..fused_qkv_tail_max_rows must be a range of rows >= 1, got ",
+        opt_.fused_qkv_tail_min_rows, "..", opt_.fused_qkv_tail_max_rows);
   check(opt_.l2_prefetch_o >= 0.0 && opt_.l2_prefetch_o <= 1.0,
         "CUDA engine: l2_prefetch_o must be a fraction in [0, 1], got " + std::to_string(opt_.l2_prefetch_o));
   l2_prefetch_keep_ = static_cast<int>(std::lround(opt_.l2_prefetch_gate_up * kL2PrefetchPeriod));
@@ -908,9 +911,10 @@ void CudaEngineImpl::enqueue_layers(int64_t rows, int64_t n_new, int64_t max_len
         !fp8 && prologue_one_kernel && pass_decode_only_ && fast && opt_.fused_epilogues &&
         opt_.fused_attention_prologue && attention_prologue_ok_ && (qkv_splits_k || opt_.attention_prologue_unsplit);
     const bool norm_in_qkv = attn_norm_in_qkv(li);
-    // Unsplit decode passes of <= 8 rows: the prologue in the GEMM's own tail (fused_qkv_tail).
+    // Unsplit decode passes of fused_qkv_tail_min_rows..max_rows rows (<= 8): the prologue in the GEMM's own tail.
     const bool qkv_in_tail = !fp8 && !qkv_splits_k && !norm_in_qkv && opt_.fused_epilogues && opt_.fused_qkv_prologue &&
-                             opt_.fused_qkv_tail && prologue_one_kernel && !prologue_in_attention &&
+                             opt_.fused_qkv_tail && rows >= opt_.fused_qkv_tail_min_rows &&
+                             rows <= opt_.fused_qkv_tail_max_rows && prologue_one_kernel && !prologue_in_attention &&
                              l.qkv.qkv_prologue_in_tail(rows, g, opt_.kv, nh, nkv, hd);
     const bool prologue_in_gemm = !fp8 && opt_.fused_epilogues && opt_.fused_qkv_prologue && prologue_one_kernel &&
                                   (qkv_splits_k || qkv_in_tail) && !prologue_in_attention;

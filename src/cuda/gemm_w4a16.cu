@@ -400,6 +400,11 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
               add_cluster_attribute(reinterpret_cast<const void*>(kernel), t, dev, d, &cfg, gemm_attr);
   }
   if (!cluster && norm == nullptr) kernel = f16 ? pick_kernel<true>(t, false) : pick_kernel<false>(t, false);
+  // FT_SMEM_CARVEOUT_WG=p: the carveout preference of the warpgroup-path kernels alone (launch_status.h; measurement).
+  if (t.wgmma && kernel != nullptr) {
+    static const int wg_carveout = parse_smem_carveout(std::getenv("FT_SMEM_CARVEOUT_WG"));
+    apply_smem_carveout(reinterpret_cast<const void*>(kernel), wg_carveout);
+  }
   // The qkv prologue in the GEMM's own tail (gemm_w4a16_qkv_tail.cuh): no kernel after it.
   if (qkv != nullptr && qkv->head_counters != nullptr && norm == nullptr && !cluster &&
       w4a16_qkv_tail_applies(t, M, K, group, qkv->format, qkv->args.head_dim, f16, d)) {

@@ -74,10 +74,10 @@ inline int smem_carveout() {
   return v;
 }
 
-// Applies smem_carveout() to `kernel` once per (kernel, device) when it is set. A hint: a failure is ignored (and
-// cleared), the launch then runs with the driver's split.
-inline void apply_smem_carveout(const void* kernel) {
-  const int p = smem_carveout();
+// Applies preference p (default smem_carveout()) to `kernel` once per (kernel, device) when p >= 0: the first
+// preference applied to a kernel stays. A hint: a failure is ignored (and cleared), the launch then runs with the
+// driver's split.
+inline void apply_smem_carveout(const void* kernel, int p = smem_carveout()) {
   if (p < 0) return;
   constexpr int kSlots = 128;
   thread_local const void* done_kernel[kSlots] = {};

@@ -14,6 +14,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/attention_prefill_internal.h"
@@ -229,6 +230,19 @@ TEST_P(CudaEngineEpilogues, QkvTailEqualsKernelAfterGemm) {
                                                   static_cast<int>(s.heads), static_cast<int>(s.kv_heads), 128),
             int4)
       << "the premise: batch-3 decode steps take the tail exactly on INT4 caches";
+  for (const auto& [lo, hi] : {std::pair{0, 5}, std::pair{6, 5}}) {  // not a range of rows >= 1
+    CudaEngineOptions bco = co;
+    bco.fused_qkv_tail_min_rows = lo;
+    bco.fused_qkv_tail_max_rows = hi;
+    try {
+      make_cuda_engine(q, bco);
+      ADD_FAILURE() << "fused_qkv_tail rows " << lo << ".." << hi << " were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("fused_qkv_tail_min_rows..fused_qkv_tail_max_rows must be a range"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   co.fused_qkv_tail = false;
   std::unique_ptr<CudaEngine> base = make_cuda_engine(q, co);
   co.fused_qkv_tail = true;

@@ -192,8 +192,8 @@ cudaError_t launch(KvFormat format, const __nv_bfloat16* q, const uint8_t* kv_po
   add_programmatic_attribute(&ccfg, &attr, /*always=*/true);
   const cudaError_t e =
       launch_kernel_ex(&ccfg, pick_combine(head_dim, unrotate), static_cast<const float*>(partial_o),
-                         static_cast<const float*>(partial_lse), out, plan.splits, unrotate ? unrotate_block : 1,
-                         unrotate_scale);
+                       static_cast<const float*>(partial_lse), out, plan.splits, unrotate ? unrotate_block : 1,
+                       unrotate_scale);
   if (e == cudaSuccess && unrotate) *unrotated = true;
   return e;
 }

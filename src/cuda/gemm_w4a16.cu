@@ -430,7 +430,7 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
   }
   const cudaError_t launched =
       norm ? launch_kernel_ex(&cfg, norm_kernel,
-                                w4a16::NormKernelArgs{args, norm->x, norm->weight, norm->eps, norm->partials})
+                              w4a16::NormKernelArgs{args, norm->x, norm->weight, norm->eps, norm->partials})
            : launch_kernel_ex(&cfg, kernel, args);
   if (launched != cudaSuccess) return launched;
   if (norm_out) {
@@ -444,8 +444,8 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
     ncfg.stream = stream;
     add_programmatic_attribute(&ncfg, &nattr, /*always=*/true);
     return launch_kernel_ex(&ncfg, w4a16::gemm_w4a16_reduce_residual_norm_kernel,
-                              static_cast<const float4*>(workspace), reinterpret_cast<float4*>(residual), norm_out, M,
-                              N / 4, vthreads, t.splits == 1 ? 0 : t.splits);
+                            static_cast<const float4*>(workspace), reinterpret_cast<float4*>(residual), norm_out, M,
+                            N / 4, vthreads, t.splits == 1 ? 0 : t.splits);
   }
   // The RMSNorm after the residual epilogue: its own kernel where the GEMM (or its clusters) finished the sums, else
   // fused with the split-K reduce below.
@@ -477,24 +477,24 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
     if (qkv->args.head_dim == fused::kQuadHeadDim && qkv_reduce_lanes()) {
       if (qkv->format == formats::KvFormat::INT4)
         return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_qkv_lanes_kernel<formats::KvFormat::INT4>, p,
-                                  count4, t.splits, qkv->args);
+                                count4, t.splits, qkv->args);
       if (qkv->format == formats::KvFormat::INT4_HADAMARD)
         return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_qkv_lanes_kernel<formats::KvFormat::INT4_HADAMARD>,
-                                  p, count4, t.splits, qkv->args);
+                                p, count4, t.splits, qkv->args);
     }
     switch (qkv->format) {
       case formats::KvFormat::BF16:
         return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::BF16>, p, count4,
-                                  t.splits, qkv->args);
+                                t.splits, qkv->args);
       case formats::KvFormat::FP8:
         return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::FP8>, p, count4,
-                                  t.splits, qkv->args);
+                                t.splits, qkv->args);
       case formats::KvFormat::INT4:
         return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::INT4>, p, count4,
-                                  t.splits, qkv->args);
+                                t.splits, qkv->args);
       case formats::KvFormat::INT4_HADAMARD:
         return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_qkv_kernel<formats::KvFormat::INT4_HADAMARD>, p,
-                                  count4, t.splits, qkv->args);
+                                count4, t.splits, qkv->args);
     }
     return reject(&g_last_error, "gemm_w4a16_qkv_rope_append: unknown KV format");  // unreachable: checked
   }
@@ -503,27 +503,27 @@ cudaError_t launch(const Tiling& t, const w4a16::DeviceLimits& d, int dev, w4a16
     rcfg.gridDim = dim3(static_cast<unsigned>(M));
     rcfg.blockDim = dim3(static_cast<unsigned>(ops::rmsnorm_threads(N, true)));
     return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_residual_rmsnorm_kernel, partial,
-                              reinterpret_cast<float4*>(residual), count4, t.splits,
-                              reinterpret_cast<const float4*>(rnorm->weight), rnorm->y, N, rnorm->eps);
+                            reinterpret_cast<float4*>(residual), count4, t.splits,
+                            reinterpret_cast<const float4*>(rnorm->weight), rnorm->y, N, rnorm->eps);
   }
   switch (ep) {
     case w4a16::Epilogue::residual_f32:
       if (rnorm) {
         if (const cudaError_t e = launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_residual_kernel, partial,
-                                                     reinterpret_cast<float4*>(residual), count4, t.splits,
-                                                     reduce_release_first());
+                                                   reinterpret_cast<float4*>(residual), count4, t.splits,
+                                                   reduce_release_first());
             e != cudaSuccess)
           return e;
         return norm_kernel_after();
       }
       return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_residual_kernel, partial,
-                                reinterpret_cast<float4*>(residual), count4, t.splits,
-                                reduce_release_first());
+                              reinterpret_cast<float4*>(residual), count4, t.splits,
+                              reduce_release_first());
     case w4a16::Epilogue::swiglu_bf16:
       return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_swiglu_kernel, partial, y, count4, N / 8, t.splits,
-                                reduce_release_first());
+                              reduce_release_first());
     default: return launch_kernel_ex(&rcfg, w4a16::gemm_w4a16_reduce_kernel, partial, y, count4, t.splits,
-                                              reduce_release_first());
+                                            reduce_release_first());
   }
 }
 

@@ -55,14 +55,14 @@ inline void add_programmatic_attribute(cudaLaunchConfig_t* cfg, cudaLaunchAttrib
 
 // The L1 / shared-memory split an SM is configured with while a kernel's CTAs run on it (percent of the maximum
 // shared memory; cudaFuncAttributePreferredSharedMemoryCarveout). By default the driver picks a split per kernel from
-// what that kernel needs; the hypothesis under test (forty-first session) is that an SM holding CTAs of one split
-// cannot take CTAs of a kernel that needs more shared memory than that split gives until it drains, so that under
-// programmatic launch a W4A16 GEMM's CTAs (147-172 KB) wait for SMs that would otherwise have room for them.
+// what that kernel needs, and an SM configured for a small kernel's split cannot take a 147-172 KB W4A16 GEMM CTA.
 // FT_SMEM_CARVEOUT=p (0..100) sets the preference of every kernel launched through launch_kernel_ex or
 // launch_maybe_programmatic (the decode step's kernels, the FP8 GEMM, the prefill attention and the small ops around
-// them) to p (100: the whole 228 KB as shared memory on every SM); unset or -1: the driver's choice. Read once per
-// process.
-// The value of FT_SMEM_CARVEOUT's text: a whole number 0..100, else (null, empty, -1, anything else) -1.
+// them) to p; unset or -1: the driver's choice (the default). A measurement knob: with 100 the o GEMM's CTAs became
+// resident earlier at batch 2, but the 8B step was 1-2 % slower at batch 1-4 and 2-2.5 % faster at 12-16, the 70B
+// step and the FP8 prefill level (forty-first session, docs/results.md). Read once per process.
+//
+// parse_smem_carveout: the value of such a text, a whole number 0..100, else (null, empty, -1, anything else) -1.
 inline int parse_smem_carveout(const char* e) {
   if (e == nullptr || e[0] == '\0') return -1;
   char* end = nullptr;

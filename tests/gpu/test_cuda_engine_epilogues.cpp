@@ -247,6 +247,9 @@ TEST_P(CudaEngineEpilogues, QkvTailEqualsKernelAfterGemm) {
   std::unique_ptr<CudaEngine> base = make_cuda_engine(q, co);
   co.fused_qkv_tail = true;
   std::unique_ptr<CudaEngine> tail = make_cuda_engine(q, co);
+  const std::string named = "qkv prologue in the GEMM's tail at 3..5 rows";
+  EXPECT_EQ(tail->description().find(named) != std::string::npos, int4) << tail->description();
+  EXPECT_EQ(base->description().find(named), std::string::npos) << base->description();
   expect_identical(*tail, *base, s.vocab, 23, 10);
 
   constexpr int kSteps = 4;

@@ -439,6 +439,10 @@ CudaEngineImpl::CudaEngineImpl(const ModelConfig& config, const WeightSource& sr
                                                         : "fused (residual, SwiGLU, decode steps' qkv prologue in decode attention when K is split)")
                      : "fused (residual, SwiGLU, qkv prologue when K is split)")
               : "separate kernels");
+    const bool int4_cache = opt_.kv == formats::KvFormat::INT4 || opt_.kv == formats::KvFormat::INT4_HADAMARD;
+    if (opt_.fused_epilogues && opt_.fused_qkv_prologue && opt_.fused_qkv_tail && int4_cache && c.head_dim == 128)
+      d << " | qkv prologue in the GEMM's tail at " << opt_.fused_qkv_tail_min_rows << ".."
+        << opt_.fused_qkv_tail_max_rows << " rows when K is not split";
     if (opt_.fused_epilogues && (opt_.fused_norm_prologue || opt_.fused_norm_partials))
       d << " | RMSNorm in the qkv / gate|up GEMMs at <= 8 rows"
         << (opt_.fused_norm_partials ? " (row sums from the residual GEMMs)" : "");
